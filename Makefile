@@ -1,0 +1,32 @@
+# The two commands README.md gives: `make demo` and `make test`. Both install the Debian
+# packages the project needs first (tools/install-deps.sh), then configure and build.
+JOBS ?= 2
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+
+.PHONY: all deps configure demo test test-fast test-asan clean
+
+all: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+deps:
+	@bash tools/install-deps.sh
+
+demo: all
+	@bash tools/demo.sh $(BUILD)/pipedream
+
+# The whole suite: a release build, then the same tests under ASan + UBSan.
+test: all
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory test-asan
+
+test-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPD_SANITIZE=ON >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE slow
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,38 @@
+/* cli.h: the `pipedream` subcommands and the helpers they share. Each subcommand lives in
+ * cmd_<name>.c and is listed in the table in main.c. Exit status: 0 success, 1 runtime
+ * error, 2 bad usage; errors are one line "pipedream: error: ..." on stderr. */
+#ifndef PD_CLI_H
+#define PD_CLI_H
+
+#include "core.h"
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+typedef struct CliCommand {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);   /* argv[0] is the subcommand name */
+} CliCommand;
+
+/* Prints "pipedream: error: <msg>" and returns CLI_FAIL (CLI_USAGE if err->code is
+ * PD_EUSAGE). */
+int cli_fail(const Err *err);
+/* Prints "pipedream: error: <fmt>" plus a hint to use --help; returns CLI_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* True if argv contains --help or -h. */
+int cli_wants_help(int argc, char **argv);
+
+/* Option parsing helpers: parse s fully as a number in [lo, hi]; on failure print a usage
+ * error naming opt and return CLI_USAGE, else CLI_OK. */
+int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out);
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
+/* Returns argv[++*i] or NULL (after printing a usage error) if the option has no value. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+
+int cmd_train(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
+
+#endif

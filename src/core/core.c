@@ -1,0 +1,215 @@
+/* core.c: errors, assertions, allocation, tensors, clock, logging, files. The RNG is in
+ * rng.c and the strict JSON reader in json.c. */
+#include "core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+int err_set(Err *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+int err_prefix(Err *err, const char *fmt, ...) {
+    if (!err) return PD_EINVAL;
+    char pre[256], old[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pre, sizeof pre, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    size_t k = strlen(pre);
+    if (k > sizeof err->msg - 3) k = sizeof err->msg - 3;
+    memcpy(err->msg, pre, k);
+    memcpy(err->msg + k, ": ", 2);
+    size_t rest = sizeof err->msg - k - 3;
+    size_t ol = strnlen(old, rest);
+    memcpy(err->msg + k + 2, old, ol);
+    err->msg[k + 2 + ol] = '\0';
+    return err->code;
+}
+
+void pd_assert_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
+    fprintf(stderr, "pipedream: internal error: %s:%d: assertion failed: %s", file, line, cond);
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs(": ", stderr);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+    }
+    fputc('\n', stderr);
+    fflush(stderr);
+    abort();
+}
+
+void *pd_alloc(size_t bytes) {
+    size_t n = (bytes + 63) / 64 * 64;
+    if (n == 0) n = 64;
+    void *p = aligned_alloc(64, n);
+    PD_ASSERTF(p != NULL, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *pd_calloc(size_t bytes) {
+    void *p = pd_alloc(bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
+void pd_free(void *p) { free(p); }
+
+float *pd_alloc_f32(size_t n) { return pd_calloc(n * sizeof(float)); }
+
+Shape shape_make(int ndim, const int *d) {
+    PD_ASSERTF(ndim >= 0 && ndim <= PD_MAX_DIMS, "ndim %d", ndim);
+    Shape s = {.ndim = ndim};
+    for (int i = 0; i < ndim; i++) s.d[i] = d[i];
+    return s;
+}
+Shape shape1(int a) { return (Shape){1, {a}}; }
+Shape shape2(int a, int b) { return (Shape){2, {a, b}}; }
+Shape shape3(int a, int b, int c) { return (Shape){3, {a, b, c}}; }
+Shape shape4(int a, int b, int c, int d) { return (Shape){4, {a, b, c, d}}; }
+
+size_t shape_numel(Shape s) {
+    size_t n = 1;
+    for (int i = 0; i < s.ndim; i++) n *= (size_t)s.d[i];
+    return n;
+}
+
+int shape_eq(Shape a, Shape b) {
+    if (a.ndim != b.ndim) return 0;
+    for (int i = 0; i < a.ndim; i++)
+        if (a.d[i] != b.d[i]) return 0;
+    return 1;
+}
+
+char *shape_str(Shape s, char *buf, size_t n) {
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, n - k, "(");
+    for (int i = 0; i < s.ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, i ? ", %d" : "%d", s.d[i]);
+    if (k < n) snprintf(buf + k, n - k, ")");
+    return buf;
+}
+
+Tensor tensor_new(Shape s) {
+    Tensor t = {.shape = s, .data = pd_alloc_f32(shape_numel(s))};
+    return t;
+}
+
+void tensor_free(Tensor *t) {
+    if (!t) return;
+    pd_free(t->data);
+    memset(t, 0, sizeof *t);
+}
+
+double pd_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static LogLevel g_log_level = LOG_INFO;
+void pd_log_set_level(LogLevel l) { g_log_level = l; }
+
+void pd_log(LogLevel l, const char *fmt, ...) {
+    if (l > g_log_level) return;
+    static const char *names[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "pipedream: %s: ", names[l]);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int pd_stderr_is_tty(void) { return isatty(STDERR_FILENO); }
+
+int pd_read_file(const char *path, size_t max_bytes, char **out, size_t *len, Err *err) {
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(err, PD_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return err_set(err, PD_EIO, "%s: not a regular file", path);
+    }
+    if ((size_t)st.st_size > max_bytes) {
+        fclose(f);
+        return err_set(err, PD_EINVAL, "%s: file is %lld bytes, more than the %zu allowed", path,
+                       (long long)st.st_size, max_bytes);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = pd_alloc(n + 1);
+    size_t got = fread(buf, 1, n, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || got != n) {
+        pd_free(buf);
+        return err_set(err, PD_EIO, "%s: read %zu of %zu bytes", path, got, n);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = n;
+    return PD_OK;
+}
+
+int pd_write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return err_set(err, PD_EINVAL, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return err_set(err, PD_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return err_set(err, PD_EIO, "%s: write failed: %s", path, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return err_set(err, PD_EIO, "%s: fsync/close failed: %s", path, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return err_set(err, PD_EIO, "%s: rename failed: %s", path, strerror(e));
+    }
+    return PD_OK;
+}
+
+uint32_t pd_crc32(const void *data, size_t len) {
+    uLong c = crc32(0L, Z_NULL, 0);
+    const unsigned char *p = data;
+    while (len > 0) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return (uint32_t)c;
+}

@@ -1,0 +1,145 @@
+/* kernels.h: forward/backward compute on plain float32 buffers, NCHW layout, batch-major.
+ * Each kernel has a fast version (oneDNN or OpenBLAS, whichever measured faster) and a
+ * naive reference twin kern_*_ref kept forever for tests. Contract shared by all:
+ *   - shapes in comments: (N, C, H, W) etc.; n is the minibatch size of this call and may
+ *     be smaller than the n_max a descriptor was initialised with (last batch, eval);
+ *   - backward ACCUMULATES (+=) into dx, dw, db; any of dx, dw, db may be NULL (not wanted);
+ *   - nothing is allocated per call: descriptors own their primitives and scratch,
+ *     created once in *_init; per-minibatch saved state (pool argmax, bn statistics, lstm
+ *     gates) lives in caller-owned buffers whose sizes the *_saved_floats functions give;
+ *   - kernels are not thread-safe on one descriptor (a worker runs one thing at a time);
+ *   - kern_set_threads sets the threads used by OpenBLAS and oneDNN for this process.
+ * Descriptors with _init return PD_OK or an error (e.g. a shape oneDNN rejects); they are
+ * released with _release (safe on a zeroed or failed descriptor). */
+#ifndef PD_KERNELS_H
+#define PD_KERNELS_H
+
+#include <stdint.h>
+
+#include "core.h"
+
+void kern_set_threads(int n);
+
+/* ---- linear: y(N,O) = x(N,I) · W(O,I)^T + b(O) --------------------------------------- */
+void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, int n, int in, int out);
+void kern_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
+                     int in, int out);
+void kern_linear_fwd_ref(const float *x, const float *w, const float *b, float *y, int n, int in, int out);
+void kern_linear_bwd_ref(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
+                         int n, int in, int out);
+
+/* ---- conv2d: y(N,K,OH,OW) = conv(x(N,C,H,W), W(K,C,R,S)) + b(K), square stride/pad ---- */
+typedef struct KConv {
+    int n_max, c, h, w, k, r, s, stride, pad, oh, ow;
+    int has_bias;
+    int fuse_relu;   /* forward applies relu to y; backward then expects y (post-relu) too */
+    void *impl;      /* primitives and scratch, owned */
+} KConv;
+int  kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
+                      int has_bias, int fuse_relu, Err *err);
+void kern_conv2d_release(KConv *cv);
+/* b may be NULL when !has_bias. */
+void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
+/* y is the forward output (needed when fuse_relu: the relu mask is y > 0); dy is the
+ * gradient w.r.t. y. */
+void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
+                     float *dx, float *dw, float *db);
+void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
+void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,
+                         const float *dy, float *dx, float *dw, float *db);
+
+/* ---- max pool (k×k window, stride, no padding) ----------------------------------------- */
+/* argmax: (N,C,OH,OW) int32, the flat index within the (H,W) plane of each maximum; saved
+ * by forward for backward. oh = (h - k)/stride + 1. */
+void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride);
+void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                      int stride);
+void kern_maxpool_fwd_ref(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
+                          int stride);
+void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                          int stride);
+
+/* ---- global average pool: (N,C,H,W) -> (N,C) ---------------------------------------------- */
+void kern_gap_fwd(const float *x, float *y, int n, int c, int hw);
+void kern_gap_bwd(const float *dy, float *dx, int n, int c, int hw);
+void kern_gap_fwd_ref(const float *x, float *y, int n, int c, int hw);
+void kern_gap_bwd_ref(const float *dy, float *dx, int n, int c, int hw);
+
+/* ---- relu (elementwise, count elements) ---------------------------------------------------- */
+void kern_relu_fwd(const float *x, float *y, size_t count);
+/* dx += dy * (y > 0); y is the forward output. */
+void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count);
+void kern_relu_fwd_ref(const float *x, float *y, size_t count);
+void kern_relu_bwd_ref(const float *y, const float *dy, float *dx, size_t count);
+
+/* ---- dropout (inverted: kept elements scaled by 1/(1-p)) ----------------------------------- */
+/* The mask is a pure function of (seed, stream, substream): element i is kept iff the i-th
+ * uniform of rng_init(seed, stream, substream) is >= p. mask (count bytes) is saved. */
+void kern_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t count, float p, uint64_t seed,
+                      uint64_t stream, uint64_t substream);
+void kern_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t count, float p);
+void kern_dropout_fwd_ref(const float *x, float *y, uint8_t *mask, size_t count, float p, uint64_t seed,
+                          uint64_t stream, uint64_t substream);
+void kern_dropout_bwd_ref(const float *dy, const uint8_t *mask, float *dx, size_t count, float p);
+
+/* ---- batch norm over (N, H, W) per channel C ---------------------------------------------- */
+/* Training: y = gamma * (x - mean) / sqrt(var + eps) + beta with batch statistics (biased
+ * variance); running_mean/var updated as PyTorch does: r = (1 - momentum) * r + momentum *
+ * stat, with the UNBIASED variance (count/(count-1)) for running_var. saved: 2*C floats
+ * (mean, inv_std) for backward. Evaluation: uses the running statistics, saves nothing. */
+void kern_bn_fwd_train(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
+                       float *running_var, float *saved, int n, int c, int hw, float eps, float momentum);
+void kern_bn_fwd_eval(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
+                      const float *running_var, int n, int c, int hw, float eps);
+void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *dy, float *dx,
+                 float *dgamma, float *dbeta, int n, int c, int hw);
+void kern_bn_fwd_train_ref(const float *x, const float *gamma, const float *beta, float *y,
+                           float *running_mean, float *running_var, float *saved, int n, int c, int hw,
+                           float eps, float momentum);
+void kern_bn_fwd_eval_ref(const float *x, const float *gamma, const float *beta, float *y,
+                          const float *running_mean, const float *running_var, int n, int c, int hw, float eps);
+void kern_bn_bwd_ref(const float *x, const float *gamma, const float *saved, const float *dy, float *dx,
+                     float *dgamma, float *dbeta, int n, int c, int hw);
+
+/* ---- LSTM, one layer, PyTorch's gate order (i, f, g, o) ------------------------------------ */
+/* x: (T, N, I) time-major; h0 = c0 = 0. Weights as PyTorch stores them, one block:
+ *   w_ih (4H, I), w_hh (4H, H), b_ih (4H), b_hh (4H)   (the caller passes four pointers).
+ * y: (T, N, H), all hidden states. saved: kern_lstm_saved_floats(T, N, H) floats (gates
+ * after activation and cell states per step), written by forward, read by backward.
+ * Backward runs BPTT: dy (T, N, H) is the gradient w.r.t. every y; dx (T, N, I). */
+typedef struct KLstm {
+    int t, n_max, in, hid;
+    void *impl;   /* scratch, owned */
+} KLstm;
+int    kern_lstm_init(KLstm *l, int t, int n_max, int in, int hid, Err *err);
+void   kern_lstm_release(KLstm *l);
+size_t kern_lstm_saved_floats(int t, int n, int hid);
+void kern_lstm_fwd(KLstm *l, int n, const float *x, const float *w_ih, const float *w_hh, const float *b_ih,
+                   const float *b_hh, float *y, float *saved);
+void kern_lstm_bwd(KLstm *l, int n, const float *x, const float *w_ih, const float *w_hh, const float *y,
+                   const float *saved, const float *dy, float *dx, float *dw_ih, float *dw_hh, float *db_ih,
+                   float *db_hh);
+void kern_lstm_fwd_ref(const KLstm *l, int n, const float *x, const float *w_ih, const float *w_hh,
+                       const float *b_ih, const float *b_hh, float *y, float *saved);
+void kern_lstm_bwd_ref(const KLstm *l, int n, const float *x, const float *w_ih, const float *w_hh,
+                       const float *y, const float *saved, const float *dy, float *dx, float *dw_ih,
+                       float *dw_hh, float *db_ih, float *db_hh);
+
+/* ---- zero-pad (N,C,H,W) -> (N,C,H+2p,W+2p) and its backward (crop) ------------------------- */
+void kern_pad_fwd(const float *x, float *y, int n, int c, int h, int w, int p);
+void kern_pad_bwd(const float *dy, float *dx, int n, int c, int h, int w, int p);
+void kern_pad_fwd_ref(const float *x, float *y, int n, int c, int h, int w, int p);
+void kern_pad_bwd_ref(const float *dy, float *dx, int n, int c, int h, int w, int p);
+
+/* ---- softmax cross-entropy on logits (N, K), integer labels, mean over N ----------------- */
+/* Returns the mean loss; if dlogits is non-NULL, dlogits += (softmax - onehot) * scale / N
+ * (scale = 1 for a plain minibatch; micro-batching passes N_micro/N_total). correct, if
+ * non-NULL, receives the number of argmax hits. */
+float kern_xent_fwd_bwd(const float *logits, const int32_t *labels, float *dlogits, int n, int k, float scale,
+                        int *correct);
+float kern_xent_fwd_bwd_ref(const float *logits, const int32_t *labels, float *dlogits, int n, int k,
+                            float scale, int *correct);
+
+/* Flatten is a reshape: no kernel. */
+
+#endif

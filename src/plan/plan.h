@@ -1,0 +1,79 @@
+/* plan.h: clusters, plans and the partitioner (PipeDream's dynamic program). A plan says
+ * which layers each stage runs, how many replicas each stage has and which ranks run
+ * them. Plans are JSON files; see docs/formats.md. Runs nothing; see schedule.h. */
+#ifndef PD_PLAN_H
+#define PD_PLAN_H
+
+#include <stdint.h>
+
+#include "core.h"
+#include "profile.h"
+
+#define PD_MAX_LEVELS 8
+
+/* Levels innermost first: level 0 groups level[0].workers workers (e.g. GPUs of a
+ * server) joined at level[0].bandwidth; level 1 groups level[1].workers such groups... */
+typedef struct ClusterLevel {
+    int workers;
+    double bandwidth;   /* bytes/s, > 0 */
+    double latency;     /* seconds per message, >= 0 */
+} ClusterLevel;
+
+typedef struct Cluster {
+    int n_levels;
+    ClusterLevel level[PD_MAX_LEVELS];
+    double memory_per_worker;   /* bytes; 0 = unlimited */
+} Cluster;
+
+int cluster_load(const char *path, Cluster *out, Err *err);
+int cluster_total_workers(const Cluster *cl);
+/* The level whose link joins ranks a and b (ranks numbered innermost-first): the
+ * outermost level at which their groups differ; -1 if a == b. */
+int cluster_link_level(const Cluster *cl, int a, int b);
+
+typedef enum CostModel { COST_OURS, COST_PIPEDREAM, COST_COUNT } CostModel;
+
+typedef struct PlanOpts {
+    CostModel cost_model;
+    int straight;                  /* no replication */
+    int allow_idle;                /* authors' --use_fewer_machines */
+    double memory_limit;           /* bytes; 0 = no memory constraint */
+    double activation_compression; /* authors' ratio; 0 = unset (compat: transfers ignored) */
+} PlanOpts;
+
+typedef struct PlanStage {
+    int n_layers;
+    int *layers;        /* profile layer indices, ascending */
+    int replicas;
+    int *ranks;         /* replicas entries */
+    double compute_s;   /* fwd+bwd of one minibatch on one replica */
+    double time_s;      /* predicted time per minibatch for the stage (with replication/comm) */
+} PlanStage;
+
+typedef struct Plan {
+    char model[64];
+    int n_layers;            /* of the profile */
+    int n_stages;
+    PlanStage *stages;
+    int n_workers;           /* workers used (sum of replicas) */
+    int noam;                /* ceil(n_workers / stages[0].replicas) */
+    double pipeline_s;       /* predicted time per minibatch of the pipeline */
+    double single_s;         /* one worker */
+    double dp_s;             /* data parallel on the same cluster */
+    PlanOpts opts;
+    Cluster cluster;
+    uint32_t profile_checksum;
+} Plan;
+
+/* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
+Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *err);
+void  plan_free(Plan *p);    /* NULL is fine */
+/* Checks every layer in exactly one stage, contiguous stages, replicas summing to
+ * n_workers, ranks distinct; fails with a message naming the problem. */
+int   plan_validate(const Plan *p, int n_layers, Err *err);
+int   plan_save(const Plan *p, const char *path, Err *err);
+Plan *plan_load(const char *path, Err *err);
+/* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. */
+int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
+
+#endif

@@ -1,0 +1,43 @@
+/* profile.h: per-layer costs of a model (the paper's profiler output), as plain data.
+ * Read from our profile JSON or from the authors' graph.txt (detected by content), and
+ * written as JSON. Units in memory: seconds and bytes, per minibatch of `minibatch`
+ * samples. The profiler itself (timing a model) is profile_measure in profiler.c. */
+#ifndef PD_PROFILE_H
+#define PD_PROFILE_H
+
+#include <stdint.h>
+
+#include "core.h"
+
+typedef struct ProfileLayer {
+    char name[64];       /* e.g. "layers.3" or graph.txt's "node12" */
+    char type[64];       /* "conv2d", "relu", ... or graph.txt's node_desc (truncated) */
+    double fwd_s;        /* forward time per minibatch, seconds */
+    double bwd_s;        /* backward time per minibatch, seconds */
+    double act_bytes;    /* bytes of this layer's output for one minibatch */
+    double param_bytes;  /* bytes of this layer's parameters */
+} ProfileLayer;
+
+typedef struct Profile {
+    char model[64];
+    int minibatch;            /* samples per minibatch the times were measured at (0: unknown) */
+    char source[64];          /* "pipedream-profile" or "graph.txt" */
+    char measured_on[128];    /* free text: host/CPU, when known */
+    int threads, iterations;  /* how it was measured (0: unknown) */
+    double input_bytes;       /* bytes of the model input per minibatch (what stage 0 reads) */
+    int n_layers;
+    ProfileLayer *layers;     /* in a topological order */
+    int n_edges;              /* 0 means a chain: layer i feeds layer i+1 */
+    int (*edges)[2];          /* (src, dst) layer indices */
+    uint32_t checksum;        /* CRC-32 of the file it was read from (0 if built in memory) */
+} Profile;
+
+/* Reads path, our JSON or the authors' graph.txt (by content). Fills *out, which the
+ * caller releases with profile_release. On error returns non-zero, err names the file
+ * and line/layer, and *out is zeroed. */
+int  profile_load(const char *path, Profile *out, Err *err);
+int  profile_save(const Profile *p, const char *path, Err *err);
+void profile_release(Profile *p);   /* zeroed or NULL is fine */
+int  profile_is_chain(const Profile *p);
+
+#endif

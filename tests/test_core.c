@@ -1,0 +1,148 @@
+/* test_core.c: Philox known answers (Random123's test vectors), RNG determinism and
+ * distribution, permutations, strict JSON reading, atomic writes. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void test_philox_known_answers(void **state) {
+    (void)state;
+    uint32_t out[4];
+    uint32_t c0[4] = {0, 0, 0, 0}, k0[2] = {0, 0};
+    rng_philox(c0, k0, out);
+    assert_int_equal(out[0], 0x6627e8d5u);
+    assert_int_equal(out[1], 0xe169c58du);
+    assert_int_equal(out[2], 0xbc57ac4cu);
+    assert_int_equal(out[3], 0x9b00dbd8u);
+    uint32_t c1[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, k1[2] = {0xffffffffu, 0xffffffffu};
+    rng_philox(c1, k1, out);
+    assert_int_equal(out[0], 0x408f276du);
+    assert_int_equal(out[1], 0x41c83b0eu);
+    assert_int_equal(out[2], 0xa20bc7c6u);
+    assert_int_equal(out[3], 0x6d5451fdu);
+    uint32_t c2[4] = {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, k2[2] = {0xa4093822u, 0x299f31d0u};
+    rng_philox(c2, k2, out);
+    assert_int_equal(out[0], 0xd16cfe09u);
+    assert_int_equal(out[1], 0x94fdccebu);
+    assert_int_equal(out[2], 0x5001e420u);
+    assert_int_equal(out[3], 0x24126ea1u);
+}
+
+static void test_rng_streams(void **state) {
+    (void)state;
+    Rng a, b, c;
+    rng_init(&a, 42, 3, 7);
+    rng_init(&b, 42, 3, 7);
+    rng_init(&c, 42, 3, 8);
+    int same_c = 0;
+    for (int i = 0; i < 1000; i++) {
+        uint32_t x = rng_u32(&a), y = rng_u32(&b), z = rng_u32(&c);
+        assert_int_equal(x, y);
+        same_c += x == z;
+    }
+    assert_true(same_c < 3);
+    /* uniform: mean 0.5, all in [0,1); normal: mean 0, variance 1 */
+    Rng r;
+    rng_init(&r, 1, 2, 3);
+    double s = 0, s2 = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) {
+        float u = rng_uniform(&r);
+        assert_true(u >= 0.0f && u < 1.0f);
+        s += u;
+    }
+    assert_true(fabs(s / n - 0.5) < 0.005);
+    s = 0;
+    for (int i = 0; i < n; i++) {
+        double z = rng_normal(&r);
+        s += z;
+        s2 += z * z;
+    }
+    assert_true(fabs(s / n) < 0.01);
+    assert_true(fabs(s2 / n - 1.0) < 0.02);
+    /* rng_below: every value of a small range hit roughly equally */
+    int hist[7] = {0};
+    for (int i = 0; i < 70000; i++) hist[rng_below(&r, 7)]++;
+    for (int k = 0; k < 7; k++) assert_true(abs(hist[k] - 10000) < 500);
+}
+
+static void test_permutation(void **state) {
+    (void)state;
+    enum { N = 1000 };
+    uint32_t p[N], q[N];
+    int seen[N] = {0};
+    rng_permutation(5, RNG_STREAM_SHUFFLE, 0, p, N);
+    rng_permutation(5, RNG_STREAM_SHUFFLE, 0, q, N);
+    assert_memory_equal(p, q, sizeof p);
+    int fixed = 0;
+    for (int i = 0; i < N; i++) {
+        assert_true(p[i] < N);
+        assert_int_equal(seen[p[i]], 0);
+        seen[p[i]] = 1;
+        fixed += p[i] == (uint32_t)i;
+    }
+    assert_true(fixed < 10);
+    rng_permutation(5, RNG_STREAM_SHUFFLE, 1, q, N);
+    assert_true(memcmp(p, q, sizeof p) != 0);
+}
+
+static void test_jobj(void **state) {
+    (void)state;
+    cJSON *o = cJSON_Parse("{\"a\": 3, \"b\": 2.5, \"s\": \"x\", \"t\": true, \"typo\": 1}");
+    JObj j;
+    Err err = {0};
+    int a = 0, t = 0;
+    double b = 0;
+    const char *s = NULL;
+    assert_int_equal(jobj_init(&j, o, &err, "f.json: layer %d", 4), PD_OK);
+    assert_int_equal(jobj_int(&j, "a", 1, 0, 10, &a, &err), PD_OK);
+    assert_int_equal(a, 3);
+    assert_int_equal(jobj_num(&j, "b", 1, 0, 10, &b, &err), PD_OK);
+    assert_true(b == 2.5);
+    assert_int_equal(jobj_str(&j, "s", 1, &s, &err), PD_OK);
+    assert_string_equal(s, "x");
+    assert_int_equal(jobj_bool(&j, "t", 1, &t, &err), PD_OK);
+    assert_int_equal(t, 1);
+    assert_int_equal(jobj_int(&j, "missing", 0, 0, 10, &a, &err), PD_OK);
+    assert_int_equal(jobj_int(&j, "missing", 1, 0, 10, &a, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "f.json: layer 4"));
+    assert_non_null(strstr(err.msg, "missing"));
+    assert_int_equal(jobj_int(&j, "b", 1, 0, 10, &a, &err), PD_EINVAL);   /* 2.5 not an integer */
+    assert_int_equal(jobj_int(&j, "a", 1, 5, 10, &a, &err), PD_EINVAL);   /* out of range */
+    assert_int_equal(jobj_done(&j, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "\"typo\""));
+    cJSON_Delete(o);
+}
+
+static void test_files(void **state) {
+    (void)state;
+    char path[] = "/tmp/pd_test_core_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    Err err = {0};
+    assert_int_equal(pd_write_file_atomic(path, "hello", 5, &err), PD_OK);
+    char *buf;
+    size_t len;
+    assert_int_equal(pd_read_file(path, 100, &buf, &len, &err), PD_OK);
+    assert_int_equal(len, 5);
+    assert_string_equal(buf, "hello");
+    pd_free(buf);
+    assert_int_equal(pd_read_file(path, 3, &buf, &len, &err), PD_EINVAL);
+    unlink(path);
+    assert_int_equal(pd_read_file(path, 100, &buf, &len, &err), PD_EIO);
+    assert_non_null(strstr(err.msg, path));
+    assert_int_equal(pd_crc32("123456789", 9), 0xCBF43926u);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_rng_streams),
+        cmocka_unit_test(test_permutation),          cmocka_unit_test(test_jobj),
+        cmocka_unit_test(test_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
