@@ -1,0 +1,135 @@
+/* data.h: training data in memory, and the order in which it is consumed.
+ *
+ * A Dataset holds n samples of shape (C, H, W) as float32 in [0, 1] (the raw byte divided
+ * by 255, exactly like torchvision's ToTensor; NO mean/std normalisation) and int32
+ * labels in [0, n_classes). Readers: MNIST / Fashion-MNIST IDX files (gzip or raw),
+ * CIFAR-10 binary batches, and deterministic synthetic data.
+ *
+ * Order contract (everything is a pure function of (seed, epoch, index), never of which
+ * worker asks or in what order):
+ *   - the sample order of epoch e is rng_permutation(seed, RNG_STREAM_SHUFFLE, e) over
+ *     0..n-1 (or the identity when shuffling is off);
+ *   - minibatch b of an epoch is the samples order[b*B .. b*B+B); the last, partial batch
+ *     (n % B samples) is kept unless drop_last is set;
+ *   - global minibatch g (counting from 0 across epochs) is batch g % nb of epoch g / nb,
+ *     nb = data_batches_per_epoch(n, B, drop_last);
+ *   - a replicated stage with `size` replicas (1F1B round-robin or data parallel over
+ *     whole minibatches) gives global minibatches r, r+size, r+2*size, ... to replica r.
+ *
+ * Not here: augmentation, normalisation, sequence data, prefetching threads. */
+#ifndef PD_DATA_H
+#define PD_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+#define DATA_DEFAULT_IDX_DIR "/usr/share/datasets/fashion-mnist"
+#define DATA_MAX_SAMPLES 10000000u   /* a larger count in a header is rejected */
+
+typedef struct Dataset {
+    size_t n;            /* samples */
+    int c, h, w;         /* sample shape (C, H, W) */
+    int n_classes;
+    float *x;            /* (n, c, h, w) in [0, 1], owned (pd_alloc) */
+    int32_t *y;          /* (n), each in [0, n_classes), owned (pd_alloc) */
+} Dataset;
+
+/* Number of floats in one sample: c*h*w. */
+size_t data_sample_numel(const Dataset *d);
+/* Frees x and y and zeroes *d. A zeroed or NULL d is fine. */
+void data_release(Dataset *d);
+
+/* Reads MNIST-format IDX files from dir (NULL = DATA_DEFAULT_IDX_DIR): split "train" reads
+ * train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz], "test" the t10k-* pair.
+ * The .gz name is tried first, then the uncompressed name. Result: (n, 1, rows, cols),
+ * n_classes 10. Validates magic numbers (0x00000803 images, 0x00000801 labels),
+ * dimensions, equal counts, labels < 10, truncated or trailing data; memory grows only as
+ * data actually arrives, so a lying header cannot cause a huge allocation.
+ * Returns PD_OK, or PD_EIO (file missing/unreadable) / PD_EINVAL (bad contents) with a
+ * message naming the file and expected vs found; *out is then zeroed. Caller owns *out
+ * (data_release). */
+int data_load_idx(const char *dir, const char *split, Dataset *out, Err *err);
+
+/* Reads CIFAR-10 binary batches from dir: "train" = data_batch_1.bin .. data_batch_5.bin,
+ * "test" = test_batch.bin; each file is records of 1 label byte + 3072 image bytes
+ * (3 x 32 x 32, channel-major: already (C, H, W)). Result: (n, 3, 32, 32), n_classes 10.
+ * Fails (PD_EIO / PD_EINVAL, naming file and record) on a missing file, a size that is
+ * not a non-zero multiple of 3073, or a label > 9; *out is then zeroed. */
+int data_load_cifar10(const char *dir, const char *split, Dataset *out, Err *err);
+
+/* Deterministic synthetic classification data: n samples (c, h, w), labels in
+ * [0, n_classes). Each class has a prototype image p_k (uniform in [0,1]); sample i has
+ * label y_i uniform and x_i = 0.5 * p_{y_i} + 0.5 * u with u uniform noise, so the data
+ * is learnable. Sample i depends only on (seed, i, shape, n_classes), not on n (the first
+ * m samples of a larger set equal a set of m). Uses RNG_STREAM_SYNTH.
+ * Fails with PD_EINVAL if a size is out of range (n in [1, DATA_MAX_SAMPLES], c,h,w >= 1,
+ * n_classes >= 1, c*h*w <= 2^24). Caller owns *out. */
+int data_synthetic(size_t n, int c, int h, int w, int n_classes, uint64_t seed, Dataset *out, Err *err);
+
+/* Loads by kind: "fashion-mnist" | "mnist" | "idx" (data_load_idx) or "cifar10"
+ * (data_load_cifar10); dir NULL = that reader's default (cifar10 has none: an error). */
+int data_load(const char *kind, const char *dir, const char *split, Dataset *out, Err *err);
+
+/* Keeps the first n samples (n <= d->n); for quick runs. */
+void data_truncate(Dataset *d, size_t n);
+
+/* ---- order ----------------------------------------------------------------------- */
+
+/* Minibatches per epoch: ceil(n / batch), or floor(n / batch) with drop_last. batch >= 1. */
+size_t data_batches_per_epoch(size_t n, int batch, int drop_last);
+
+/* Writes the sample order of epoch `epoch` into order[0..n): the permutation
+ * rng_permutation(seed, RNG_STREAM_SHUFFLE, epoch), or 0..n-1 if !shuffle. */
+void data_epoch_order(size_t n, uint64_t seed, uint64_t epoch, int shuffle, uint32_t *order);
+
+/* Copies samples order[first .. first+count) into caller buffers (no allocation):
+ * x (count, c, h, w), y (count) (y may be NULL). order NULL = identity. Asserts
+ * first + count <= n and every index < n. */
+void data_batch(const Dataset *d, const uint32_t *order, size_t first, int count, float *x, int32_t *y);
+
+/* Where global minibatch g lies: epoch, batch within the epoch, first position in the
+ * epoch's order, and its sample count (B, or n % B for a kept last batch). */
+typedef struct DataBatchPos {
+    uint64_t epoch;
+    size_t batch;
+    size_t first;
+    int count;
+} DataBatchPos;
+DataBatchPos data_batch_pos(size_t n, int batch, int drop_last, uint64_t g);
+
+/* Sharding over `size` replicas (rank in [0, size)): replica `rank` takes global minibatches
+ * rank, rank+size, ... of 0..n_batches-1. Writes them to out (if non-NULL; room for
+ * data_shard_count) and returns how many. Over all ranks every minibatch appears exactly
+ * once. */
+size_t data_shard_count(uint64_t n_batches, int rank, int size);
+size_t data_shard_minibatches(uint64_t n_batches, int rank, int size, uint64_t *out);
+/* Splits count samples of one minibatch into `size` contiguous slices (sizes differ by at
+ * most one, larger first): slice `rank` is [*first, *first + *len). For data-parallel
+ * replicas that share one minibatch. */
+void data_shard_range(int count, int rank, int size, int *first, int *len);
+
+/* A cursor that fetches global minibatch g, caching the current epoch's order. The result
+ * depends only on (dataset, seed, batch, shuffle, drop_last, g). Not thread-safe: one per
+ * thread. */
+typedef struct DataSampler {
+    const Dataset *d;    /* borrowed */
+    uint64_t seed;
+    int batch;
+    int shuffle;
+    int drop_last;
+    size_t n_batches;    /* per epoch */
+    uint64_t epoch;      /* of order; UINT64_MAX = none yet */
+    uint32_t *order;     /* (n), owned */
+} DataSampler;
+
+/* Fails with PD_EINVAL if batch < 1, or if drop_last leaves no batch (batch > n). */
+int  data_sampler_init(DataSampler *s, const Dataset *d, int batch, uint64_t seed, int shuffle, int drop_last,
+                       Err *err);
+void data_sampler_release(DataSampler *s);
+/* Copies global minibatch g into x (batch, c, h, w) and y (batch); returns its sample count
+ * (< batch only for a kept last partial batch). */
+int  data_sampler_get(DataSampler *s, uint64_t g, float *x, int32_t *y);
+
+#endif
