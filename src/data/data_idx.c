@@ -55,6 +55,14 @@ static int idx_open(IdxFile *f, const char *dir, const char *name, Err *err) {
     return PD_OK;
 }
 
+/* gzerror's text, without the "path: " zlib puts in front of it. */
+static const char *idx_gzerror(IdxFile *f, int *zerr) {
+    const char *m = gzerror(f->f, zerr);
+    size_t k = strlen(f->path);
+    if (!strncmp(m, f->path, k) && !strncmp(m + k, ": ", 2)) m += k + 2;
+    return m;
+}
+
 /* Reads up to len bytes; returns how many arrived (short only at end of data). Fails on
  * a gzip error other than a stream that simply ends early (that is reported by the
  * caller as truncation, with what was expected). */
@@ -67,13 +75,13 @@ static int idx_read(IdxFile *f, void *buf, size_t len, size_t *got, Err *err) {
         int r = gzread(f->f, p + *got, (unsigned)want);
         if (r < 0) {
             int zerr;
-            const char *m = gzerror(f->f, &zerr);
+            const char *m = idx_gzerror(f, &zerr);
             if (zerr == Z_BUF_ERROR) return PD_OK;   /* compressed stream ends early: truncated */
             return err_set(err, PD_EINVAL, "%s: gzip error: %s", f->path, m);
         }
         if (r == 0) {
             int zerr;
-            const char *m = gzerror(f->f, &zerr);
+            const char *m = idx_gzerror(f, &zerr);
             if (zerr != Z_OK && zerr != Z_BUF_ERROR) return err_set(err, PD_EINVAL, "%s: gzip error: %s", f->path, m);
             return PD_OK;
         }
