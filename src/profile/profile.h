@@ -16,6 +16,8 @@ typedef struct ProfileLayer {
     double bwd_s;        /* backward time per minibatch, seconds */
     double act_bytes;    /* bytes of this layer's output for one minibatch */
     double param_bytes;  /* bytes of this layer's parameters */
+    int line;            /* 1-based line in the graph.txt it came from; 0 otherwise. The planner
+                          * uses it to pick the authors' first source (file order). */
 } ProfileLayer;
 
 typedef struct Profile {
@@ -39,5 +41,12 @@ int  profile_load(const char *path, Profile *out, Err *err);
 int  profile_save(const Profile *p, const char *path, Err *err);
 void profile_release(Profile *p);   /* zeroed or NULL is fine */
 int  profile_is_chain(const Profile *p);
+/* Parses text (the contents of a file called path, for messages): JSON if its first
+ * non-blank character is '{', otherwise graph.txt. Same contract as profile_load. */
+int  profile_parse(const char *text, const char *path, Profile *out, Err *err);
+/* Checks what the planner relies on: at least one layer, finite non-negative times and
+ * sizes, edges naming existing layers, no self-loops or duplicates, layers in a
+ * topological order. Fails naming the first problem. */
+int  profile_validate(const Profile *p, Err *err);
 
 #endif
