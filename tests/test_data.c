@@ -252,6 +252,15 @@ static void test_idx_bad_gzip(void **state) {
     assert_non_null(strstr(err.msg, "incorrect data check"));
     assert_null(strstr(err.msg + 1, t.path));   /* the path once, not twice */
     pd_free(buf);
+    /* compressible data: corrupting the deflate stream itself is a gzip error too */
+    for (int i = 0; i < BIG * R * C; i++) pix[i] = (unsigned char)(i % 7 == 0 ? i % 251 : 0);
+    write_idx(&t, "train-images-idx3-ubyte", 1, 0x803, 3, di, pix, BIG * R * C);
+    assert_int_equal(pd_read_file(p, 1u << 26, &buf, &len, &err), PD_OK);
+    assert_true(len < BIG * R * C / 4);
+    for (size_t i = len / 3; i < len / 3 + 16; i++) buf[i] = (char)(buf[i] ^ 0x5a);
+    write_raw(&t, "train-images-idx3-ubyte.gz", buf, len);
+    expect_err(data_load_idx(t.path, "train", &d, &err), &err, PD_EINVAL, "train-images-idx3-ubyte.gz: gzip error: ");
+    pd_free(buf);
     free(pix);
     tmp_remove(&t);
 }
