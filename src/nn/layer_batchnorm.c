@@ -1,0 +1,110 @@
+/* layer_batchnorm.c: "batchnorm": batch normalisation per channel over (N, H, W) (input
+ * (C, H, W)) or over N (input (C)), PyTorch's BatchNorm2d/1d. Keys: "features" (must equal
+ * C), "eps" (default 1e-5), "momentum" (default 0.1), "relu" (default false: fused relu).
+ * Parameters: weight = gamma (C), bias = beta (C). State: running_mean (C), running_var
+ * (C), updated by training forwards (unbiased variance, as PyTorch). Saved per minibatch:
+ * (mean, inv_std) per channel: the batch's in training, the running ones in eval. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+static int bn_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    int rc;
+    double eps = 1e-5, mom = 0.1;
+    if ((rc = jobj_int(j, "features", 1, 1, 1 << 20, &l->cin, err)) ||
+        (rc = jobj_num(j, "eps", 0, 1e-12, 1.0, &eps, err)) || (rc = jobj_num(j, "momentum", 0, 0.0, 1.0, &mom, err)) ||
+        (rc = jobj_bool(j, "relu", 0, &l->relu, err)))
+        return rc;
+    if (l->in.ndim != 3 && l->in.ndim != 1)
+        return err_set(err, PD_EINVAL, "%s: incoming shape %s is neither (C, H, W) nor (C)", ctx, nn_shape_str(l->in));
+    if (l->in.d[0] != l->cin)
+        return err_set(err, PD_EINVAL, "%s: key \"features\": %d, but the incoming shape is %s", ctx, l->cin,
+                       nn_shape_str(l->in));
+    l->eps = (float)eps;
+    l->momentum = (float)mom;
+    l->out = l->in;
+    nn_add_param(l, "weight", shape1(l->cin), PARAM_GAMMA, 1);
+    nn_add_param(l, "bias", shape1(l->cin), PARAM_BETA, 1);
+    l->n_state = 2 * (size_t)l->cin;
+    return PD_OK;
+}
+
+static int bn_hw(const Layer *l) { return l->in.ndim == 3 ? l->in.d[1] * l->in.d[2] : 1; }
+
+static int bn_build(Layer *l, int n_max, Err *err) {
+    if (l->relu) l->scratch = pd_alloc_f32((size_t)n_max * shape_numel(l->in));
+    return PD_OK;
+}
+
+static void bn_release(Layer *l) {
+    pd_free(l->scratch);
+    l->scratch = NULL;
+}
+
+static size_t bn_saved(const Layer *l, int n_max) { return 2 * (size_t)l->cin * sizeof(float); }
+
+static void bn_init_state(const Layer *l, float *state) {
+    for (int c = 0; c < l->cin; c++) {
+        state[c] = 0.0f;
+        state[l->cin + c] = 1.0f;
+    }
+}
+
+static void bn_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                       void *saved) {
+    int c = l->cin, hw = bn_hw(l);
+    float *sv = saved;
+    if (r->train) {
+        kern_bn_fwd_train(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum);
+    } else {
+        kern_bn_fwd_eval(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps);
+        for (int k = 0; k < c; k++) {
+            sv[k] = state[k];
+            sv[c + k] = 1.0f / sqrtf(state[c + k] + l->eps);
+        }
+    }
+    if (l->relu) nn_relu_inplace(y, (size_t)r->n * shape_numel(l->in));
+}
+
+static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                        const void *saved, const float *dy, float *dx, float *dw) {
+    int c = l->cin, hw = bn_hw(l);
+    const float *sv = saved;
+    if (l->relu) {
+        size_t cnt = (size_t)r->n * shape_numel(l->in);
+        memset(l->scratch, 0, cnt * sizeof(float));
+        kern_relu_bwd(y, dy, l->scratch, cnt);
+        dy = l->scratch;
+    }
+    if (r->train) {
+        kern_bn_bwd(x, w, sv, dy, dx, dw, dw + c, r->n, c, hw);
+        return;
+    }
+    /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics */
+    for (int k = 0; k < c; k++) {
+        double sg = 0, sb = 0;
+        float g = w[k], mean = sv[k], istd = sv[c + k];
+        for (int i = 0; i < r->n; i++) {
+            size_t o = ((size_t)i * c + k) * hw;
+            for (int p = 0; p < hw; p++) {
+                sg += (double)dy[o + p] * (x[o + p] - mean) * istd;
+                sb += dy[o + p];
+                if (dx) dx[o + p] += dy[o + p] * g * istd;
+            }
+        }
+        dw[k] += (float)sg;
+        dw[c + k] += (float)sb;
+    }
+}
+
+const LayerOps LAYER_BATCHNORM = {
+    .name = "batchnorm",
+    .parse = bn_parse,
+    .build = bn_build,
+    .release = bn_release,
+    .saved_bytes = bn_saved,
+    .init_state = bn_init_state,
+    .forward = bn_forward,
+    .backward = bn_backward,
+};

@@ -1,0 +1,21 @@
+/* layer_gap.c: "gap": global average pooling (C, H, W) -> (C). No keys. */
+#include "nn_impl.h"
+
+static int gap_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    if (l->in.ndim != 3)
+        return err_set(err, PD_EINVAL, "%s: incoming shape %s is not (C, H, W)", ctx, nn_shape_str(l->in));
+    l->out = shape1(l->in.d[0]);
+    return PD_OK;
+}
+
+static void gap_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                        void *saved) {
+    kern_gap_fwd(x, y, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
+}
+
+static void gap_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                         const void *saved, const float *dy, float *dx, float *dw) {
+    if (dx) kern_gap_bwd(dy, dx, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
+}
+
+const LayerOps LAYER_GAP = {.name = "gap", .parse = gap_parse, .forward = gap_forward, .backward = gap_backward};

@@ -1,0 +1,63 @@
+/* layer_linear.c: "linear": y(N, out) = x(N, in) W(out, in)^T + b(out), optionally relu'd.
+ * Keys: "in" (must equal the incoming 1-D shape), "out", "bias" (default true), "relu"
+ * (default false: fuses a following relu into this top-level layer). Parameters: weight
+ * (out, in), bias (out), PyTorch's nn.Linear layout. */
+#include "nn_impl.h"
+
+#include <string.h>
+
+static int linear_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    int rc;
+    l->bias = 1;
+    if ((rc = jobj_int(j, "in", 1, 1, 1 << 24, &l->cin, err)) || (rc = jobj_int(j, "out", 1, 1, 1 << 24, &l->cout, err)) ||
+        (rc = jobj_bool(j, "bias", 0, &l->bias, err)) || (rc = jobj_bool(j, "relu", 0, &l->relu, err)))
+        return rc;
+    if (l->in.ndim != 1)
+        return err_set(err, PD_EINVAL, "%s: incoming shape %s is not 1-D (add a \"flatten\" layer before it)", ctx,
+                       nn_shape_str(l->in));
+    if (l->in.d[0] != l->cin)
+        return err_set(err, PD_EINVAL, "%s: key \"in\": %d, but the incoming shape is %s", ctx, l->cin,
+                       nn_shape_str(l->in));
+    l->out = shape1(l->cout);
+    nn_add_param(l, "weight", shape2(l->cout, l->cin), PARAM_WEIGHT, l->cin);
+    if (l->bias) nn_add_param(l, "bias", shape1(l->cout), PARAM_BIAS, l->cin);
+    l->flops = 2.0 * l->cin * l->cout;
+    return PD_OK;
+}
+
+static int linear_build(Layer *l, int n_max, Err *err) {
+    if (l->relu) l->scratch = pd_alloc_f32((size_t)n_max * l->cout);
+    return PD_OK;
+}
+
+static void linear_release(Layer *l) {
+    pd_free(l->scratch);
+    l->scratch = NULL;
+}
+
+static void linear_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                           void *saved) {
+    const float *b = l->bias ? w + (size_t)l->cout * l->cin : NULL;
+    kern_linear_fwd(x, w, b, y, r->n, l->cin, l->cout);
+    if (l->relu) nn_relu_inplace(y, (size_t)r->n * l->cout);
+}
+
+static void linear_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                            const void *saved, const float *dy, float *dx, float *dw) {
+    size_t cnt = (size_t)r->n * l->cout;
+    if (l->relu) {   // dy through the fused relu: g = dy * (y > 0)
+        memset(l->scratch, 0, cnt * sizeof(float));
+        kern_relu_bwd(y, dy, l->scratch, cnt);
+        dy = l->scratch;
+    }
+    kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);
+}
+
+const LayerOps LAYER_LINEAR = {
+    .name = "linear",
+    .parse = linear_parse,
+    .build = linear_build,
+    .release = linear_release,
+    .forward = linear_forward,
+    .backward = linear_backward,
+};

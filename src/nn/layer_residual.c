@@ -1,0 +1,159 @@
+/* layer_residual.c: "residual": one top-level layer y = relu(body(x) + shortcut(x)), the
+ * unit a partitioner must not split. Keys: "body" (non-empty array of layers), "shortcut"
+ * (array of layers; absent or empty = identity). Sub-layers are any kinds; their parameters
+ * follow in order body then shortcut (as a PyTorch module registering body before
+ * shortcut), named layers.<i>.body.<k>.* and layers.<i>.shortcut.<k>.*.
+ * Saved per minibatch: each sub-layer's output and saved state, laid out for the run's n. */
+#include "nn_impl.h"
+
+#include <string.h>
+
+static int parse_chain(Layer *l, const cJSON *arr, const char *key, int base, int count, Shape in, const char *ctx,
+                       Err *err) {
+    int k = 0;
+    Shape cur = in;
+    for (const cJSON *o = arr ? arr->child : NULL; o; o = o->next, k++) {
+        Layer *s = &l->sub[base + k];
+        char path[160], c2[300];
+        snprintf(path, sizeof path, "%s.%s.%d", l->path, key, k);
+        snprintf(c2, sizeof c2, "%s: %s[%d]", ctx, key, k);
+        int rc = nn_layer_parse(s, o, cur, path, c2, ((l->uid + 1) << 16) | (uint64_t)(1 + base + k), l->top, err);
+        if (rc) return rc;
+        s->param_off = l->n_params;
+        s->state_off = l->n_state;
+        l->n_params += s->n_params;
+        l->n_state += s->n_state;
+        l->flops += s->flops;
+        cur = s->out;
+    }
+    PD_ASSERT(k == count);
+    return PD_OK;
+}
+
+static int residual_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    const cJSON *body = jobj_get(j, "body"), *sc = jobj_get(j, "shortcut");
+    if (!body) return err_set(err, PD_EINVAL, "%s: missing required key \"body\"", ctx);
+    if (!cJSON_IsArray(body) || cJSON_GetArraySize(body) == 0)
+        return err_set(err, PD_EINVAL, "%s: key \"body\": expected a non-empty array of layers", ctx);
+    if (sc && !cJSON_IsArray(sc))
+        return err_set(err, PD_EINVAL, "%s: key \"shortcut\": expected an array of layers", ctx);
+    l->n_body = cJSON_GetArraySize(body);
+    l->n_short = sc ? cJSON_GetArraySize(sc) : 0;
+    l->sub = pd_calloc(sizeof(Layer) * (size_t)(l->n_body + l->n_short));
+    int rc = parse_chain(l, body, "body", 0, l->n_body, l->in, ctx, err);
+    if (!rc) rc = parse_chain(l, sc, "shortcut", l->n_body, l->n_short, l->in, ctx, err);
+    if (rc) return rc;
+    Shape bo = l->sub[l->n_body - 1].out, so = l->n_short ? l->sub[l->n_body + l->n_short - 1].out : l->in;
+    if (!shape_eq(bo, so))
+        return err_set(err, PD_EINVAL, "%s: body output %s differs from shortcut output %s", ctx, nn_shape_str(bo),
+                       nn_shape_str(so));
+    l->out = bo;
+    return PD_OK;
+}
+
+static size_t max_act(const Layer *l) {
+    size_t m = shape_numel(l->in);
+    for (int k = 0; k < l->n_body + l->n_short; k++)
+        if (shape_numel(l->sub[k].out) > m) m = shape_numel(l->sub[k].out);
+    return m;
+}
+
+static int residual_build(Layer *l, int n_max, Err *err) {
+    for (int k = 0; k < l->n_body + l->n_short; k++) {
+        int rc = nn_layer_build(&l->sub[k], n_max, err);
+        if (rc) return rc;
+    }
+    /* scratch: dsum (n, out), then two ping-pong gradient buffers (n, max activation) */
+    l->scratch = pd_alloc_f32((size_t)n_max * (shape_numel(l->out) + 2 * max_act(l)));
+    return PD_OK;
+}
+
+static void residual_release(Layer *l) {
+    for (int k = 0; l->sub && k < l->n_body + l->n_short; k++) nn_layer_release(&l->sub[k]);
+    pd_free(l->scratch);
+    l->scratch = NULL;
+}
+
+static size_t residual_saved(const Layer *l, int n) {
+    size_t b = 0;
+    for (int k = 0; k < l->n_body + l->n_short; k++)
+        b += nn_align((size_t)n * shape_numel(l->sub[k].out) * sizeof(float)) + nn_layer_saved_bytes(&l->sub[k], n);
+    return b;
+}
+
+/* Sub-layer k's output and saved state inside saved, for n samples. */
+static void sub_bufs(const Layer *l, void *saved, int n, int k, float **y, void **sv) {
+    char *p = saved;
+    for (int i = 0; i <= k; i++) {
+        *y = (float *)p;
+        p += nn_align((size_t)n * shape_numel(l->sub[i].out) * sizeof(float));
+        size_t sb = nn_layer_saved_bytes(&l->sub[i], n);
+        *sv = sb ? p : NULL;
+        p += sb;
+    }
+}
+
+static void residual_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                             void *saved) {
+    const float *bo = x, *so = x;
+    for (int k = 0; k < l->n_body + l->n_short; k++) {
+        Layer *s = &l->sub[k];
+        float *yk;
+        void *sv;
+        sub_bufs(l, saved, r->n, k, &yk, &sv);
+        const float *in = k < l->n_body ? bo : so;   // both chains start at x
+        s->ops->forward(s, r, w + s->param_off, state ? state + s->state_off : NULL, in, yk, sv);
+        if (k < l->n_body) bo = yk;
+        else so = yk;
+    }
+    size_t cnt = (size_t)r->n * shape_numel(l->out);
+    for (size_t i = 0; i < cnt; i++) {
+        float v = bo[i] + so[i];
+        y[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+/* Backward through sub-layers [a, b) (one chain), from g; the chain's input gradient goes
+ * to dx (+=, may be NULL). */
+static void chain_backward(Layer *l, const NnRun *r, const float *w, const float *x, const void *saved, int a, int b,
+                           const float *g, float *dx, float *dw) {
+    float *pp[2] = {l->scratch + (size_t)l->built_n * shape_numel(l->out),
+                    l->scratch + (size_t)l->built_n * (shape_numel(l->out) + max_act(l))};
+    for (int k = b - 1; k >= a; k--) {
+        Layer *s = &l->sub[k];
+        float *yk, *yp = NULL;
+        void *sv, *svp;
+        sub_bufs(l, (void *)saved, r->n, k, &yk, &sv);
+        if (k > a) sub_bufs(l, (void *)saved, r->n, k - 1, &yp, &svp);
+        const float *in = k > a ? yp : x;
+        float *dk = dx;
+        if (k > a) {
+            dk = pp[k & 1];
+            memset(dk, 0, (size_t)r->n * shape_numel(s->in) * sizeof(float));
+        }
+        s->ops->backward(s, r, w + s->param_off, in, yk, sv, g, dk, dw + s->param_off);
+        g = dk;
+    }
+}
+
+static void residual_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                              const void *saved, const float *dy, float *dx, float *dw) {
+    size_t cnt = (size_t)r->n * shape_numel(l->out);
+    float *dsum = l->scratch;   // dL/d(body + shortcut) = dy * (y > 0)
+    memset(dsum, 0, cnt * sizeof(float));
+    kern_relu_bwd(y, dy, dsum, cnt);
+    chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, dw);
+    if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, dw);
+    else if (dx)
+        for (size_t i = 0; i < cnt; i++) dx[i] += dsum[i];
+}
+
+const LayerOps LAYER_RESIDUAL = {
+    .name = "residual",
+    .parse = residual_parse,
+    .build = residual_build,
+    .release = residual_release,
+    .saved_bytes = residual_saved,
+    .forward = residual_forward,
+    .backward = residual_backward,
+};

@@ -1,0 +1,438 @@
+/* model.c: the model JSON builder and the range-wise forward/backward driver.
+ *
+ * Model JSON (models/NAME.json):
+ *   { "name": "lenet5", "input": [1, 28, 28], "comment": "optional free text",
+ *     "layers": [ {"type": "conv2d", "in": 1, "out": 6, "kernel": 5, "pad": 2, "relu": true}, ... ] }
+ * Layer kinds and their keys are documented in each layer_<kind>.c. Unknown types, missing
+ * keys, keys nobody read and shape mismatches are errors naming the file, the layer index
+ * (with the sub-layer path inside a residual) and the key.
+ *
+ * This file owns: the kind table, parsing, parameter/state offsets, parameter init, the
+ * per-minibatch context (NnCtx) and the forward/backward loops over a range of top-level
+ * layers. It does not compute anything itself: layers call the kernels. */
+#include "nn_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct Model {
+    char name[64];
+    char src[256];        /* path or name, for messages */
+    Shape input;
+    int n;                /* top-level layers */
+    Layer *layers;        /* (n) */
+    size_t *poff, *soff;  /* (n + 1) parameter / state offsets in floats */
+    ParamInfo *pt;        /* all parameter tensors, buffer order */
+    uint64_t *pt_uid;     /* init substream of each tensor's layer */
+    int n_pt;
+    float *gbuf[2];       /* backward ping-pong gradient buffers */
+    size_t gbuf_floats;
+};
+
+struct NnCtx {
+    const Model *m;
+    int first, last, n_max;
+    char *mem;            /* one block: input, then per layer output and saved state */
+    size_t bytes;
+    float *in;            /* (n_max, in of first) */
+    float **y;            /* y[i - first]: (n_max, out of i) */
+    void **saved;         /* saved[i - first] */
+    NnRun run;            /* of the last forward */
+    int have_fwd;
+};
+
+static const LayerOps *const KINDS[] = {
+    &LAYER_LINEAR, &LAYER_CONV2D, &LAYER_MAXPOOL, &LAYER_GAP,      &LAYER_RELU,     &LAYER_DROPOUT,   &LAYER_BATCHNORM,
+    &LAYER_LSTM,   &LAYER_FLATTEN, &LAYER_RESHAPE, &LAYER_PAD, &LAYER_RESIDUAL, &LAYER_LAST_STEP,
+};
+enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
+
+const char *nn_shape_str(Shape s) {
+    static char bufs[4][64];
+    static int k;
+    k = (k + 1) & 3;
+    return shape_str(s, bufs[k], sizeof bufs[k]);
+}
+
+void nn_add_param(Layer *l, const char *suffix, Shape s, ParamKind kind, int fan_in) {
+    PD_ASSERT(l->n_pt < NN_MAX_PT);
+    ParamInfo *p = &l->pt[l->n_pt++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s.%s", l->path, suffix);
+    p->shape = s;
+    p->offset = l->n_params;
+    p->layer = l->top;
+    p->kind = kind;
+    p->fan_in = fan_in;
+    l->n_params += shape_numel(s);
+}
+
+int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const char *ctx, uint64_t uid, int top,
+                   Err *err) {
+    memset(l, 0, sizeof *l);
+    l->in = in;
+    l->uid = uid;
+    l->top = top;
+    snprintf(l->path, sizeof l->path, "%s", path);
+    JObj j;
+    int rc = jobj_init(&j, o, err, "%s", ctx);
+    if (rc) return rc;
+    const char *type = NULL;
+    if ((rc = jobj_str(&j, "type", 1, &type, err))) return rc;
+    for (int k = 0; k < N_KINDS; k++)
+        if (!strcmp(KINDS[k]->name, type)) l->ops = KINDS[k];
+    if (!l->ops) {
+        char known[256] = "";
+        for (int k = 0; k < N_KINDS; k++) {
+            strncat(known, KINDS[k]->name, sizeof known - strlen(known) - 1);
+            if (k + 1 < N_KINDS) strncat(known, ", ", sizeof known - strlen(known) - 1);
+        }
+        return err_set(err, PD_EINVAL, "%s: unknown layer type \"%s\" (known: %s)", ctx, type, known);
+    }
+    char ctx2[256];
+    snprintf(ctx2, sizeof ctx2, "%s (%s)", ctx, type);
+    snprintf(j.ctx, sizeof j.ctx, "%s", ctx2);
+    if ((rc = l->ops->parse(l, &j, ctx2, err))) return rc;
+    return jobj_done(&j, err);
+}
+
+int nn_layer_build(Layer *l, int n_max, Err *err) {
+    if (l->built_n >= n_max) return PD_OK;
+    nn_layer_release(l);
+    if (l->ops->build) {
+        int rc = l->ops->build(l, n_max, err);
+        if (rc) {
+            nn_layer_release(l);
+            return err_prefix(err, "%s (%s)", l->path, l->ops->name);
+        }
+    }
+    l->built_n = n_max;
+    return PD_OK;
+}
+
+void nn_layer_release(Layer *l) {
+    if (l->ops && l->ops->release) l->ops->release(l);
+    l->built_n = 0;
+}
+
+void nn_layer_destroy(Layer *l) {
+    nn_layer_release(l);
+    for (int i = 0; l->sub && i < l->n_body + l->n_short; i++) nn_layer_destroy(&l->sub[i]);
+    pd_free(l->sub);
+    l->sub = NULL;
+}
+
+size_t nn_layer_saved_bytes(const Layer *l, int n_max) {
+    return l->ops->saved_bytes ? nn_align(l->ops->saved_bytes(l, n_max)) : 0;
+}
+
+int nn_layer_count_pt(const Layer *l) {
+    int n = l->n_pt;
+    for (int i = 0; i < l->n_body + l->n_short; i++) n += nn_layer_count_pt(&l->sub[i]);
+    return n;
+}
+
+void nn_layer_collect_params(const Layer *l, size_t base, ParamInfo *out, int *n) {
+    for (int k = 0; k < l->n_pt; k++) {
+        out[*n] = l->pt[k];
+        out[*n].offset += base;
+        (*n)++;
+    }
+    for (int i = 0; i < l->n_body + l->n_short; i++) nn_layer_collect_params(&l->sub[i], base + l->sub[i].param_off, out, n);
+}
+
+void nn_layer_init_state(const Layer *l, float *state) {
+    if (l->ops->init_state) l->ops->init_state(l, state);
+    for (int i = 0; i < l->n_body + l->n_short; i++) nn_layer_init_state(&l->sub[i], state + l->sub[i].state_off);
+}
+
+/* Records the uid of every tensor of l (same walk as nn_layer_collect_params). */
+static void collect_uids(const Layer *l, uint64_t *out, int *n) {
+    for (int k = 0; k < l->n_pt; k++) out[(*n)++] = l->uid;
+    for (int i = 0; i < l->n_body + l->n_short; i++) collect_uids(&l->sub[i], out, n);
+}
+
+static int parse_shape(const cJSON *a, Shape *s, const char *src, Err *err) {
+    if (!a || !cJSON_IsArray(a) || cJSON_GetArraySize(a) < 1 || cJSON_GetArraySize(a) > 3)
+        return err_set(err, PD_EINVAL, "%s: key \"input\": expected an array of 1 to 3 positive integers", src);
+    int d[3], k = 0;
+    for (const cJSON *c = a->child; c; c = c->next) {
+        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || c->valuedouble < 1 ||
+            c->valuedouble > 1e6)
+            return err_set(err, PD_EINVAL, "%s: key \"input\": expected positive integers", src);
+        d[k++] = (int)c->valuedouble;
+    }
+    *s = shape_make(k, d);
+    return PD_OK;
+}
+
+Model *model_parse(const char *json, const char *name, Err *err) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        int line = 1;
+        if (at)
+            for (const char *p = json; p < at && *p; p++) line += *p == '\n';
+        err_set(err, PD_EINVAL, "%s: line %d: invalid JSON", name, line);
+        return NULL;
+    }
+    Model *m = pd_calloc(sizeof *m);
+    snprintf(m->src, sizeof m->src, "%s", name);
+    JObj j;
+    const char *mname = NULL, *comment = NULL;
+    int rc = jobj_init(&j, root, err, "%s", name);
+    if (!rc) rc = jobj_str(&j, "name", 1, &mname, err);
+    if (!rc) rc = jobj_str(&j, "comment", 0, &comment, err);
+    if (!rc) {
+        const cJSON *in = jobj_get(&j, "input");
+        if (!in) rc = err_set(err, PD_EINVAL, "%s: missing required key \"input\"", name);
+        else rc = parse_shape(in, &m->input, name, err);
+    }
+    const cJSON *layers = NULL;
+    if (!rc) {
+        layers = jobj_get(&j, "layers");
+        if (!layers) rc = err_set(err, PD_EINVAL, "%s: missing required key \"layers\"", name);
+        else if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) == 0)
+            rc = err_set(err, PD_EINVAL, "%s: key \"layers\": expected a non-empty array", name);
+    }
+    if (!rc) rc = jobj_done(&j, err);
+    if (rc) goto fail;
+    snprintf(m->name, sizeof m->name, "%s", mname);
+    m->n = cJSON_GetArraySize(layers);
+    m->layers = pd_calloc(sizeof(Layer) * (size_t)m->n);
+    m->poff = pd_calloc(sizeof(size_t) * (size_t)(m->n + 1));
+    m->soff = pd_calloc(sizeof(size_t) * (size_t)(m->n + 1));
+    Shape cur = m->input;
+    int i = 0;
+    for (const cJSON *o = layers->child; o; o = o->next, i++) {
+        char path[48], ctx[300];
+        snprintf(path, sizeof path, "layers.%d", i);
+        snprintf(ctx, sizeof ctx, "%s: layer %d", name, i);
+        Layer *l = &m->layers[i];
+        if ((rc = nn_layer_parse(l, o, cur, path, ctx, (uint64_t)i, i, err))) goto fail;
+        l->param_off = m->poff[i];
+        l->state_off = m->soff[i];
+        m->poff[i + 1] = m->poff[i] + l->n_params;
+        m->soff[i + 1] = m->soff[i] + l->n_state;
+        cur = l->out;
+    }
+    for (i = 0; i < m->n; i++) m->n_pt += nn_layer_count_pt(&m->layers[i]);
+    m->pt = pd_calloc(sizeof(ParamInfo) * (size_t)(m->n_pt + 1));
+    m->pt_uid = pd_calloc(sizeof(uint64_t) * (size_t)(m->n_pt + 1));
+    int k = 0, ku = 0;
+    for (i = 0; i < m->n; i++) {
+        nn_layer_collect_params(&m->layers[i], m->poff[i], m->pt, &k);
+        collect_uids(&m->layers[i], m->pt_uid, &ku);
+    }
+    PD_ASSERT(k == m->n_pt && ku == m->n_pt);
+    cJSON_Delete(root);
+    return m;
+fail:
+    cJSON_Delete(root);
+    model_free(m);
+    return NULL;
+}
+
+Model *model_load(const char *path, Err *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (pd_read_file(path, 16u << 20, &text, &len, err)) return NULL;
+    Model *m = model_parse(text, path, err);
+    pd_free(text);
+    return m;
+}
+
+void model_free(Model *m) {
+    if (!m) return;
+    for (int i = 0; m->layers && i < m->n; i++) nn_layer_destroy(&m->layers[i]);
+    pd_free(m->layers);
+    pd_free(m->poff);
+    pd_free(m->soff);
+    pd_free(m->pt);
+    pd_free(m->pt_uid);
+    pd_free(m->gbuf[0]);
+    pd_free(m->gbuf[1]);
+    pd_free(m);
+}
+
+const char *model_name(const Model *m) { return m->name; }
+int model_n_layers(const Model *m) { return m->n; }
+Shape model_input_shape(const Model *m) { return m->input; }
+Shape model_layer_out_shape(const Model *m, int i) {
+    PD_ASSERT(i >= 0 && i < m->n);
+    return m->layers[i].out;
+}
+Shape model_layer_in_shape(const Model *m, int i) {
+    PD_ASSERT(i >= 0 && i < m->n);
+    return m->layers[i].in;
+}
+const char *model_layer_type(const Model *m, int i) {
+    PD_ASSERT(i >= 0 && i < m->n);
+    return m->layers[i].ops->name;
+}
+double model_layer_flops(const Model *m, int i) {
+    PD_ASSERT(i >= 0 && i < m->n);
+    return m->layers[i].flops;
+}
+double model_flops(const Model *m) {
+    double f = 0;
+    for (int i = 0; i < m->n; i++) f += m->layers[i].flops;
+    return f;
+}
+
+static void check_range(const Model *m, int first, int last) {
+    PD_ASSERTF(first >= 0 && first <= last && last <= m->n, "range [%d, %d) of %d layers", first, last, m->n);
+}
+size_t model_param_count(const Model *m, int first, int last) {
+    check_range(m, first, last);
+    return m->poff[last] - m->poff[first];
+}
+size_t model_state_count(const Model *m, int first, int last) {
+    check_range(m, first, last);
+    return m->soff[last] - m->soff[first];
+}
+size_t model_param_offset(const Model *m, int i) {
+    check_range(m, i, i);
+    return m->poff[i];
+}
+size_t model_state_offset(const Model *m, int i) {
+    check_range(m, i, i);
+    return m->soff[i];
+}
+const ParamInfo *model_param_tensors(const Model *m, int *n) {
+    *n = m->n_pt;
+    return m->pt;
+}
+
+int model_build(Model *m, int first, int last, int n_max, Err *err) {
+    check_range(m, first, last);
+    PD_ASSERT(n_max >= 1);
+    size_t need = 0;
+    for (int i = first; i < last; i++) {
+        Layer *l = &m->layers[i];
+        int rc = nn_layer_build(l, n_max, err);
+        if (rc) return err_prefix(err, "%s: layer %d", m->src, i);
+        size_t a = (size_t)l->built_n * nn_numel(l->in);
+        if (a > need) need = a;
+    }
+    if (need > m->gbuf_floats) {
+        for (int k = 0; k < 2; k++) {
+            pd_free(m->gbuf[k]);
+            m->gbuf[k] = pd_alloc_f32(need);
+        }
+        m->gbuf_floats = need;
+    }
+    return PD_OK;
+}
+
+void model_init_params(const Model *m, int first, int last, uint64_t seed, float *w) {
+    check_range(m, first, last);
+    size_t base = m->poff[first];
+    Rng r;
+    uint64_t cur = UINT64_MAX;
+    for (int k = 0; k < m->n_pt; k++) {
+        const ParamInfo *p = &m->pt[k];
+        if (p->layer < first || p->layer >= last) continue;
+        if (m->pt_uid[k] != cur) {
+            cur = m->pt_uid[k];
+            rng_init(&r, seed, RNG_STREAM_INIT, cur);
+        }
+        float *d = w + (p->offset - base);
+        size_t cnt = shape_numel(p->shape);
+        if (p->kind == PARAM_GAMMA || p->kind == PARAM_BETA) {
+            float v = p->kind == PARAM_GAMMA ? 1.0f : 0.0f;
+            for (size_t i = 0; i < cnt; i++) d[i] = v;
+            continue;
+        }
+        double bound = 1.0 / sqrt((double)p->fan_in);
+        for (size_t i = 0; i < cnt; i++) d[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+    }
+}
+
+void model_init_state(const Model *m, int first, int last, float *state) {
+    check_range(m, first, last);
+    for (int i = first; i < last; i++) nn_layer_init_state(&m->layers[i], state + (m->soff[i] - m->soff[first]));
+}
+
+/* ---- per-minibatch context -------------------------------------------------------------- */
+NnCtx *nnctx_new(const Model *m, int first, int last, int n_max) {
+    check_range(m, first, last);
+    PD_ASSERT(first < last && n_max >= 1);
+    NnCtx *c = pd_calloc(sizeof *c);
+    c->m = m;
+    c->first = first;
+    c->last = last;
+    c->n_max = n_max;
+    int nl = last - first;
+    c->y = pd_calloc(sizeof(float *) * (size_t)nl);
+    c->saved = pd_calloc(sizeof(void *) * (size_t)nl);
+    size_t bytes = nn_align((size_t)n_max * nn_numel(m->layers[first].in) * sizeof(float));
+    for (int i = first; i < last; i++) {
+        bytes += nn_align((size_t)n_max * nn_numel(m->layers[i].out) * sizeof(float));
+        bytes += nn_layer_saved_bytes(&m->layers[i], n_max);
+    }
+    c->bytes = bytes;
+    c->mem = pd_calloc(bytes);   /* zeroed: every page touched once, here */
+    size_t at = 0;
+    c->in = (float *)c->mem;
+    at += nn_align((size_t)n_max * nn_numel(m->layers[first].in) * sizeof(float));
+    for (int i = first; i < last; i++) {
+        c->y[i - first] = (float *)(c->mem + at);
+        at += nn_align((size_t)n_max * nn_numel(m->layers[i].out) * sizeof(float));
+        size_t sb = nn_layer_saved_bytes(&m->layers[i], n_max);
+        c->saved[i - first] = sb ? c->mem + at : NULL;
+        at += sb;
+    }
+    PD_ASSERT(at == bytes);
+    return c;
+}
+
+void nnctx_free(NnCtx *c) {
+    if (!c) return;
+    pd_free(c->mem);
+    pd_free(c->y);
+    pd_free(c->saved);
+    pd_free(c);
+}
+
+size_t nnctx_bytes(const NnCtx *c) { return c->bytes; }
+float *nnctx_input(NnCtx *c) { return c->in; }
+const float *nnctx_output(const NnCtx *c) { return c->y[c->last - 1 - c->first]; }
+
+const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, const float *x, const NnRun *run) {
+    PD_ASSERT(c->m == m);
+    PD_ASSERTF(run->n >= 1 && run->n <= c->n_max, "n %d, ctx n_max %d", run->n, c->n_max);
+    int f = c->first;
+    if (x != c->in) memcpy(c->in, x, (size_t)run->n * nn_numel(m->layers[f].in) * sizeof(float));
+    c->run = *run;
+    for (int i = f; i < c->last; i++) {
+        Layer *l = &m->layers[i];
+        PD_ASSERTF(l->built_n >= run->n, "layer %d built for %d samples, run with %d", i, l->built_n, run->n);
+        PD_ASSERT(state || l->n_state == 0);
+        const float *xi = i == f ? c->in : c->y[i - 1 - f];
+        l->ops->forward(l, run, w + (m->poff[i] - m->poff[f]), state ? state + (m->soff[i] - m->soff[f]) : NULL, xi,
+                        c->y[i - f], c->saved[i - f]);
+    }
+    c->have_fwd = 1;
+    return nnctx_output(c);
+}
+
+void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw) {
+    PD_ASSERT(c->m == m && c->have_fwd);
+    int f = c->first, n = c->run.n;
+    const float *g = dy;
+    for (int i = c->last - 1; i >= f; i--) {
+        Layer *l = &m->layers[i];
+        const float *xi = i == f ? c->in : c->y[i - 1 - f];
+        float *dxi = dx;
+        if (i > f) {
+            dxi = m->gbuf[i & 1];
+            PD_ASSERT(dxi != g);
+            memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
+        }
+        l->ops->backward(l, &c->run, w + (m->poff[i] - m->poff[f]), xi, c->y[i - f], c->saved[i - f], g, dxi,
+                         dw + (m->poff[i] - m->poff[f]));
+        g = dxi;
+    }
+}

@@ -1,0 +1,179 @@
+/* nn.h: layers, models, optimizers and a one-worker training step.
+ *
+ * A model is an ordered list of TOP-LEVEL layers read from a model JSON file (models/NAME.json);
+ * a residual block is one top-level layer holding its body and shortcut. Pipeline stages
+ * are ranges [first, last) of top-level layers: every call below works on a range.
+ *
+ * Memory (llm.c style, sizes first, then one block per kind):
+ *   - parameters of a range live in ONE contiguous float buffer, in PyTorch's
+ *     model.parameters() order (per layer: weight then bias; lstm: w_ih, w_hh, b_ih, b_hh;
+ *     batchnorm: gamma then beta; residual: body layers then shortcut layers); gradients in
+ *     another buffer of the same layout. A buffer for range [first, last) starts with the
+ *     parameters of layer `first`: offsets inside it are model_param_offset(m, i) -
+ *     model_param_offset(m, first).
+ *   - non-trained state (batch-norm running mean then running var, per batchnorm layer) lives in
+ *     a third buffer with the same range convention (model_state_offset).
+ *   - per-minibatch-in-flight data (the range's input copy, every top-level layer's output,
+ *     saved state for backward: pool argmax, bn statistics, lstm gates, dropout masks) lives in
+ *     an NnCtx. Several NnCtx can be in flight on one built model, each with its own weight
+ *     version; a Model itself holds only kernel descriptors and backward scratch, so calls on
+ *     one Model must not run concurrently (kernels are not thread-safe on a descriptor).
+ *
+ * Shapes are per sample (no batch dimension); buffers are batch-major (N, ...). Backward
+ * ACCUMULATES into dw and dx (+=), as the kernels do.
+ *
+ * Not here: data reading (data.h), pipelining (runtime), checkpoints. */
+#ifndef PD_NN_H
+#define PD_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+typedef struct Model Model;
+typedef struct NnCtx NnCtx;
+
+typedef enum ParamKind { PARAM_WEIGHT, PARAM_BIAS, PARAM_GAMMA, PARAM_BETA, PARAM_KIND_COUNT } ParamKind;
+
+/* One parameter tensor, for init, checkpoints and tests. */
+typedef struct ParamInfo {
+    char name[64];    /* "layers.3.weight", "layers.5.body.0.weight" (PyTorch-like) */
+    Shape shape;      /* as PyTorch stores it, e.g. conv (K, C, R, S) */
+    size_t offset;    /* floats from the start of the WHOLE model's parameter buffer */
+    int layer;        /* top-level layer index */
+    ParamKind kind;
+    int fan_in;       /* PyTorch's init bound is 1/sqrt(fan_in) (lstm: hidden size) */
+} ParamInfo;
+
+/* ---- model: reading and shapes --------------------------------------------------------- */
+/* Reads and checks a model JSON file (see models/NAME.json and model.c for the format): every
+ * layer's type, required keys, unknown keys and shapes. Returns a model the caller frees with
+ * model_free, or NULL with err naming the file, the layer index (and sub-layer path) and the
+ * key. The model is not yet runnable: see model_build. */
+Model *model_load(const char *path, Err *err);
+/* Same from a JSON text; name is used in messages in place of the path. */
+Model *model_parse(const char *json, const char *name, Err *err);
+void   model_free(Model *m);   /* NULL is fine */
+
+const char *model_name(const Model *m);
+int    model_n_layers(const Model *m);                  /* top-level layers */
+Shape  model_input_shape(const Model *m);               /* per sample, e.g. (1, 28, 28) */
+Shape  model_layer_out_shape(const Model *m, int i);    /* output of top-level layer i */
+Shape  model_layer_in_shape(const Model *m, int i);
+const char *model_layer_type(const Model *m, int i);    /* "conv2d", "residual", ... */
+/* Forward FLOPs per sample of layer i (multiply-add = 2; conv, linear, lstm only, as
+ * PyTorch's counters do). */
+double model_layer_flops(const Model *m, int i);
+
+/* Floats of parameters / state of layers [first, last); 0 <= first <= last <= n_layers. */
+size_t model_param_count(const Model *m, int first, int last);
+size_t model_state_count(const Model *m, int first, int last);
+/* Floats of parameters / state before top-level layer i (i == n_layers: the total). */
+size_t model_param_offset(const Model *m, int i);
+size_t model_state_offset(const Model *m, int i);
+/* The parameter tensors of the whole model, in buffer order (borrowed, valid until
+ * model_free); *n receives their number. */
+const ParamInfo *model_param_tensors(const Model *m, int *n);
+
+/* ---- model: building and running ------------------------------------------------------ */
+/* Creates the kernel descriptors and backward scratch of layers [first, last) for minibatches
+ * of up to n_max samples. May be called again to build another (or a larger) range. Returns
+ * PD_OK or an error (a shape a kernel library rejects). */
+int model_build(Model *m, int first, int last, int n_max, Err *err);
+
+/* PyTorch's default init of the parameters of [first, last) into w (range layout): weights and
+ * biases uniform(+-1/sqrt(fan_in)), gamma 1, beta 0, drawn from Philox(seed, RNG_STREAM_INIT,
+ * substream = layer id), so the values are a pure function of (seed, layer) whatever the range. */
+void model_init_params(const Model *m, int first, int last, uint64_t seed, float *w);
+/* Running mean 0, running var 1. */
+void model_init_state(const Model *m, int first, int last, float *state);
+
+/* How one forward runs: n samples (<= n_max), training (batch statistics, dropout) or eval,
+ * and the dropout mask key: element masks are a pure function of (seed, layer id, minibatch). */
+typedef struct NnRun {
+    int n;
+    int train;
+    uint64_t seed;
+    uint64_t minibatch;   /* global minibatch index */
+} NnRun;
+
+/* A per-minibatch context for layers [first, last) and up to n_max samples; caller owns it
+ * (nnctx_free). All of its memory is allocated (and touched) here, none per step. */
+NnCtx *nnctx_new(const Model *m, int first, int last, int n_max);
+void   nnctx_free(NnCtx *c);   /* NULL is fine */
+size_t nnctx_bytes(const NnCtx *c);
+/* The input buffer (n_max, in shape of `first`): a receiver may write the input here and
+ * pass it as x to model_forward (no copy then). */
+float *nnctx_input(NnCtx *c);
+/* The output of the range's last layer (n, out shape) after model_forward. */
+const float *nnctx_output(const NnCtx *c);
+
+/* Forward of the ctx's range with parameters w and state (range layouts; state is updated in
+ * training mode, may be NULL if the range has none). x (n, in shape) is copied into the ctx
+ * unless it is nnctx_input(c). Returns nnctx_output(c). The range must have been built with
+ * n_max >= run->n. */
+const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, const float *x, const NnRun *run);
+/* Backward of the ctx's range after its forward, with the SAME w as that forward (a stashed
+ * version): dy (n, out shape) is the gradient w.r.t. the output; dw (range layout) += dL/dw;
+ * dx (n, in shape) += dL/dx unless dx is NULL (input gradient not wanted: cheaper). dy must
+ * not point into c. */
+void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw);
+
+/* ---- optimizers ------------------------------------------------------------------------ */
+typedef enum OptKind { OPT_SGD, OPT_ADAM, OPT_KIND_COUNT } OptKind;
+
+typedef struct OptConfig {
+    OptKind kind;
+    float lr;
+    float momentum;        /* sgd; 0 = plain SGD */
+    float weight_decay;    /* both: g += wd * w (PyTorch's coupled L2) */
+    float beta1, beta2, eps;   /* adam */
+} OptConfig;
+
+/* SGD: PyTorch's torch.optim.SGD (dampening 0, no nesterov); Adam: torch.optim.Adam
+ * (amsgrad off) with bias correction. State in contiguous buffers of n floats. */
+typedef struct Optim {
+    OptConfig c;
+    size_t n;
+    long step;     /* steps taken */
+    float *m;      /* sgd momentum buffer / adam first moment (n) */
+    float *v;      /* adam second moment (n), NULL for sgd */
+} Optim;
+
+/* OptConfig with PyTorch's defaults for kind (adam: betas 0.9, 0.999, eps 1e-8). */
+OptConfig optim_defaults(OptKind kind, float lr);
+/* Parses "sgd" / "adam"; returns -1 if unknown. */
+int   optim_kind_parse(const char *s);
+void  optim_init(Optim *o, const OptConfig *c, size_t n);
+void  optim_release(Optim *o);
+/* One update of w (n) from the gradient g (n); g is not modified. */
+void  optim_step(Optim *o, float *w, const float *g);
+
+/* ---- one-worker training ---------------------------------------------------------------- */
+/* The whole model on one worker: parameters, gradients, state, optimizer, one ctx, all
+ * allocated once by trainer_init. */
+typedef struct Trainer {
+    Model *m;          /* borrowed */
+    size_t n_params, n_state;
+    float *w, *dw, *state;
+    float *dlogits;    /* (n_max, classes) */
+    int n_max, classes;
+    uint64_t seed;
+    NnCtx *ctx;
+    Optim opt;
+} Trainer;
+
+/* Builds the whole model for n_max samples and initialises parameters from seed. The last
+ * layer's output must be 1-D (the class logits). */
+int   trainer_init(Trainer *t, Model *m, int n_max, const OptConfig *oc, uint64_t seed, Err *err);
+void  trainer_release(Trainer *t);
+/* One SGD/Adam step on (x (n, input shape), labels (n)); minibatch is the global index (the
+ * dropout key). Returns the mean loss; *correct (if non-NULL) gets the argmax hits. */
+float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uint64_t minibatch, int *correct);
+/* Eval-mode forward and loss, no update. */
+float trainer_eval(Trainer *t, const float *x, const int32_t *labels, int n, int *correct);
+/* Forward FLOPs per sample of the whole model. */
+double model_flops(const Model *m);
+
+#endif

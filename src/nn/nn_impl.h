@@ -1,0 +1,95 @@
+/* nn_impl.h: what the layer files and model.c share: the Layer struct and the LayerOps
+ * vtable (one const table per kind, in layer_<kind>.c). Not a public header. */
+#ifndef PD_NN_IMPL_H
+#define PD_NN_IMPL_H
+
+#include <cjson/cJSON.h>
+
+#include "kernels.h"
+#include "nn.h"
+
+typedef struct Layer Layer;
+
+#define NN_MAX_PT 4   /* parameter tensors per (non-residual) layer */
+
+/* Rounds a byte count up to 64 (every sub-buffer of a ctx is cache-line aligned). */
+static inline size_t nn_align(size_t b) { return (b + 63) & ~(size_t)63; }
+
+typedef struct LayerOps {
+    const char *name;   /* as spelled in model.json */
+    /* Reads the layer's keys from j (l->in, l->path, l->uid are set); sets l->out, the
+     * parameter tensors (l->pt, l->n_pt, l->n_params with offsets relative to the layer),
+     * l->n_state and l->flops. Shape errors name ctx. Required. */
+    int (*parse)(Layer *l, JObj *j, const char *ctx, Err *err);
+    /* Creates descriptors and layer-owned scratch for up to n_max samples. May be NULL. */
+    int (*build)(Layer *l, int n_max, Err *err);
+    void (*release)(Layer *l);   /* frees what build made; NULL if nothing */
+    /* Bytes of per-minibatch saved state for n_max samples. NULL: none. */
+    size_t (*saved_bytes)(const Layer *l, int n_max);
+    void (*init_state)(const Layer *l, float *state);   /* NULL: no state */
+    /* y (n, out) from x (n, in). w: the layer's parameters; state: its running stats. */
+    void (*forward)(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y, void *saved);
+    /* dx (may be NULL) += dL/dx, dw += dL/dw, from dy; x, y, saved as forward left them. */
+    void (*backward)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y, const void *saved,
+                     const float *dy, float *dx, float *dw);
+} LayerOps;
+
+struct Layer {
+    const LayerOps *ops;
+    char path[48];          /* "layers.3", "layers.3.body.1": names of parameter tensors */
+    uint64_t uid;           /* init substream and dropout stream: top-level index, or
+                               (index+1) << 16 | 1 + sub index for sub-layers */
+    int top;                /* top-level index */
+    Shape in, out;          /* per sample */
+    size_t n_params, n_state;
+    ParamInfo pt[NN_MAX_PT];   /* offsets relative to the layer's first parameter */
+    int n_pt;
+    size_t param_off, state_off;   /* from the model start (top-level) or the parent's start */
+    double flops;           /* forward FLOPs per sample */
+    int built_n;            /* n_max it was built for; 0 = not built */
+
+    /* kind-specific configuration */
+    int cin, cout, k, stride, pad, bias, relu;
+    float p, eps, momentum;
+    KConv conv;
+    KLstm lstm;
+    float *scratch;         /* layer-owned backward scratch (built) */
+
+    /* residual: sub[0 .. n_body) is the body, sub[n_body .. n_body + n_short) the shortcut */
+    Layer *sub;
+    int n_body, n_short;
+};
+
+/* Parses one layer object (any kind, residual included) with input shape in. path names it
+ * ("layers.3"), ctx prefixes messages ("models/x.json: layer 3"). */
+int  nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const char *ctx, uint64_t uid, int top,
+                    Err *err);
+int  nn_layer_build(Layer *l, int n_max, Err *err);
+void nn_layer_release(Layer *l);
+size_t nn_layer_saved_bytes(const Layer *l, int n_max);
+/* Appends l's parameter tensors (recursing into residuals) with offsets shifted by base. */
+void nn_layer_collect_params(const Layer *l, size_t base, ParamInfo *out, int *n);
+int  nn_layer_count_pt(const Layer *l);
+void nn_layer_init_state(const Layer *l, float *state);
+
+/* Fills a ParamInfo of l with the given name suffix and shape; updates l->n_params. */
+void nn_add_param(Layer *l, const char *suffix, Shape s, ParamKind kind, int fan_in);
+
+/* a * b * ... checked for int overflow is overkill here: shapes come from small JSON. */
+static inline size_t nn_numel(Shape s) { return shape_numel(s); }
+
+extern const LayerOps LAYER_LINEAR, LAYER_CONV2D, LAYER_MAXPOOL, LAYER_GAP, LAYER_RELU, LAYER_DROPOUT,
+    LAYER_BATCHNORM, LAYER_LSTM, LAYER_FLATTEN, LAYER_RESHAPE, LAYER_PAD, LAYER_RESIDUAL, LAYER_LAST_STEP;
+
+/* y = max(y, 0) in place (the kernels' relu takes distinct buffers). */
+static inline void nn_relu_inplace(float *y, size_t count) {
+    for (size_t i = 0; i < count; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+/* Frees a layer's built resources and its sub-layer arrays (recursively). */
+void nn_layer_destroy(Layer *l);
+
+/* Shape helper for messages. */
+const char *nn_shape_str(Shape s);   /* rotating static buffers */
+
+#endif
