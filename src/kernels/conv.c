@@ -1,0 +1,213 @@
+/* conv.c: 2-D convolution, fast version (forward, backward data, backward weights/bias).
+ *
+ * Candidate (b), im2col + OpenBLAS sgemm: a chunk of nb samples is unfolded into
+ * col (C*R*S, nb*OH*OW) and multiplied by W (K, C*R*S) in one GEMM; nb is chosen so that
+ * the GEMM's wide side has >= CONV_COLS_MIN columns (small late-layer planes such as 2x2
+ * would otherwise give GEMMs of width 4) while col stays <= CONV_COL_MAX floats.
+ * Backward: g = dy (masked by y > 0 with fuse_relu) gathered to (K, nb*OH*OW);
+ * dW += g col^T; dcol = W^T g into the col buffer; col2im adds into dx. All scratch is
+ * allocated in kern_conv2d_init; nothing per call.
+ *
+ * What it does not do: groups, dilation, asymmetric stride/padding. */
+#include <cblas.h>
+#include <string.h>
+
+#include "kernels.h"
+
+enum { CONV_COLS_MIN = 512, CONV_COL_MAX = 1 << 21 };
+
+typedef struct ConvImpl {
+    int nb;       /* samples per GEMM chunk */
+    int direct;   /* 1x1, stride 1, pad 0, nb == 1: col is x itself */
+    float *col;   /* (C*R*S, nb*OH*OW), reused as dcol in backward */
+    float *tmp;   /* (K, nb*OH*OW): forward output chunk / backward gathered dy */
+} ConvImpl;
+
+int kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
+                     int has_bias, int fuse_relu, Err *err) {
+    memset(cv, 0, sizeof *cv);
+    if (n_max < 1 || c < 1 || h < 1 || w < 1 || k < 1 || r < 1 || s < 1 || stride < 1 || pad < 0)
+        return err_set(err, PD_EINVAL,
+                       "conv2d: bad shape n_max=%d c=%d h=%d w=%d k=%d r=%d s=%d stride=%d pad=%d", n_max, c, h,
+                       w, k, r, s, stride, pad);
+    if (h + 2 * pad < r || w + 2 * pad < s)
+        return err_set(err, PD_EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d", r, s, h + 2 * pad,
+                       w + 2 * pad);
+    *cv = (KConv){.n_max = n_max, .c = c, .h = h, .w = w, .k = k, .r = r, .s = s, .stride = stride, .pad = pad,
+                  .oh = (h + 2 * pad - r) / stride + 1, .ow = (w + 2 * pad - s) / stride + 1,
+                  .has_bias = has_bias, .fuse_relu = fuse_relu};
+    const size_t p = (size_t)cv->oh * cv->ow, crs = (size_t)c * r * s;
+    int nb = (int)((CONV_COLS_MIN + p - 1) / p);
+    if (nb > n_max) nb = n_max;
+    while (nb > 1 && crs * nb * p > CONV_COL_MAX) nb--;
+    ConvImpl *im = pd_calloc(sizeof *im);
+    im->nb = nb;
+    im->direct = r == 1 && s == 1 && stride == 1 && pad == 0 && nb == 1;
+    if (!im->direct) im->col = pd_alloc(sizeof(float) * crs * nb * p);
+    else im->col = pd_alloc(sizeof(float) * crs * p);   // dcol in backward
+    im->tmp = pd_alloc(sizeof(float) * (size_t)k * nb * p);
+    cv->impl = im;
+    return PD_OK;
+}
+
+void kern_conv2d_release(KConv *cv) {
+    if (!cv) return;
+    ConvImpl *im = cv->impl;
+    if (im) {
+        pd_free(im->col);
+        pd_free(im->tmp);
+        pd_free(im);
+    }
+    cv->impl = NULL;
+}
+
+/* col (C*R*S, nb*P): column s*P + oy*OW + ox of row (c*R + r)*S + q holds
+ * x[s, c, oy*stride - pad + r, ox*stride - pad + q] (0 outside). */
+static void im2col(const KConv *cv, const float *x, int nb, float *col) {
+    const int H = cv->h, W = cv->w, OH = cv->oh, OW = cv->ow, st = cv->stride, pd = cv->pad;
+    const size_t P = (size_t)OH * OW, ld = (size_t)nb * P;
+    for (int c = 0; c < cv->c; c++)
+        for (int r = 0; r < cv->r; r++)
+            for (int q = 0; q < cv->s; q++) {
+                float *row = col + ((size_t)(c * cv->r + r) * cv->s + q) * ld;
+                // valid ox: 0 <= ox*st - pd + q < W
+                int ox0 = pd - q > 0 ? (pd - q + st - 1) / st : 0;
+                int ox1 = (W - 1 + pd - q) / st + 1;
+                if (W - 1 + pd - q < 0) ox1 = 0;
+                if (ox1 > OW) ox1 = OW;
+                if (ox0 > ox1) ox0 = ox1;
+                for (int s = 0; s < nb; s++) {
+                    const float *xc = x + ((size_t)s * cv->c + c) * H * W;
+                    float *dst = row + s * P;
+                    for (int oy = 0; oy < OH; oy++, dst += OW) {
+                        int iy = oy * st - pd + r;
+                        if (iy < 0 || iy >= H) {
+                            memset(dst, 0, sizeof(float) * OW);
+                            continue;
+                        }
+                        const float *src = xc + (size_t)iy * W - pd + q;
+                        for (int ox = 0; ox < ox0; ox++) dst[ox] = 0;
+                        if (st == 1) memcpy(dst + ox0, src + ox0, sizeof(float) * (ox1 - ox0));
+                        else
+                            for (int ox = ox0; ox < ox1; ox++) dst[ox] = src[ox * st];
+                        for (int ox = ox1; ox < OW; ox++) dst[ox] = 0;
+                    }
+                }
+            }
+}
+
+/* The adjoint of im2col: dx[s, c, iy, ix] += every col entry that was read from it. */
+static void col2im_add(const KConv *cv, const float *col, int nb, float *dx) {
+    const int H = cv->h, W = cv->w, OH = cv->oh, OW = cv->ow, st = cv->stride, pd = cv->pad;
+    const size_t P = (size_t)OH * OW, ld = (size_t)nb * P;
+    for (int c = 0; c < cv->c; c++)
+        for (int r = 0; r < cv->r; r++)
+            for (int q = 0; q < cv->s; q++) {
+                const float *row = col + ((size_t)(c * cv->r + r) * cv->s + q) * ld;
+                int ox0 = pd - q > 0 ? (pd - q + st - 1) / st : 0;
+                int ox1 = (W - 1 + pd - q) / st + 1;
+                if (W - 1 + pd - q < 0) ox1 = 0;
+                if (ox1 > OW) ox1 = OW;
+                if (ox0 > ox1) ox0 = ox1;
+                for (int s = 0; s < nb; s++) {
+                    float *xc = dx + ((size_t)s * cv->c + c) * H * W;
+                    const float *src = row + s * P;
+                    for (int oy = 0; oy < OH; oy++, src += OW) {
+                        int iy = oy * st - pd + r;
+                        if (iy < 0 || iy >= H) continue;
+                        float *d = xc + (size_t)iy * W - pd + q;
+                        if (st == 1)
+                            for (int ox = ox0; ox < ox1; ox++) d[ox] += src[ox];
+                        else
+                            for (int ox = ox0; ox < ox1; ox++) d[ox * st] += src[ox];
+                    }
+                }
+            }
+}
+
+void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
+    PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
+    ConvImpl *im = cv->impl;
+    const int K = cv->k, CRS = cv->c * cv->r * cv->s;
+    const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
+    for (int s0 = 0; s0 < n; s0 += im->nb) {
+        const int nb = n - s0 < im->nb ? n - s0 : im->nb;
+        const float *col = x + s0 * X;
+        if (!im->direct) {
+            im2col(cv, x + s0 * X, nb, im->col);
+            col = im->col;
+        }
+        const int cols = (int)(nb * P);
+        float *out = nb == 1 ? y + s0 * K * P : im->tmp;   // (K, nb*P)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, cols, CRS, 1.0f, w, CRS, col, cols, 0.0f, out,
+                    cols);
+        for (int s = 0; s < nb; s++)
+            for (int k = 0; k < K; k++) {
+                const float *src = out + (size_t)k * cols + s * P;   // may equal dst (nb == 1)
+                float *dst = y + ((size_t)(s0 + s) * K + k) * P;
+                const float bk = cv->has_bias && b ? b[k] : 0.0f;
+                if (cv->fuse_relu)
+                    for (size_t i = 0; i < P; i++) {
+                        float v = src[i] + bk;
+                        dst[i] = v > 0 ? v : 0.0f;
+                    }
+                else
+                    for (size_t i = 0; i < P; i++) dst[i] = src[i] + bk;   // in place when nb == 1
+            }
+    }
+}
+
+void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
+                     float *dx, float *dw, float *db) {
+    PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
+    ConvImpl *im = cv->impl;
+    const int K = cv->k, CRS = cv->c * cv->r * cv->s;
+    const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
+    if (!cv->has_bias) db = NULL;
+    for (int s0 = 0; s0 < n; s0 += im->nb) {
+        const int nb = n - s0 < im->nb ? n - s0 : im->nb;
+        const int cols = (int)(nb * P);
+        // g (K, nb*P): dy of the chunk, masked by y > 0 with fuse_relu
+        const float *g = dy + s0 * K * P;
+        if (nb > 1 || cv->fuse_relu) {
+            for (int s = 0; s < nb; s++)
+                for (int k = 0; k < K; k++) {
+                    const float *restrict src = dy + ((size_t)(s0 + s) * K + k) * P;
+                    const float *restrict yy = y + ((size_t)(s0 + s) * K + k) * P;
+                    float *restrict dst = im->tmp + (size_t)k * cols + s * P;
+                    if (cv->fuse_relu)
+                        for (size_t i = 0; i < P; i++) dst[i] = yy[i] > 0 ? src[i] : 0.0f;
+                    else
+                        memcpy(dst, src, sizeof(float) * P);
+                }
+            g = im->tmp;
+        }
+        if (db)
+            for (int k = 0; k < K; k++) {
+                const float *restrict gk = g + (size_t)k * cols;
+                float sum = 0;
+                for (int i = 0; i < cols; i++) sum += gk[i];
+                db[k] += sum;
+            }
+        if (dw) {
+            const float *col = x + s0 * X;
+            if (!im->direct) {
+                im2col(cv, x + s0 * X, nb, im->col);
+                col = im->col;
+            }
+            // dW (K, CRS) += g (K, cols) col^T (cols, CRS)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, cols, 1.0f, g, cols, col, cols, 1.0f, dw,
+                        CRS);
+        }
+        if (dx) {
+            if (im->direct) {   // dx (C, P) += W^T g directly
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, cols, K, 1.0f, w, CRS, g, cols, 1.0f,
+                            dx + s0 * X, cols);
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, cols, K, 1.0f, w, CRS, g, cols, 0.0f,
+                            im->col, cols);
+                col2im_add(cv, im->col, nb, dx + s0 * X);
+            }
+        }
+    }
+}

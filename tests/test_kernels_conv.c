@@ -1,0 +1,144 @@
+/* test_kernels_conv.c: kern_conv2d_* (fast) against kern_conv2d_*_ref, and the _ref
+ * backward against central finite differences of the _ref forward, over odd shapes:
+ * batch 3, non-square inputs, stride 2, padding 0/1/2, 1x1 and 5x5 kernels, n smaller
+ * than n_max (and several n on one descriptor), fused and unfused relu, with and without
+ * bias, backward onto prefilled dx/dw/db (+= semantics). */
+#include <math.h>
+
+#include "test_kernels_util.h"
+
+typedef struct ConvCase {
+    int n_max, n, c, h, w, k, r, s, stride, pad, bias, relu, fd;
+} ConvCase;
+
+typedef struct ConvCtx {
+    KConv *cv;
+    int n;
+    float *x, *w, *b, *y, *r;
+} ConvCtx;
+
+static double conv_loss(void *p) {
+    ConvCtx *c = p;
+    kern_conv2d_fwd_ref(c->cv, c->n, c->x, c->w, c->b, c->y);
+    return tk_dot(c->r, c->y, (size_t)c->n * c->cv->k * c->cv->oh * c->cv->ow);
+}
+
+static void check_conv(const ConvCase *t, uint64_t tag) {
+    KConv cv;
+    Err err = {0};
+    assert_int_equal(kern_conv2d_init(&cv, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s, t->stride, t->pad,
+                                      t->bias, t->relu, &err),
+                     PD_OK);
+    assert_int_equal(cv.oh, (t->h + 2 * t->pad - t->r) / t->stride + 1);
+    print_message("  conv n=%d/%d c=%d %dx%d k=%d %dx%d s%d p%d bias=%d relu=%d\n", t->n, t->n_max, t->c, t->h,
+                  t->w, t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu);
+    /* two batch sizes on one descriptor: n_max and the case's n (primitive caching) */
+    int ns[2] = {t->n_max, t->n};
+    for (int pass = 0; pass < 2; pass++) {
+        const int n = ns[pass];
+        size_t nx = (size_t)n * t->c * t->h * t->w, nw = (size_t)t->k * t->c * t->r * t->s;
+        size_t ny = (size_t)n * t->k * cv.oh * cv.ow;
+        ConvCtx c = {&cv, n, tk_rand(nx, tag + 1, -1, 1), tk_rand(nw, tag + 2, -1, 1),
+                     t->bias ? tk_rand(t->k, tag + 3, -1, 1) : NULL, pd_alloc_f32(ny), tk_rand(ny, tag + 4, -1, 1)};
+        float *y = tk_rand(ny, tag + 5, -9, 9);   // garbage: forward must overwrite
+        kern_conv2d_fwd(&cv, n, c.x, c.w, c.b, y);
+        kern_conv2d_fwd_ref(&cv, n, c.x, c.w, c.b, c.y);
+        assert_int_equal(tu_compare("conv fwd", y, c.y, ny, 1e-4, 1e-5), 0);
+        if (t->relu) {
+            size_t zeros = 0;
+            for (size_t i = 0; i < ny; i++) zeros += c.y[i] == 0.0f;
+            assert_true(zeros > 0 && zeros < ny);   // the relu did something, not everything
+        }
+        float *pre_x = tk_rand(nx, tag + 6, -1, 1), *pre_w = tk_rand(nw, tag + 7, -1, 1);
+        float *pre_b = tk_rand(t->k, tag + 8, -1, 1);
+        float *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, t->k);
+        float *rdx = tk_copy(pre_x, nx), *rdw = tk_copy(pre_w, nw), *rdb = tk_copy(pre_b, t->k);
+        kern_conv2d_bwd(&cv, n, c.x, c.w, y, c.r, dx, dw, db);
+        kern_conv2d_bwd_ref(&cv, n, c.x, c.w, c.y, c.r, rdx, rdw, rdb);
+        assert_int_equal(tu_compare("conv dx", dx, rdx, nx, 1e-4, 1e-4), 0);
+        assert_int_equal(tu_compare("conv dw", dw, rdw, nw, 1e-4, 1e-4), 0);
+        assert_int_equal(tu_compare("conv db", db, rdb, t->k, 1e-4, 1e-4), 0);
+        if (!t->bias) assert_memory_equal(db, pre_b, sizeof(float) * t->k);
+        /* only some gradients wanted */
+        float *dx2 = tk_copy(pre_x, nx);
+        kern_conv2d_bwd(&cv, n, c.x, c.w, y, c.r, dx2, NULL, NULL);
+        assert_int_equal(tu_compare("conv dx only", dx2, rdx, nx, 1e-4, 1e-4), 0);
+        float *dw2 = tk_copy(pre_w, nw);
+        kern_conv2d_bwd(&cv, n, c.x, c.w, y, c.r, NULL, dw2, NULL);
+        assert_int_equal(tu_compare("conv dw only", dw2, rdw, nw, 1e-4, 1e-4), 0);
+
+        if (t->fd && pass == 1) {
+            tk_sub(rdx, pre_x, nx);
+            tk_sub(rdw, pre_w, nw);
+            tk_sub(rdb, pre_b, t->k);
+            float *g = pd_alloc_f32(nx > nw ? nx : nw);
+            const float eps = t->relu ? 1e-3f : 0.1f;   // linear unless relu: large eps is exact
+            const double tol = t->relu ? 1e-2 : 1e-4;
+            tk_fd(conv_loss, &c, c.x, nx, eps, g);
+            tk_check_grad("conv dx", rdx, g, nx, tol);
+            tk_fd(conv_loss, &c, c.w, nw, eps, g);
+            tk_check_grad("conv dw", rdw, g, nw, tol);
+            if (t->bias) {
+                tk_fd(conv_loss, &c, c.b, t->k, eps, g);
+                tk_check_grad("conv db", rdb, g, t->k, tol);
+            }
+            pd_free(g);
+        }
+        float *all[] = {c.x, c.w, c.b, c.y, c.r, y, pre_x, pre_w, pre_b, dx, dw, db, rdx, rdw, rdb, dx2, dw2};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    }
+    kern_conv2d_release(&cv);
+    kern_conv2d_release(&cv);   // twice is fine
+}
+
+static void test_conv_odd_shapes(void **state) {
+    (void)state;
+    static const ConvCase cases[] = {
+        /* n_max n  c  h  w  k  r  s st pad bias relu fd */
+        {3, 3, 2, 5, 7, 4, 3, 3, 1, 1, 1, 0, 1},     // batch 3, non-square, 3x3 pad 1
+        {4, 3, 3, 6, 5, 4, 5, 5, 1, 2, 1, 1, 1},     // 5x5 pad 2, fused relu, n < n_max
+        {2, 2, 3, 7, 7, 4, 3, 3, 2, 1, 0, 0, 1},     // stride 2, no bias
+        {3, 2, 4, 6, 6, 5, 1, 1, 2, 0, 0, 0, 1},     // 1x1 stride 2 (resnet shortcut)
+        {2, 1, 3, 4, 5, 6, 1, 1, 1, 0, 1, 1, 1},     // 1x1 stride 1 pad 0
+        {2, 2, 2, 6, 8, 3, 3, 3, 1, 0, 1, 0, 1},     // pad 0
+        {3, 2, 2, 5, 5, 3, 3, 2, 2, 2, 1, 1, 1},     // non-square kernel, stride 2, pad 2
+        {5, 3, 3, 2, 2, 4, 3, 3, 1, 1, 1, 1, 1},     // 2x2 plane: several samples per GEMM
+        {20, 19, 3, 8, 8, 5, 3, 3, 1, 1, 1, 0, 0},   // chunks of 8 samples, ragged last chunk
+        {64, 5, 4, 2, 2, 8, 3, 3, 1, 1, 0, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], 100 * (i + 1));
+}
+
+/* Shapes of the reference models (smaller batch): fast vs ref only. */
+static void test_conv_model_shapes(void **state) {
+    (void)state;
+    static const ConvCase cases[] = {
+        {4, 3, 1, 28, 28, 6, 5, 5, 1, 2, 1, 1, 0},    // lenet5 conv1
+        {4, 4, 6, 14, 14, 16, 5, 5, 1, 0, 1, 1, 0},   // lenet5 conv2
+        {4, 4, 16, 16, 16, 32, 3, 3, 1, 1, 1, 1, 0},  // vgg16 block 2
+        {4, 4, 128, 2, 2, 128, 3, 3, 1, 1, 1, 1, 0},  // vgg16 block 5
+        {4, 2, 16, 32, 32, 32, 3, 3, 2, 1, 0, 0, 0},  // resnet20 downsampling 3x3
+        {4, 2, 32, 16, 16, 64, 1, 1, 2, 0, 0, 0, 0},  // resnet20 1x1 shortcut
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], 1000 * (i + 1));
+}
+
+static void test_conv_bad_shapes(void **state) {
+    (void)state;
+    KConv cv;
+    Err err = {0};
+    assert_int_equal(kern_conv2d_init(&cv, 2, 3, 2, 2, 4, 5, 5, 1, 0, 1, 0, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "conv2d"));
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 0, 3, 8, 8, 4, 3, 3, 1, 1, 1, 0, &err), PD_EINVAL);
+    kern_conv2d_release(&cv);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_odd_shapes),
+        cmocka_unit_test(test_conv_model_shapes),
+        cmocka_unit_test(test_conv_bad_shapes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
