@@ -1,0 +1,177 @@
+/* comm.h: the transport between pipeline workers. One interface (an ops table plus a
+ * context, like ggml's backends) with two implementations:
+ *   - MPI (comm_mpi_create): one rank per process, between processes and hosts;
+ *   - threads (comm_threads_create / comm_threads_run): n endpoints in one process sharing a
+ *     mailbox, for tests and single-host runs.
+ * Both have the same semantics, checked by the same tests (tests/test_comm.c,
+ * tests/test_comm_mpi.c). What it does: point-to-point messages (a checked header plus a
+ * float payload) with non-blocking send/receive, receives posted ahead, waits with
+ * deadlines; group all-reduce with a fixed summation order (bitwise equal on both
+ * transports and to a serial sum in rank order); barrier; agree (all-reduce MAX of an error
+ * code); abort. What it does not: schedule anything, own tensors, retry, or survive the loss
+ * of a rank (a dead peer becomes an error naming it, then the runtime aborts).
+ * See docs/comm.md.
+ *
+ * Threading: an endpoint (Comm) is used by one thread at a time. Under MPI only the thread
+ * that created the Comm calls into it (MPI_THREAD_FUNNELED). */
+#ifndef PD_COMM_H
+#define PD_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+typedef enum CommKind {
+    COMM_ACT = 0,    /* forward activations */
+    COMM_GRAD = 1,   /* backward gradients (w.r.t. activations) */
+    COMM_CTRL = 2,   /* control (runtime-defined small payloads; mb is a sequence number) */
+    COMM_KIND_COUNT
+} CommKind;
+
+typedef enum CommOp { COMM_SUM = 0, COMM_MEAN = 1, COMM_OP_COUNT } CommOp;
+
+#define COMM_MAGIC 0x4d434450u   /* "PDCM" little-endian */
+
+/* The header that travels in front of every payload: 64 bytes, fixed layout, host byte
+ * order (hosts of one job are assumed to share endianness). crc = pd_crc32 of the 56 bytes
+ * before it. Filled by comm_isend; a receiver gets it from comm_wait/comm_test. */
+typedef struct CommHeader {
+    uint32_t magic;           /* COMM_MAGIC */
+    int32_t kind;             /* CommKind */
+    int64_t mb;               /* minibatch id, >= 0 */
+    int64_t version;          /* weight version the sender used (information only: not checked) */
+    int32_t ndim;             /* shape of the payload */
+    int32_t dims[PD_MAX_DIMS];
+    uint64_t count;           /* payload floats = product of dims */
+    uint32_t crc;             /* CRC-32 of the bytes above */
+    uint32_t pad;             /* zero */
+} CommHeader;
+
+typedef struct Comm Comm;
+typedef struct CommGroup CommGroup;
+typedef struct CommReq CommReq;
+
+/* ---- creation -------------------------------------------------------------------- */
+/* MPI transport. Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) unless it is
+ * already initialised (then it needs at least FUNNELED), duplicates MPI_COMM_WORLD and sets
+ * MPI_ERRORS_RETURN on it, so MPI failures come back as PD_ECOMM instead of aborting.
+ * argc/argv may be NULL. Returns PD_OK and *out (caller owns: comm_free), or PD_ECOMM. Call
+ * once per process: comm_free finalises MPI if this call initialised it. */
+int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err);
+
+/* Threads transport: n endpoints (ranks 0..n-1) sharing one mailbox. eps[r] is rank r's
+ * endpoint; the caller owns each (comm_free; the mailbox goes with the last). A message is
+ * copied when sent (eager), so a send completes at once and its buffer may be reused as
+ * soon as comm_isend returns. Returns PD_OK, or PD_EINVAL if n < 1. */
+int comm_threads_create(int n, Comm **eps, Err *err);
+
+/* Runs fn(eps[r], r, arg) on n threads (one per rank) over a fresh threads transport and
+ * joins them. When a worker returns (say, early on an error) its endpoint is closed at
+ * once, so peers waiting for a message it never sent fail with PD_ECOMM naming it instead
+ * of hanging. rcs (optional, n entries)
+ * gets each worker's return code. Returns the maximum of the codes (PD_OK if all
+ * succeeded), or PD_EINVAL/PD_ENOMEM if the threads could not be started. */
+typedef int (*CommWorkerFn)(Comm *c, int rank, void *arg);
+int comm_threads_run(int n, CommWorkerFn fn, void *arg, int *rcs, Err *err);
+
+/* Frees the endpoint; NULL is fine. Pending requests must have been waited for or
+ * cancelled. Threads: peers waiting for a message from this rank that was never sent
+ * now fail with PD_ECOMM ("peer r closed"). MPI: frees the communicator and finalises MPI
+ * if comm_mpi_create initialised it. */
+void comm_free(Comm *c);
+
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+const char *comm_name(const Comm *c);   /* "mpi" or "threads" */
+
+/* Deadline (seconds, 0 = none, the default) for collectives: barrier, agree, group
+ * creation and all-reduce. On expiry they return PD_ECOMM and the comm is unusable except
+ * for comm_abort/comm_free. */
+void comm_set_coll_timeout(Comm *c, double seconds);
+
+/* ---- point to point -------------------------------------------------------------- */
+/* Starts sending a message to peer (0..size-1, self included): header (kind, mb >= 0,
+ * version, shape) + payload of shape_numel(shape) floats from data (may be NULL when that is
+ * 0). The message matches only a receive posted by peer for the same source, kind and
+ * minibatch (see docs/comm.md, tag scheme); messages with the same (source, kind, mb) arrive
+ * in send order. data is borrowed: it must stay valid and unchanged until the request
+ * completes (the threads transport copies at once, MPI may not). Returns PD_OK and *req
+ * (complete it with comm_wait/comm_test), or PD_ECOMM (MPI failure) / PD_EINVAL (bad
+ * arguments) with *req = NULL. */
+int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Shape shape,
+               const float *data, CommReq **req, Err *err);
+
+/* Posts a receive of the message (peer, kind, mb) into buf (shape_numel(shape) floats,
+ * borrowed until the request completes). Post receives ahead of time so that communication
+ * overlaps compute. On completion the header is checked: magic and CRC, then kind, minibatch
+ * and shape against what was posted; a mismatch fails with PD_ECOMM naming the peer and
+ * expected vs got (buf's contents are then unspecified). Returns PD_OK and *req, or
+ * PD_ECOMM / PD_EINVAL with *req = NULL. */
+int comm_irecv(Comm *c, int peer, CommKind kind, int64_t mb, Shape shape, float *buf,
+               CommReq **req, Err *err);
+
+/* Waits for *req to complete, at most deadline_s seconds (0 = no deadline).
+ * - Completed: frees the request, sets *req = NULL, copies the header into *hdr (optional;
+ *   for receives it is the header that arrived) and returns PD_OK, or PD_ECOMM if the
+ *   received header did not match (message names peer, expected vs got).
+ * - Deadline passed: returns PD_ECOMM naming what was awaited (peer, kind, minibatch) and
+ *   leaves *req pending: wait again, or give it up with comm_cancel.
+ * - Peer gone (threads: its endpoint closed; MPI: an MPI error): PD_ECOMM, request freed.
+ * *req == NULL returns PD_OK at once (so arrays of optional requests are easy). */
+int comm_wait(Comm *c, CommReq **req, double deadline_s, CommHeader *hdr, Err *err);
+
+/* Like comm_wait with no waiting: sets *done; when done, behaves as comm_wait. */
+int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err);
+
+/* Gives up a pending request and frees it (*req = NULL). A receive is withdrawn (a message
+ * that arrives later stays for a later receive). A send: threads: nothing to undo; MPI: the
+ * request is released with MPI_Request_free, so the data must stay valid until comm_free.
+ * NULL is fine. */
+void comm_cancel(Comm *c, CommReq **req);
+
+/* ---- collectives ----------------------------------------------------------------- */
+/* Blocks until every rank has entered. PD_OK or PD_ECOMM. */
+int comm_barrier(Comm *c, Err *err);
+
+/* All-reduce MAX of rc over all ranks: every rank returns the same, largest code, so all
+ * ranks leave together (`if (comm_agree(comm, rc) != PD_OK) return rc;`). If the
+ * communication itself fails, returns PD_ECOMM (or rc if larger). Codes are >= 0. */
+int comm_agree(Comm *c, int rc);
+
+/* Ends the job because of a failure on this rank. MPI: prints "pipedream: rank R: abort:
+ * msg" on stderr and calls MPI_Abort(code) (does not return). Threads: marks the shared
+ * mailbox aborted and wakes everyone: every pending and later operation of every endpoint
+ * returns PD_ECOMM with "aborted by rank R: msg"; it returns (the library never exits the
+ * process), and the workers unwind. */
+void comm_abort(Comm *c, int code, const char *msg);
+
+/* A group of ranks (a replicated stage) for all-reduce. Called by every member of ranks
+ * (only by them), with the same list in the same order; the order is the group's rank order
+ * and so the summation order. ranks are distinct, in 0..size-1, and include the caller.
+ * Create once and reuse (MPI: MPI_Comm_create_group). Returns PD_OK and *out (caller owns:
+ * comm_group_free, before comm_free), or PD_EINVAL / PD_ECOMM. */
+int comm_group_new(Comm *c, const int *ranks, int n, CommGroup **out, Err *err);
+void comm_group_free(CommGroup *g);   /* NULL is fine; not collective under threads */
+int comm_group_rank(const CommGroup *g);   /* position of the caller in ranks */
+int comm_group_size(const CommGroup *g);
+
+/* In-place all-reduce of buf (n floats, the same n and op on every member). The result is,
+ * for every element i, exactly the float computation
+ *     s = x_0[i]; for g = 1..size-1: s = s + x_g[i];   (COMM_MEAN: s = s / (float)size)
+ * with x_g the buffer of group rank g: the same bits on every member, on both transports,
+ * and in a serial emulation that sums in group rank order (comm_sum_serial).
+ * Returns PD_OK, or PD_ECOMM (members disagree on n or op, or communication failed). */
+int comm_group_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err);
+
+/* The serial reference of comm_group_allreduce: out[i] = (...((x[0][i] + x[1][i]) + x[2][i])
+ * ...) (/ nx for COMM_MEAN). For single-process emulations and tests. out may alias x[0]. */
+void comm_sum_serial(const float *const *x, int nx, size_t n, CommOp op, float *out);
+
+/* Helpers for messages and logs. */
+const char *comm_kind_name(CommKind k);   /* "activation", "gradient", "control" */
+/* The MPI tag of (kind, mb, part) (part 0 = header, 1 = payload): see docs/comm.md.
+ * window = how many consecutive minibatches get distinct tags. */
+int comm_tag(CommKind kind, int64_t mb, int part, int64_t window);
+
+#endif

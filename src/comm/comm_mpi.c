@@ -1,0 +1,381 @@
+/* comm_mpi.c: the MPI transport (one rank per process). Point-to-point: every message is
+ * two MPI messages on a private duplicate of MPI_COMM_WORLD, the 64-byte header (tag t,
+ * MPI_BYTE) and the payload (tag t + 1, MPI_FLOAT, possibly empty), so the payload lands in
+ * the receiver's buffer without a staging copy; t comes from (kind, minibatch), see
+ * comm_tag. Waits poll MPI_Test (spin, then yield, then short sleeps) so that they can give
+ * up at a deadline instead of blocking forever. Collectives (barrier, agree) are the
+ * non-blocking MPI ones polled the same way. Group all-reduce is NOT MPI_Allreduce (its
+ * summation order is unspecified): a chain in group rank order (rank 0 sends its chunk to
+ * rank 1, which adds its own and passes it on, ...; chunks pipelined) ends on the last rank
+ * with exactly the serial rank-order sum, which MPI_Ibcast then copies to everyone.
+ * Error handler MPI_ERRORS_RETURN everywhere: MPI failures come back as PD_ECOMM.
+ * What it does not: call MPI from more than one thread (MPI_THREAD_FUNNELED). */
+#include "comm_impl.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct MComm {
+    MPI_Comm comm;         /* duplicate of MPI_COMM_WORLD, errors return */
+    int finalize;          /* we initialised MPI, so comm_free finalises it */
+} MComm;
+
+typedef struct MReq {
+    CommReq base;
+    MPI_Request r[2];      /* header, payload */
+    int got[2];
+} MReq;
+
+enum { CHAIN_CHUNK = 1 << 16 };   /* floats per pipelined piece of the all-reduce chain */
+
+typedef struct MGroup {
+    MPI_Comm comm;         /* the group's communicator, errors return */
+    float *tmp[2];         /* CHAIN_CHUNK floats each: double-buffered receives */
+} MGroup;
+
+static const CommOps MPI_OPS;
+
+static int mpi_err(Err *err, int me, int mrc, const char *fmt_what, const char *what2) {
+    char s[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(mrc, s, &len);
+    return err_set(err, PD_ECOMM, "rank %d: MPI error in %s%s: %s", me, fmt_what, what2 ? what2 : "", s);
+}
+
+/* Waiting without burning a core forever: spin briefly (latency), then yield, then nap. */
+static void backoff(double t0) {
+    double el = pd_now() - t0;
+    if (el < 2e-4) return;
+    if (el < 5e-3) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+}
+
+/* Polls until all n requests complete (PD_OK) or the absolute deadline passes (0 = none):
+ * then returns PD_ECOMM naming what. */
+static int poll_all(MPI_Request *rq, int n, double deadline, int me, const char *what, Err *err) {
+    double t0 = pd_now();
+    for (;;) {
+        int flag = 0;
+        int mrc = MPI_Testall(n, rq, &flag, MPI_STATUSES_IGNORE);
+        if (mrc != MPI_SUCCESS) return mpi_err(err, me, mrc, what, NULL);
+        if (flag) return PD_OK;
+        if (deadline > 0 && pd_now() >= deadline)
+            return err_set(err, PD_ECOMM, "rank %d: %s timed out after %.3g s (a rank is missing or dead)", me, what,
+                           pd_now() - t0);
+        backoff(t0);
+    }
+}
+
+/* ---- creation --------------------------------------------------------------------- */
+
+int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
+    *out = NULL;
+    int inited = 0, provided = 0, finalize = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return err_set(err, PD_ECOMM, "MPI_Init_thread failed");
+        finalize = 1;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_FUNNELED) {
+        if (finalize) MPI_Finalize();
+        return err_set(err, PD_ECOMM, "MPI provides thread level %d, need MPI_THREAD_FUNNELED", provided);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MComm *m = calloc(1, sizeof *m);
+    Comm *c = calloc(1, sizeof *c);
+    PD_ASSERT(m && c);
+    int mrc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    if (mrc != MPI_SUCCESS) {
+        free(m);
+        free(c);
+        if (finalize) MPI_Finalize();
+        return mpi_err(err, -1, mrc, "MPI_Comm_dup", NULL);
+    }
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    m->finalize = finalize;
+    MPI_Comm_rank(m->comm, &c->rank);
+    MPI_Comm_size(m->comm, &c->size);
+    /* the tag space must hold 2 * COMM_KIND_COUNT tags per minibatch of the window */
+    int *tag_ub = NULL, flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
+    int64_t ub = flag && tag_ub ? (int64_t)*tag_ub : 32767;
+    int64_t window = (ub + 1) / (2 * COMM_KIND_COUNT);
+    c->tag_window = window < COMM_TAG_WINDOW ? window : COMM_TAG_WINDOW;
+    c->ops = &MPI_OPS;
+    c->ctx = m;
+    *out = c;
+    return PD_OK;
+}
+
+static void m_free(Comm *c) {
+    MComm *m = c->ctx;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) {
+        MPI_Comm_free(&m->comm);
+        if (m->finalize) MPI_Finalize();
+    }
+    free(m);
+    free(c);
+}
+
+/* ---- point to point --------------------------------------------------------------- */
+
+static int m_isend(Comm *c, int peer, int tag, const CommHeader *hdr, const float *data, CommReq **out, Err *err) {
+    MComm *m = c->ctx;
+    if (hdr->count > (uint64_t)INT_MAX)
+        return err_set(err, PD_EINVAL, "rank %d: message of %" PRIu64 " floats is too large for one MPI message",
+                       c->rank, hdr->count);
+    MReq *r = calloc(1, sizeof *r);
+    PD_ASSERT(r);
+    r->base.hdr = *hdr;   /* the header's send buffer lives in the request */
+    int mrc = MPI_Isend(&r->base.hdr, (int)sizeof(CommHeader), MPI_BYTE, peer, tag, m->comm, &r->r[0]);
+    if (mrc == MPI_SUCCESS)
+        mrc = MPI_Isend(data, (int)hdr->count, MPI_FLOAT, peer, tag + 1, m->comm, &r->r[1]);
+    if (mrc != MPI_SUCCESS) {
+        if (r->r[0] != MPI_REQUEST_NULL) MPI_Request_free(&r->r[0]);
+        free(r);
+        return mpi_err(err, c->rank, mrc, "MPI_Isend", NULL);
+    }
+    *out = &r->base;
+    return PD_OK;
+}
+
+static int m_irecv(Comm *c, int peer, int tag, float *buf, size_t cap, CommReq **out, Err *err) {
+    MComm *m = c->ctx;
+    if (cap > (size_t)INT_MAX)
+        return err_set(err, PD_EINVAL, "rank %d: receive of %zu floats is too large for one MPI message", c->rank, cap);
+    MReq *r = calloc(1, sizeof *r);
+    PD_ASSERT(r);
+    int mrc = MPI_Irecv(&r->base.hdr, (int)sizeof(CommHeader), MPI_BYTE, peer, tag, m->comm, &r->r[0]);
+    if (mrc == MPI_SUCCESS) mrc = MPI_Irecv(buf, (int)cap, MPI_FLOAT, peer, tag + 1, m->comm, &r->r[1]);
+    if (mrc != MPI_SUCCESS) {
+        if (r->r[0] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r->r[0]);
+            MPI_Wait(&r->r[0], MPI_STATUS_IGNORE);
+        }
+        free(r);
+        return mpi_err(err, c->rank, mrc, "MPI_Irecv", NULL);
+    }
+    *out = &r->base;
+    return PD_OK;
+}
+
+static int m_wait(Comm *c, CommReq *req, double deadline, Err *err) {
+    MReq *r = (MReq *)req;
+    double t0 = pd_now();
+    for (;;) {
+        for (int i = 0; i < 2; i++) {
+            if (r->got[i]) continue;
+            int flag = 0;
+            MPI_Status st;
+            int mrc = MPI_Test(&r->r[i], &flag, &st);
+            if (mrc != MPI_SUCCESS) {
+                int cls = 0;
+                MPI_Error_class(mrc, &cls);
+                r->got[i] = 1;
+                r->r[i] = MPI_REQUEST_NULL;   /* an erroneous request is completed */
+                /* a payload longer than posted: the header check names the real problem */
+                if (i == 1 && req->is_recv && cls == MPI_ERR_TRUNCATE) continue;
+                char what[128];
+                snprintf(what, sizeof what, "%s %s of minibatch %" PRId64 " %s rank %d",
+                         req->is_recv ? "receiving" : "sending", comm_kind_name(req->kind), req->mb,
+                         req->is_recv ? "from" : "to", req->peer);
+                return -mpi_err(err, c->rank, mrc, what, NULL);
+            }
+            if (flag) r->got[i] = 1;
+        }
+        if (r->got[0] && r->got[1]) return COMM_DONE;
+        if (deadline < 0 || (deadline > 0 && pd_now() >= deadline)) return COMM_PENDING;
+        backoff(t0);
+    }
+}
+
+static void m_cancel(Comm *c, CommReq *req) {
+    MReq *r = (MReq *)req;
+    for (int i = 0; i < 2; i++) {
+        if (r->got[i] || r->r[i] == MPI_REQUEST_NULL) continue;
+        if (req->is_recv) {   /* an unmatched receive cancels at once */
+            MPI_Cancel(&r->r[i]);
+            MPI_Wait(&r->r[i], MPI_STATUS_IGNORE);
+        } else {              /* the send goes on in the background (see comm.h) */
+            MPI_Request_free(&r->r[i]);
+        }
+        r->got[i] = 1;
+    }
+}
+
+static void m_req_free(Comm *c, CommReq *req) {
+    m_cancel(c, req);
+    free(req);
+}
+
+/* ---- collectives ------------------------------------------------------------------ */
+
+static int m_barrier(Comm *c, Err *err) {
+    MComm *m = c->ctx;
+    MPI_Request rq;
+    int mrc = MPI_Ibarrier(m->comm, &rq);
+    if (mrc != MPI_SUCCESS) return mpi_err(err, c->rank, mrc, "MPI_Ibarrier", NULL);
+    return poll_all(&rq, 1, comm_coll_deadline(c), c->rank, "barrier", err);
+}
+
+static int m_agree(Comm *c, int rc, int *out, Err *err) {
+    MComm *m = c->ctx;
+    MPI_Request rq;
+    int mrc = MPI_Iallreduce(&rc, out, 1, MPI_INT, MPI_MAX, m->comm, &rq);
+    if (mrc != MPI_SUCCESS) return mpi_err(err, c->rank, mrc, "MPI_Iallreduce", NULL);
+    return poll_all(&rq, 1, comm_coll_deadline(c), c->rank, "agree", err);
+}
+
+static void m_abort(Comm *c, int code, const char *msg) {
+    MComm *m = c->ctx;
+    fprintf(stderr, "pipedream: rank %d: abort: %s\n", c->rank, msg);
+    fflush(stderr);
+    MPI_Abort(m->comm, code ? code : 1);
+    abort();   /* MPI_Abort does not return; if it did, still never continue */
+}
+
+static int m_group_new(Comm *c, const int *ranks, int n, int me, CommGroup **out, Err *err) {
+    MComm *m = c->ctx;
+    MPI_Group world = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
+    MPI_Comm gc = MPI_COMM_NULL;
+    int mrc = MPI_Comm_group(m->comm, &world);
+    if (mrc == MPI_SUCCESS) mrc = MPI_Group_incl(world, n, ranks, &sub);   /* list order = group rank order */
+    if (mrc == MPI_SUCCESS) mrc = MPI_Comm_create_group(m->comm, sub, 0, &gc);
+    if (sub != MPI_GROUP_NULL) MPI_Group_free(&sub);
+    if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+    if (mrc != MPI_SUCCESS) return mpi_err(err, c->rank, mrc, "MPI_Comm_create_group", NULL);
+    MPI_Comm_set_errhandler(gc, MPI_ERRORS_RETURN);
+    int grank = -1;
+    MPI_Comm_rank(gc, &grank);
+    PD_ASSERTF(grank == me, "group rank %d, position in list %d", grank, me);
+    CommGroup *g = calloc(1, sizeof *g);
+    MGroup *mg = calloc(1, sizeof *mg);
+    PD_ASSERT(g && mg);
+    mg->comm = gc;
+    g->comm = c;
+    g->rank = me;
+    g->size = n;
+    g->ranks = malloc((size_t)n * sizeof(int));
+    PD_ASSERT(g->ranks);
+    memcpy(g->ranks, ranks, (size_t)n * sizeof(int));
+    g->ctx = mg;
+    *out = g;
+    return PD_OK;
+}
+
+static void m_group_free(CommGroup *g) {
+    MGroup *mg = g->ctx;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&mg->comm);
+    pd_free(mg->tmp[0]);
+    pd_free(mg->tmp[1]);
+    free(mg);
+    free(g->ranks);
+    free(g);
+}
+
+/* The chain: group rank k receives the partial sum of ranks 0..k-1 chunk by chunk, adds
+ * its own (partial + x_k: the serial order), and passes it to k + 1; the last rank
+ * divides for COMM_MEAN. Sends are non-blocking so that chunks pipeline down the chain. */
+static int chain_reduce(CommGroup *g, float *buf, size_t n, CommOp op, double deadline, Err *err) {
+    MGroup *mg = g->ctx;
+    const int me = g->rank, last = g->size - 1, wr = g->comm->rank;
+    const size_t nchunks = (n + CHAIN_CHUNK - 1) / CHAIN_CHUNK;
+    if (nchunks == 0) return PD_OK;
+    if (me > 0 && !mg->tmp[0]) {
+        mg->tmp[0] = pd_alloc(CHAIN_CHUNK * sizeof(float));
+        mg->tmp[1] = pd_alloc(CHAIN_CHUNK * sizeof(float));
+    }
+    MPI_Request *sends = NULL, rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (me < last) {
+        sends = malloc(nchunks * sizeof *sends);
+        PD_ASSERT(sends);
+    }
+    const float fn = (float)g->size;
+    int rc = PD_OK, mrc = MPI_SUCCESS;
+    if (me > 0)   /* post the first receive; each step posts the next one before adding */
+        mrc = MPI_Irecv(mg->tmp[0], (int)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK), MPI_FLOAT, me - 1, 1, mg->comm, &rq[0]);
+    for (size_t k = 0; k < nchunks && mrc == MPI_SUCCESS && !rc; k++) {
+        size_t lo = k * CHAIN_CHUNK, len = n - lo < CHAIN_CHUNK ? n - lo : CHAIN_CHUNK;
+        float *x = buf + lo;   /* (len,) */
+        if (me > 0) {
+            if (k + 1 < nchunks) {
+                size_t nlen = n - lo - len < CHAIN_CHUNK ? n - lo - len : CHAIN_CHUNK;
+                mrc = MPI_Irecv(mg->tmp[(k + 1) & 1], (int)nlen, MPI_FLOAT, me - 1, 1, mg->comm, &rq[(k + 1) & 1]);
+                if (mrc != MPI_SUCCESS) break;
+            }
+            rc = poll_all(&rq[k & 1], 1, deadline, wr, "all-reduce (chain)", err);
+            if (rc) break;
+            const float *p = mg->tmp[k & 1];
+            if (me == last && op == COMM_MEAN)
+                for (size_t i = 0; i < len; i++) x[i] = (p[i] + x[i]) / fn;
+            else
+                for (size_t i = 0; i < len; i++) x[i] = p[i] + x[i];
+        }
+        if (me < last) mrc = MPI_Isend(x, (int)len, MPI_FLOAT, me + 1, 1, mg->comm, &sends[k]);
+    }
+    if (mrc != MPI_SUCCESS && !rc) rc = mpi_err(err, wr, mrc, "all-reduce (chain)", NULL);
+    if (!rc && me < last) rc = poll_all(sends, (int)nchunks, deadline, wr, "all-reduce (chain sends)", err);
+    free(sends);
+    return rc;
+}
+
+static int m_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) {
+    MGroup *mg = g->ctx;
+    const int wr = g->comm->rank;
+    double deadline = comm_coll_deadline(g->comm);
+    /* every member must bring the same n and op: max of (n, -n, op, -op) tells */
+    long long v[4] = {(long long)n, -(long long)n, op, -(long long)op}, mx[4];
+    MPI_Request rq;
+    int mrc = MPI_Iallreduce(v, mx, 4, MPI_LONG_LONG, MPI_MAX, mg->comm, &rq);
+    if (mrc != MPI_SUCCESS) return mpi_err(err, wr, mrc, "all-reduce (size check)", NULL);
+    int rc = poll_all(&rq, 1, deadline, wr, "all-reduce (size check)", err);
+    if (rc) return rc;
+    if (mx[0] != -mx[1] || mx[2] != -mx[3])
+        return err_set(err, PD_ECOMM,
+                       "rank %d: all-reduce: members disagree on size or op (this rank: %zu floats op %d; "
+                       "sizes range %lld..%lld)",
+                       wr, n, (int)op, -mx[1], mx[0]);
+    if (g->size == 1) return PD_OK;   /* x / 1.0f == x: nothing to do for either op */
+    rc = chain_reduce(g, buf, n, op, deadline, err);
+    if (rc) return err_prefix(err, "all-reduce of %zu floats", n);
+    for (size_t lo = 0; lo < n; lo += (size_t)INT_MAX) {   /* the last rank holds the result */
+        size_t len = n - lo < (size_t)INT_MAX ? n - lo : (size_t)INT_MAX;
+        mrc = MPI_Ibcast(buf + lo, (int)len, MPI_FLOAT, g->size - 1, mg->comm, &rq);
+        if (mrc != MPI_SUCCESS) return mpi_err(err, wr, mrc, "all-reduce (broadcast)", NULL);
+        rc = poll_all(&rq, 1, deadline, wr, "all-reduce (broadcast)", err);
+        if (rc) return rc;
+    }
+    return PD_OK;
+}
+
+static const CommOps MPI_OPS = {
+    .name = "mpi",
+    .isend = m_isend,
+    .irecv = m_irecv,
+    .wait = m_wait,
+    .cancel = m_cancel,
+    .req_free = m_req_free,
+    .barrier = m_barrier,
+    .agree = m_agree,
+    .abort = m_abort,
+    .group_new = m_group_new,
+    .group_free = m_group_free,
+    .allreduce = m_allreduce,
+    .free = m_free,
+};
