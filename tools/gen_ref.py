@@ -1,0 +1,165 @@
+"""gen_ref.py: writes the PyTorch reference values the nn tests compare against, in the format
+of tests/testutil.h (magic "PDREF1\\0\\0", uint32 count, records of name, shape, float32 data).
+
+Run once, from the repository root, and commit the output (the build never needs torch):
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tools/gen_ref.py
+
+tests/ref/nn_layers.bin: one case per layer kind, names "<case>.<what>":
+    x (input), w.<k> (k-th parameter tensor, pipedream's order), y (training-mode output), dy
+    (a random output gradient), dx, dw.<k>, and for batch norm state0 (running mean ++ var
+    before) and state (after). The C test (tests/test_nn_layers.c) holds the same cases as
+    JSON.
+tests/ref/nn_model_<name>.bin: the model of tools/torch_models.py with hash_fill weights
+    (not stored: the C test computes the same values) on a batch of 4: x, labels, logits,
+    loss, dx, grad.<k> (every stride-th element; grad.<k>.stride holds the stride), state (bn
+    running stats after the step), then 10 SGD steps (momentum 0.9, lr 0.01; resnet20 0.05)
+    from the same weights on steps.x[s], steps.labels[s]: steps.loss. vgg16 runs in eval mode
+    (dropout = identity, tested separately by mask); the others in training mode."""
+import os
+import struct
+import sys
+
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models as tm  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'ref')
+MAX_GRAD = 16384   # elements stored per gradient tensor at most
+
+
+def write_ref(path, recs):
+    with open(path, 'wb') as f:
+        f.write(b'PDREF1\0\0')
+        f.write(struct.pack('<I', len(recs)))
+        for name, t in recs:
+            a = np.ascontiguousarray(np.asarray(t, dtype=np.float32))
+            if a.ndim == 0:
+                a = a.reshape(1)
+            nb = name.encode()
+            f.write(struct.pack('<I', len(nb)) + nb + struct.pack('<I', a.ndim))
+            f.write(struct.pack('<%dI' % a.ndim, *a.shape))
+            f.write(a.astype('<f4').tobytes())
+    print('%s: %d tensors, %d bytes' % (os.path.relpath(path), len(recs), os.path.getsize(path)))
+
+
+def np_(t):
+    return t.detach().cpu().numpy()
+
+
+def bn_state(model):
+    s = []
+    for m in model.modules():
+        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            s += [np_(m.running_mean), np_(m.running_var)]
+    return np.concatenate(s) if s else None
+
+
+def layer_case(recs, name, mod, x, eval_mode=False, set_state=False):
+    """Forward + backward of one module on x with a random dy; appends records."""
+    if set_state:
+        for m in mod.modules():
+            if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    for m in mod.modules():   # non-trivial gamma/beta
+        if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d)):
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    s0 = bn_state(mod)
+    mod.train(not eval_mode)
+    x = x.clone().requires_grad_(True)
+    params = list(mod.parameters())
+    recs.append((name + '.x', np_(x)))
+    for k, p in enumerate(params):
+        recs.append(('%s.w.%d' % (name, k), np_(p)))
+    if s0 is not None:
+        recs.append((name + '.state0', s0))
+    y = mod(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    recs += [(name + '.y', np_(y)), (name + '.dy', np_(dy)), (name + '.dx', np_(x.grad))]
+    for k, p in enumerate(params):
+        recs.append(('%s.dw.%d' % (name, k), np_(p.grad)))
+    if s0 is not None:
+        recs.append((name + '.state', bn_state(mod)))
+
+
+def gen_layers():
+    torch.manual_seed(1234)
+    R = []
+    r = torch.randn
+    layer_case(R, 'linear', nn.Linear(20, 7), r(4, 20))
+    layer_case(R, 'linear_relu_nobias', nn.Sequential(nn.Linear(20, 7, bias=False), nn.ReLU()), r(4, 20))
+    layer_case(R, 'conv', nn.Conv2d(3, 5, 3, 1, 1), r(4, 3, 8, 8))
+    layer_case(R, 'conv_relu_s2', nn.Sequential(nn.Conv2d(3, 4, 3, 2, 0, bias=False), nn.ReLU()), r(4, 3, 9, 9))
+    layer_case(R, 'conv_5x5', nn.Conv2d(2, 3, 5, 1, 2), r(2, 2, 7, 7))
+    layer_case(R, 'maxpool', nn.MaxPool2d(2, 2), r(4, 3, 8, 8))
+    layer_case(R, 'maxpool_k3s2', nn.MaxPool2d(3, 2), r(2, 3, 9, 9))
+    layer_case(R, 'gap', nn.AdaptiveAvgPool2d(1), r(4, 5, 6, 6))   # y reshaped in C
+    layer_case(R, 'relu', nn.ReLU(), r(4, 3, 5, 5))
+    layer_case(R, 'batchnorm', nn.BatchNorm2d(5), r(4, 5, 6, 6) * 2 + 0.5)
+    layer_case(R, 'batchnorm_relu', nn.Sequential(nn.BatchNorm2d(3), nn.ReLU()), r(4, 3, 5, 5))
+    layer_case(R, 'batchnorm_eval', nn.BatchNorm2d(3), r(4, 3, 5, 5), eval_mode=True, set_state=True)
+    layer_case(R, 'batchnorm1d', nn.BatchNorm1d(6), r(8, 6))
+    layer_case(R, 'lstm', tm.Lstm(6, 8), r(3, 5, 6))
+    layer_case(R, 'flatten', nn.Flatten(), r(2, 3, 4, 4))
+    layer_case(R, 'reshape', tm.Reshape(4, 12), r(2, 3, 4, 4))
+    layer_case(R, 'pad', nn.ZeroPad2d(2), r(2, 3, 5, 5))
+    layer_case(R, 'last_step', tm.LastStep(), r(3, 5, 8))
+    layer_case(R, 'residual_identity', tm.basic_block(4, 4, 1), r(4, 4, 6, 6))
+    layer_case(R, 'residual_conv', tm.basic_block(4, 8, 2), r(4, 4, 8, 8))
+    write_ref(os.path.join(OUT, 'nn_layers.bin'), R)
+
+
+def gen_model(name, batch=4, steps=10):
+    torch.manual_seed(100 + sorted(tm.MODELS).index(name))
+    model = tm.MODELS[name]()
+    tm.hash_fill(model)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    train = name != 'vgg16'
+    model.train(train)
+    lossf = nn.CrossEntropyLoss()
+    x = torch.rand(batch, 1, 28, 28).requires_grad_(True)
+    labels = torch.randint(0, 10, (batch,))
+    logits = model(x)
+    loss = lossf(logits, labels)
+    loss.backward()
+    R = [('x', np_(x)), ('labels', np_(labels.float())), ('logits', np_(logits)), ('loss', np_(loss)),
+         ('dx', np_(x.grad))]
+    for k, p in enumerate(model.parameters()):
+        g = np_(p.grad).reshape(-1)
+        stride = max(1, -(-g.size // MAX_GRAD))
+        R += [('grad.%d' % k, g[::stride]), ('grad.%d.stride' % k, np.array([stride], np.float32))]
+    st = bn_state(model)
+    if st is not None:
+        R.append(('state', st))
+    # 10 SGD steps from the same weights and state
+    model.load_state_dict(init)
+    lr = 0.05 if name == 'resnet20' else 0.01
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    sx = torch.rand(steps, batch, 1, 28, 28)
+    sl = torch.randint(0, 10, (steps, batch))
+    losses = []
+    for s in range(steps):
+        opt.zero_grad()
+        loss = lossf(model(sx[s]), sl[s])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    R += [('steps.x', np_(sx)), ('steps.labels', np_(sl.float())), ('steps.loss', np.array(losses, np.float32)),
+          ('steps.lr', np.array([lr], np.float32))]
+    write_ref(os.path.join(OUT, 'nn_model_%s.bin' % name), R)
+
+
+if __name__ == '__main__':
+    os.makedirs(OUT, exist_ok=True)
+    torch.set_num_threads(1)
+    gen_layers()
+    for n in sorted(tm.MODELS):
+        gen_model(n)
