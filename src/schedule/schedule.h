@@ -1,0 +1,117 @@
+/* schedule.h: schedules as data. A schedule is, for each worker (rank), the ordered list
+ * of instructions it executes: forward/backward of a unit, sends and receives of
+ * activations and gradients, all-reduce within a stage's replicas, optimizer step, flush.
+ * The simulator (sim.h) and the runtime interpret exactly these lists. Semantics (weight
+ * versions, when replicas synchronise, gradient scaling) are in docs/schedules.md.
+ *
+ * Units. Work is counted in *units*: one unit is one profile minibatch worth of samples
+ * (what the profile timed). Kinds without micro-batches (1f1b, dp, model-parallel) have
+ * one unit per minibatch; gpipe, 1f1b-flush and 2bw split each minibatch (optimizer step)
+ * into n_micro units. Instr.mb is the global unit index u = minibatch * n_micro + micro.
+ *
+ * This module runs nothing and times nothing. */
+#ifndef PD_SCHEDULE_H
+#define PD_SCHEDULE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core.h"
+#include "plan.h"
+
+typedef enum SchedKind {
+    SCHED_1F1B,        /* PipeDream: NOAM admitted, then 1F1B, round-robin replicas, weight stashing */
+    SCHED_GPIPE,       /* all forwards of a minibatch's micro-batches, all backwards, flush */
+    SCHED_1F1B_FLUSH,  /* 1F1B within a minibatch of micro-batches, flush at its end */
+    SCHED_2BW,         /* PipeDream-2BW: 1F1B without flush, double-buffered weights */
+    SCHED_DP,          /* data parallel BSP: every worker the whole model */
+    SCHED_MP,          /* model parallel: replica 0 of each stage, one minibatch in flight */
+    SCHED_COUNT
+} SchedKind;
+
+typedef enum InstrOp {
+    OP_FORWARD,    /* mb, version read */
+    OP_BACKWARD,   /* mb, version read (the one its forward used: weight stashing) */
+    OP_SEND_ACT,   /* mb, peer: the output activation of this stage for mb to peer (async) */
+    OP_RECV_ACT,   /* mb, peer: blocks until mb's input activation from peer has arrived */
+    OP_SEND_GRAD,  /* mb, peer: the gradient w.r.t. this stage's input for mb to peer (async) */
+    OP_RECV_GRAD,  /* mb, peer: blocks until the gradient for mb from peer has arrived */
+    OP_ALLREDUCE,  /* peer = stage group, version = the version the following step writes;
+                    * collective over all replicas of the stage, in the same order on each */
+    OP_STEP,       /* optimizer step; version = the version it writes (weights after it) */
+    OP_FLUSH,      /* marker: no unit in flight at this worker; stashes may be freed */
+    OP_COUNT
+} InstrOp;
+
+/* 16 bytes; unused fields are -1. */
+typedef struct Instr {
+    int32_t op;       /* InstrOp */
+    int32_t mb;       /* global unit index, or -1 */
+    int32_t peer;     /* send/recv: the other rank; all-reduce: the stage index; else -1 */
+    int32_t version;  /* F/B: version read; all-reduce/step: version written; else -1 */
+} Instr;
+
+typedef struct SchedStage {
+    int n_layers;
+    int *layers;      /* profile layer indices (owned copy) */
+    int replicas;
+    int *ranks;       /* replicas entries (owned copy) */
+    int warmup;       /* forwards a replica admits before its first backward (1F1B kinds) */
+} SchedStage;
+
+typedef struct SchedWorker {
+    int stage;        /* -1: idle rank (no instructions) */
+    int replica;      /* index among the stage's ranks */
+    int n;            /* instructions */
+    int cap;
+    Instr *ins;
+} SchedWorker;
+
+typedef struct Schedule {
+    SchedKind kind;
+    int n_minibatches;    /* optimizer-step minibatches (1f1b/dp/mp: = units) */
+    int n_micro;          /* units per minibatch (1 unless gpipe, 1f1b-flush, 2bw) */
+    int n_units;          /* n_minibatches * n_micro */
+    int vertical_sync;
+    int n_stages;
+    SchedStage *stages;
+    int n_ranks;          /* workers are ranks 0..n_ranks-1 (max plan rank + 1) */
+    SchedWorker *workers; /* n_ranks entries */
+} Schedule;
+
+typedef struct SchedOpts {
+    SchedKind kind;
+    int n_minibatches;   /* >= 1 */
+    int n_micro;         /* >= 1; must be 1 for 1f1b, dp, model-parallel */
+    int vertical_sync;   /* 1f1b only */
+} SchedOpts;
+
+/* Builds the schedule of o->kind for plan p into *out, which the caller releases with
+ * sched_release. p is borrowed (its stages and ranks are copied). Fails with PD_EINVAL
+ * and a message (out zeroed) when options do not apply to the kind, the plan is
+ * malformed (ranks missing or repeated), or the kind cannot honour its weight-version
+ * rule for this plan (2bw with too few micro-batches, vertical sync out of reach). */
+int  sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err);
+void sched_release(Schedule *s);   /* zeroed is fine */
+
+/* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"). */
+const char *sched_kind_name(SchedKind k);
+int         sched_kind_parse(const char *name, SchedKind *out);   /* PD_OK or PD_EINVAL */
+const char *sched_op_name(InstrOp op);   /* "F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH" */
+
+/* Short text of one instruction: "F3" "B3" "SA3>2" "RA3<1" "SG3>0" "RG3<2" "AR(s1)" "U1"
+ * (step writing version 1) "FLUSH"; with versions, F/B get "@v" ("F3@1"). Returns buf. */
+char *sched_instr_str(const Instr *in, int with_version, char *buf, size_t n);
+/* Writes one line per worker: "w<rank> s<stage>: F0 F1 B0 ...". compute_only: only
+ * forward/backward (the human view, e.g. "F0 F1 F2 B0 F3 B1"); else every instruction. */
+void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions);
+/* The compute-only line of one worker into buf (truncated to n); returns buf. */
+char *sched_worker_str(const Schedule *s, int rank, char *buf, size_t n);
+
+/* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
+ * unit u (round-robin by minibatch for 1f1b, by micro-batch within the minibatch for the
+ * micro-batch kinds; replica 0 for model-parallel). */
+static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }
+int sched_replica_of(const Schedule *s, int st, int u);
+
+#endif

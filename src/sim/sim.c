@@ -1,0 +1,604 @@
+/* sim.c: the discrete-event simulator (see sim.h for the model), its metrics (time per
+ * minibatch, busy/bubble fractions, memory, weight versions) and deadlock reports, and
+ * per-stage costs from a profile. Workers run as far as they can; a worker blocked on a
+ * receive or an all-reduce is woken by the send or the last arrival it waits for. Since
+ * a directed link carries only its source's sends, in program order, every transfer's
+ * times are fixed when it is posted, so the order in which workers are advanced does not
+ * change any time: the result is exact and deterministic. Drawing is in timeline.c. */
+#include "sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- costs ------------------------------------------------------------------------ */
+
+int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    int nl = prof->n_layers;
+    int *stage_of = malloc(((size_t)nl + 1) * sizeof(int));
+    int *mark = malloc(((size_t)nl + 1) * sizeof(int));
+    SimStageCost *c = calloc((size_t)s->n_stages, sizeof *c);
+    PD_ASSERT(stage_of && mark && c);
+    for (int i = 0; i < nl; i++) stage_of[i] = -1, mark[i] = -1;
+    int rc = PD_OK;
+    for (int i = 0; i < s->n_stages && !rc; i++) {
+        const SchedStage *st = &s->stages[i];
+        for (int k = 0; k < st->n_layers; k++) {
+            int l = st->layers[k];
+            if (l < 0 || l >= nl) {
+                rc = err_set(err, PD_EINVAL, "stage %d names layer %d but the profile has %d layers", i, l, nl);
+                break;
+            }
+            stage_of[l] = i;
+            c[i].fwd_s += prof->layers[l].fwd_s;
+            c[i].bwd_s += prof->layers[l].bwd_s;
+            c[i].param_bytes += prof->layers[l].param_bytes;
+            c[i].stash_bytes += prof->layers[l].act_bytes;
+        }
+    }
+    if (!rc) {
+        c[0].in_bytes = prof->input_bytes;
+        /* bytes crossing boundary i (into stage i from stages before it) */
+        int ne = prof->n_edges ? prof->n_edges : (nl > 0 ? nl - 1 : 0);
+        for (int i = 1; i < s->n_stages; i++) {
+            for (int e = 0; e < ne; e++) {
+                int a = prof->n_edges ? prof->edges[e][0] : e, b = prof->n_edges ? prof->edges[e][1] : e + 1;
+                if (a < 0 || a >= nl || b < 0 || b >= nl) continue;
+                int sa = stage_of[a], sb = stage_of[b];
+                if (sa < 0 || sb < 0 || !(sa < i && i <= sb) || mark[a] == i) continue;
+                mark[a] = i;
+                c[i].in_bytes += prof->layers[a].act_bytes;
+            }
+        }
+        for (int i = 0; i < s->n_stages; i++) c[i].stash_bytes += c[i].in_bytes;
+    }
+    free(stage_of);
+    free(mark);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    out->n_stages = s->n_stages;
+    out->stage = c;
+    return PD_OK;
+}
+
+void sim_costs_release(SimCosts *c) {
+    if (!c) return;
+    free(c->stage);
+    memset(c, 0, sizeof *c);
+}
+
+int sim_link_level(const Cluster *cl, int a, int b) {
+    if (a == b) return -1;
+    long size = 1;
+    for (int l = 0; l < cl->n_levels; l++) {
+        size *= cl->level[l].workers > 0 ? cl->level[l].workers : 1;
+        if (a / size == b / size) return l;
+    }
+    return cl->n_levels - 1;
+}
+
+/* ---- engine ----------------------------------------------------------------------- */
+
+enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED, MSG_DONE };
+
+typedef struct Msg {
+    uint64_t key;     /* kind << 40 | src << 20 | dst */
+    int32_t mb;
+    int32_t state;
+    int32_t waiter;   /* MSG_WAITED: the blocked rank */
+    int32_t sender_ins;
+    double arrive;
+} Msg;
+
+typedef struct Link {
+    int dst;
+    double free_at;
+} Link;
+
+typedef struct WState {
+    int pc;
+    int blocked;        /* 0 running/done, 1 on recv, 2 on all-reduce */
+    double clock;
+    double busy;
+    int n_links, cap_links;
+    Link *links;
+} WState;
+
+typedef struct Group {   /* all-reduce state of one stage */
+    int arrived;
+    int version;
+    double tmax;
+    double cost;
+} Group;
+
+typedef struct Engine {
+    const Schedule *s;
+    const SimCosts *c;
+    const SimOpts *o;
+    SimResult *r;
+    WState *ws;
+    Group *groups;
+    Msg *tab;
+    size_t tab_mask;
+    int *stack, n_stack;
+    Err *err;
+} Engine;
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int create) {
+    uint64_t key = (uint64_t)kind << 40 | (uint64_t)src << 20 | (uint64_t)dst;
+    size_t h = mix64(key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uint32_t)mb) & e->tab_mask;
+    for (;;) {
+        Msg *m = &e->tab[h];
+        if (m->state == MSG_EMPTY) {
+            if (!create) return NULL;
+            m->key = key;
+            m->mb = mb;
+            return m;
+        }
+        if (m->key == key && m->mb == mb) return m;
+        h = (h + 1) & e->tab_mask;
+    }
+}
+
+static double link_time(const Engine *e, int a, int b, double bytes) {
+    const Cluster *cl = e->o->cluster;
+    if (!cl || cl->n_levels == 0 || bytes <= 0) return 0;
+    int lv = sim_link_level(cl, a, b);
+    if (lv < 0) return 0;
+    return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
+}
+
+static double *link_free(WState *w, int dst) {
+    for (int i = 0; i < w->n_links; i++)
+        if (w->links[i].dst == dst) return &w->links[i].free_at;
+    if (w->n_links == w->cap_links) {
+        w->cap_links = w->cap_links ? 2 * w->cap_links : 4;
+        w->links = realloc(w->links, (size_t)w->cap_links * sizeof *w->links);
+        PD_ASSERT(w->links);
+    }
+    w->links[w->n_links] = (Link){dst, 0};
+    return &w->links[w->n_links++].free_at;
+}
+
+static double allreduce_cost(const Engine *e, int st) {
+    const SchedStage *g = &e->s->stages[st];
+    const Cluster *cl = e->o->cluster;
+    int r = g->replicas;
+    if (r < 2 || !cl || cl->n_levels == 0) return 0;
+    int lv = 0;
+    for (int i = 1; i < r; i++) {
+        int l = sim_link_level(cl, g->ranks[0], g->ranks[i]);
+        if (l > lv) lv = l;
+    }
+    double bytes = e->c->stage[st].param_bytes;
+    return 2.0 * (r - 1) / r * bytes / cl->level[lv].bandwidth + 2.0 * (r - 1) * cl->level[lv].latency;
+}
+
+/* Advances worker w until it finishes or blocks. Returns PD_OK or an error (mismatch). */
+static int run_worker(Engine *e, int rank) {
+    const Schedule *s = e->s;
+    const SchedWorker *sw = &s->workers[rank];
+    WState *w = &e->ws[rank];
+    double *st = e->r->start[rank], *en = e->r->end[rank];
+    int stage = sw->stage;
+    while (w->pc < sw->n) {
+        const Instr *in = &sw->ins[w->pc];
+        int i = w->pc;
+        switch (in->op) {
+        case OP_FORWARD:
+        case OP_BACKWARD: {
+            double d = in->op == OP_FORWARD ? e->c->stage[stage].fwd_s : e->c->stage[stage].bwd_s;
+            st[i] = w->clock;
+            w->clock += d;
+            w->busy += d;
+            en[i] = w->clock;
+            break;
+        }
+        case OP_SEND_ACT:
+        case OP_SEND_GRAD: {
+            int act = in->op == OP_SEND_ACT;
+            int peer = in->peer;
+            if (peer < 0 || peer >= s->n_ranks || peer == rank)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: send to bad peer %d", rank, i, peer);
+            int pst = s->workers[peer].stage;
+            double bytes = 0;
+            if (act && pst >= 0) bytes = e->c->stage[pst].in_bytes;
+            if (!act) bytes = e->c->stage[stage].in_bytes;
+            double *lf = link_free(w, peer);
+            double t0 = w->clock > *lf ? w->clock : *lf;
+            double t1 = t0 + link_time(e, rank, peer, bytes);
+            *lf = t1;
+            st[i] = t0;
+            en[i] = t1;
+            Msg *m = msg_find(e, act, rank, peer, in->mb, 1);
+            if (m->state == MSG_POSTED || m->state == MSG_DONE)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d to %d sent twice", rank, i,
+                               act ? "activation" : "gradient", in->mb, peer);
+            int waiter = m->state == MSG_WAITED ? m->waiter : -1;
+            m->state = MSG_POSTED;
+            m->arrive = t1;
+            m->sender_ins = i;
+            e->r->n_messages++;
+            if (waiter >= 0) e->stack[e->n_stack++] = waiter;
+            break;
+        }
+        case OP_RECV_ACT:
+        case OP_RECV_GRAD: {
+            int act = in->op == OP_RECV_ACT;
+            if (in->peer < 0 || in->peer >= s->n_ranks)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: receive from bad peer %d", rank, i, in->peer);
+            Msg *m = msg_find(e, act, in->peer, rank, in->mb, 1);
+            if (m->state == MSG_EMPTY || m->state == MSG_WAITED) {
+                if (!w->blocked) st[i] = w->clock;
+                m->state = MSG_WAITED;
+                m->waiter = rank;
+                w->blocked = 1;
+                return PD_OK;
+            }
+            if (m->state == MSG_DONE)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d from %d received twice", rank, i,
+                               act ? "activation" : "gradient", in->mb, in->peer);
+            if (!w->blocked) st[i] = w->clock;
+            w->blocked = 0;
+            if (m->arrive > w->clock) w->clock = m->arrive;
+            en[i] = w->clock;
+            m->state = MSG_DONE;
+            break;
+        }
+        case OP_ALLREDUCE: {
+            int g = in->peer;
+            if (g != stage)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: all-reduce of stage %d from stage %d", rank, i, g,
+                               stage);
+            if (w->blocked == 2) return PD_OK;   /* still waiting; woken by the last arrival */
+            Group *gr = &e->groups[g];
+            st[i] = w->clock;
+            if (gr->arrived == 0) gr->version = in->version;
+            else if (gr->version != in->version)
+                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: all-reduce for version %d meets version %d", rank,
+                               i, in->version, gr->version);
+            if (w->clock > gr->tmax) gr->tmax = w->clock;
+            gr->arrived++;
+            if (gr->arrived < s->stages[g].replicas) {
+                w->blocked = 2;
+                return PD_OK;
+            }
+            double t1 = gr->tmax + gr->cost;
+            for (int k = 0; k < s->stages[g].replicas; k++) {
+                int peer = s->stages[g].ranks[k];
+                WState *pw = &e->ws[peer];
+                e->r->end[peer][pw->pc] = t1;
+                pw->clock = t1;
+                if (peer != rank) {
+                    PD_ASSERT(pw->blocked == 2);
+                    pw->blocked = 0;
+                    pw->pc++;
+                    e->stack[e->n_stack++] = peer;
+                }
+            }
+            gr->arrived = 0;
+            gr->tmax = 0;
+            break;
+        }
+        case OP_STEP:
+            st[i] = w->clock;
+            w->clock += e->o->step_s;
+            en[i] = w->clock;
+            break;
+        case OP_FLUSH: st[i] = en[i] = w->clock; break;
+        default: return err_set(e->err, PD_EINVAL, "worker %d instruction %d: unknown op %d", rank, i, in->op);
+        }
+        w->pc++;
+    }
+    return PD_OK;
+}
+
+/* Names the blocked workers, their instructions and what they wait for. */
+static int report_deadlock(Engine *e) {
+    const Schedule *s = e->s;
+    char buf[sizeof e->err->msg];
+    int n_blocked = 0, k = 0;
+    for (int r = 0; r < s->n_ranks; r++) n_blocked += e->ws[r].pc < s->workers[r].n;
+    k += snprintf(buf + k, sizeof buf - (size_t)k, "deadlock: %d worker%s blocked:", n_blocked, n_blocked == 1 ? "" : "s");
+    int shown = 0;
+    for (int r = 0; r < s->n_ranks && k < (int)sizeof buf - 80; r++) {
+        const WState *w = &e->ws[r];
+        if (w->pc >= s->workers[r].n) continue;
+        if (shown == 6) {
+            k += snprintf(buf + k, sizeof buf - (size_t)k, "; and %d more", n_blocked - shown);
+            break;
+        }
+        const Instr *in = &s->workers[r].ins[w->pc];
+        char t[48];
+        sched_instr_str(in, 0, t, sizeof t);
+        if (in->op == OP_ALLREDUCE)
+            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s worker %d at instruction %d (%s) waits for %d of %d replicas",
+                          shown ? ";" : "", r, w->pc, t, e->groups[in->peer].arrived, s->stages[in->peer].replicas);
+        else {
+            const WState *p = in->peer >= 0 && in->peer < s->n_ranks ? &e->ws[in->peer] : NULL;
+            const char *why = !p ? "" : p->pc >= s->workers[in->peer].n ? ", which has finished without sending it"
+                                                                         : ", which is itself blocked";
+            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s worker %d at instruction %d (%s) waits for the %s of unit %d from worker %d%s",
+                          shown ? ";" : "", r, w->pc, t, in->op == OP_RECV_ACT ? "activation" : "gradient", in->mb, in->peer,
+                          why);
+        }
+        if (k >= (int)sizeof buf) k = (int)sizeof buf - 1;
+        shown++;
+    }
+    return err_set(e->err, PD_EINVAL, "%s", buf);
+}
+
+/* ---- metrics ---------------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Memory and versions from each worker's own order (memory is local to a worker). */
+static int worker_memory(Engine *e, int rank, int *vmax_out) {
+    const Schedule *s = e->s;
+    const SchedWorker *w = &s->workers[rank];
+    SimMem *m = &e->r->mem[rank];
+    memset(m, 0, sizeof *m);
+    *vmax_out = 0;
+    if (w->stage < 0) return PD_OK;
+    const SimStageCost *c = &e->c->stage[w->stage];
+    int n = w->n, n_steps = 0;
+    for (int i = 0; i < n; i++) n_steps += w->ins[i].op == OP_STEP;
+    /* version v: created at create[v] (index; -1 for version 0), alive until
+     * max(last use, creation of v + 1 - 1) */
+    int *create = malloc(((size_t)n_steps + 2) * sizeof(int));
+    int *last = malloc(((size_t)n_steps + 2) * sizeof(int));
+    int *diff = calloc((size_t)n + 2, sizeof(int));
+    PD_ASSERT(create && last && diff);
+    create[0] = -1;
+    for (int v = 0; v <= n_steps; v++) last[v] = -1;
+    int cur = 0;
+    for (int i = 0; i < n; i++) {
+        const Instr *in = &w->ins[i];
+        if (in->op == OP_STEP) {
+            if (in->version != cur + 1) {
+                int rc = err_set(e->err, PD_EINVAL, "worker %d instruction %d: step writes version %d after version %d", rank,
+                                 i, in->version, cur);
+                free(create), free(last), free(diff);
+                return rc;
+            }
+            create[++cur] = i;
+        } else if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+            if (in->version < 0 || in->version > cur) {
+                int rc = err_set(e->err, PD_EINVAL, "worker %d instruction %d: reads weight version %d but has %d", rank, i,
+                                 in->version, cur);
+                free(create), free(last), free(diff);
+                return rc;
+            }
+            last[in->version] = i;
+        }
+    }
+    for (int v = 0; v <= n_steps; v++) {
+        int from = create[v] < 0 ? 0 : create[v];
+        /* an update is in place: the old version ends where the next begins unless a
+         * later instruction still reads it (a stash) */
+        int to = v < n_steps ? create[v + 1] - 1 : n - 1;
+        if (last[v] > to) to = last[v];
+        if (to < from) to = from;
+        diff[from]++;
+        diff[to + 1]--;
+    }
+    int alive = 0, inflight = 0, max_inflight = 0;
+    double best = -1;
+    for (int i = 0; i < n; i++) {
+        alive += diff[i];
+        const Instr *in = &w->ins[i];
+        if (in->op == OP_FORWARD) inflight++;
+        if (alive > *vmax_out) *vmax_out = alive;
+        if (inflight > max_inflight) max_inflight = inflight;
+        double tot = alive * c->param_bytes + inflight * c->stash_bytes;
+        if (tot > best) {
+            best = tot;
+            m->stashed = (alive - 1) * c->param_bytes;
+            m->activations = inflight * c->stash_bytes;
+        }
+        if (in->op == OP_BACKWARD) inflight--;
+    }
+    if (n == 0) *vmax_out = 1;
+    m->params = c->param_bytes;
+    m->grads = c->param_bytes;
+    m->opt_state = c->param_bytes * e->o->opt_state_factor;
+    m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
+    e->r->max_inflight[rank] = max_inflight;
+    free(create), free(last), free(diff);
+    return PD_OK;
+}
+
+static void metrics(Engine *e) {
+    const Schedule *s = e->s;
+    SimResult *r = e->r;
+    double mk = 0;
+    for (int w = 0; w < s->n_ranks; w++)
+        for (int i = 0; i < s->workers[w].n; i++)
+            if (r->end[w][i] > mk) mk = r->end[w][i];
+    r->makespan_s = mk;
+    double sum = 0;
+    int active = 0;
+    for (int w = 0; w < s->n_ranks; w++) {
+        r->busy_fraction[w] = mk > 0 ? e->ws[w].busy / mk : 0;
+        if (s->workers[w].n) sum += r->busy_fraction[w], active++;
+    }
+    r->bubble_fraction = active ? 1 - sum / active : 0;
+    /* completion of each minibatch: its last backward anywhere */
+    int nm = s->n_minibatches;
+    double *done = calloc((size_t)nm, sizeof(double));
+    PD_ASSERT(done);
+    for (int w = 0; w < s->n_ranks; w++)
+        for (int i = 0; i < s->workers[w].n; i++) {
+            const Instr *in = &s->workers[w].ins[i];
+            if (in->op != OP_BACKWARD || in->mb < 0 || in->mb >= s->n_units) continue;
+            int k = in->mb / s->n_micro;
+            if (r->end[w][i] > done[k]) done[k] = r->end[w][i];
+        }
+    qsort(done, (size_t)nm, sizeof(double), cmp_double);
+    double t;
+    if (nm == 1) t = mk;
+    else if (nm < 8) t = (done[nm - 1] - done[0]) / (nm - 1);
+    else {
+        int lo = nm / 4, hi = nm - 1 - nm / 4;
+        t = (done[hi] - done[lo]) / (hi - lo);
+    }
+    free(done);
+    r->time_per_minibatch_s = t;
+    r->time_per_unit_s = t / s->n_micro;
+    r->minibatches_per_s = t > 0 ? 1 / t : 0;
+    r->samples_per_s = t > 0 && e->o->samples_per_unit > 0 ? (double)e->o->samples_per_unit * s->n_micro / t : 0;
+}
+
+void sim_result_release(SimResult *r) {
+    if (!r) return;
+    for (int w = 0; w < r->n_ranks; w++) {
+        if (r->start) free(r->start[w]);
+        if (r->end) free(r->end[w]);
+    }
+    free(r->start);
+    free(r->end);
+    free(r->busy_fraction);
+    free(r->mem);
+    free(r->max_inflight);
+    free(r->versions_alive);
+    memset(r, 0, sizeof *r);
+}
+
+int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    if (c->n_stages != s->n_stages)
+        return err_set(err, PD_EINVAL, "simulate: costs for %d stages, schedule has %d", c->n_stages, s->n_stages);
+    if (s->n_ranks >= (1 << 20)) return err_set(err, PD_EINVAL, "simulate: %d ranks is too many", s->n_ranks);
+    if (o->cluster)
+        for (int l = 0; l < o->cluster->n_levels; l++)
+            if (!(o->cluster->level[l].bandwidth > 0))
+                return err_set(err, PD_EINVAL, "simulate: cluster level %d has bandwidth %g", l, o->cluster->level[l].bandwidth);
+    SimResult *r = out;
+    int W = s->n_ranks;
+    r->n_ranks = W;
+    r->start = calloc((size_t)W, sizeof(double *));
+    r->end = calloc((size_t)W, sizeof(double *));
+    r->busy_fraction = calloc((size_t)W, sizeof(double));
+    r->mem = calloc((size_t)W, sizeof(SimMem));
+    r->max_inflight = calloc((size_t)W, sizeof(int));
+    r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
+    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->versions_alive);
+    size_t n_send = 0;
+    for (int w = 0; w < W; w++) {
+        const SchedWorker *sw = &s->workers[w];
+        r->start[w] = calloc((size_t)sw->n + 1, sizeof(double));
+        r->end[w] = calloc((size_t)sw->n + 1, sizeof(double));
+        PD_ASSERT(r->start[w] && r->end[w]);
+        for (int i = 0; i < sw->n; i++) n_send += sw->ins[i].op == OP_SEND_ACT || sw->ins[i].op == OP_SEND_GRAD;
+    }
+    Engine e = {s, c, o, r, calloc((size_t)W, sizeof(WState)), calloc((size_t)s->n_stages, sizeof(Group)), NULL, 0,
+                malloc((size_t)W * 2 * sizeof(int) + sizeof(int)), 0, err};
+    size_t cap = 16;
+    while (cap < 2 * n_send + 16) cap *= 2;   /* receives without sends add at most W waits */
+    while (cap < 2 * n_send + 2 * (size_t)W + 16) cap *= 2;
+    e.tab = calloc(cap, sizeof(Msg));
+    e.tab_mask = cap - 1;
+    PD_ASSERT(e.ws && e.groups && e.tab && e.stack);
+    for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
+    for (int w = W - 1; w >= 0; w--) e.stack[e.n_stack++] = w;
+    int rc = PD_OK;
+    while (e.n_stack && !rc) {
+        int w = e.stack[--e.n_stack];
+        if (e.ws[w].blocked == 2) continue;   /* woken only by the last all-reduce arrival */
+        rc = run_worker(&e, w);
+    }
+    if (!rc)
+        for (int w = 0; w < W; w++)
+            if (e.ws[w].pc < s->workers[w].n) {
+                rc = report_deadlock(&e);
+                break;
+            }
+    if (!rc) {
+        for (size_t i = 0; i < cap && !rc; i++)
+            if (e.tab[i].state == MSG_POSTED) {
+                const Msg *m = &e.tab[i];
+                int kind = (int)(m->key >> 40), src = (int)(m->key >> 20 & 0xfffff), dst = (int)(m->key & 0xfffff);
+                rc = err_set(err, PD_EINVAL, "worker %d instruction %d sends the %s of unit %d to worker %d, which never receives it",
+                             src, m->sender_ins, kind ? "activation" : "gradient", m->mb, dst);
+            }
+    }
+    if (!rc) {
+        for (int w = 0; w < W && !rc; w++) {
+            int v;
+            rc = worker_memory(&e, w, &v);
+            int st = s->workers[w].stage;
+            if (!rc && st >= 0 && v > r->versions_alive[st]) r->versions_alive[st] = v;
+        }
+    }
+    if (!rc) metrics(&e);
+    for (int w = 0; w < W; w++) free(e.ws[w].links);
+    free(e.ws);
+    free(e.groups);
+    free(e.tab);
+    free(e.stack);
+    if (rc) sim_result_release(r);
+    return rc;
+}
+
+/* ---- reports ---------------------------------------------------------------------- */
+
+void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
+    fprintf(f, "{\n  \"schedule\": \"%s\",\n  \"minibatches\": %d,\n  \"microbatches\": %d,\n  \"vertical_sync\": %s,\n",
+            sched_kind_name(s->kind), s->n_minibatches, s->n_micro, s->vertical_sync ? "true" : "false");
+    fprintf(f, "  \"workers\": %d,\n  \"stages\": %d,\n", s->n_ranks, s->n_stages);
+    fprintf(f, "  \"makespan_s\": %.9g,\n  \"time_per_minibatch_s\": %.9g,\n  \"time_per_unit_s\": %.9g,\n", r->makespan_s,
+            r->time_per_minibatch_s, r->time_per_unit_s);
+    fprintf(f, "  \"minibatches_per_s\": %.9g,\n  \"samples_per_s\": %.9g,\n  \"bubble_fraction\": %.6f,\n",
+            r->minibatches_per_s, r->samples_per_s, r->bubble_fraction);
+    fprintf(f, "  \"messages\": %d,\n", r->n_messages);
+    fprintf(f, "  \"stage_warmup\": [");
+    for (int i = 0; i < s->n_stages; i++) fprintf(f, "%s%d", i ? ", " : "", s->stages[i].warmup);
+    fprintf(f, "],\n  \"stage_versions_alive\": [");
+    for (int i = 0; i < s->n_stages; i++) fprintf(f, "%s%d", i ? ", " : "", r->versions_alive[i]);
+    fprintf(f, "],\n  \"per_worker\": [\n");
+    for (int w = 0; w < s->n_ranks; w++) {
+        const SimMem *m = &r->mem[w];
+        fprintf(f,
+                "    {\"rank\": %d, \"stage\": %d, \"busy_fraction\": %.6f, \"max_inflight\": %d, \"peak_memory_bytes\": %.0f, "
+                "\"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"stashed_weights_bytes\": %.0f, "
+                "\"activations_bytes\": %.0f}%s\n",
+                w, s->workers[w].stage, r->busy_fraction[w], r->max_inflight[w], m->peak, m->params, m->grads, m->opt_state,
+                m->stashed, m->activations, w + 1 < s->n_ranks ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+}
+
+void sim_print_summary(const Schedule *s, const SimResult *r, FILE *f) {
+    fprintf(f, "schedule %s: %d minibatches x %d micro-batches, %d workers, %d stages%s\n", sched_kind_name(s->kind),
+            s->n_minibatches, s->n_micro, s->n_ranks, s->n_stages, s->vertical_sync ? ", vertical sync" : "");
+    fprintf(f, "time per minibatch %.6g s (steady state), %.6g minibatches/s", r->time_per_minibatch_s, r->minibatches_per_s);
+    if (r->samples_per_s > 0) fprintf(f, ", %.6g samples/s", r->samples_per_s);
+    fprintf(f, "\nmakespan %.6g s, bubble fraction %.3f\n", r->makespan_s, r->bubble_fraction);
+    fprintf(f, "%6s %5s %6s %9s %9s %12s %12s\n", "worker", "stage", "busy", "inflight", "versions", "activ_MiB", "peak_MiB");
+    int shown = 0;
+    for (int w = 0; w < s->n_ranks; w++) {
+        if (shown == 32) {
+            fprintf(f, "... %d more workers (see --json)\n", s->n_ranks - shown);
+            break;
+        }
+        int st = s->workers[w].stage;
+        fprintf(f, "%6d %5d %6.3f %9d %9d %12.1f %12.1f\n", w, st, r->busy_fraction[w], r->max_inflight[w],
+                st >= 0 ? r->versions_alive[st] : 0, r->mem[w].activations / 1048576.0, r->mem[w].peak / 1048576.0);
+        shown++;
+    }
+}

@@ -1,0 +1,131 @@
+/* sim.h: the discrete-event simulator. It executes a schedule's instruction lists
+ * (schedule.h) against per-stage costs and a network model and reports time per
+ * minibatch, throughput, per-worker busy fraction, bubble fraction, peak memory, weight
+ * versions alive, and every instruction's start and end. It detects deadlock (a worker
+ * waiting on a receive or all-reduce that can never complete) and names the workers and
+ * instructions involved. It also draws timelines (SVG) and writes Chrome trace JSON from
+ * a generic event list, so a measured runtime trace can be drawn the same way.
+ *
+ * Model (docs/schedules.md):
+ *   - a worker runs its list in order; forward/backward of a unit take the stage's
+ *     profile times (a replica computes a whole unit);
+ *   - a send is asynchronous: the transfer starts when the send is posted and the
+ *     directed link (src -> dst) is free; links are FIFO resources, so transfers on the
+ *     same link serialise; it takes latency + bytes / bandwidth of the cluster level
+ *     joining the two ranks; a receive blocks until its message has arrived. So compute
+ *     and communication overlap;
+ *   - an all-reduce starts when the last replica arrives and takes the ring time
+ *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
+ *     it blocks its workers (no link contention with point-to-point transfers);
+ *   - step and flush take no time (SimOpts.step_s adds a fixed cost per step). */
+#ifndef PD_SIM_H
+#define PD_SIM_H
+
+#include <stdio.h>
+
+#include "core.h"
+#include "plan.h"
+#include "profile.h"
+#include "schedule.h"
+
+typedef struct SimStageCost {
+    double fwd_s, bwd_s;    /* per unit on one replica */
+    double param_bytes;     /* weights of the stage (one version) */
+    double in_bytes;        /* activation received from the previous stage per unit (= gradient sent back) */
+    double stash_bytes;     /* activations kept per unit between its forward and backward */
+} SimStageCost;
+
+typedef struct SimCosts {
+    int n_stages;
+    SimStageCost *stage;    /* owned when made by sim_costs_from_profile (sim_costs_release) */
+} SimCosts;
+
+/* Per-stage costs of schedule s from profile prof: sums of layer times and parameter
+ * bytes; in_bytes of stage i > 0 = bytes of every layer before stage i with an edge into
+ * stage i or later (a chain: the previous stage's last layer), prof->input_bytes for
+ * stage 0 (read locally, not transferred); stash_bytes = in_bytes + the stage's layer
+ * outputs. Fails if a stage names a layer outside the profile. */
+int  sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out, Err *err);
+void sim_costs_release(SimCosts *c);
+
+typedef struct SimOpts {
+    const Cluster *cluster;     /* NULL or n_levels == 0: free communication */
+    double opt_state_factor;    /* optimizer state in units of params (SGD+momentum 1, Adam 2) */
+    double step_s;              /* time of one optimizer step (default 0) */
+    int samples_per_unit;       /* for samples/s (profile minibatch); 0 = unknown */
+} SimOpts;
+
+typedef struct SimMem {
+    double params;        /* one version of the stage's weights */
+    double grads;         /* gradient buffer (one version) */
+    double opt_state;
+    double stashed;       /* extra weight versions at the peak (versions alive - 1) x params */
+    double activations;   /* activations held at the peak */
+    double peak;          /* the maximum over time of the sum */
+} SimMem;
+
+typedef struct SimResult {
+    int n_ranks;
+    double makespan_s;
+    double time_per_minibatch_s;   /* steady state, per optimizer-step minibatch */
+    double time_per_unit_s;        /* = time_per_minibatch_s / n_micro */
+    double minibatches_per_s;
+    double samples_per_s;          /* 0 if samples_per_unit unknown */
+    double bubble_fraction;        /* 1 - mean busy fraction of active workers */
+    double *busy_fraction;         /* per rank: compute time / makespan */
+    SimMem *mem;                   /* per rank */
+    int *max_inflight;             /* per rank: most units between forward and backward */
+    int *versions_alive;           /* per stage: most weight versions alive at a replica */
+    double **start, **end;         /* per rank, per instruction (see sim_run) */
+    int n_messages;
+} SimResult;
+
+/* Runs schedule s with costs c. Fills *out (caller releases with sim_result_release).
+ * start/end per instruction: compute: its run; send: the transfer on its link (posted to
+ * arrival); receive: from reaching it to the data being there; all-reduce: arrival to
+ * completion. Fails with PD_EINVAL and a message (out zeroed) on deadlock, naming every
+ * blocked worker with its instruction and what it waits for, on a send nobody receives,
+ * or if costs do not match the schedule. Cost: O(instructions), memory 16 bytes each. */
+int  sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *out, Err *err);
+void sim_result_release(SimResult *r);
+
+/* The cluster level joining ranks a and b (as cluster_link_level: ranks innermost
+ * first); -1 if a == b; ranks beyond the cluster use the outermost level. */
+int sim_link_level(const Cluster *cl, int a, int b);
+
+/* Writes the figures of r (and per-worker/per-stage arrays) as one JSON object. */
+void sim_print_json(const Schedule *s, const SimResult *r, FILE *f);
+/* A short human table. */
+void sim_print_summary(const Schedule *s, const SimResult *r, FILE *f);
+
+/* ---- timelines ------------------------------------------------------------------- */
+typedef enum TraceKind { TRACE_FWD, TRACE_BWD, TRACE_SEND, TRACE_RECV_WAIT, TRACE_ALLREDUCE, TRACE_STEP, TRACE_COUNT } TraceKind;
+
+/* One box on a timeline; generic so measured runtime traces draw the same way. */
+typedef struct TraceEvent {
+    int worker;       /* row */
+    int kind;         /* TraceKind */
+    int mb;           /* unit / minibatch number for the label and colour; -1 none */
+    int peer;         /* send: destination; else -1 */
+    double start, end;   /* seconds */
+} TraceEvent;
+
+/* Events of a simulated run: every compute, send, blocking receive wait, all-reduce and
+ * step with nonzero duration. Returns a malloc'd array (free()) and its length in *n. */
+TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n);
+
+typedef struct SvgOpts {
+    const char *title;    /* NULL: none */
+    int show_comm;        /* draw sends and all-reduces as thin bars under each row */
+    int width;            /* pixels; 0 = 1200 */
+} SvgOpts;
+
+/* Writes an SVG timeline: one row per worker, forward/backward boxes coloured by mb
+ * (backward darker) and labelled with it when wide enough, idle time blank, a time axis.
+ * Fails with PD_EIO naming path. */
+int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, const SvgOpts *o, Err *err);
+/* Writes Chrome trace-event JSON (chrome://tracing, Perfetto): one "X" event per box,
+ * pid 0, tid = worker, microseconds. */
+int sim_trace_write(const char *path, const TraceEvent *ev, int n, Err *err);
+
+#endif
