@@ -1,0 +1,234 @@
+/* test_nn_layers.c: every layer kind against PyTorch (tests/ref/nn_layers.bin, written by
+ * tools/gen_ref.py): outputs, input and parameter gradients, batch-norm running statistics;
+ * dropout by its mask (a pure function of seed, layer and minibatch); optimizers against
+ * PyTorch's update rules written out by hand on a few elements. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn.h"
+
+typedef struct Case {
+    const char *name;
+    const char *json;   /* model with this one layer (the input shape per sample) */
+    int eval;
+} Case;
+
+#define M(in, layer) "{\"name\": \"t\", \"input\": " in ", \"layers\": [" layer "]}"
+
+static const Case CASES[] = {
+    {"linear", M("[20]", "{\"type\": \"linear\", \"in\": 20, \"out\": 7}"), 0},
+    {"linear_relu_nobias", M("[20]", "{\"type\": \"linear\", \"in\": 20, \"out\": 7, \"bias\": false, \"relu\": true}"), 0},
+    {"conv", M("[3, 8, 8]", "{\"type\": \"conv2d\", \"in\": 3, \"out\": 5, \"kernel\": 3, \"pad\": 1}"), 0},
+    {"conv_relu_s2", M("[3, 9, 9]", "{\"type\": \"conv2d\", \"in\": 3, \"out\": 4, \"kernel\": 3, \"stride\": 2, "
+                                    "\"bias\": false, \"relu\": true}"), 0},
+    {"conv_5x5", M("[2, 7, 7]", "{\"type\": \"conv2d\", \"in\": 2, \"out\": 3, \"kernel\": 5, \"pad\": 2}"), 0},
+    {"maxpool", M("[3, 8, 8]", "{\"type\": \"maxpool\", \"kernel\": 2}"), 0},
+    {"maxpool_k3s2", M("[3, 9, 9]", "{\"type\": \"maxpool\", \"kernel\": 3, \"stride\": 2}"), 0},
+    {"gap", M("[5, 6, 6]", "{\"type\": \"gap\"}"), 0},
+    {"relu", M("[3, 5, 5]", "{\"type\": \"relu\"}"), 0},
+    {"batchnorm", M("[5, 6, 6]", "{\"type\": \"batchnorm\", \"features\": 5}"), 0},
+    {"batchnorm_relu", M("[3, 5, 5]", "{\"type\": \"batchnorm\", \"features\": 3, \"relu\": true}"), 0},
+    {"batchnorm_eval", M("[3, 5, 5]", "{\"type\": \"batchnorm\", \"features\": 3}"), 1},
+    {"batchnorm1d", M("[6]", "{\"type\": \"batchnorm\", \"features\": 6}"), 0},
+    {"lstm", M("[5, 6]", "{\"type\": \"lstm\", \"in\": 6, \"hidden\": 8}"), 0},
+    {"flatten", M("[3, 4, 4]", "{\"type\": \"flatten\"}"), 0},
+    {"reshape", M("[3, 4, 4]", "{\"type\": \"reshape\", \"shape\": [4, 12]}"), 0},
+    {"pad", M("[3, 5, 5]", "{\"type\": \"pad\", \"pad\": 2}"), 0},
+    {"last_step", M("[5, 8]", "{\"type\": \"last_step\"}"), 0},
+    {"residual_identity",
+     M("[4, 6, 6]", "{\"type\": \"residual\", \"body\": ["
+                    "{\"type\": \"conv2d\", \"in\": 4, \"out\": 4, \"kernel\": 3, \"pad\": 1, \"bias\": false},"
+                    "{\"type\": \"batchnorm\", \"features\": 4, \"relu\": true},"
+                    "{\"type\": \"conv2d\", \"in\": 4, \"out\": 4, \"kernel\": 3, \"pad\": 1, \"bias\": false},"
+                    "{\"type\": \"batchnorm\", \"features\": 4}]}"), 0},
+    {"residual_conv",
+     M("[4, 8, 8]", "{\"type\": \"residual\", \"body\": ["
+                    "{\"type\": \"conv2d\", \"in\": 4, \"out\": 8, \"kernel\": 3, \"stride\": 2, \"pad\": 1, \"bias\": false},"
+                    "{\"type\": \"batchnorm\", \"features\": 8, \"relu\": true},"
+                    "{\"type\": \"conv2d\", \"in\": 8, \"out\": 8, \"kernel\": 3, \"pad\": 1, \"bias\": false},"
+                    "{\"type\": \"batchnorm\", \"features\": 8}], \"shortcut\": ["
+                    "{\"type\": \"conv2d\", \"in\": 4, \"out\": 8, \"kernel\": 1, \"stride\": 2, \"bias\": false},"
+                    "{\"type\": \"batchnorm\", \"features\": 8}]}"), 0},
+};
+enum { N_CASES = sizeof CASES / sizeof CASES[0] };
+
+static RefFile REF;
+
+static const RefTensor *get(const char *c, const char *what) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", c, what);
+    return tu_ref_get(&REF, name);
+}
+
+static int has(const char *c, const char *what) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", c, what);
+    for (int i = 0; i < REF.count; i++)
+        if (!strcmp(REF.t[i].name, name)) return 1;
+    return 0;
+}
+
+static void run_case(const Case *c) {
+    Err err = {0};
+    Model *m = model_parse(c->json, c->name, &err);
+    if (!m) fail_msg("%s", err.msg);
+    const RefTensor *x = get(c->name, "x");
+    int n = x->shape.d[0], nl = model_n_layers(m);
+    assert_int_equal(model_build(m, 0, nl, n, &err), PD_OK);
+    size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
+    float *w = pd_alloc_f32(np + 1), *dw = pd_alloc_f32(np + 1), *state = pd_alloc_f32(ns + 1);
+    int npt;
+    const ParamInfo *pt = model_param_tensors(m, &npt);
+    for (int k = 0; k < npt; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "w.%d", k);
+        const RefTensor *t = get(c->name, what);
+        assert_int_equal(shape_numel(t->shape), shape_numel(pt[k].shape));
+        memcpy(w + pt[k].offset, t->data, shape_numel(t->shape) * sizeof(float));
+    }
+    assert_false(has(c->name, "w.99"));
+    if (ns) {
+        const RefTensor *s0 = get(c->name, "state0");
+        assert_int_equal(shape_numel(s0->shape), ns);
+        memcpy(state, s0->data, ns * sizeof(float));
+    }
+    NnCtx *ctx = nnctx_new(m, 0, nl, n);
+    NnRun run = {.n = n, .train = !c->eval, .seed = 1, .minibatch = 0};
+    const float *y = model_forward(m, ctx, w, ns ? state : NULL, x->data, &run);
+    const RefTensor *yr = get(c->name, "y");
+    Shape out = model_layer_out_shape(m, nl - 1);
+    assert_int_equal(shape_numel(yr->shape), (size_t)n * shape_numel(out));
+    size_t bad = tu_compare(c->name, y, yr->data, shape_numel(yr->shape), 1e-4, 1e-5);
+    const RefTensor *dy = get(c->name, "dy"), *dxr = get(c->name, "dx");
+    float *dx = pd_alloc_f32(shape_numel(x->shape));
+    model_backward(m, ctx, w, dy->data, dx, dw);
+    bad += tu_compare("dx", dx, dxr->data, shape_numel(x->shape), 1e-4, 1e-5);
+    for (int k = 0; k < npt; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "dw.%d", k);
+        const RefTensor *t = get(c->name, what);
+        bad += tu_compare(pt[k].name, dw + pt[k].offset, t->data, shape_numel(t->shape), 1e-4, 1e-5);
+    }
+    if (ns) bad += tu_compare("state", state, get(c->name, "state")->data, ns, 1e-5, 1e-6);
+    if (bad) fail_msg("case %s: %zu mismatches", c->name, bad);
+    nnctx_free(ctx);
+    pd_free(w);
+    pd_free(dw);
+    pd_free(dx);
+    pd_free(state);
+    model_free(m);
+}
+
+static void test_layers_vs_pytorch(void **st) {
+    (void)st;
+    for (int i = 0; i < N_CASES; i++) run_case(&CASES[i]);
+}
+
+/* Dropout: y = x * keep / (1 - p) with keep_i = (i-th uniform of Philox(seed, DROPOUT << 32 |
+ * layer, minibatch) >= p); backward uses the same mask; eval is the identity; another
+ * minibatch index gives another mask. */
+static void test_dropout_mask(void **st) {
+    (void)st;
+    Err err = {0};
+    Model *m = model_parse(M("[10]", "{\"type\": \"relu\"}, {\"type\": \"dropout\", \"p\": 0.3}"), "drop", &err);
+    if (!m) fail_msg("%s", err.msg);
+    const int n = 50, f = 10;
+    assert_int_equal(model_build(m, 0, 2, n, &err), PD_OK);
+    float *x = pd_alloc_f32(n * f), *dx = pd_alloc_f32(n * f), *dy = pd_alloc_f32(n * f), w = 0;
+    for (int i = 0; i < n * f; i++) {
+        x[i] = 1.0f + (float)(i % 7);
+        dy[i] = 0.5f + (float)(i % 3);
+    }
+    NnCtx *ctx = nnctx_new(m, 1, 2, n);
+    NnRun run = {.n = n, .train = 1, .seed = 77, .minibatch = 5};
+    const float *y = model_forward(m, ctx, &w, NULL, x, &run);
+    model_backward(m, ctx, &w, dy, dx, &w);
+    Rng r;
+    rng_init(&r, 77, ((uint64_t)RNG_STREAM_DROPOUT << 32) | 1, 5);
+    int kept = 0;
+    for (int i = 0; i < n * f; i++) {
+        int keep = rng_uniform(&r) >= 0.3f;
+        kept += keep;
+        float want = keep ? x[i] / 0.7f : 0.0f, wantd = keep ? dy[i] / 0.7f : 0.0f;
+        assert_float_equal(y[i], want, 1e-5 * want + 1e-7);
+        assert_float_equal(dx[i], wantd, 1e-5 * wantd + 1e-7);
+    }
+    assert_true(kept > 300 && kept < 400);
+    /* another minibatch: another mask */
+    NnRun run2 = run;
+    run2.minibatch = 6;
+    y = model_forward(m, ctx, &w, NULL, x, &run2);
+    int diff = 0;
+    rng_init(&r, 77, ((uint64_t)RNG_STREAM_DROPOUT << 32) | 1, 5);
+    for (int i = 0; i < n * f; i++) diff += (y[i] != 0.0f) != (rng_uniform(&r) >= 0.3f);
+    assert_true(diff > 50);
+    /* eval: identity */
+    run.train = 0;
+    y = model_forward(m, ctx, &w, NULL, x, &run);
+    for (int i = 0; i < n * f; i++) assert_float_equal(y[i], x[i], 0);
+    nnctx_free(ctx);
+    pd_free(x);
+    pd_free(dx);
+    pd_free(dy);
+    model_free(m);
+}
+
+/* SGD (momentum, weight decay) and Adam against the update rules evaluated in double. */
+static void test_optimizers(void **st) {
+    (void)st;
+    enum { N = 5, STEPS = 4 };
+    for (int kind = 0; kind < OPT_KIND_COUNT; kind++) {
+        OptConfig c = optim_defaults((OptKind)kind, 0.1f);
+        c.momentum = 0.9f;
+        c.weight_decay = 0.01f;
+        Optim o;
+        optim_init(&o, &c, N);
+        float w[N] = {1, -2, 0.5f, 3, -0.25f}, g[N];
+        double wd[N], m[N] = {0}, v[N] = {0};
+        for (int i = 0; i < N; i++) wd[i] = w[i];
+        for (int s = 1; s <= STEPS; s++) {
+            for (int i = 0; i < N; i++) g[i] = (float)(0.3 * (i + 1) * (s % 2 ? 1 : -1) + 0.1 * w[i]);
+            for (int i = 0; i < N; i++) {
+                double d = g[i] + 0.01 * wd[i];
+                if (kind == OPT_SGD) {
+                    m[i] = s == 1 ? d : 0.9 * m[i] + d;
+                    wd[i] -= 0.1 * m[i];
+                } else {
+                    m[i] = 0.9 * m[i] + 0.1 * d;
+                    v[i] = 0.999 * v[i] + 0.001 * d * d;
+                    double mh = m[i] / (1 - pow(0.9, s)), vh = sqrt(v[i]) / sqrt(1 - pow(0.999, s));
+                    wd[i] -= 0.1 * mh / (vh + 1e-8);
+                }
+            }
+            optim_step(&o, w, g);
+            for (int i = 0; i < N; i++) assert_float_equal(w[i], wd[i], 1e-5 * fabs(wd[i]) + 1e-6);
+        }
+        optim_release(&o);
+    }
+    assert_int_equal(optim_kind_parse("adam"), OPT_ADAM);
+    assert_int_equal(optim_kind_parse("sgd"), OPT_SGD);
+    assert_int_equal(optim_kind_parse("rmsprop"), -1);
+}
+
+static int setup(void **st) {
+    (void)st;
+    tu_ref_load(&REF, "nn_layers.bin");
+    return 0;
+}
+static int teardown(void **st) {
+    (void)st;
+    tu_ref_free(&REF);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layers_vs_pytorch),
+        cmocka_unit_test(test_dropout_mask),
+        cmocka_unit_test(test_optimizers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
