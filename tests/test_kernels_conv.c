@@ -23,15 +23,18 @@ static double conv_loss(void *p) {
     return tk_dot(c->r, c->y, (size_t)c->n * c->cv->k * c->cv->oh * c->cv->ow);
 }
 
-static void check_conv(const ConvCase *t, uint64_t tag) {
+static void check_conv(const ConvCase *t, int algo, uint64_t tag, int fd) {
     KConv cv;
     Err err = {0};
-    assert_int_equal(kern_conv2d_init(&cv, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s, t->stride, t->pad,
-                                      t->bias, t->relu, &err),
-                     PD_OK);
+    int rc = kern_conv2d_init_algo(&cv, algo, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s, t->stride, t->pad,
+                                   t->bias, t->relu, &err);
+    if (rc) print_message("%s\n", err.msg);
+    assert_int_equal(rc, PD_OK);
+    if (algo != KCONV_AUTO) assert_int_equal(kern_conv2d_algo(&cv), algo);
     assert_int_equal(cv.oh, (t->h + 2 * t->pad - t->r) / t->stride + 1);
-    print_message("  conv n=%d/%d c=%d %dx%d k=%d %dx%d s%d p%d bias=%d relu=%d\n", t->n, t->n_max, t->c, t->h,
-                  t->w, t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu);
+    static const char *names[] = {"auto", "im2col", "dnnl", "dnnl-plain"};
+    print_message("  conv[%s] n=%d/%d c=%d %dx%d k=%d %dx%d s%d p%d bias=%d relu=%d\n", names[algo], t->n,
+                  t->n_max, t->c, t->h, t->w, t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu);
     /* two batch sizes on one descriptor: n_max and the case's n (primitive caching) */
     int ns[2] = {t->n_max, t->n};
     for (int pass = 0; pass < 2; pass++) {
@@ -67,7 +70,7 @@ static void check_conv(const ConvCase *t, uint64_t tag) {
         kern_conv2d_bwd(&cv, n, c.x, c.w, y, c.r, NULL, dw2, NULL);
         assert_int_equal(tu_compare("conv dw only", dw2, rdw, nw, 1e-4, 1e-4), 0);
 
-        if (t->fd && pass == 1) {
+        if (fd && t->fd && pass == 1) {
             tk_sub(rdx, pre_x, nx);
             tk_sub(rdw, pre_w, nw);
             tk_sub(rdb, pre_b, t->k);
@@ -106,7 +109,9 @@ static void test_conv_odd_shapes(void **state) {
         {20, 19, 3, 8, 8, 5, 3, 3, 1, 1, 1, 0, 0},   // chunks of 8 samples, ragged last chunk
         {64, 5, 4, 2, 2, 8, 3, 3, 1, 1, 0, 1, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], 100 * (i + 1));
+    for (int algo = 0; algo < KCONV_ALGO_COUNT; algo++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)   // finite differences once (ref only)
+            check_conv(&cases[i], algo, 100 * (i + 1), algo == 0);
 }
 
 /* Shapes of the reference models (smaller batch): fast vs ref only. */
@@ -120,7 +125,8 @@ static void test_conv_model_shapes(void **state) {
         {4, 2, 16, 32, 32, 32, 3, 3, 2, 1, 0, 0, 0},  // resnet20 downsampling 3x3
         {4, 2, 32, 16, 16, 64, 1, 1, 2, 0, 0, 0, 0},  // resnet20 1x1 shortcut
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], 1000 * (i + 1));
+    for (int algo = 0; algo < KCONV_ALGO_COUNT; algo++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], algo, 1000 * (i + 1), 0);
 }
 
 static void test_conv_bad_shapes(void **state) {

@@ -12,20 +12,36 @@
 #include <cblas.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "conv_impl.h"
 
 enum { CONV_COLS_MIN = 512, CONV_COL_MAX = 1 << 21 };
 
 typedef struct ConvImpl {
+    int algo;        /* KCONV_IM2COL, KCONV_DNNL, KCONV_DNNL_PLAIN */
+    ConvDnnl *dnnl;  /* the oneDNN state when algo is one of its two */
     int nb;       /* samples per GEMM chunk */
     int direct;   /* 1x1, stride 1, pad 0, nb == 1: col is x itself */
     float *col;   /* (C*R*S, nb*OH*OW), reused as dcol in backward */
     float *tmp;   /* (K, nb*OH*OW): forward output chunk / backward gathered dy */
 } ConvImpl;
 
+/* The measured choice (see the table at the top of this file). */
+static int conv_pick(const KConv *cv) {
+    (void)cv;
+    return KCONV_IM2COL;
+}
+
 int kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
                      int has_bias, int fuse_relu, Err *err) {
+    return kern_conv2d_init_algo(cv, KCONV_AUTO, n_max, c, h, w, k, r, s, stride, pad, has_bias, fuse_relu, err);
+}
+
+int kern_conv2d_algo(const KConv *cv) { return ((const ConvImpl *)cv->impl)->algo; }
+
+int kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, int k, int r, int s, int stride,
+                          int pad, int has_bias, int fuse_relu, Err *err) {
     memset(cv, 0, sizeof *cv);
+    PD_ASSERTF(algo >= 0 && algo < KCONV_ALGO_COUNT, "algo %d", algo);
     if (n_max < 1 || c < 1 || h < 1 || w < 1 || k < 1 || r < 1 || s < 1 || stride < 1 || pad < 0)
         return err_set(err, PD_EINVAL,
                        "conv2d: bad shape n_max=%d c=%d h=%d w=%d k=%d r=%d s=%d stride=%d pad=%d", n_max, c, h,
@@ -36,17 +52,23 @@ int kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, in
     *cv = (KConv){.n_max = n_max, .c = c, .h = h, .w = w, .k = k, .r = r, .s = s, .stride = stride, .pad = pad,
                   .oh = (h + 2 * pad - r) / stride + 1, .ow = (w + 2 * pad - s) / stride + 1,
                   .has_bias = has_bias, .fuse_relu = fuse_relu};
+    ConvImpl *im = pd_calloc(sizeof *im);
+    im->algo = algo == KCONV_AUTO ? conv_pick(cv) : algo;
+    cv->impl = im;
+    if (im->algo != KCONV_IM2COL) {
+        int rc = conv_dnnl_new(cv, im->algo == KCONV_DNNL, &im->dnnl, err);
+        if (rc) kern_conv2d_release(cv);
+        return rc;
+    }
     const size_t p = (size_t)cv->oh * cv->ow, crs = (size_t)c * r * s;
     int nb = (int)((CONV_COLS_MIN + p - 1) / p);
     if (nb > n_max) nb = n_max;
     while (nb > 1 && crs * nb * p > CONV_COL_MAX) nb--;
-    ConvImpl *im = pd_calloc(sizeof *im);
     im->nb = nb;
     im->direct = r == 1 && s == 1 && stride == 1 && pad == 0 && nb == 1;
     if (!im->direct) im->col = pd_alloc(sizeof(float) * crs * nb * p);
     else im->col = pd_alloc(sizeof(float) * crs * p);   // dcol in backward
     im->tmp = pd_alloc(sizeof(float) * (size_t)k * nb * p);
-    cv->impl = im;
     return PD_OK;
 }
 
@@ -54,6 +76,7 @@ void kern_conv2d_release(KConv *cv) {
     if (!cv) return;
     ConvImpl *im = cv->impl;
     if (im) {
+        conv_dnnl_free(im->dnnl);
         pd_free(im->col);
         pd_free(im->tmp);
         pd_free(im);
@@ -128,6 +151,10 @@ static void col2im_add(const KConv *cv, const float *col, int nb, float *dx) {
 void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
+    if (im->dnnl) {
+        conv_dnnl_fwd(im->dnnl, cv, n, x, w, b, y);
+        return;
+    }
     const int K = cv->k, CRS = cv->c * cv->r * cv->s;
     const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
     for (int s0 = 0; s0 < n; s0 += im->nb) {
@@ -161,6 +188,10 @@ void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const flo
                      float *dx, float *dw, float *db) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
+    if (im->dnnl) {
+        conv_dnnl_bwd(im->dnnl, cv, n, x, w, y, dy, dx, dw, db);
+        return;
+    }
     const int K = cv->k, CRS = cv->c * cv->r * cv->s;
     const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
     if (!cv->has_bias) db = NULL;

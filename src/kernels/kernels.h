@@ -38,6 +38,13 @@ typedef struct KConv {
 int  kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
                       int has_bias, int fuse_relu, Err *err);
 void kern_conv2d_release(KConv *cv);
+/* Addition for benchmarks and tests: the same with the implementation forced.
+ * KCONV_AUTO is what kern_conv2d_init does (the measured choice, see conv.c). */
+enum { KCONV_AUTO = 0, KCONV_IM2COL = 1, KCONV_DNNL = 2, KCONV_DNNL_PLAIN = 3, KCONV_ALGO_COUNT = 4 };
+int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, int k, int r, int s, int stride,
+                           int pad, int has_bias, int fuse_relu, Err *err);
+/* The implementation in use (KCONV_IM2COL, KCONV_DNNL or KCONV_DNNL_PLAIN). */
+int  kern_conv2d_algo(const KConv *cv);
 /* b may be NULL when !has_bias. */
 void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 /* y is the forward output (needed when fuse_relu: the relu mask is y > 0); dy is the

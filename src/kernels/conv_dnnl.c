@@ -1,0 +1,321 @@
+/* conv_dnnl.c: the oneDNN 2.6 candidate for conv2d (C API): forward (bias and the relu
+ * post-op fused), backward-data and backward-weights primitives, created once per batch
+ * size. Two batch sizes are cached: n_max (created in init) and the last other n seen
+ * (created lazily on first use: the one place this candidate allocates after init, once
+ * per change of n, e.g. for the last, smaller batch of an epoch).
+ *
+ * Layouts: the caller's buffers are plain NCHW / OIHW. With use_any the primitives choose
+ * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o) and every
+ * argument whose layout differs goes through a reorder into a buffer allocated in init.
+ * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought
+ * back by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of
+ * writing +=; db is added by a loop. With fuse_relu, dy is first masked by y > 0 into a
+ * scratch buffer. The primitives' scratchpads are user-managed: one buffer shared by all
+ * primitives (they run one at a time), sized in init for n_max and grown only if a lazily
+ * created batch size needs more.
+ *
+ * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <string.h>
+
+#include "conv_impl.h"
+
+typedef struct Port {
+    dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
+    dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
+    dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
+    void *buf;                  /* storage of prim when it differs from user */
+} Port;
+
+typedef struct Prims {
+    int n;   /* batch size these are for; 0 = empty slot */
+    dnnl_primitive_t fwd, bwd_data, bwd_w;
+    dnnl_memory_t sp_fwd, sp_data, sp_w;   /* scratchpads, all on ConvDnnl.scratch */
+    Port f_src, f_wei, f_dst;              /* forward */
+    Port d_ddst, d_wei, d_dsrc;            /* backward data (d_dsrc accumulates) */
+    Port w_src, w_ddst, w_dwei;            /* backward weights (w_dwei accumulates) */
+    dnnl_memory_t f_bias, w_dbias;         /* (K), plain */
+} Prims;
+
+struct ConvDnnl {
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    int use_any;
+    Prims slot[2];   /* [0]: n_max, [1]: the last other n */
+    void *scratch;
+    size_t scratch_bytes;
+    float *dbias;    /* (K) */
+    float *dym;      /* (n_max, K, OH, OW): dy masked by y > 0 */
+};
+
+#define CK(call)                                                                                    \
+    do {                                                                                            \
+        dnnl_status_t s_ = (call);                                                                  \
+        if (s_ != dnnl_success) {                                                                   \
+            rc = err_set(err, PD_EINVAL, "conv2d (oneDNN): %s failed: %s", #call, dnnl_status2str(s_)); \
+            goto done;                                                                              \
+        }                                                                                           \
+    } while (0)
+#define RUN(call)                                                                                   \
+    do {                                                                                            \
+        dnnl_status_t s_ = (call);                                                                  \
+        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));                          \
+    } while (0)
+
+static void port_free(Port *p) {
+    if (p->prim && p->prim != p->user) dnnl_memory_destroy(p->prim);
+    if (p->user) dnnl_memory_destroy(p->user);
+    if (p->reorder) dnnl_primitive_destroy(p->reorder);
+    pd_free(p->buf);
+    memset(p, 0, sizeof *p);
+}
+
+/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum). */
+static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *want,
+                     int dir, Err *err) {
+    int rc = PD_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t rpd = NULL;
+    CK(dnnl_memory_create(&p->user, user_md, eng, DNNL_MEMORY_NONE));
+    if (dir != 2 && dnnl_memory_desc_equal(user_md, want)) {
+        p->prim = p->user;
+        return PD_OK;
+    }
+    p->buf = pd_alloc(dnnl_memory_desc_get_size(want));
+    CK(dnnl_memory_create(&p->prim, want, eng, p->buf));
+    CK(dnnl_primitive_attr_create(&attr));
+    if (dir == 2) {
+        CK(dnnl_post_ops_create(&po));
+        CK(dnnl_post_ops_append_sum(po, 1.0f));
+        CK(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
+    if (dir == 0) CK(dnnl_reorder_primitive_desc_create(&rpd, user_md, eng, want, eng, attr));
+    else CK(dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, attr));
+    CK(dnnl_primitive_create(&p->reorder, rpd));
+done:
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+static void prims_free(Prims *p) {
+    dnnl_primitive_t pr[] = {p->fwd, p->bwd_data, p->bwd_w};
+    for (int i = 0; i < 3; i++)
+        if (pr[i]) dnnl_primitive_destroy(pr[i]);
+    dnnl_memory_t m[] = {p->sp_fwd, p->sp_data, p->sp_w, p->f_bias, p->w_dbias};
+    for (int i = 0; i < 5; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    Port *ports[] = {&p->f_src, &p->f_wei, &p->f_dst, &p->d_ddst, &p->d_wei, &p->d_dsrc, &p->w_src, &p->w_ddst, &p->w_dwei};
+    for (int i = 0; i < 9; i++) port_free(ports[i]);
+    memset(p, 0, sizeof *p);
+}
+
+static const dnnl_memory_desc_t *qmd(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
+    return dnnl_primitive_desc_query_md(pd, what, 0);
+}
+
+/* Creates the three primitives and their ports for batch size n. */
+static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
+    int rc = PD_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t fpd = NULL, dpd = NULL, wpd = NULL;
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    dnnl_dims_t sd = {n, cv->c, cv->h, cv->w}, wd = {cv->k, cv->c, cv->r, cv->s}, bd = {cv->k},
+                dd = {n, cv->k, cv->oh, cv->ow};
+    dnnl_dims_t strides = {cv->stride, cv->stride}, pad = {cv->pad, cv->pad};
+    dnnl_memory_desc_t src_u, wei_u, bias_u, dst_u, src_a, wei_a, dst_a;
+    const dnnl_format_tag_t any = dnnl_format_tag_any;
+    CK(dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, dnnl_nchw));
+    CK(dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw));
+    CK(dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
+    CK(dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
+    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, d->use_any ? any : dnnl_nchw));
+    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, d->use_any ? any : dnnl_oihw));
+    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, d->use_any ? any : dnnl_nchw));
+    const dnnl_memory_desc_t *bias = cv->has_bias ? &bias_u : NULL;
+
+    CK(dnnl_primitive_attr_create(&attr));
+    CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+    dnnl_convolution_desc_t fd, dd_, wd_;
+    CK(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &src_a, &wei_a, bias,
+                                          &dst_a, strides, pad, pad));
+    if (cv->fuse_relu) {
+        CK(dnnl_post_ops_create(&po));
+        CK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+        CK(dnnl_primitive_attr_set_post_ops(attr, po));
+    }
+    CK(dnnl_primitive_desc_create(&fpd, &fd, attr, d->eng, NULL));
+    if (po) {   // the backward primitives take no post-ops
+        dnnl_post_ops_destroy(po);
+        po = NULL;
+        dnnl_primitive_attr_destroy(attr);
+        CK(dnnl_primitive_attr_create(&attr));
+        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+    }
+    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &src_a, &wei_a, &dst_a, strides, pad,
+                                                pad));
+    CK(dnnl_primitive_desc_create(&dpd, &dd_, attr, d->eng, fpd));
+    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &wei_a, bias, &dst_a,
+                                                   strides, pad, pad));
+    CK(dnnl_primitive_desc_create(&wpd, &wd_, attr, d->eng, fpd));
+
+    CK(dnnl_primitive_create(&p->fwd, fpd));
+    CK(dnnl_primitive_create(&p->bwd_data, dpd));
+    CK(dnnl_primitive_create(&p->bwd_w, wpd));
+    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, err))) goto done;
+    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, err))) goto done;
+    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, err))) goto done;
+    if (cv->has_bias) {
+        CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
+        CK(dnnl_memory_create(&p->w_dbias, &bias_u, d->eng, d->dbias));
+    }
+    /* scratchpads: one shared buffer, grown here (init or a new batch size) if needed */
+    const_dnnl_primitive_desc_t pds[3] = {fpd, dpd, wpd};
+    size_t need = 64;
+    for (int i = 0; i < 3; i++) {
+        size_t b = dnnl_memory_desc_get_size(qmd(pds[i], dnnl_query_scratchpad_md));
+        if (b > need) need = b;
+    }
+    if (need > d->scratch_bytes) {
+        // only the slot being built may point at the old buffer from here on: rebind the other
+        pd_free(d->scratch);
+        d->scratch = pd_alloc(need);
+        d->scratch_bytes = need;
+        for (int s = 0; s < 2; s++) {
+            Prims *o = &d->slot[s];
+            if (o == p || !o->n) continue;
+            RUN(dnnl_memory_set_data_handle(o->sp_fwd, d->scratch));
+            RUN(dnnl_memory_set_data_handle(o->sp_data, d->scratch));
+            RUN(dnnl_memory_set_data_handle(o->sp_w, d->scratch));
+        }
+    }
+    CK(dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
+    CK(dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
+    CK(dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
+done:
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    if (dpd) dnnl_primitive_desc_destroy(dpd);
+    if (wpd) dnnl_primitive_desc_destroy(wpd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (rc) prims_free(p);
+    return rc;
+}
+
+void conv_dnnl_free(ConvDnnl *d) {
+    if (!d) return;
+    prims_free(&d->slot[0]);
+    prims_free(&d->slot[1]);
+    if (d->st) dnnl_stream_destroy(d->st);
+    if (d->eng) dnnl_engine_destroy(d->eng);
+    pd_free(d->scratch);
+    pd_free(d->dbias);
+    pd_free(d->dym);
+    pd_free(d);
+}
+
+int conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err) {
+    int rc = PD_OK;
+    ConvDnnl *d = pd_calloc(sizeof *d);
+    *out = NULL;
+    d->use_any = use_any;
+    d->dbias = pd_alloc_f32((size_t)cv->k);
+    if (cv->fuse_relu) d->dym = pd_alloc(sizeof(float) * (size_t)cv->n_max * cv->k * cv->oh * cv->ow);
+    CK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
+    CK(dnnl_stream_create(&d->st, d->eng, dnnl_stream_default_flags));
+    rc = prims_init(d, cv, cv->n_max, &d->slot[0], err);
+done:
+    if (rc) conv_dnnl_free(d);
+    else *out = d;
+    return rc;
+}
+
+static Prims *prims_for(ConvDnnl *d, const KConv *cv, int n) {
+    if (d->slot[0].n == n) return &d->slot[0];
+    if (d->slot[1].n != n) {
+        prims_free(&d->slot[1]);
+        Err err = {0};
+        int rc = prims_init(d, cv, n, &d->slot[1], &err);
+        PD_ASSERTF(rc == PD_OK, "oneDNN accepted n_max=%d but not n=%d: %s", cv->n_max, n, err.msg);
+    }
+    return &d->slot[1];
+}
+
+static void set(dnnl_memory_t m, const void *ptr) { RUN(dnnl_memory_set_data_handle(m, (void *)ptr)); }
+
+/* Runs p's reorder from `from` to `to`. */
+static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from, dnnl_memory_t to) {
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    RUN(dnnl_primitive_execute(r, st, 2, a));
+}
+
+/* Input port: point user at ptr and bring it into the primitive's layout. */
+static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr) {
+    set(p->user, ptr);
+    if (p->reorder) run_reorder(st, p->reorder, p->user, p->prim);
+    return p->prim;
+}
+
+void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
+    if (n == 0) return;
+    Prims *p = prims_for(d, cv, n);
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x)},
+                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w)},
+                            {DNNL_ARG_DST, p->f_dst.prim},
+                            {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
+                            {DNNL_ARG_BIAS, p->f_bias}};
+    set(p->f_dst.user, y);
+    if (cv->has_bias) set(p->f_bias, b);
+    RUN(dnnl_primitive_execute(p->fwd, d->st, cv->has_bias ? 5 : 4, a));
+    if (p->f_dst.reorder) run_reorder(d->st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
+    RUN(dnnl_stream_wait(d->st));
+}
+
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *y,
+                   const float *dy, float *dx, float *dw, float *db) {
+    if (n == 0) return;
+    Prims *p = prims_for(d, cv, n);
+    const float *g = dy;
+    if (cv->fuse_relu) {
+        const size_t m = (size_t)n * cv->k * cv->oh * cv->ow;
+        float *restrict o = d->dym;
+        for (size_t i = 0; i < m; i++) o[i] = y[i] > 0 ? dy[i] : 0.0f;
+        g = d->dym;
+    }
+    if (dx) {
+        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g)},
+                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w)},
+                                {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
+                                {DNNL_ARG_SCRATCHPAD, p->sp_data}};
+        RUN(dnnl_primitive_execute(p->bwd_data, d->st, 4, a));
+        set(p->d_dsrc.user, dx);
+        run_reorder(d->st, p->d_dsrc.reorder, p->d_dsrc.prim, p->d_dsrc.user);   // dx += (sum post-op)
+    }
+    if (!cv->has_bias) db = NULL;
+    if (dw || db) {
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x)},
+                                {DNNL_ARG_DIFF_DST, port_in(d->st, &p->w_ddst, g)},
+                                {DNNL_ARG_DIFF_WEIGHTS, p->w_dwei.prim},
+                                {DNNL_ARG_SCRATCHPAD, p->sp_w},
+                                {DNNL_ARG_DIFF_BIAS, p->w_dbias}};
+        RUN(dnnl_primitive_execute(p->bwd_w, d->st, cv->has_bias ? 5 : 4, a));
+        if (dw) {
+            set(p->w_dwei.user, dw);
+            run_reorder(d->st, p->w_dwei.reorder, p->w_dwei.prim, p->w_dwei.user);   // dw +=
+        }
+    }
+    RUN(dnnl_stream_wait(d->st));
+    if (db)
+        for (int k = 0; k < cv->k; k++) db[k] += d->dbias[k];
+}

@@ -1,0 +1,19 @@
+/* conv_impl.h: internals shared by conv.c (dispatch + im2col/sgemm candidate) and
+ * conv_dnnl.c (oneDNN candidate). Not part of the module's public API. */
+#ifndef PD_CONV_IMPL_H
+#define PD_CONV_IMPL_H
+
+#include "kernels.h"
+
+/* oneDNN candidate: the state lives behind an opaque pointer owned by ConvImpl. */
+typedef struct ConvDnnl ConvDnnl;
+/* Creates the primitives for n_max (and reorders, scratch); use_any lets oneDNN choose
+ * its layouts (reorders to and from plain NCHW), otherwise all layouts are plain. PD_OK or
+ * PD_EINVAL naming the oneDNN status; *out NULL on error. */
+int  conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err);
+void conv_dnnl_free(ConvDnnl *d);   /* NULL is fine */
+void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *y,
+                   const float *dy, float *dx, float *dw, float *db);
+
+#endif
