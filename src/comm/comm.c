@@ -23,6 +23,7 @@ int comm_tag(CommKind kind, int64_t mb, int part, int64_t window) {
 int comm_rank(const Comm *c) { return c->rank; }
 int comm_size(const Comm *c) { return c->size; }
 const char *comm_name(const Comm *c) { return c->ops->name; }
+int64_t comm_tag_window(const Comm *c) { return c->tag_window; }
 void comm_set_coll_timeout(Comm *c, double seconds) { c->coll_timeout = seconds > 0 ? seconds : 0; }
 
 double comm_coll_deadline(const Comm *c) { return c->coll_timeout > 0 ? pd_now() + c->coll_timeout : 0; }

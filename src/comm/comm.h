@@ -170,6 +170,9 @@ void comm_sum_serial(const float *const *x, int nx, size_t n, CommOp op, float *
 
 /* Helpers for messages and logs. */
 const char *comm_kind_name(CommKind k);   /* "activation", "gradient", "control" */
+/* Minibatches mb and mb + window map to the same tag on c (2^20, or less where MPI's tag
+ * space is smaller); the header check still tells them apart. */
+int64_t comm_tag_window(const Comm *c);
 /* The MPI tag of (kind, mb, part) (part 0 = header, 1 = payload): see docs/comm.md.
  * window = how many consecutive minibatches get distinct tags. */
 int comm_tag(CommKind kind, int64_t mb, int part, int64_t window);

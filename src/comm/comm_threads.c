@@ -45,6 +45,7 @@ typedef struct TGroupState {   /* shared by the members of one group */
     char *joined;              /* [n] member i has attached */
     int refs;
     int arrived, broken;
+    char why[200];             /* what broke it, for every member's message */
     uint64_t gen;              /* completed rounds */
     float **bufs;              /* [n] all-reduce: member buffers of this round */
     size_t *counts;            /* [n] */
@@ -385,7 +386,7 @@ static int round_sync(TBox *b, TGroupState *gs, int wr, double deadline, void (*
         goto out;
     }
     if (gs->broken) {
-        rc = err_set(err, PD_ECOMM, "rank %d: collective on a group broken by an earlier failure", wr);
+        rc = err_set(err, PD_ECOMM, "rank %d: collective on a broken group (%s)", wr, gs->why);
         goto out;
     }
     if (++gs->arrived == gs->n) {
@@ -403,7 +404,7 @@ static int round_sync(TBox *b, TGroupState *gs, int wr, double deadline, void (*
             break;
         }
         if (gs->broken) {
-            rc = err_set(err, PD_ECOMM, "rank %d: collective failed on another member", wr);
+            rc = err_set(err, PD_ECOMM, "rank %d: collective failed: %s", wr, gs->why);
             break;
         }
         int gone = -1;
@@ -411,13 +412,15 @@ static int round_sync(TBox *b, TGroupState *gs, int wr, double deadline, void (*
             if (b->ep[gs->ranks[i]].closed) gone = gs->ranks[i];
         if (gone >= 0) {
             gs->broken = 1;
-            rc = err_set(err, PD_ECOMM, "rank %d: collective: rank %d closed its endpoint without joining", wr, gone);
+            snprintf(gs->why, sizeof gs->why, "rank %d closed its endpoint without joining", gone);
+            rc = err_set(err, PD_ECOMM, "rank %d: collective failed: %s", wr, gs->why);
             break;
         }
         if (timed_wait(&b->coll_cv, &b->mu, deadline) == ETIMEDOUT && gs->gen == gen) {
             gs->broken = 1;
-            rc = err_set(err, PD_ECOMM, "rank %d: collective timed out (%d of %d ranks arrived)", wr, gs->arrived,
-                         gs->n);
+            snprintf(gs->why, sizeof gs->why, "timed out on rank %d with %d of %d ranks arrived", wr, gs->arrived,
+                     gs->n);
+            rc = err_set(err, PD_ECOMM, "rank %d: collective failed: %s", wr, gs->why);
             break;
         }
     }
