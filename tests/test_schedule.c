@@ -1,0 +1,323 @@
+/* test_schedule.c: the schedule generators. Exact instruction sequences written out by
+ * hand for small cases (1f1b straight and round-robin, gpipe, 1f1b-flush, 2bw, dp,
+ * model-parallel), structural invariants for random plans of every kind (sends match
+ * receives one to one, every stage sees every unit once, each forward has one backward
+ * on the same worker with the same weight version where stashing applies, steps numbered
+ * consecutively, replicas all-reduce in the same order), and the errors. Deadlock
+ * freedom and timing are checked by test_sim. */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedule.h"
+
+/* A plan with n stages, replicas rep[i] (ranks consecutive), one layer per stage. */
+static Plan *make_plan(int n, const int *rep) {
+    Plan *p = calloc(1, sizeof *p);
+    p->n_stages = n;
+    p->n_layers = n;
+    p->stages = calloc((size_t)n, sizeof *p->stages);
+    int rank = 0;
+    for (int i = 0; i < n; i++) {
+        PlanStage *st = &p->stages[i];
+        st->n_layers = 1;
+        st->layers = malloc(sizeof(int));
+        st->layers[0] = i;
+        st->replicas = rep[i];
+        st->ranks = malloc((size_t)rep[i] * sizeof(int));
+        for (int j = 0; j < rep[i]; j++) st->ranks[j] = rank++;
+    }
+    p->n_workers = rank;
+    p->noam = (rank + rep[0] - 1) / rep[0];
+    return p;
+}
+
+static void free_plan(Plan *p) {
+    for (int i = 0; i < p->n_stages; i++) {
+        free(p->stages[i].layers);
+        free(p->stages[i].ranks);
+    }
+    free(p->stages);
+    free(p);
+}
+
+static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
+    SchedOpts o = {k, n_mb, n_micro, vs};
+    Err err = {0};
+    int rc = sched_build(p, &o, s, &err);
+    if (rc) fail_msg("sched_build: %s", err.msg);
+}
+
+static void full_line(const Schedule *s, int rank, int with_v, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < s->workers[rank].n; i++) {
+        char t[48];
+        sched_instr_str(&s->workers[rank].ins[i], with_v, t, sizeof t);
+        k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? " " : "", t);
+    }
+}
+
+static void expect_line(const Schedule *s, int rank, const char *want) {
+    char buf[4096];
+    sched_worker_str(s, rank, buf, sizeof buf);
+    if (strcmp(buf, want)) fail_msg("worker %d:\n got  %s\n want %s", rank, buf, want);
+}
+
+static void expect_full(const Schedule *s, int rank, int with_v, const char *want) {
+    char buf[8192];
+    full_line(s, rank, with_v, buf, sizeof buf);
+    if (strcmp(buf, want)) fail_msg("worker %d:\n got  %s\n want %s", rank, buf, want);
+}
+
+static void test_1f1b_straight(void **state) {
+    (void)state;
+    int rep[4] = {1, 1, 1, 1};
+    Plan *p = make_plan(4, rep);
+    Schedule s;
+    build(p, SCHED_1F1B, 8, 1, 0, &s);
+    assert_int_equal(s.stages[0].warmup, 4);   /* NOAM */
+    assert_int_equal(s.stages[3].warmup, 1);
+    expect_line(&s, 0, "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+    expect_line(&s, 1, "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+    expect_line(&s, 3, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+    /* weight stashing: the backward reads its forward's version; forwards read the newest */
+    char buf[4096];
+    full_line(&s, 0, 1, buf, sizeof buf);
+    assert_non_null(strstr(buf, "F0@0 SA0>1 F1@0 SA1>1 F2@0 SA2>1 F3@0 SA3>1 RG0<1 B0@0 U1 F4@1 SA4>1 RG1<1 B1@0 U2 F5@2"));
+    assert_non_null(strstr(buf, "RG7<1 B7@4 U8"));
+    expect_full(&s, 3, 1,
+                "RA0<2 F0@0 B0@0 SG0>2 U1 RA1<2 F1@1 B1@1 SG1>2 U2 RA2<2 F2@2 B2@2 SG2>2 U3 RA3<2 F3@3 B3@3 SG3>2 U4 "
+                "RA4<2 F4@4 B4@4 SG4>2 U5 RA5<2 F5@5 B5@5 SG5>2 U6 RA6<2 F6@6 B6@6 SG6>2 U7 RA7<2 F7@7 B7@7 SG7>2 U8");
+    sched_release(&s);
+
+    /* vertical sync: every stage reads the version the input stage read */
+    build(p, SCHED_1F1B, 10, 1, 1, &s);
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < s.workers[r].n; i++) {
+            const Instr *in = &s.workers[r].ins[i];
+            if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+                int want = in->mb - 4 + 1 > 0 ? in->mb - 4 + 1 : 0;   /* stage 0: F(t) after B(t-4) */
+                assert_int_equal(in->version, want);
+            }
+        }
+    sched_release(&s);
+    free_plan(p);
+}
+
+static void test_1f1b_round_robin(void **state) {
+    (void)state;
+    int rep[2] = {1, 2};   /* rank 0 | ranks 1, 2 */
+    Plan *p = make_plan(2, rep);
+    Schedule s;
+    build(p, SCHED_1F1B, 5, 1, 0, &s);
+    assert_int_equal(s.stages[0].warmup, 3);   /* NOAM = ceil(3 / 1) */
+    assert_int_equal(s.stages[1].warmup, 1);   /* ceil(2 / 2) */
+    expect_full(&s, 0, 0,
+                "F0 SA0>1 F1 SA1>2 F2 SA2>1 RG0<1 B0 U1 F3 SA3>2 RG1<2 B1 U2 F4 SA4>1 RG2<1 B2 U3 RG3<2 B3 U4 RG4<1 B4 U5");
+    /* replica 0 of stage 1 runs units 0, 2, 4; replica 1 units 1, 3 and joins round 3 with nothing */
+    expect_full(&s, 1, 1,
+                "RA0<0 F0@0 B0@0 SG0>0 AR(s1) U1 RA2<0 F2@1 B2@1 SG2>0 AR(s1) U2 RA4<0 F4@2 B4@2 SG4>0 AR(s1) U3");
+    expect_full(&s, 2, 1, "RA1<0 F1@0 B1@0 SG1>0 AR(s1) U1 RA3<0 F3@1 B3@1 SG3>0 AR(s1) U2 AR(s1) U3");
+    sched_release(&s);
+    free_plan(p);
+
+    int rep2[2] = {2, 1};   /* ranks 0, 1 | rank 2: NOAM = ceil(3 / 2) = 2 */
+    p = make_plan(2, rep2);
+    build(p, SCHED_1F1B, 6, 1, 0, &s);
+    assert_int_equal(s.stages[0].warmup, 2);
+    expect_line(&s, 0, "F0 F2 B0 F4 B2 B4");
+    expect_line(&s, 1, "F1 F3 B1 F5 B3 B5");
+    expect_line(&s, 2, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+    sched_release(&s);
+    free_plan(p);
+}
+
+static void test_gpipe_flush_2bw(void **state) {
+    (void)state;
+    int rep[2] = {1, 1};
+    Plan *p = make_plan(2, rep);
+    Schedule s;
+    build(p, SCHED_GPIPE, 2, 3, 0, &s);
+    expect_line(&s, 0, "F0 F1 F2 B0 B1 B2 F3 F4 F5 B3 B4 B5");
+    expect_full(&s, 1, 1,
+                "RA0<0 F0@0 RA1<0 F1@0 RA2<0 F2@0 B0@0 SG0>0 B1@0 SG1>0 B2@0 SG2>0 U1 FLUSH "
+                "RA3<0 F3@1 RA4<0 F4@1 RA5<0 F5@1 B3@1 SG3>0 B4@1 SG4>0 B5@1 SG5>0 U2 FLUSH");
+    sched_release(&s);
+
+    build(p, SCHED_1F1B_FLUSH, 2, 4, 0, &s);
+    expect_line(&s, 0, "F0 F1 B0 F2 B1 F3 B2 B3 F4 F5 B4 F6 B5 F7 B6 B7");
+    expect_line(&s, 1, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+    sched_release(&s);
+
+    /* 2bw: minibatch k reads version max(k - 1, 0); steps after the last backward of k */
+    build(p, SCHED_2BW, 3, 2, 0, &s);
+    expect_full(&s, 0, 1,
+                "F0@0 SA0>1 F1@0 SA1>1 RG0<1 B0@0 F2@0 SA2>1 RG1<1 B1@0 U1 F3@0 SA3>1 RG2<1 B2@0 F4@1 SA4>1 "
+                "RG3<1 B3@0 U2 F5@1 SA5>1 RG4<1 B4@1 RG5<1 B5@1 U3");
+    sched_release(&s);
+    free_plan(p);
+}
+
+static void test_dp_mp(void **state) {
+    (void)state;
+    int rep[2] = {2, 1};
+    Plan *p = make_plan(2, rep);
+    Schedule s;
+    build(p, SCHED_DP, 5, 1, 0, &s);
+    assert_int_equal(s.n_stages, 1);
+    assert_int_equal(s.stages[0].n_layers, 2);
+    assert_int_equal(s.stages[0].replicas, 3);
+    expect_full(&s, 0, 1, "F0@0 B0@0 AR(s0) U1 F3@1 B3@1 AR(s0) U2");
+    expect_full(&s, 2, 1, "F2@0 B2@0 AR(s0) U1 AR(s0) U2");
+    sched_release(&s);
+
+    build(p, SCHED_MP, 3, 1, 0, &s);
+    expect_full(&s, 0, 1, "F0@0 SA0>2 RG0<2 B0@0 U1 F1@1 SA1>2 RG1<2 B1@1 U2 F2@2 SA2>2 RG2<2 B2@2 U3");
+    assert_int_equal(s.workers[1].n, 0);   /* replica 1 idle */
+    assert_int_equal(s.workers[1].stage, -1);
+    sched_release(&s);
+    free_plan(p);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    int rep[4] = {1, 1, 1, 1};
+    Plan *p = make_plan(4, rep);
+    Schedule s;
+    Err err = {0};
+    SchedOpts o = {SCHED_1F1B, 4, 2, 0};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "micro-batches"));
+    o = (SchedOpts){SCHED_GPIPE, 4, 2, 1};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "vertical sync"));
+    o = (SchedOpts){SCHED_2BW, 6, 1, 0};   /* 4 stages need more micro-batches per minibatch */
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "2bw"));
+    o = (SchedOpts){SCHED_2BW, 6, 3, 0};   /* warm-up 4 <= micro-batches + 1: fine */
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
+    sched_release(&s);
+    o = (SchedOpts){SCHED_GPIPE, 0, 1, 0};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    p->stages[2].ranks[0] = 1;   /* rank 1 in two stages */
+    o = (SchedOpts){SCHED_GPIPE, 2, 2, 0};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "rank 1"));
+    free_plan(p);
+    SchedKind k;
+    for (int i = 0; i < SCHED_COUNT; i++) {
+        assert_int_equal(sched_kind_parse(sched_kind_name((SchedKind)i), &k), PD_OK);
+        assert_int_equal(k, i);
+    }
+    assert_int_equal(sched_kind_parse("pipedream", &k), PD_EINVAL);
+}
+
+/* Structural invariants of any schedule, checked from the lists alone. */
+static void check_structure(const Schedule *s) {
+    int S = s->n_stages, U = s->n_units;
+    int *fwd_at = calloc((size_t)S * U, sizeof(int));    /* forwards of (stage, unit) */
+    int *fwd_rank = malloc((size_t)S * U * sizeof(int));
+    int *fwd_ver = malloc((size_t)S * U * sizeof(int));
+    int *bwd_at = calloc((size_t)S * U, sizeof(int));
+    int *sends = calloc((size_t)S * U * 2, sizeof(int)); /* (stage boundary, unit, kind) */
+    int *recvs = calloc((size_t)S * U * 2, sizeof(int));
+    for (int r = 0; r < s->n_ranks; r++) {
+        const SchedWorker *w = &s->workers[r];
+        int steps = 0, ars = 0;
+        for (int i = 0; i < w->n; i++) {
+            const Instr *in = &w->ins[i];
+            int st = w->stage;
+            switch (in->op) {
+            case OP_FORWARD:
+                assert_true(in->mb >= 0 && in->mb < U);
+                fwd_at[st * U + in->mb]++;
+                fwd_rank[st * U + in->mb] = r;
+                fwd_ver[st * U + in->mb] = in->version;
+                assert_true(in->version >= 0 && in->version <= steps);
+                if (s->kind != SCHED_1F1B && s->kind != SCHED_2BW) assert_int_equal(in->version, steps);
+                break;
+            case OP_BACKWARD:
+                assert_int_equal(fwd_at[st * U + in->mb], 1);   /* after its forward */
+                assert_int_equal(fwd_rank[st * U + in->mb], r);
+                assert_int_equal(fwd_ver[st * U + in->mb], in->version);   /* stashing */
+                bwd_at[st * U + in->mb]++;
+                break;
+            case OP_SEND_ACT:
+                assert_int_equal(s->workers[in->peer].stage, st + 1);
+                sends[(st * U + in->mb) * 2]++;
+                break;
+            case OP_RECV_ACT:
+                assert_int_equal(s->workers[in->peer].stage, st - 1);
+                recvs[((st - 1) * U + in->mb) * 2]++;
+                break;
+            case OP_SEND_GRAD:
+                assert_int_equal(s->workers[in->peer].stage, st - 1);
+                sends[((st - 1) * U + in->mb) * 2 + 1]++;
+                break;
+            case OP_RECV_GRAD:
+                assert_int_equal(s->workers[in->peer].stage, st + 1);
+                recvs[(st * U + in->mb) * 2 + 1]++;
+                break;
+            case OP_ALLREDUCE:
+                assert_int_equal(in->peer, st);
+                assert_int_equal(in->version, steps + 1);
+                ars++;
+                break;
+            case OP_STEP: assert_int_equal(in->version, ++steps); break;
+            default: break;
+            }
+        }
+        if (w->stage >= 0) {
+            const SchedStage *g = &s->stages[w->stage];
+            int want = s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW
+                           ? s->n_minibatches
+                           : (U + g->replicas - 1) / g->replicas;
+            assert_int_equal(steps, want);
+            assert_int_equal(ars, g->replicas > 1 ? want : 0);
+        }
+    }
+    for (int st = 0; st < S; st++)
+        for (int u = 0; u < U; u++) {
+            assert_int_equal(fwd_at[st * U + u], 1);
+            assert_int_equal(bwd_at[st * U + u], 1);
+            if (st < S - 1)
+                for (int k = 0; k < 2; k++) {
+                    assert_int_equal(sends[(st * U + u) * 2 + k], 1);
+                    assert_int_equal(recvs[(st * U + u) * 2 + k], 1);
+                }
+        }
+    free(fwd_at), free(fwd_rank), free(fwd_ver), free(bwd_at), free(sends), free(recvs);
+}
+
+static void test_random_structure(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 7, 100, 0);
+    for (int trial = 0; trial < 150; trial++) {
+        int S = 1 + (int)rng_below(&rng, 16), rep[16];
+        for (int i = 0; i < S; i++) rep[i] = 1 + (int)rng_below(&rng, 4);
+        Plan *p = make_plan(S, rep);
+        int N = 1 + (int)rng_below(&rng, 64);
+        for (int k = 0; k < SCHED_COUNT; k++) {
+            int M = 1;
+            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+            if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
+            Schedule s;
+            build(p, (SchedKind)k, N, M, 0, &s);
+            check_structure(&s);
+            sched_release(&s);
+        }
+        free_plan(p);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_1f1b_straight),   cmocka_unit_test(test_1f1b_round_robin),
+        cmocka_unit_test(test_gpipe_flush_2bw), cmocka_unit_test(test_dp_mp),
+        cmocka_unit_test(test_errors),          cmocka_unit_test(test_random_structure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
