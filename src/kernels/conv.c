@@ -1,4 +1,34 @@
-/* conv.c: 2-D convolution, fast version (forward, backward data, backward weights/bias).
+/* conv.c: 2-D convolution, fast version (forward, backward data, backward weights/bias):
+ * picks, per shape, between two measured candidates, and implements candidate (b) here;
+ * candidate (a), oneDNN 2.6, is in conv_dnnl.c.
+ *
+ * Measured (tools/kbench.c, fwd+bwd with dx, dW, db, N = 64, 1 thread, median of 5, ms;
+ * AMD EPYC with AVX-512, a 2-core VM shared with other jobs, so +-15%):
+ *   shape                      im2col   dnnl(any)  dnnl(plain nchw)
+ *   lenet 1->6 5x5 @28          7.0      9.0        6.2
+ *   lenet 6->16 5x5 @14         3.0      1.8        3.7
+ *   vgg 1->16 @32               7.5      9.4       13.0
+ *   vgg 16->16 @32             27.2     28.7       58.5
+ *   vgg 16->32 @16             14.1      7.2       19.5
+ *   vgg 32->32 @16             23.6     10.1       29.9
+ *   vgg 32->64 @8              10.5      4.3        7.8
+ *   vgg 64->64 @8              15.3      6.8       12.7
+ *   vgg 64->128 @4              7.2      3.1        5.7
+ *   vgg 128->128 @4            13.5      6.2        9.9
+ *   vgg 128->128 @2             3.9      1.6        6.3
+ *   resnet 1->16 @32 (no bias)  2.0      3.2        2.7
+ *   resnet 16->16 @32          20.2     10.9       29.0
+ *   resnet 16->32 s2 @32        9.8      7.1       12.4
+ *   resnet 16->32 1x1 s2        3.1      6.9        3.0
+ *   resnet 32->32 @16          29.6     14.3       56.0
+ *   resnet 32->64 s2 @16       11.8      6.3        9.4
+ *   resnet 32->64 1x1 s2        1.1      0.9        1.1
+ *   resnet 64->64 @8           20.3      9.4       19.4
+ * oneDNN with its blocked layouts wins by ~2x wherever there are >= 6 input channels and
+ * a spatial kernel (the reorders to/from NCHW included); im2col wins for one input
+ * channel (oneDNN's blocked layouts pad C = 1 to 16) and for thin 1x1 convolutions (where
+ * the reorders dominate). Plain-layout oneDNN never wins by enough to keep. So
+ * conv_pick: im2col if c == 1 or (1x1 kernel and c < 32), else oneDNN (any layouts).
  *
  * Candidate (b), im2col + OpenBLAS sgemm: a chunk of nb samples is unfolded into
  * col (C*R*S, nb*OH*OW) and multiplied by W (K, C*R*S) in one GEMM; nb is chosen so that
@@ -27,8 +57,8 @@ typedef struct ConvImpl {
 
 /* The measured choice (see the table at the top of this file). */
 static int conv_pick(const KConv *cv) {
-    (void)cv;
-    return KCONV_IM2COL;
+    if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32)) return KCONV_IM2COL;
+    return KCONV_DNNL;
 }
 
 int kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
