@@ -4,6 +4,8 @@
  * _ref backward against central finite differences of the _ref forward through a random
  * linear functional L = sum(r * y). Convolution: test_kernels_conv.c; LSTM:
  * test_kernels_lstm.c. */
+#include <cblas.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -440,11 +442,27 @@ static void test_bn(void **state) {
     check_bn(5, 2, 1);   // (N, C) input as after a linear layer
 }
 
+/* ---- threads ------------------------------------------------------------------------ */
+static void test_set_threads(void **state) {
+    (void)state;
+    int (*omp_max)(void) = NULL;
+    void *h = dlopen("libgomp.so.1", RTLD_LAZY);   // loaded by libdnnl
+    if (h) *(void **)&omp_max = dlsym(h, "omp_get_max_threads");
+    kern_set_threads(2);
+    assert_int_equal(openblas_get_num_threads(), 2);
+    if (omp_max) assert_int_equal(omp_max(), 2);
+    kern_set_threads(1);
+    assert_int_equal(openblas_get_num_threads(), 1);
+    if (omp_max) assert_int_equal(omp_max(), 1);
+    assert_non_null(omp_max);   // libgomp is there (libdnnl links it): the setting reached oneDNN
+    if (h) dlclose(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear), cmocka_unit_test(test_relu), cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_gap),    cmocka_unit_test(test_dropout), cmocka_unit_test(test_pad),
-        cmocka_unit_test(test_xent),   cmocka_unit_test(test_bn),
+        cmocka_unit_test(test_xent),   cmocka_unit_test(test_bn),      cmocka_unit_test(test_set_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -125,7 +125,7 @@ static void test_conv_model_shapes(void **state) {
         {4, 2, 16, 32, 32, 32, 3, 3, 2, 1, 0, 0, 0},  // resnet20 downsampling 3x3
         {4, 2, 32, 16, 16, 64, 1, 1, 2, 0, 0, 0, 0},  // resnet20 1x1 shortcut
     };
-    for (int algo = 0; algo < KCONV_ALGO_COUNT; algo++)
+    for (int algo = KCONV_IM2COL; algo <= KCONV_DNNL; algo++)   // the two that kern_conv2d_init picks from
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], algo, 1000 * (i + 1), 0);
 }
 
@@ -140,11 +140,28 @@ static void test_conv_bad_shapes(void **state) {
     kern_conv2d_release(&cv);
 }
 
+/* kern_conv2d_init's measured choice (see conv.c). */
+static void test_conv_auto_choice(void **state) {
+    (void)state;
+    KConv cv;
+    Err err = {0};
+    assert_int_equal(kern_conv2d_init(&cv, 4, 1, 28, 28, 6, 5, 5, 1, 2, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 16, 16, 16, 32, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 32, 1, 1, 2, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
+    kern_conv2d_release(&cv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_odd_shapes),
         cmocka_unit_test(test_conv_model_shapes),
         cmocka_unit_test(test_conv_bad_shapes),
+        cmocka_unit_test(test_conv_auto_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
