@@ -19,6 +19,8 @@ static int cmd_version(int argc, char **argv) {
 static const CliCommand COMMANDS[] = {
     /* one line per subcommand; keep this order (the user's path) */
     {"version", "print the version", cmd_version},
+    {"train", "train a model on one worker (no pipeline)", cmd_train},
+    {"bench", "time training steps of a model on synthetic data", cmd_bench},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 
