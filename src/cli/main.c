@@ -21,6 +21,7 @@ static const CliCommand COMMANDS[] = {
     {"version", "print the version", cmd_version},
     {"train", "train a model on one worker (no pipeline)", cmd_train},
     {"bench", "time training steps of a model on synthetic data", cmd_bench},
+    {"plan", "partition a profile into pipeline stages over a cluster", cmd_plan},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

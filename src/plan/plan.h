@@ -25,7 +25,13 @@ typedef struct Cluster {
     double memory_per_worker;   /* bytes; 0 = unlimited */
 } Cluster;
 
+/* Reads a cluster JSON file (docs/formats.md). On error returns non-zero with err naming
+ * the file and key; *out is zeroed. */
 int cluster_load(const char *path, Cluster *out, Err *err);
+struct cJSON;
+int cluster_from_json(const struct cJSON *o, const char *ctx, Cluster *out, Err *err);
+/* Checks 1..PD_MAX_LEVELS levels, workers >= 1, bandwidth > 0, latency >= 0, memory >= 0. */
+int cluster_check(const Cluster *cl, Err *err);
 int cluster_total_workers(const Cluster *cl);
 /* The level whose link joins ranks a and b (ranks numbered innermost-first): the
  * outermost level at which their groups differ; -1 if a == b. */
@@ -39,6 +45,10 @@ typedef struct PlanOpts {
     int allow_idle;                /* authors' --use_fewer_machines */
     double memory_limit;           /* bytes; 0 = no memory constraint */
     double activation_compression; /* authors' ratio; 0 = unset (compat: transfers ignored) */
+    /* Added after the first contract (zero = the default): */
+    int overlap_allreduce;         /* ours: stage time max(compute, all-reduce) instead of the sum */
+    int no_pruning;                /* testing: the compat DP's plain inner loops, no bounds */
+    long max_states;               /* limit on cut states (0 = 4,000,000) */
 } PlanOpts;
 
 typedef struct PlanStage {
@@ -63,14 +73,33 @@ typedef struct Plan {
     PlanOpts opts;
     Cluster cluster;
     uint32_t profile_checksum;
+    /* Added: the profile's edges (NULL/0 for a chain), so plan_validate can check that
+     * DAG stages are contiguous (no edge goes to an earlier stage). */
+    int n_edges;
+    int (*edges)[2];
 } Plan;
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
 Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *err);
 void  plan_free(Plan *p);    /* NULL is fine */
-/* Checks every layer in exactly one stage, contiguous stages, replicas summing to
- * n_workers, ranks distinct; fails with a message naming the problem. */
+/* Checks every layer in exactly one stage, contiguous stages (for a chain: consecutive
+ * index ranges in order; with edges: no edge into an earlier stage), replicas >= 1
+ * summing to n_workers, ranks distinct and below n_workers, noam. Fails with a message
+ * naming the problem. */
 int   plan_validate(const Plan *p, int n_layers, Err *err);
+/* With p->opts.memory_limit > 0: fails naming the first stage whose predicted bytes per
+ * worker (plan_stage_memory) exceed it. The compat model's hierarchical memory check
+ * lives inside its DP only, so for COST_PIPEDREAM with several levels this passes. */
+int   plan_check_memory(const Plan *p, const Profile *prof, Err *err);
+/* Predicted bytes per worker of stage s: k * (activations + parameters of the stage),
+ * k = stashed minibatches: ours ceil(workers from s to the end / replicas), the authors'
+ * ceil(workers after s / replicas) (docs/planner.md). */
+double plan_stage_memory(const Plan *p, const Profile *prof, int s);
+/* Writes the human-readable table `pipedream plan` prints. */
+void  plan_print(const Plan *p, FILE *f);
+const char *plan_cost_model_name(CostModel m);
+/* COST_COUNT if name is not "ours" or "pipedream". */
+CostModel plan_cost_model_parse(const char *name);
 int   plan_save(const Plan *p, const char *path, Err *err);
 Plan *plan_load(const char *path, Err *err);
 /* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. */

@@ -1,0 +1,150 @@
+/* cmd_plan.c: `pipedream plan`: partitions a profile over a cluster (plan_new), prints
+ * the table and writes the plan JSON. Parses flags only; the work is in src/plan. */
+#include "cli.h"
+#include "plan.h"
+#include "profile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
+            "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
+            "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
+            "                      [--overlap-allreduce] [--max-states N] [-o PLAN.json]\n\n"
+            "Splits the model of PROFILE (our profile JSON or the authors' graph.txt) into pipeline\n"
+            "stages with data-parallel replicas, minimising the predicted time per minibatch.\n"
+            "Levels are innermost first: --workers 4,4 --bandwidth 1e10,1.25e9 is 4 workers per\n"
+            "server at 10 GB/s, 4 servers at 1.25 GB/s. Bandwidths in bytes/s (one level: 1e9 if\n"
+            "omitted, as in the authors' optimizer).\n\n"
+            "  --straight                 no replication: one worker per stage\n"
+            "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
+            "                             memory_per_worker; 0 = none)\n"
+            "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
+            "  --activation-compression R divide activation transfers by R (pipedream model: without\n"
+            "                             it transfers are ignored, as in the authors' optimizer)\n"
+            "  --cost-model KIND          ours (default) or pipedream (the authors' optimizer, exactly)\n"
+            "  --overlap-allreduce        ours: all-reduce overlaps compute (max instead of sum)\n"
+            "  --max-states N             limit on cut states of a DAG profile (default 4000000)\n"
+            "  -o PLAN.json               write the plan (docs/formats.md)\n");
+}
+
+/* Parses "a,b,c" into up to PD_MAX_LEVELS numbers; returns the count, or -1 (usage error printed). */
+static int parse_list(const char *opt, const char *s, int ints, double *out) {
+    int n = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (n == PD_MAX_LEVELS) {
+            cli_usage_error("plan", "%s: at most %d levels", opt, PD_MAX_LEVELS);
+            return -1;
+        }
+        if (ints) {
+            int v;
+            if (cli_parse_int("plan", opt, tok, 1, 1 << 20, &v)) return -1;
+            out[n++] = v;
+        } else {
+            if (cli_parse_double("plan", opt, tok, 0, 1e300, &out[n])) return -1;
+            if (!(out[n] > 0)) {
+                cli_usage_error("plan", "%s: bandwidth must be > 0 bytes/s, got \"%s\"", opt, tok);
+                return -1;
+            }
+            n++;
+        }
+    }
+    if (n == 0) cli_usage_error("plan", "%s needs a comma-separated list", opt);
+    return n > 0 ? n : -1;
+}
+
+int cmd_plan(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        help(stdout);
+        return CLI_OK;
+    }
+    const char *profile_path = NULL, *cluster_path = NULL, *out_path = NULL;
+    double workers[PD_MAX_LEVELS], bw[PD_MAX_LEVELS];
+    int n_workers = 0, n_bw = 0, have_mem = 0;
+    PlanOpts o;
+    memset(&o, 0, sizeof o);
+    o.cost_model = COST_OURS;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--cluster")) {
+            if (!(cluster_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--workers")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || (n_workers = parse_list(a, v, 1, workers)) < 0)
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--bandwidth")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || (n_bw = parse_list(a, v, 0, bw)) < 0) return CLI_USAGE;
+        } else if (!strcmp(a, "--straight")) {
+            o.straight = 1;
+        } else if (!strcmp(a, "--allow-idle")) {
+            o.allow_idle = 1;
+        } else if (!strcmp(a, "--overlap-allreduce")) {
+            o.overlap_allreduce = 1;
+        } else if (!strcmp(a, "--memory-limit")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 0, 1e300, &o.memory_limit))
+                return CLI_USAGE;
+            have_mem = 1;
+        } else if (!strcmp(a, "--activation-compression")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) ||
+                cli_parse_double("plan", a, v, 1e-300, 1e300, &o.activation_compression))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--cost-model")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            o.cost_model = plan_cost_model_parse(v);
+            if (o.cost_model == COST_COUNT)
+                return cli_usage_error("plan", "--cost-model: unknown kind \"%s\" (ours, pipedream)", v);
+        } else if (!strcmp(a, "--max-states")) {
+            int m;
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 2000000000, &m))
+                return CLI_USAGE;
+            o.max_states = m;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!(out_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_usage_error("plan", "unknown option \"%s\"", a);
+        } else if (!profile_path) {
+            profile_path = a;
+        } else {
+            return cli_usage_error("plan", "unexpected argument \"%s\"", a);
+        }
+    }
+    if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
+    Cluster cl;
+    memset(&cl, 0, sizeof cl);
+    Err err = {0};
+    if (cluster_path) {
+        if (n_workers || n_bw) return cli_usage_error("plan", "give either --cluster or --workers/--bandwidth, not both");
+        if (cluster_load(cluster_path, &cl, &err)) return cli_fail(&err);
+        if (!have_mem) o.memory_limit = cl.memory_per_worker;
+    } else {
+        if (!n_workers) return cli_usage_error("plan", "give --cluster FILE or --workers N1[,N2,...]");
+        if (n_bw == 0 && n_workers == 1) bw[n_bw++] = 1e9;
+        if (n_bw != n_workers)
+            return cli_usage_error("plan", "%d levels of --workers but %d --bandwidth values (one per level)",
+                                   n_workers, n_bw);
+        cl.n_levels = n_workers;
+        for (int l = 0; l < n_workers; l++) cl.level[l] = (ClusterLevel){(int)workers[l], bw[l], 0};
+        cl.memory_per_worker = o.memory_limit;
+        if (cluster_check(&cl, &err)) return cli_fail(&err);
+    }
+    Profile prof;
+    if (profile_load(profile_path, &prof, &err)) return cli_fail(&err);
+    Plan *p = plan_new(&prof, &cl, &o, &err);
+    if (!p) {
+        err_prefix(&err, "%s", profile_path);
+        profile_release(&prof);
+        return cli_fail(&err);
+    }
+    plan_print(p, stdout);
+    int rc = CLI_OK;
+    if (out_path) {
+        if (plan_save(p, out_path, &err)) rc = cli_fail(&err);
+        else printf("wrote %s\n", out_path);
+    }
+    plan_free(p);
+    profile_release(&prof);
+    return rc;
+}

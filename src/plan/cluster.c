@@ -1,0 +1,94 @@
+/* cluster.c: the cluster description (levels innermost first, memory per worker), read
+ * from JSON (docs/formats.md), and rank arithmetic over it. Knows nothing of plans. */
+#include "plan.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+int cluster_total_workers(const Cluster *cl) {
+    long t = 1;
+    for (int l = 0; l < cl->n_levels; l++) t *= cl->level[l].workers;
+    return (int)t;
+}
+
+int cluster_link_level(const Cluster *cl, int a, int b) {
+    if (a == b) return -1;
+    long span = 1;
+    for (int l = 0; l < cl->n_levels; l++) {
+        span *= cl->level[l].workers;
+        if (a / span == b / span) return l;
+    }
+    return cl->n_levels - 1; /* outside the cluster: the outermost link */
+}
+
+int cluster_check(const Cluster *cl, Err *err) {
+    if (cl->n_levels < 1 || cl->n_levels > PD_MAX_LEVELS)
+        return err_set(err, PD_EINVAL, "a cluster needs 1 to %d levels, got %d", PD_MAX_LEVELS, cl->n_levels);
+    long total = 1;
+    for (int l = 0; l < cl->n_levels; l++) {
+        const ClusterLevel *v = &cl->level[l];
+        if (v->workers < 1) return err_set(err, PD_EINVAL, "level %d: workers must be at least 1, got %d", l, v->workers);
+        if (!(v->bandwidth > 0) || !isfinite(v->bandwidth))
+            return err_set(err, PD_EINVAL, "level %d: bandwidth must be a positive number of bytes/s, got %g", l,
+                           v->bandwidth);
+        if (!(v->latency >= 0) || !isfinite(v->latency))
+            return err_set(err, PD_EINVAL, "level %d: latency must be >= 0 seconds, got %g", l, v->latency);
+        total *= v->workers;
+        if (total > 1 << 20) return err_set(err, PD_EINVAL, "more than %d workers in the cluster", 1 << 20);
+    }
+    if (!(cl->memory_per_worker >= 0) || !isfinite(cl->memory_per_worker))
+        return err_set(err, PD_EINVAL, "memory_per_worker must be >= 0 bytes (0 = unlimited), got %g",
+                       cl->memory_per_worker);
+    return PD_OK;
+}
+
+int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    JObj j;
+    int rc;
+    const char *fmt;
+    if ((rc = jobj_init(&j, root, err, "%s", path))) return rc;
+    if (jobj_has(&j, "format")) {
+        if ((rc = jobj_str(&j, "format", 1, &fmt, err))) return rc;
+        if (strcmp(fmt, "pipedream-cluster") != 0)
+            return err_set(err, PD_EINVAL, "%s: key \"format\": expected \"pipedream-cluster\", got \"%s\"", path, fmt);
+    }
+    int version = 1;
+    if ((rc = jobj_int(&j, "version", 0, 1, 1, &version, err))) return rc;
+    const cJSON *levels = jobj_get(&j, "levels");
+    if (!levels || !cJSON_IsArray(levels) || cJSON_GetArraySize(levels) < 1)
+        return err_set(err, PD_EINVAL, "%s: key \"levels\": expected a non-empty array of levels, innermost first",
+                       path);
+    if (cJSON_GetArraySize(levels) > PD_MAX_LEVELS)
+        return err_set(err, PD_EINVAL, "%s: key \"levels\": at most %d levels", path, PD_MAX_LEVELS);
+    int l = 0;
+    for (const cJSON *c = levels->child; c; c = c->next, l++) {
+        JObj lj;
+        ClusterLevel *v = &out->level[l];
+        if ((rc = jobj_init(&lj, c, err, "%s: level %d", path, l))) return rc;
+        if ((rc = jobj_int(&lj, "workers", 1, 1, 1 << 20, &v->workers, err))) return rc;
+        if ((rc = jobj_num(&lj, "bandwidth", 1, 1e-300, 1e300, &v->bandwidth, err))) return rc;
+        if ((rc = jobj_num(&lj, "latency", 0, 0, 1e30, &v->latency, err))) return rc;
+        if ((rc = jobj_done(&lj, err))) return rc;
+    }
+    out->n_levels = l;
+    if ((rc = jobj_num(&j, "memory_per_worker", 0, 0, 1e300, &out->memory_per_worker, err))) return rc;
+    if ((rc = jobj_done(&j, err))) return rc;
+    if ((rc = cluster_check(out, err))) return err_prefix(err, "%s", path);
+    return PD_OK;
+}
+
+int cluster_load(const char *path, Cluster *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    char *text;
+    size_t len;
+    int rc = pd_read_file(path, 1 << 20, &text, &len, err);
+    if (rc) return rc;
+    cJSON *root = cJSON_Parse(text);
+    pd_free(text);
+    if (!root) return err_set(err, PD_EINVAL, "%s: not valid JSON", path);
+    rc = cluster_from_json(root, path, out, err);
+    cJSON_Delete(root);
+    return rc;
+}

@@ -1,0 +1,508 @@
+/* plan.c: plan_new (profile + cluster -> stages, replicas, ranks), the checks a plan must
+ * pass before it is written, the plan JSON (docs/formats.md) and the printed table. The
+ * dynamic programs live in plan_compat.c and plan_ours.c, the cut states in
+ * plan_graph.c. Runs nothing; see schedule.h. */
+#include "plan_impl.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *COST_NAMES[] = {"ours", "pipedream"};
+_Static_assert(sizeof COST_NAMES / sizeof COST_NAMES[0] == COST_COUNT, "one name per cost model");
+
+const char *plan_cost_model_name(CostModel m) { return m >= 0 && m < COST_COUNT ? COST_NAMES[m] : "?"; }
+
+CostModel plan_cost_model_parse(const char *name) {
+    for (int i = 0; i < COST_COUNT; i++)
+        if (!strcmp(name, COST_NAMES[i])) return (CostModel)i;
+    return COST_COUNT;
+}
+
+void plan_free(Plan *p) {
+    if (!p) return;
+    for (int s = 0; s < p->n_stages && p->stages; s++) {
+        free(p->stages[s].layers);
+        free(p->stages[s].ranks);
+    }
+    free(p->stages);
+    free(p->edges);
+    free(p);
+}
+
+int plan_stage_of_rank(const Plan *p, int rank, int *replica) {
+    for (int s = 0; s < p->n_stages; s++)
+        for (int r = 0; r < p->stages[s].replicas; r++)
+            if (p->stages[s].ranks[r] == rank) {
+                if (replica) *replica = r;
+                return s;
+            }
+    return -1;
+}
+
+int plan_validate(const Plan *p, int n_layers, Err *err) {
+    if (p->n_stages < 1) return err_set(err, PD_EINVAL, "plan has no stages");
+    if (p->n_layers != n_layers)
+        return err_set(err, PD_EINVAL, "plan is for %d layers but the profile has %d", p->n_layers, n_layers);
+    int *stage_of = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1));
+    PD_ASSERT(stage_of);
+    for (int i = 0; i < n_layers; i++) stage_of[i] = -1;
+    int rc = PD_OK, workers = 0;
+    for (int s = 0; s < p->n_stages && !rc; s++) {
+        const PlanStage *st = &p->stages[s];
+        if (st->n_layers < 1) rc = err_set(err, PD_EINVAL, "stage %d has no layers", s);
+        for (int q = 0; q < st->n_layers && !rc; q++) {
+            int l = st->layers[q];
+            if (l < 0 || l >= n_layers)
+                rc = err_set(err, PD_EINVAL, "stage %d names layer %d, but there are %d layers", s, l, n_layers);
+            else if (stage_of[l] >= 0)
+                rc = err_set(err, PD_EINVAL, "layer %d is in stage %d and in stage %d", l, stage_of[l], s);
+            else if (q > 0 && l <= st->layers[q - 1])
+                rc = err_set(err, PD_EINVAL, "stage %d: layers are not in ascending order", s);
+            else
+                stage_of[l] = s;
+        }
+        if (!rc && st->replicas < 1) rc = err_set(err, PD_EINVAL, "stage %d has %d replicas", s, st->replicas);
+        workers += st->replicas;
+    }
+    for (int l = 0; l < n_layers && !rc; l++)
+        if (stage_of[l] < 0) rc = err_set(err, PD_EINVAL, "layer %d is in no stage", l);
+    if (!rc && p->n_edges == 0) {
+        for (int l = 1; l < n_layers && !rc; l++)
+            if (stage_of[l] != stage_of[l - 1] && stage_of[l] != stage_of[l - 1] + 1)
+                rc = err_set(err, PD_EINVAL, "stages are not contiguous: layer %d is in stage %d, layer %d in stage %d",
+                             l - 1, stage_of[l - 1], l, stage_of[l]);
+    }
+    for (int e = 0; e < p->n_edges && !rc; e++) {
+        int a = p->edges[e][0], b = p->edges[e][1];
+        if (a < 0 || a >= n_layers || b < 0 || b >= n_layers)
+            rc = err_set(err, PD_EINVAL, "plan edge %d names an unknown layer", e);
+        else if (stage_of[b] < stage_of[a])
+            rc = err_set(err, PD_EINVAL, "stages are not contiguous: layer %d (stage %d) feeds layer %d (stage %d)", a,
+                         stage_of[a], b, stage_of[b]);
+    }
+    if (!rc && workers != p->n_workers)
+        rc = err_set(err, PD_EINVAL, "replicas sum to %d but the plan uses %d workers", workers, p->n_workers);
+    if (!rc && cluster_total_workers(&p->cluster) < workers)
+        rc = err_set(err, PD_EINVAL, "the plan uses %d workers but the cluster has %d", workers,
+                     cluster_total_workers(&p->cluster));
+    if (!rc) {
+        char *seen = calloc((size_t)workers + 1, 1);
+        PD_ASSERT(seen);
+        for (int s = 0; s < p->n_stages && !rc; s++)
+            for (int r = 0; r < p->stages[s].replicas && !rc; r++) {
+                int k = p->stages[s].ranks[r];
+                if (k < 0 || k >= workers)
+                    rc = err_set(err, PD_EINVAL, "stage %d: rank %d is outside 0..%d", s, k, workers - 1);
+                else if (seen[k])
+                    rc = err_set(err, PD_EINVAL, "rank %d runs two stages", k);
+                else
+                    seen[k] = 1;
+            }
+        free(seen);
+    }
+    if (!rc) {
+        int r0 = p->stages[0].replicas;
+        if (p->noam != (workers + r0 - 1) / r0)
+            rc = err_set(err, PD_EINVAL, "noam is %d, expected ceil(%d / %d) = %d", p->noam, workers, r0,
+                         (workers + r0 - 1) / r0);
+    }
+    free(stage_of);
+    return rc;
+}
+
+double plan_stage_memory(const Plan *p, const Profile *prof, int s) {
+    const PlanStage *st = &p->stages[s];
+    double act = 0, par = 0;
+    for (int q = 0; q < st->n_layers; q++) {
+        const ProfileLayer *l = &prof->layers[st->layers[q]];
+        int is_input = !strncmp(l->type, "Input", 5);
+        if (is_input) continue; /* zeroed by the planner, as in the authors' optimizer */
+        act += l->act_bytes;
+        par += l->param_bytes;
+    }
+    int through = 0;
+    for (int t = 0; t <= s; t++) through += p->stages[t].replicas;
+    int r = st->replicas;
+    if (p->opts.cost_model == COST_PIPEDREAM) {
+        int N = cluster_total_workers(&p->cluster);
+        return ceil((double)(N - through) / (double)r) * (act + par);
+    }
+    return plan_ours_stash(p->n_workers - through + r, r, act, par);
+}
+
+int plan_check_memory(const Plan *p, const Profile *prof, Err *err) {
+    if (!(p->opts.memory_limit > 0)) return PD_OK;
+    if (p->opts.cost_model == COST_PIPEDREAM && p->cluster.n_levels > 1) return PD_OK;
+    for (int s = 0; s < p->n_stages; s++) {
+        double m = plan_stage_memory(p, prof, s);
+        if (m > p->opts.memory_limit)
+            return err_set(err, PD_EINVAL, "stage %d needs %.4g bytes per worker, over the memory limit of %.4g", s, m,
+                           p->opts.memory_limit);
+    }
+    return PD_OK;
+}
+
+static int opts_check(const PlanOpts *o, Err *err) {
+    if (o->cost_model < 0 || o->cost_model >= COST_COUNT)
+        return err_set(err, PD_EINVAL, "unknown cost model %d", (int)o->cost_model);
+    if (!(o->memory_limit >= 0) || !isfinite(o->memory_limit))
+        return err_set(err, PD_EINVAL, "memory limit must be >= 0 bytes, got %g", o->memory_limit);
+    if (!(o->activation_compression >= 0) || !isfinite(o->activation_compression))
+        return err_set(err, PD_EINVAL, "activation compression ratio must be > 0, got %g", o->activation_compression);
+    return PD_OK;
+}
+
+Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *err) {
+    if (cluster_check(cl, err) || opts_check(o, err)) return NULL;
+    PGraph g;
+    PStates s;
+    PSolution sol;
+    memset(&sol, 0, sizeof sol);
+    memset(&s, 0, sizeof s);
+    if (pgraph_build(prof, &g, err)) return NULL;
+    Plan *p = NULL;
+    int rc = pstates_build(&g, o->max_states > 0 ? o->max_states : 4000000, &s, err);
+    if (!rc) rc = o->cost_model == COST_PIPEDREAM ? plan_dp_compat(&s, cl, o, &sol, err) : plan_dp_ours(&s, cl, o, &sol, err);
+    if (rc) goto done;
+    if (sol.pipeline_s <= 0 || !isfinite(sol.pipeline_s)) {
+        rc = err_set(err, PD_EINVAL, "every layer has zero compute time: nothing to balance (the authors' optimizer "
+                     "divides by zero here)");
+        goto done;
+    }
+    const int L = prof->n_layers;
+    int *stage_of = malloc(sizeof(int) * (size_t)L);
+    PD_ASSERT(stage_of);
+    for (int l = 0; l < L; l++) {
+        int v = g.node_of_layer[l];
+        stage_of[l] = -1;
+        if (v < 0) continue;
+        for (int q = 0; q < sol.n_stages; q++) {
+            const PStageRange *st = &sol.st[q];
+            int in_to = s.down[(size_t)st->to * s.words + v / 64] >> (v % 64) & 1;
+            int in_from = st->from >= 0 && (s.down[(size_t)st->from * s.words + v / 64] >> (v % 64) & 1);
+            if (in_to && !in_from) {
+                stage_of[l] = q;
+                break;
+            }
+        }
+        PD_ASSERT(stage_of[l] >= 0);
+    }
+    /* Removed layers: Input sources go to stage 0 (as the authors do); an unused
+     * __getitem__ output goes with the latest stage that feeds it. */
+    for (int l = 0; l < L; l++) {
+        if (g.node_of_layer[l] >= 0) continue;
+        int st = 0;
+        if (prof->n_edges == 0) {
+            st = l > 0 ? stage_of[l - 1] : 0;
+        } else {
+            for (int e = 0; e < prof->n_edges; e++)
+                if (prof->edges[e][1] == l && stage_of[prof->edges[e][0]] > st) st = stage_of[prof->edges[e][0]];
+        }
+        stage_of[l] = st < 0 ? 0 : st;
+    }
+    p = calloc(1, sizeof *p);
+    PD_ASSERT(p);
+    snprintf(p->model, sizeof p->model, "%s", prof->model);
+    p->n_layers = L;
+    p->n_stages = sol.n_stages;
+    p->stages = calloc((size_t)sol.n_stages, sizeof *p->stages);
+    PD_ASSERT(p->stages);
+    int rank = 0;
+    for (int q = 0; q < sol.n_stages; q++) {
+        PlanStage *st = &p->stages[q];
+        st->layers = malloc(sizeof(int) * (size_t)L);
+        PD_ASSERT(st->layers);
+        for (int l = 0; l < L; l++)
+            if (stage_of[l] == q) {
+                st->layers[st->n_layers++] = l;
+                if (g.node_of_layer[l] >= 0) st->compute_s += prof->layers[l].fwd_s + prof->layers[l].bwd_s;
+            }
+        st->replicas = sol.st[q].replicas;
+        st->ranks = malloc(sizeof(int) * (size_t)st->replicas);
+        PD_ASSERT(st->ranks);
+        for (int r = 0; r < st->replicas; r++) st->ranks[r] = rank++;
+        st->time_s = sol.st[q].time_s;
+    }
+    free(stage_of);
+    p->n_workers = rank;
+    p->noam = (rank + p->stages[0].replicas - 1) / p->stages[0].replicas;
+    p->pipeline_s = sol.pipeline_s;
+    p->single_s = sol.single_s;
+    p->dp_s = sol.dp_s;
+    p->opts = *o;
+    p->opts.no_pruning = 0;
+    p->opts.max_states = 0;
+    p->cluster = *cl;
+    p->profile_checksum = prof->checksum;
+    if (!profile_is_chain(prof)) {
+        p->n_edges = prof->n_edges;
+        p->edges = malloc(sizeof(int[2]) * (size_t)prof->n_edges);
+        PD_ASSERT(p->edges);
+        memcpy(p->edges, prof->edges, sizeof(int[2]) * (size_t)prof->n_edges);
+    }
+    rc = plan_validate(p, L, err);
+    if (rc) err_prefix(err, "internal error: the planner made an invalid plan");
+    PD_ASSERTF(rc == PD_OK, "%s", err ? err->msg : "invalid plan");
+    rc = plan_check_memory(p, prof, err);
+done:
+    psolution_release(&sol);
+    pstates_release(&s);
+    pgraph_release(&g);
+    if (rc) {
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+int plan_save(const Plan *p, const char *path, Err *err) {
+    int rc = plan_validate(p, p->n_layers, err);
+    if (rc) return err_prefix(err, "%s: refusing to write an invalid plan", path);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", "pipedream-plan");
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddStringToObject(root, "model", p->model);
+    char crc[16];
+    snprintf(crc, sizeof crc, "%08x", p->profile_checksum);
+    cJSON_AddStringToObject(root, "profile_crc32", crc);
+    cJSON_AddNumberToObject(root, "n_layers", p->n_layers);
+    cJSON *cm = cJSON_AddObjectToObject(root, "cost_model");
+    cJSON_AddStringToObject(cm, "kind", plan_cost_model_name(p->opts.cost_model));
+    cJSON_AddBoolToObject(cm, "straight", p->opts.straight);
+    cJSON_AddBoolToObject(cm, "allow_idle", p->opts.allow_idle);
+    cJSON_AddNumberToObject(cm, "memory_limit", p->opts.memory_limit);
+    cJSON_AddNumberToObject(cm, "activation_compression", p->opts.activation_compression);
+    cJSON_AddBoolToObject(cm, "overlap_allreduce", p->opts.overlap_allreduce);
+    cJSON *clj = cJSON_AddObjectToObject(root, "cluster");
+    cJSON *lv = cJSON_AddArrayToObject(clj, "levels");
+    for (int l = 0; l < p->cluster.n_levels; l++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "workers", p->cluster.level[l].workers);
+        cJSON_AddNumberToObject(o, "bandwidth", p->cluster.level[l].bandwidth);
+        cJSON_AddNumberToObject(o, "latency", p->cluster.level[l].latency);
+        cJSON_AddItemToArray(lv, o);
+    }
+    cJSON_AddNumberToObject(clj, "memory_per_worker", p->cluster.memory_per_worker);
+    cJSON_AddNumberToObject(root, "n_workers", p->n_workers);
+    cJSON_AddNumberToObject(root, "noam", p->noam);
+    cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
+    cJSON_AddNumberToObject(pr, "pipeline_s", p->pipeline_s);
+    cJSON_AddNumberToObject(pr, "single_worker_s", p->single_s);
+    cJSON_AddNumberToObject(pr, "data_parallel_s", p->dp_s);
+    cJSON_AddNumberToObject(pr, "speedup_over_single", p->single_s / p->pipeline_s);
+    cJSON_AddNumberToObject(pr, "speedup_over_data_parallel", p->dp_s / p->pipeline_s);
+    cJSON *stages = cJSON_AddArrayToObject(root, "stages");
+    for (int s = 0; s < p->n_stages; s++) {
+        const PlanStage *st = &p->stages[s];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "layers", cJSON_CreateIntArray(st->layers, st->n_layers));
+        cJSON_AddNumberToObject(o, "replicas", st->replicas);
+        cJSON_AddItemToObject(o, "ranks", cJSON_CreateIntArray(st->ranks, st->replicas));
+        cJSON_AddNumberToObject(o, "compute_s", st->compute_s);
+        cJSON_AddNumberToObject(o, "time_s", st->time_s);
+        cJSON_AddItemToArray(stages, o);
+    }
+    if (p->n_edges > 0) {
+        cJSON *edges = cJSON_AddArrayToObject(root, "edges");
+        for (int e = 0; e < p->n_edges; e++) cJSON_AddItemToArray(edges, cJSON_CreateIntArray(p->edges[e], 2));
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    PD_ASSERT(text);
+    size_t n = strlen(text);
+    text = realloc(text, n + 2);
+    PD_ASSERT(text);
+    text[n] = '\n';
+    text[n + 1] = 0;
+    rc = pd_write_file_atomic(path, text, n + 1, err);
+    free(text);
+    return rc;
+}
+
+/* Reads an array of ints into a fresh buffer of *n entries. */
+static int int_array(const cJSON *a, const char *ctx, const char *key, int **out, int *n, Err *err) {
+    if (!a || !cJSON_IsArray(a)) return err_set(err, PD_EINVAL, "%s: key \"%s\": expected an array of integers", ctx, key);
+    *n = cJSON_GetArraySize(a);
+    *out = malloc(sizeof(int) * (size_t)(*n > 0 ? *n : 1));
+    PD_ASSERT(*out);
+    int i = 0;
+    for (const cJSON *c = a->child; c; c = c->next, i++) {
+        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || fabs(c->valuedouble) > 1e9)
+            return err_set(err, PD_EINVAL, "%s: key \"%s\": element %d is not an integer", ctx, key, i);
+        (*out)[i] = (int)c->valuedouble;
+    }
+    return PD_OK;
+}
+
+Plan *plan_load(const char *path, Err *err) {
+    char *text;
+    size_t len;
+    if (pd_read_file(path, (size_t)64 << 20, &text, &len, err)) return NULL;
+    cJSON *root = cJSON_Parse(text);
+    pd_free(text);
+    if (!root) {
+        err_set(err, PD_EINVAL, "%s: not valid JSON", path);
+        return NULL;
+    }
+    Plan *p = calloc(1, sizeof *p);
+    PD_ASSERT(p);
+    int rc;
+    JObj j, cj, pj;
+    const char *s;
+    double dummy;
+    if ((rc = jobj_init(&j, root, err, "%s", path))) goto done;
+    if ((rc = jobj_str(&j, "format", 1, &s, err))) goto done;
+    if (strcmp(s, "pipedream-plan")) {
+        rc = err_set(err, PD_EINVAL, "%s: key \"format\": expected \"pipedream-plan\", got \"%s\"", path, s);
+        goto done;
+    }
+    int version;
+    if ((rc = jobj_int(&j, "version", 1, 1, 1, &version, err))) goto done;
+    if ((rc = jobj_str(&j, "model", 1, &s, err))) goto done;
+    snprintf(p->model, sizeof p->model, "%s", s);
+    if ((rc = jobj_str(&j, "profile_crc32", 1, &s, err))) goto done;
+    {
+        char *end;
+        unsigned long v = strtoul(s, &end, 16);
+        if (end == s || *end || v > 0xffffffffUL) {
+            rc = err_set(err, PD_EINVAL, "%s: key \"profile_crc32\": expected 8 hex digits", path);
+            goto done;
+        }
+        p->profile_checksum = (uint32_t)v;
+    }
+    if ((rc = jobj_int(&j, "n_layers", 1, 1, 1 << 30, &p->n_layers, err))) goto done;
+    if ((rc = jobj_init(&cj, jobj_get(&j, "cost_model"), err, "%s: cost_model", path))) goto done;
+    if ((rc = jobj_str(&cj, "kind", 1, &s, err))) goto done;
+    p->opts.cost_model = plan_cost_model_parse(s);
+    if (p->opts.cost_model == COST_COUNT) {
+        rc = err_set(err, PD_EINVAL, "%s: cost_model: unknown kind \"%s\" (ours, pipedream)", path, s);
+        goto done;
+    }
+    if ((rc = jobj_bool(&cj, "straight", 1, &p->opts.straight, err)) ||
+        (rc = jobj_bool(&cj, "allow_idle", 1, &p->opts.allow_idle, err)) ||
+        (rc = jobj_num(&cj, "memory_limit", 1, 0, 1e300, &p->opts.memory_limit, err)) ||
+        (rc = jobj_num(&cj, "activation_compression", 1, 0, 1e300, &p->opts.activation_compression, err)) ||
+        (rc = jobj_bool(&cj, "overlap_allreduce", 0, &p->opts.overlap_allreduce, err)) || (rc = jobj_done(&cj, err)))
+        goto done;
+    {
+        char ctx[300];
+        snprintf(ctx, sizeof ctx, "%s: cluster", path);
+        if ((rc = cluster_from_json(jobj_get(&j, "cluster"), ctx, &p->cluster, err))) goto done;
+    }
+    if ((rc = jobj_int(&j, "n_workers", 1, 1, 1 << 20, &p->n_workers, err))) goto done;
+    if ((rc = jobj_int(&j, "noam", 1, 1, 1 << 20, &p->noam, err))) goto done;
+    if ((rc = jobj_init(&pj, jobj_get(&j, "predicted"), err, "%s: predicted", path))) goto done;
+    if ((rc = jobj_num(&pj, "pipeline_s", 1, 0, 1e300, &p->pipeline_s, err)) ||
+        (rc = jobj_num(&pj, "single_worker_s", 1, 0, 1e300, &p->single_s, err)) ||
+        (rc = jobj_num(&pj, "data_parallel_s", 1, 0, 1e300, &p->dp_s, err)) ||
+        (rc = jobj_num(&pj, "speedup_over_single", 0, 0, 1e300, &dummy, err)) ||
+        (rc = jobj_num(&pj, "speedup_over_data_parallel", 0, 0, 1e300, &dummy, err)) || (rc = jobj_done(&pj, err)))
+        goto done;
+    const cJSON *stages = jobj_get(&j, "stages");
+    if (!stages || !cJSON_IsArray(stages) || cJSON_GetArraySize(stages) < 1) {
+        rc = err_set(err, PD_EINVAL, "%s: key \"stages\": expected a non-empty array", path);
+        goto done;
+    }
+    p->n_stages = cJSON_GetArraySize(stages);
+    p->stages = calloc((size_t)p->n_stages, sizeof *p->stages);
+    PD_ASSERT(p->stages);
+    int si = 0;
+    for (const cJSON *c = stages->child; c; c = c->next, si++) {
+        PlanStage *st = &p->stages[si];
+        JObj sj;
+        char ctx[300];
+        snprintf(ctx, sizeof ctx, "%s: stage %d", path, si);
+        int nr = 0;
+        if ((rc = jobj_init(&sj, c, err, "%s", ctx))) goto done;
+        if ((rc = int_array(jobj_get(&sj, "layers"), ctx, "layers", &st->layers, &st->n_layers, err))) goto done;
+        if ((rc = jobj_int(&sj, "replicas", 1, 1, 1 << 20, &st->replicas, err))) goto done;
+        if ((rc = int_array(jobj_get(&sj, "ranks"), ctx, "ranks", &st->ranks, &nr, err))) goto done;
+        if (nr != st->replicas) {
+            rc = err_set(err, PD_EINVAL, "%s: %d ranks for %d replicas", ctx, nr, st->replicas);
+            goto done;
+        }
+        if ((rc = jobj_num(&sj, "compute_s", 1, 0, 1e300, &st->compute_s, err)) ||
+            (rc = jobj_num(&sj, "time_s", 1, 0, 1e300, &st->time_s, err)) || (rc = jobj_done(&sj, err)))
+            goto done;
+    }
+    const cJSON *edges = jobj_get(&j, "edges");
+    if (edges) {
+        if (!cJSON_IsArray(edges)) {
+            rc = err_set(err, PD_EINVAL, "%s: key \"edges\": expected an array of [src, dst] pairs", path);
+            goto done;
+        }
+        p->n_edges = cJSON_GetArraySize(edges);
+        p->edges = malloc(sizeof(int[2]) * (size_t)(p->n_edges + 1));
+        PD_ASSERT(p->edges);
+        int e = 0;
+        for (const cJSON *c = edges->child; c; c = c->next, e++) {
+            const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
+            if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b)) {
+                rc = err_set(err, PD_EINVAL, "%s: edge %d: expected [src, dst]", path, e);
+                goto done;
+            }
+            p->edges[e][0] = (int)a->valuedouble;
+            p->edges[e][1] = (int)b->valuedouble;
+        }
+    }
+    if ((rc = jobj_done(&j, err))) goto done;
+    if ((rc = plan_validate(p, p->n_layers, err))) err_prefix(err, "%s", path);
+done:
+    cJSON_Delete(root);
+    if (rc) {
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* ---- the printed table ----------------------------------------------------------- */
+
+/* "0-25,27,30-31" into buf. */
+static void ranges(const int *v, int n, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && len + 24 < cap;) {
+        int j = i;
+        while (j + 1 < n && v[j + 1] == v[j] + 1) j++;
+        len += (size_t)snprintf(buf + len, cap - len, j > i ? "%s%d-%d" : "%s%d", i ? "," : "", v[i], v[j]);
+        i = j + 1;
+        if (i < n && len + 24 >= cap) snprintf(buf + len, cap - len, ",...");
+    }
+}
+
+void plan_print(const Plan *p, FILE *f) {
+    char cl[256] = "";
+    size_t len = 0;
+    for (int l = 0; l < p->cluster.n_levels; l++)
+        len += (size_t)snprintf(cl + len, sizeof cl - len, "%s%d x %.3g B/s", l ? ", " : "",
+                                p->cluster.level[l].workers, p->cluster.level[l].bandwidth);
+    fprintf(f, "plan for %s: %d stage%s on %d of %d workers (levels innermost first: %s)\n", p->model, p->n_stages,
+            p->n_stages == 1 ? "" : "s", p->n_workers, cluster_total_workers(&p->cluster), cl);
+    fprintf(f, "cost model: %s%s%s", plan_cost_model_name(p->opts.cost_model), p->opts.straight ? ", straight" : "",
+            p->opts.allow_idle ? ", idle workers allowed" : "");
+    if (p->opts.memory_limit > 0) fprintf(f, ", memory limit %.4g B", p->opts.memory_limit);
+    if (p->opts.activation_compression > 0) fprintf(f, ", activation compression %g", p->opts.activation_compression);
+    if (p->opts.overlap_allreduce) fprintf(f, ", all-reduce overlapped");
+    fprintf(f, "\n\n%-6s %-24s %8s %-12s %12s %12s\n", "stage", "layers", "replicas", "ranks", "compute ms", "time ms");
+    int bott = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const PlanStage *st = &p->stages[s];
+        char lb[64], rb[48];
+        ranges(st->layers, st->n_layers, lb, sizeof lb);
+        ranges(st->ranks, st->replicas, rb, sizeof rb);
+        fprintf(f, "%-6d %-24s %8d %-12s %12.3f %12.3f\n", s, lb, st->replicas, rb, st->compute_s * 1e3,
+                st->time_s * 1e3);
+        if (st->time_s > p->stages[bott].time_s) bott = s;
+    }
+    fprintf(f, "\nbottleneck: stage %d; predicted time per minibatch: %.6f ms\n", bott, p->pipeline_s * 1e3);
+    fprintf(f, "single worker: %.6f ms; data parallel on %d workers: %.6f ms\n", p->single_s * 1e3,
+            cluster_total_workers(&p->cluster), p->dp_s * 1e3);
+    fprintf(f, "speedup over one worker: %.4fx; over data parallelism: %.4fx\n", p->single_s / p->pipeline_s,
+            p->dp_s / p->pipeline_s);
+    fprintf(f, "NOAM (minibatches admitted at start-up): %d\n", p->noam);
+}
