@@ -40,12 +40,11 @@ const char *sched_op_name(InstrOp op) {
 int sched_replica_of(const Schedule *s, int st, int u) {
     PD_ASSERT(st >= 0 && st < s->n_stages && u >= 0 && u < s->n_units);
     int r = s->stages[st].replicas;
-    switch (s->kind) {
-    case SCHED_MP: return 0;
-    case SCHED_1F1B:
-    case SCHED_DP: return u % r;
-    default: return (u % s->n_micro) % r;
-    }
+    /* Round-robin over the global unit index, also for micro-batch kinds: a replica's
+     * units must be every r-th unit for the warm-up counts to hold (assigning by the
+     * index within a minibatch skews replicas when r does not divide n_micro, and the
+     * 1F1B orders then deadlock). */
+    return s->kind == SCHED_MP ? 0 : u % r;
 }
 
 /* ---- building --------------------------------------------------------------------- */

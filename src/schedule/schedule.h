@@ -109,8 +109,7 @@ void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions)
 char *sched_worker_str(const Schedule *s, int rank, char *buf, size_t n);
 
 /* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
- * unit u (round-robin by minibatch for 1f1b, by micro-batch within the minibatch for the
- * micro-batch kinds; replica 0 for model-parallel). */
+ * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */
 static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }
 int sched_replica_of(const Schedule *s, int st, int u);
 

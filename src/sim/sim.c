@@ -450,13 +450,21 @@ static void metrics(Engine *e) {
             if (r->end[w][i] > done[k]) done[k] = r->end[w][i];
         }
     qsort(done, (size_t)nm, sizeof(double), cmp_double);
-    double t;
-    if (nm == 1) t = mk;
-    else if (nm < 8) t = (done[nm - 1] - done[0]) / (nm - 1);
-    else {
-        int lo = nm / 4, hi = nm - 1 - nm / 4;
-        t = (done[hi] - done[lo]) / (hi - lo);
+    /* Steady state: the middle half of the completions, over a whole number of periods
+     * of the round-robin pattern (lcm of the replica counts; replicas finish in bunches). */
+    long period = 1;
+    for (int i = 0; i < s->n_stages && period <= nm; i++) {
+        long a = period, b = s->stages[i].replicas;
+        while (b) {
+            long t_ = a % b;
+            a = b, b = t_;
+        }
+        period = period / a * s->stages[i].replicas;
     }
+    int lo = nm / 4;
+    long span = period <= nm ? (nm - 1 - nm / 4 - lo) / period * period : 0;
+    if (span == 0 && period <= nm) lo = 0, span = (nm - 1) / period * period;
+    double t = span > 0 ? (done[lo + span] - done[lo]) / (double)span : mk / nm;
     free(done);
     r->time_per_minibatch_s = t;
     r->time_per_unit_s = t / s->n_micro;

@@ -1,0 +1,595 @@
+/* test_sim.c: the simulator against closed forms and against the dependencies it must
+ * respect. Analytic cases: GPipe's bubble (S-1)/(m+S-1); 1f1b's steady state equals the
+ * slowest stage's f+b; replication divides the time by r plus the ring all-reduce; a
+ * bandwidth-bound link sets the period to the transfer time. Random plans of every kind
+ * complete without deadlock, every instruction's times respect its dependencies, and
+ * weight versions alive stay within the schedule's bound. Broken schedules are reported
+ * (deadlock, unmatched send), memory figures match a hand count, the SVG and Chrome
+ * trace contain every event. PD_SIM_BIG=1 also times 1024 workers x 1000 minibatches. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+/* cmocka's assert_float_equal compares floats; these figures need doubles. */
+#define assert_near(a, b, tol)                                                                          \
+    do {                                                                                                \
+        double a_ = (a), b_ = (b);                                                                      \
+        if (!(fabs(a_ - b_) <= (tol))) fail_msg("%s = %.15g, want %.15g (tolerance %g)", #a, a_, b_, (double)(tol)); \
+    } while (0)
+
+static Plan *make_plan(int n, const int *rep) {
+    Plan *p = calloc(1, sizeof *p);
+    p->n_stages = n;
+    p->n_layers = n;
+    p->stages = calloc((size_t)n, sizeof *p->stages);
+    int rank = 0;
+    for (int i = 0; i < n; i++) {
+        PlanStage *st = &p->stages[i];
+        st->n_layers = 1;
+        st->layers = malloc(sizeof(int));
+        st->layers[0] = i;
+        st->replicas = rep ? rep[i] : 1;
+        st->ranks = malloc((size_t)st->replicas * sizeof(int));
+        for (int j = 0; j < st->replicas; j++) st->ranks[j] = rank++;
+    }
+    p->n_workers = rank;
+    return p;
+}
+
+static void free_plan(Plan *p) {
+    for (int i = 0; i < p->n_stages; i++) {
+        free(p->stages[i].layers);
+        free(p->stages[i].ranks);
+    }
+    free(p->stages);
+    free(p);
+}
+
+static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
+    SchedOpts o = {k, n_mb, n_micro, vs};
+    Err err = {0};
+    if (sched_build(p, &o, s, &err)) fail_msg("sched_build: %s", err.msg);
+}
+
+static SimCosts uniform_costs(int n, double f, double b) {
+    PD_ASSERT(n > 0);
+    SimCosts c = {n, calloc((size_t)n, sizeof(SimStageCost))};
+    for (int i = 0; i < n; i++) c.stage[i] = (SimStageCost){f, b, 0, 0, 0};
+    return c;
+}
+
+static void run(const Schedule *s, const SimCosts *c, const Cluster *cl, SimResult *r) {
+    SimOpts o = {cl, 1, 0, 0};
+    Err err = {0};
+    if (sim_run(s, c, &o, r, &err)) fail_msg("sim_run: %s", err.msg);
+}
+
+static void test_gpipe_bubble(void **state) {
+    (void)state;
+    int cases[][2] = {{4, 8}, {2, 1}, {8, 32}, {5, 3}};
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        int S = cases[t][0], m = cases[t][1];
+        Plan *p = make_plan(S, NULL);
+        Schedule s;
+        build(p, SCHED_GPIPE, 5, m, 0, &s);
+        SimCosts c = uniform_costs(S, 1.0, 2.0);
+        SimResult r;
+        run(&s, &c, NULL, &r);
+        double want = (double)(S - 1) / (m + S - 1);
+        assert_near(r.bubble_fraction, want, 1e-9);
+        assert_near(r.time_per_minibatch_s, (m + S - 1) * 3.0, 1e-9);
+        assert_near(r.makespan_s, 5 * (m + S - 1) * 3.0, 1e-9);
+        for (int i = 0; i < S; i++) assert_int_equal(r.versions_alive[i], 1);
+        sim_result_release(&r);
+        sim_costs_release(&c);
+        sched_release(&s);
+        free_plan(p);
+    }
+}
+
+static void test_1f1b_steady_state(void **state) {
+    (void)state;
+    /* unequal stages: the slowest (f + b = 5) sets the period */
+    double fb[][2] = {{1, 2}, {2, 3}, {1, 1}, {0.5, 1.5}};
+    Plan *p = make_plan(4, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 64, 1, 0, &s);
+    SimCosts c = uniform_costs(4, 0, 0);
+    for (int i = 0; i < 4; i++) c.stage[i].fwd_s = fb[i][0], c.stage[i].bwd_s = fb[i][1];
+    SimResult r;
+    run(&s, &c, NULL, &r);
+    assert_near(r.time_per_minibatch_s, 5.0, 1e-9);
+    assert_near(r.minibatches_per_s, 0.2, 1e-12);
+    /* the bottleneck stage is busy nearly all the time; 1f1b stashes at most warmup versions */
+    assert_true(r.busy_fraction[1] > 0.95);
+    for (int i = 0; i < 4; i++) assert_true(r.versions_alive[i] <= s.stages[i].warmup);
+    assert_int_equal(r.versions_alive[0], 4);
+    assert_int_equal(r.versions_alive[3], 1);
+    sim_result_release(&r);
+    sched_release(&s);
+    /* equal stages: period f + b exactly, and pipelining beats model parallel by S */
+    for (int i = 0; i < 4; i++) c.stage[i].fwd_s = 1, c.stage[i].bwd_s = 2;
+    build(p, SCHED_1F1B, 64, 1, 0, &s);
+    run(&s, &c, NULL, &r);
+    assert_near(r.time_per_minibatch_s, 3.0, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    build(p, SCHED_MP, 16, 1, 0, &s);
+    run(&s, &c, NULL, &r);
+    assert_near(r.time_per_minibatch_s, 12.0, 1e-9);
+    assert_near(r.bubble_fraction, 0.75, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+static void test_replication(void **state) {
+    (void)state;
+    /* one stage replicated r times: time per minibatch (f + b + allreduce) / r */
+    Cluster cl = {1, {{64, 1e9, 1e-5}}, 0};
+    for (int r_ = 1; r_ <= 4; r_++) {
+        int rep[1] = {r_};
+        Plan *p = make_plan(1, rep);
+        Schedule s;
+        build(p, SCHED_1F1B, 64, 1, 0, &s);
+        SimCosts c = uniform_costs(1, 0.01, 0.02);
+        c.stage[0].param_bytes = 4e6;
+        SimResult r;
+        run(&s, &c, &cl, &r);
+        double ar = r_ > 1 ? 2.0 * (r_ - 1) / r_ * 4e6 / 1e9 + 2.0 * (r_ - 1) * 1e-5 : 0;
+        assert_near(r.time_per_minibatch_s, (0.03 + ar) / r_, 1e-12);
+        sim_result_release(&r);
+        sched_release(&s);
+        /* dp on the same ranks is the same computation */
+        build(p, SCHED_DP, 64, 1, 0, &s);
+        run(&s, &c, &cl, &r);
+        assert_near(r.time_per_minibatch_s, (0.03 + ar) / r_, 1e-12);
+        sim_result_release(&r);
+        sched_release(&s);
+        sim_costs_release(&c);
+        free_plan(p);
+    }
+    /* a 2x slower stage replicated twice balances the pipeline (no communication cost) */
+    int rep[2] = {2, 1};
+    Plan *p = make_plan(2, rep);
+    Schedule s;
+    build(p, SCHED_1F1B, 64, 1, 0, &s);
+    SimCosts c = uniform_costs(2, 1, 2);
+    c.stage[0].fwd_s = 2, c.stage[0].bwd_s = 4;
+    SimResult r;
+    run(&s, &c, NULL, &r);
+    assert_near(r.time_per_minibatch_s, 3.0, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+static void test_bandwidth_bound(void **state) {
+    (void)state;
+    /* the link between stages 0 and 1 carries 1 MB each way per minibatch at 1 MB/s and
+     * compute is negligible: the transfer time (latency + bytes / bandwidth) is the period */
+    Plan *p = make_plan(4, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 40, 1, 0, &s);
+    SimCosts c = uniform_costs(4, 0, 0);
+    c.stage[1].in_bytes = 1e6;
+    Cluster cl = {1, {{4, 1e6, 0.01}}, 0};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, 1.01, 1e-9);
+    /* every send is a transfer of latency + bytes / bandwidth, serialised on its link */
+    const SchedWorker *w = &s.workers[0];
+    double last_end = 0;
+    for (int i = 0; i < w->n; i++)
+        if (w->ins[i].op == OP_SEND_ACT) {
+            assert_near(r.end[0][i] - r.start[0][i], 1.01, 1e-9);
+            assert_true(r.start[0][i] >= last_end - 1e-12);
+            last_end = r.end[0][i];
+        }
+    sim_result_release(&r);
+    /* two levels: ranks 0, 1 in different level-0 groups use level 1 */
+    Cluster cl2 = {2, {{1, 1e9, 0}, {4, 2e6, 0}}, 0};
+    assert_int_equal(sim_link_level(&cl2, 0, 1), 1);
+    assert_int_equal(sim_link_level(&cl2, 1, 1), -1);
+    run(&s, &c, &cl2, &r);
+    assert_near(r.time_per_minibatch_s, 0.5, 1e-9);
+    sim_result_release(&r);
+    /* with compute c per stage the 1F1B order puts 2 transfers and the compute of one
+     * stage pair in each two-minibatch cycle: the period lies in [T, (2T + 4 f) / 2] */
+    for (int i = 0; i < 4; i++) c.stage[i].fwd_s = c.stage[i].bwd_s = 0.1;
+    run(&s, &c, &cl, &r);
+    assert_true(r.time_per_minibatch_s >= 1.01 - 1e-9);
+    assert_true(r.time_per_minibatch_s <= (2 * 1.01 + 0.4) / 2 + 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* Every instruction respects its dependencies: compute lasts its cost, a forward starts
+ * after its activation arrived, a receive ends when the matching send's transfer ends,
+ * a worker's instructions do not overlap. */
+static void check_times(const Schedule *s, const SimCosts *c, const SimResult *r) {
+    int U = s->n_units;
+    double *arrive = malloc((size_t)s->n_ranks * 0 + (size_t)U * (size_t)(s->n_stages + 1) * 2 * sizeof(double));
+    for (size_t i = 0; i < (size_t)U * (size_t)(s->n_stages + 1) * 2; i++) arrive[i] = -1;
+    for (int w = 0; w < s->n_ranks; w++)
+        for (int i = 0; i < s->workers[w].n; i++) {
+            const Instr *in = &s->workers[w].ins[i];
+            int st = s->workers[w].stage;
+            if (in->op == OP_SEND_ACT) arrive[((size_t)(st + 1) * U + in->mb) * 2] = r->end[w][i];
+            if (in->op == OP_SEND_GRAD) arrive[((size_t)(st - 1) * U + in->mb) * 2 + 1] = r->end[w][i];
+        }
+    for (int w = 0; w < s->n_ranks; w++) {
+        double t = 0;
+        int st = s->workers[w].stage;
+        for (int i = 0; i < s->workers[w].n; i++) {
+            const Instr *in = &s->workers[w].ins[i];
+            double a = r->start[w][i], b = r->end[w][i];
+            assert_true(b >= a);
+            if (in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD) {
+                assert_true(a >= t - 1e-12);   /* posted no earlier than the worker got there */
+                continue;                      /* the worker does not wait for it */
+            }
+            assert_true(a >= t - 1e-12);
+            if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+                double want = in->op == OP_FORWARD ? c->stage[st].fwd_s : c->stage[st].bwd_s;
+                if (fabs(b - a - want) > 1e-9 * (1 + b))
+                    fail_msg("%s: worker %d instruction %d (%s mb %d): %.12f - %.12f, want %.12f", sched_kind_name(s->kind),
+                             w, i, sched_op_name((InstrOp)in->op), in->mb, b, a, want);
+            }
+            if (in->op == OP_RECV_ACT || in->op == OP_RECV_GRAD) {
+                double want = fmax(a, arrive[((size_t)st * U + in->mb) * 2 + (in->op == OP_RECV_GRAD)]);
+                if (fabs(b - want) > 1e-12)
+                    fail_msg("%s: worker %d instruction %d (%s mb %d): start %.9f end %.9f, want end %.9f",
+                             sched_kind_name(s->kind), w, i, sched_op_name((InstrOp)in->op), in->mb, a, b, want);
+            }
+            t = b;
+        }
+    }
+    free(arrive);
+}
+
+static void test_random_plans(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 11, 200, 0);
+    int worst_vs = 0, vs_fail = 0;
+    for (int trial = 0; trial < 120; trial++) {
+        int S = 1 + (int)rng_below(&rng, 16), rep[16];
+        for (int i = 0; i < S; i++) rep[i] = 1 + (int)rng_below(&rng, 4);
+        Plan *p = make_plan(S, rep);
+        int N = 1 + (int)rng_below(&rng, 64);
+        SimCosts c = uniform_costs(S, 0, 0);
+        for (int i = 0; i < S; i++) {
+            c.stage[i].fwd_s = 0.5 + rng_uniform_f64(&rng);
+            c.stage[i].bwd_s = 2 * c.stage[i].fwd_s * (0.5 + rng_uniform_f64(&rng));
+            c.stage[i].param_bytes = 1e6 * rng_uniform_f64(&rng);
+            c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
+            c.stage[i].stash_bytes = 1e5;
+        }
+        Cluster cl = {2, {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0};
+        for (int k = 0; k <= SCHED_COUNT; k++) {
+            int vs = k == SCHED_COUNT, kind = vs ? SCHED_1F1B : k;
+            int M = 1;
+            if (kind == SCHED_GPIPE || kind == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+            if (kind == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
+            SchedOpts o = {(SchedKind)kind, N, M, vs};
+            Schedule s;
+            Err err = {0};
+            if (sched_build(p, &o, &s, &err)) {
+                /* only vertical sync may be out of reach, and only with replication */
+                assert_true(vs);
+                assert_non_null(strstr(err.msg, "vertical sync"));
+                vs_fail++;
+                continue;
+            }
+            SimCosts cc = c;
+            SimStageCost one;
+            if (kind == SCHED_DP) {   /* one stage: the whole model */
+                one = (SimStageCost){0, 0, 0, 0, 1e5};
+                for (int i = 0; i < S; i++) one.fwd_s += c.stage[i].fwd_s, one.bwd_s += c.stage[i].bwd_s,
+                                            one.param_bytes += c.stage[i].param_bytes;
+                cc = (SimCosts){1, &one};
+            }
+            SimResult r;
+            SimOpts so = {&cl, 1, 0, 0};
+            if (sim_run(&s, &cc, &so, &r, &err)) {
+                sched_dump(&s, stderr, 1, 1);
+                fail_msg("%s, %d minibatches x %d, %d stages: %s", sched_kind_name((SchedKind)kind), N, M, S, err.msg);
+            }
+            check_times(&s, &cc, &r);
+            for (int i = 0; i < s.n_stages; i++) {
+                int bound = kind == SCHED_1F1B && !vs ? s.stages[i].warmup : kind == SCHED_2BW ? 2 : 1;
+                if (vs) {
+                    if (r.versions_alive[i] > worst_vs) worst_vs = r.versions_alive[i];
+                    continue;
+                }
+                if (r.versions_alive[i] > bound)
+                    fail_msg("%s: stage %d has %d versions alive, bound %d", sched_kind_name((SchedKind)kind), i,
+                             r.versions_alive[i], bound);
+            }
+            assert_true(r.bubble_fraction >= -1e-12 && r.bubble_fraction < 1);
+            sim_result_release(&r);
+            sched_release(&s);
+        }
+        sim_costs_release(&c);
+        free_plan(p);
+    }
+    print_message("vertical sync: at most %d versions alive at a stage; %d replicated plans refused\n", worst_vs, vs_fail);
+}
+
+static void push(SchedWorker *w, int op, int mb, int peer, int v) {
+    if (w->n == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 8;
+        w->ins = realloc(w->ins, (size_t)w->cap * sizeof *w->ins);
+    }
+    w->ins[w->n++] = (Instr){op, mb, peer, v};
+}
+
+/* A hand-made two-worker schedule (no generator) released with free(). */
+static void hand_schedule(Schedule *s) {
+    memset(s, 0, sizeof *s);
+    s->kind = SCHED_1F1B;
+    s->n_minibatches = s->n_units = 1;
+    s->n_micro = 1;
+    s->n_stages = 2;
+    s->stages = calloc(2, sizeof *s->stages);
+    s->n_ranks = 2;
+    s->workers = calloc(2, sizeof *s->workers);
+    for (int i = 0; i < 2; i++) {
+        s->stages[i].replicas = 1;
+        s->stages[i].ranks = malloc(sizeof(int));
+        s->stages[i].ranks[0] = i;
+        s->workers[i].stage = i;
+    }
+}
+
+static void free_hand(Schedule *s) {
+    for (int i = 0; i < s->n_stages; i++) free(s->stages[i].ranks);
+    free(s->stages);
+    for (int i = 0; i < s->n_ranks; i++) free(s->workers[i].ins);
+    free(s->workers);
+}
+
+static void test_deadlock(void **state) {
+    (void)state;
+    SimCosts c = uniform_costs(2, 1, 1);
+    SimOpts o = {NULL, 1, 0, 0};
+    Err err = {0};
+    SimResult r;
+    /* each worker receives before it sends */
+    Schedule s;
+    hand_schedule(&s);
+    push(&s.workers[0], OP_RECV_GRAD, 0, 1, -1);
+    push(&s.workers[0], OP_FORWARD, 0, -1, 0);
+    push(&s.workers[0], OP_SEND_ACT, 0, 1, -1);
+    push(&s.workers[1], OP_RECV_ACT, 0, 0, -1);
+    push(&s.workers[1], OP_FORWARD, 0, -1, 0);
+    push(&s.workers[1], OP_SEND_GRAD, 0, 0, -1);
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_EINVAL);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "deadlock"));
+    assert_non_null(strstr(err.msg, "worker 0 at instruction 0 (RG0<1)"));
+    assert_non_null(strstr(err.msg, "worker 1 at instruction 0 (RA0<0)"));
+    free_hand(&s);
+    /* a receive whose sender finished without sending */
+    hand_schedule(&s);
+    push(&s.workers[0], OP_FORWARD, 0, -1, 0);
+    push(&s.workers[1], OP_RECV_ACT, 0, 0, -1);
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "finished without sending"));
+    free_hand(&s);
+    /* a send nobody receives */
+    hand_schedule(&s);
+    push(&s.workers[0], OP_FORWARD, 0, -1, 0);
+    push(&s.workers[0], OP_SEND_ACT, 0, 1, -1);
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "never receives"));
+    free_hand(&s);
+    /* an all-reduce one replica never joins */
+    hand_schedule(&s);
+    s.n_stages = 1;
+    s.stages[0].replicas = 2;
+    s.stages[0].ranks = realloc(s.stages[0].ranks, 2 * sizeof(int));
+    s.stages[0].ranks[1] = 1;
+    s.workers[1].stage = 0;
+    push(&s.workers[0], OP_ALLREDUCE, -1, 0, 1);
+    push(&s.workers[0], OP_STEP, -1, -1, 1);
+    push(&s.workers[1], OP_STEP, -1, -1, 1);
+    SimCosts c1 = uniform_costs(1, 1, 1);
+    assert_int_equal(sim_run(&s, &c1, &o, &r, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "waits for 1 of 2 replicas"));
+    s.n_stages = 2;
+    free_hand(&s);
+    /* a forward reading a version its worker does not have yet */
+    hand_schedule(&s);
+    push(&s.workers[0], OP_FORWARD, 0, -1, 1);
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "version 1"));
+    free_hand(&s);
+    sim_costs_release(&c);
+    sim_costs_release(&c1);
+}
+
+static void test_memory(void **state) {
+    (void)state;
+    Plan *p = make_plan(2, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 10, 1, 0, &s);
+    SimCosts c = uniform_costs(2, 1, 1);
+    for (int i = 0; i < 2; i++) c.stage[i].param_bytes = 1000, c.stage[i].stash_bytes = 10;
+    SimOpts o = {NULL, 2, 0, 0};   /* Adam: two state tensors */
+    Err err = {0};
+    SimResult r;
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_OK);
+    /* stage 0 admits 2: two minibatches in flight, two versions (stash + newest) */
+    assert_int_equal(r.max_inflight[0], 2);
+    assert_int_equal(r.versions_alive[0], 2);
+    assert_near(r.mem[0].peak, 1000 * 2 + 1000 + 2000 + 2 * 10, 1e-9);
+    assert_int_equal(r.max_inflight[1], 1);
+    assert_int_equal(r.versions_alive[1], 1);
+    assert_near(r.mem[1].peak, 1000 + 1000 + 2000 + 10, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    /* gpipe holds all m micro-batches' activations and one version */
+    build(p, SCHED_GPIPE, 2, 6, 0, &s);
+    assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_OK);
+    assert_int_equal(r.max_inflight[0], 6);
+    assert_near(r.mem[0].peak, 1000 + 1000 + 2000 + 6 * 10, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+static void test_costs_from_profile(void **state) {
+    (void)state;
+    ProfileLayer L[5];
+    memset(L, 0, sizeof L);
+    for (int i = 0; i < 5; i++) {
+        L[i].fwd_s = 0.1 * (i + 1);
+        L[i].bwd_s = 0.2 * (i + 1);
+        L[i].act_bytes = 100.0 * (i + 1);
+        L[i].param_bytes = 10.0 * i;
+    }
+    Profile prof = {.n_layers = 5, .layers = L, .input_bytes = 50};
+    int rep[2] = {1, 1};
+    Plan *p = make_plan(2, rep);
+    free(p->stages[0].layers), free(p->stages[1].layers);
+    p->stages[0].n_layers = 2, p->stages[0].layers = malloc(2 * sizeof(int));
+    p->stages[0].layers[0] = 0, p->stages[0].layers[1] = 1;
+    p->stages[1].n_layers = 3, p->stages[1].layers = malloc(3 * sizeof(int));
+    for (int i = 0; i < 3; i++) p->stages[1].layers[i] = 2 + i;
+    Schedule s;
+    build(p, SCHED_1F1B, 2, 1, 0, &s);
+    SimCosts c;
+    Err err = {0};
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[0].fwd_s, 0.3, 1e-12);
+    assert_near(c.stage[1].bwd_s, 0.2 * 12, 1e-12);
+    assert_near(c.stage[0].param_bytes, 10, 1e-12);
+    assert_near(c.stage[0].in_bytes, 50, 1e-12);
+    assert_near(c.stage[1].in_bytes, 200, 1e-12);   /* layer 1's output */
+    assert_near(c.stage[1].stash_bytes, 200 + 300 + 400 + 500, 1e-12);
+    sim_costs_release(&c);
+    /* a skip edge 0 -> 3 also crosses the boundary */
+    int edges[5][2] = {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {0, 3}};
+    prof.n_edges = 5, prof.edges = edges;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[1].in_bytes, 300, 1e-12);
+    sim_costs_release(&c);
+    p->stages[1].layers[2] = 9;
+    sched_release(&s);
+    build(p, SCHED_1F1B, 2, 1, 0, &s);
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "layer 9"));
+    sched_release(&s);
+    free_plan(p);
+}
+
+static void test_pictures(void **state) {
+    (void)state;
+    int rep[3] = {1, 2, 1};
+    Plan *p = make_plan(3, rep);
+    Schedule s;
+    build(p, SCHED_1F1B, 12, 1, 0, &s);
+    SimCosts c = uniform_costs(3, 1e-3, 2e-3);
+    c.stage[1].in_bytes = c.stage[2].in_bytes = 1e5;
+    c.stage[1].param_bytes = 1e6;
+    Cluster cl = {1, {{8, 1e9, 1e-5}}, 0};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    int n;
+    TraceEvent *ev = sim_events(&s, &r, &n);
+    int n_compute = 0;
+    for (int i = 0; i < n; i++) n_compute += ev[i].kind == TRACE_FWD || ev[i].kind == TRACE_BWD;
+    assert_int_equal(n_compute, 2 * 12 * 3);
+    char path[] = "/tmp/pd_test_sim_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    Err err = {0};
+    SvgOpts so = {"test <1f1b>", 1, 0};
+    assert_int_equal(sim_svg_write(path, ev, n, s.n_ranks, &so, &err), PD_OK);
+    char *text;
+    size_t len;
+    assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);
+    assert_non_null(strstr(text, "<svg"));
+    assert_non_null(strstr(text, "test &lt;1f1b&gt;"));
+    int boxes = 0;
+    for (const char *q = text; (q = strstr(q, "<title>forward")) || 0; q++) boxes++;
+    for (const char *q = text; (q = strstr(q, "<title>backward")) || 0; q++) boxes++;
+    assert_int_equal(boxes, n_compute);
+    assert_non_null(strstr(text, "<title>all-reduce"));
+    pd_free(text);
+    assert_int_equal(sim_trace_write(path, ev, n, &err), PD_OK);
+    assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    cJSON *arr = cJSON_GetObjectItem(j, "traceEvents");
+    int nx = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, arr) nx += !strcmp(cJSON_GetObjectItem(it, "ph")->valuestring, "X");
+    assert_int_equal(nx, n);
+    cJSON_Delete(j);
+    pd_free(text);
+    assert_int_equal(sim_svg_write("/nonexistent/dir/x.svg", ev, n, s.n_ranks, &so, &err), PD_EIO);
+    unlink(path);
+    free(ev);
+    sim_result_release(&r);
+    sim_costs_release(&c);
+    sched_release(&s);
+    free_plan(p);
+}
+
+/* Straight pipeline of W stages x N minibatches: time it. */
+static double time_big(int W, int N, SchedKind k, int M) {
+    Plan *p = make_plan(W, NULL);
+    double t0 = pd_now();
+    Schedule s;
+    build(p, k, N, M, 0, &s);
+    SimCosts c = uniform_costs(W, 1e-3, 2e-3);
+    for (int i = 1; i < W; i++) c.stage[i].in_bytes = 1e5;
+    Cluster cl = {2, {{8, 1e10, 1e-6}, {1 << 12, 1e9, 1e-5}}, 0};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    double dt = pd_now() - t0;
+    print_message("%d workers x %d minibatches (%s): build + simulate %.2f s, %.3f ms per minibatch\n", W, N,
+                  sched_kind_name(k), dt, r.time_per_minibatch_s * 1e3);
+    assert_true(r.time_per_minibatch_s >= 3e-3 - 1e-12);
+    sim_result_release(&r);
+    sim_costs_release(&c);
+    sched_release(&s);
+    free_plan(p);
+    return dt;
+}
+
+static void test_scale(void **state) {
+    (void)state;
+    double dt = time_big(128, 200, SCHED_1F1B, 1);
+    assert_true(dt < 5.0);
+    if (getenv("PD_SIM_BIG")) {
+        time_big(1024, 1000, SCHED_1F1B, 1);
+        time_big(1024, 100, SCHED_GPIPE, 10);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
+        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound),
+        cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_deadlock),
+        cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),
+        cmocka_unit_test(test_pictures),          cmocka_unit_test(test_scale),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
