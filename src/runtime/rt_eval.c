@@ -1,0 +1,63 @@
+/* rt_eval.c: evaluation after training: the test set goes through replica 0 of every stage,
+ * forward only (eval mode: running batch-norm statistics, no dropout), one batch at a time;
+ * the last stage counts correct answers. Uses the newest weights and slot 0's context. */
+#include <string.h>
+
+#include "kernels.h"
+#include "rt_impl.h"
+
+#define EVAL_MB_BASE ((int64_t)1 << 40)   /* minibatch ids of eval messages: apart from training's */
+
+int rt_eval(Worker *w, Err *err) {
+    const Schedule *s = w->s;
+    const Dataset *test = w->cfg->test;
+    if (w->stage < 0 || w->sw->replica != 0) return PD_OK;
+    int B = w->cfg->unit_batch, rc = PD_OK;
+    int prev = w->is_input ? -1 : s->stages[w->stage - 1].ranks[0];
+    int next = w->is_last ? -1 : s->stages[w->stage + 1].ranks[0];
+    int first = s->stages[0].ranks[0], lastr = s->stages[s->n_stages - 1].ranks[0];
+    Slot *sl = &w->slots[0];
+    const float *wv = NULL;
+    for (int k = 0; k < w->n_vslots; k++)
+        if (w->vver[k] == w->newest) wv = w->vbuf[k];
+    PD_ASSERT(wv);
+    size_t nb = (test->n + (size_t)B - 1) / (size_t)B;
+    for (size_t b = 0; b < nb && !rc; b++) {
+        int n = (size_t)B * (b + 1) <= test->n ? B : (int)(test->n - (size_t)B * b);
+        int64_t mb = EVAL_MB_BASE + (int64_t)b;
+        Shape in = w->in_shape, out = w->out_shape;
+        in.d[0] = n;
+        out.d[0] = n;
+        CommReq *rq = NULL;
+        if (w->is_input) {
+            data_batch(test, NULL, (size_t)B * b, n, nnctx_input(sl->ctx), sl->labels);
+            if (!w->is_last) {
+                for (int i = 0; i < n; i++) sl->labels_f[i] = (float)sl->labels[i];
+                if ((rc = comm_isend(w->c, lastr, COMM_CTRL, mb, 0, shape1(n), sl->labels_f, &sl->s_lab, err))) break;
+            }
+        } else {
+            if ((rc = comm_irecv(w->c, prev, COMM_ACT, mb, in, nnctx_input(sl->ctx), &rq, err))) break;
+            if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) break;
+            if (w->is_last) {
+                if ((rc = comm_irecv(w->c, first, COMM_CTRL, mb, shape1(n), sl->labels_f, &rq, err))) break;
+                if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) break;
+                for (int i = 0; i < n; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
+            }
+        }
+        NnRun run = {.n = n, .train = 0, .seed = w->cfg->seed, .minibatch = (uint64_t)mb};
+        const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
+        if (w->is_last) {
+            int correct = 0;
+            kern_xent_fwd_bwd(y, sl->labels, NULL, n, w->classes, 1.0f, &correct);
+            w->res->test_correct += correct;
+            w->res->test_total += n;
+        } else {
+            if ((rc = comm_isend(w->c, next, COMM_ACT, mb, w->newest, out, y, &sl->s_act, err))) break;
+            /* the output buffer is rewritten by the next batch's forward: complete the send */
+            if ((rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err))) break;
+        }
+        if (sl->s_lab && (rc = comm_wait(w->c, &sl->s_lab, w->cfg->recv_timeout_s, NULL, err))) break;
+    }
+    if (rc) err_prefix(err, "rank %d (stage %d): evaluation", w->rank, w->stage);
+    return rc;
+}

@@ -1,0 +1,659 @@
+/* runtime.c: executes a worker's instruction list (schedule.h) with real layers, data and
+ * messages. One Worker holds a stage's model range, its weight-version store, one slot per
+ * unit in flight (activations context, gradient buffers, posted receives, pending sends)
+ * and the optimizer. The same exec() drives the MPI/threads runs (blocking waits, real
+ * all-reduce) and the serial emulation (non-blocking tests; the emulator performs
+ * all-reduces itself in group rank order). Evaluation, result gathering and the CLI live
+ * elsewhere (rt_eval.c, cli). */
+#include "runtime.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "rt_impl.h"
+
+/* ---- weight-version store -------------------------------------------------------------- */
+
+/* Walks the instruction list once: last reader of every version, and the most versions
+ * alive at once under the rules applied by vstore_* below. */
+static void vstore_plan(Worker *w) {
+    const SchedWorker *sw = w->sw;
+    int maxv = 0;
+    for (int i = 0; i < sw->n; i++)
+        if (sw->ins[i].version > maxv) maxv = sw->ins[i].version;
+    w->n_versions = maxv + 1;
+    w->last_read = malloc((size_t)w->n_versions * sizeof(int));
+    PD_ASSERT(w->last_read);
+    for (int v = 0; v < w->n_versions; v++) w->last_read[v] = -1;
+    for (int i = 0; i < sw->n; i++) {
+        const Instr *in = &sw->ins[i];
+        if (in->op == OP_FORWARD || in->op == OP_BACKWARD) w->last_read[in->version] = i;
+    }
+    /* Alive: version 0 at start; a step keeps the old newest only if it is read later. */
+    char *alive = calloc((size_t)w->n_versions, 1);
+    PD_ASSERT(alive);
+    alive[0] = 1;
+    int n_alive = 1, most = 1, newest = 0;
+    for (int i = 0; i < sw->n; i++) {
+        const Instr *in = &sw->ins[i];
+        if (in->op == OP_STEP) {
+            PD_ASSERTF(in->version == newest + 1, "step writes %d after %d", in->version, newest);
+            if (w->last_read[newest] > i) {
+                n_alive++;
+            } else {
+                alive[newest] = 0;
+            }
+            alive[in->version] = 1;
+            newest = in->version;
+        }
+        if (n_alive > most) most = n_alive;
+        for (int v = 0; v < newest; v++)
+            if (alive[v] && w->last_read[v] <= i) alive[v] = 0, n_alive--;
+    }
+    free(alive);
+    w->n_vslots = most;
+}
+
+static float *vstore_get(Worker *w, int version) {
+    for (int k = 0; k < w->n_vslots; k++)
+        if (w->vver[k] == version) return w->vbuf[k];
+    PD_ASSERTF(0, "rank %d: weight version %d is not in the store (newest %d)", w->rank, version, w->newest);
+    return NULL;
+}
+
+static int vstore_slot_of(Worker *w, int version) {
+    for (int k = 0; k < w->n_vslots; k++)
+        if (w->vver[k] == version) return k;
+    return -1;
+}
+
+/* After instruction pc: drop versions older than the newest that nobody reads again. */
+static void vstore_collect(Worker *w, int pc) {
+    for (int k = 0; k < w->n_vslots; k++) {
+        int v = w->vver[k];
+        if (v >= 0 && v != w->newest && w->last_read[v] <= pc) w->vver[k] = -1;
+    }
+    int n = 0;
+    for (int k = 0; k < w->n_vslots; k++) n += w->vver[k] >= 0;
+    if (n > w->res->max_versions) w->res->max_versions = n;
+}
+
+/* The optimizer step writing version `to` from the newest and the accumulated gradient. */
+static void vstore_step(Worker *w, int to, int pc) {
+    PD_ASSERT(to == w->newest + 1);
+    int old = vstore_slot_of(w, w->newest);
+    PD_ASSERT(old >= 0);
+    int dst = old;
+    if (w->last_read[w->newest] > pc) {   /* stashed: someone still reads the old version */
+        dst = vstore_slot_of(w, -1);
+        PD_ASSERTF(dst >= 0, "rank %d: no free weight slot for version %d", w->rank, to);
+        memcpy(w->vbuf[dst], w->vbuf[old], w->np * sizeof(float));
+    }
+    if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
+    w->vver[dst] = to;
+    w->newest = to;
+    if (w->np) memset(w->dw, 0, w->np * sizeof(float));
+}
+
+/* ---- slots: one per unit in flight ------------------------------------------------------ */
+
+static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
+
+/* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
+ * that of one whole minibatch, and a round of r minibatches makes one step: the mean. The
+ * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
+ * 1/n_micro: the sum is the minibatch's mean gradient. */
+static CommOp rt_allreduce_op(const Schedule *s) {
+    return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW ? COMM_SUM : COMM_MEAN;
+}
+
+/* Completes a slot's pending sends (blocking) so its buffers may be reused. */
+static int slot_drain(Worker *w, Slot *sl, Err *err) {
+    CommReq **rq[3] = {&sl->s_act, &sl->s_grad, &sl->s_lab};
+    for (int i = 0; i < 3; i++) {
+        int rc = comm_wait(w->c, rq[i], w->cfg->recv_timeout_s, NULL, err);
+        if (rc) return rc;
+    }
+    return PD_OK;
+}
+
+static Slot *slot_find(Worker *w, int u) {
+    for (int k = 0; k < w->n_slots; k++)
+        if (w->slots[k].unit == u) return &w->slots[k];
+    return NULL;
+}
+
+/* The slot of unit u, claiming a free one if u has none. NULL if none is free. */
+static Slot *slot_for(Worker *w, int u, Err *err, int *rc) {
+    *rc = PD_OK;
+    Slot *sl = slot_find(w, u);
+    if (sl) return sl;
+    for (int k = 0; k < w->n_slots; k++) {
+        Slot *f = &w->slots[k];
+        if (f->unit >= 0) continue;
+        if ((*rc = slot_drain(w, f, err)) != PD_OK) return NULL;
+        f->unit = u;
+        f->act_ready = f->grad_ready = f->lab_ready = 0;
+        f->version = -1;
+        return f;
+    }
+    return NULL;
+}
+
+static void slot_free(Slot *sl) { sl->unit = -1; }
+
+/* Posts the receives of instruction `in` if not posted yet (returns PD_OK if it cannot:
+ * no free slot, it will be posted when executed). */
+static int post_recv(Worker *w, const Instr *in, Err *err) {
+    int rc;
+    const Schedule *s = w->s;
+    if (in->op == OP_RECV_ACT) {
+        Slot *sl = slot_for(w, in->mb, err, &rc);
+        if (!sl) return rc;
+        if (!sl->act_ready && !sl->r_act) {
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, in->mb, w->in_shape, nnctx_input(sl->ctx), &sl->r_act, err);
+            if (rc) return rc;
+        }
+        if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
+            int src = rank_of(s, 0, in->mb);
+            rc = comm_irecv(w->c, src, COMM_CTRL, in->mb, shape1(w->cfg->unit_batch), sl->labels_f, &sl->r_lab, err);
+            if (rc) return rc;
+        }
+    } else if (in->op == OP_RECV_GRAD) {
+        Slot *sl = slot_find(w, in->mb);
+        if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
+        if (!sl->grad_ready && !sl->r_grad) {
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, in->mb, w->out_shape, sl->dy, &sl->r_grad, err);
+            if (rc) return rc;
+        }
+    }
+    return PD_OK;
+}
+
+/* Waits (blocking) or tests (non-blocking) one request; *ready set when complete. */
+static int await(Worker *w, CommReq **rq, int *ready, int blocking, Err *err) {
+    if (*ready) return PD_OK;
+    if (!*rq) return PD_OK;
+    int rc;
+    if (blocking) {
+        double t0 = pd_now();
+        rc = comm_wait(w->c, rq, w->cfg->recv_timeout_s, NULL, err);
+        w->res->wait_s += pd_now() - t0;
+        if (rc) return rc;
+        *ready = 1;
+    } else {
+        int done = 0;
+        rc = comm_test(w->c, rq, &done, NULL, err);
+        if (rc) return rc;
+        if (done) *ready = 1;
+    }
+    return PD_OK;
+}
+
+static void trace_add(Worker *w, const Instr *in, double t0, double t1) {
+    RtWorkerResult *r = w->res;
+    if (!w->cfg->trace) return;
+    if (r->n_events == w->events_cap) {
+        w->events_cap = w->events_cap ? 2 * w->events_cap : 256;
+        RtEvent *ne = realloc(r->events, (size_t)w->events_cap * sizeof *ne);
+        PD_ASSERT(ne);
+        r->events = ne;
+    }
+    r->events[r->n_events++] = (RtEvent){in->op, in->mb, in->version, t0 - w->t_start, t1 - w->t_start};
+}
+
+/* Fills the input (and labels) of unit u at the input stage from the data sampler. */
+static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
+    int n = data_sampler_get(&w->sampler, (uint64_t)u, nnctx_input(sl->ctx), sl->labels);
+    if (n != w->cfg->unit_batch)
+        return err_set(err, PD_EINVAL, "rank %d: unit %d has %d samples, expected %d", w->rank, u, n,
+                       w->cfg->unit_batch);
+    if (w->is_last) return PD_OK;
+    for (int i = 0; i < n; i++) sl->labels_f[i] = (float)sl->labels[i];
+    int dst = rank_of(w->s, w->s->n_stages - 1, u);
+    return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n), sl->labels_f, &sl->s_lab, err);
+}
+
+static int do_forward(Worker *w, const Instr *in, Err *err) {
+    int rc;
+    Slot *sl = slot_for(w, in->mb, err, &rc);
+    if (!sl) return rc ? rc : err_set(err, PD_EINVAL, "rank %d: no free slot for unit %d", w->rank, in->mb);
+    if (w->is_input && (rc = load_unit(w, sl, in->mb, err))) return rc;
+    if (w->is_last && !w->is_input)
+        for (int i = 0; i < w->cfg->unit_batch; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
+    const float *wv = vstore_get(w, in->version);
+    NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed, .minibatch = (uint64_t)in->mb};
+    const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
+    sl->version = in->version;
+    if (w->is_last) {
+        int B = w->cfg->unit_batch;
+        memset(sl->dy, 0, (size_t)B * w->classes * sizeof(float));
+        float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, B, w->classes, 1.0f / (float)w->s->n_micro, NULL);
+        if (!isfinite(loss))
+            return err_set(err, PD_EINVAL, "rank %d (stage %d): loss is %g at unit %d", w->rank, w->stage,
+                           (double)loss, in->mb);
+        w->res->loss_sum += loss;
+        w->res->units_done++;
+        w->mb_loss_sum += loss;
+        w->mb_loss_n++;
+        if (w->mb_loss_n == w->s->n_micro) {
+            w->res->last_loss = w->mb_loss_sum / w->mb_loss_n;
+            w->mb_loss_sum = 0;
+            w->mb_loss_n = 0;
+        }
+        sl->grad_ready = 1;
+    }
+    w->res->n_fwd++;
+    return PD_OK;
+}
+
+static int do_backward(Worker *w, const Instr *in, Err *err) {
+    Slot *sl = slot_find(w, in->mb);
+    PD_ASSERTF(sl && sl->grad_ready, "rank %d: backward of unit %d before its gradient", w->rank, in->mb);
+    PD_ASSERTF(sl->version == in->version, "rank %d: unit %d forward used version %d, backward asks %d", w->rank,
+               in->mb, sl->version, in->version);
+    int rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err);   /* output no longer sent */
+    if (rc) return rc;
+    const float *wv = vstore_get(w, in->version);
+    float *dx = NULL;
+    if (!w->is_input) {
+        dx = sl->dx;
+        memset(dx, 0, shape_numel(w->in_shape) * sizeof(float));
+    }
+    model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
+    w->res->n_bwd++;
+    if (w->is_input) {   /* nothing to send back: the unit is finished here */
+        if ((rc = slot_drain(w, sl, err))) return rc;
+        slot_free(sl);
+    }
+    return PD_OK;
+}
+
+/* Executes instructions from w->pc until the list ends (RT_DONE), a receive is not ready in
+ * non-blocking mode (RT_BLOCKED), or, in emulation, an all-reduce is reached (RT_AT_AR: the
+ * emulator performs it and advances pc). Errors return RT_ERR with err set. */
+int rt_exec(Worker *w, int blocking, Err *err) {
+    const SchedWorker *sw = w->sw;
+    while (w->pc < sw->n) {
+        const Instr *in = &sw->ins[w->pc];
+        double t0 = pd_now();
+        int rc = PD_OK;
+        Slot *sl;
+        switch ((InstrOp)in->op) {
+        case OP_RECV_ACT:
+            if ((rc = post_recv(w, in, err))) break;
+            sl = slot_find(w, in->mb);
+            if (!sl) {
+                if (!blocking) return RT_BLOCKED;
+                rc = err_set(err, PD_EINVAL, "rank %d: no free slot to receive unit %d", w->rank, in->mb);
+                break;
+            }
+            if ((rc = await(w, &sl->r_act, &sl->act_ready, blocking, err))) break;
+            if ((rc = await(w, &sl->r_lab, &sl->lab_ready, blocking, err))) break;
+            if (!sl->act_ready || (w->is_last && !w->is_input && !sl->lab_ready)) return RT_BLOCKED;
+            break;
+        case OP_RECV_GRAD:
+            if ((rc = post_recv(w, in, err))) break;
+            sl = slot_find(w, in->mb);
+            PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", w->rank, in->mb);
+            if ((rc = await(w, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
+            if (!sl->grad_ready) return RT_BLOCKED;
+            break;
+        case OP_FORWARD: {
+            double c0 = pd_now();
+            rc = do_forward(w, in, err);
+            w->res->compute_s += pd_now() - c0;
+            break;
+        }
+        case OP_BACKWARD: {
+            double c0 = pd_now();
+            rc = do_backward(w, in, err);
+            w->res->compute_s += pd_now() - c0;
+            break;
+        }
+        case OP_SEND_ACT:
+            sl = slot_find(w, in->mb);
+            PD_ASSERT(sl);
+            rc = comm_isend(w->c, in->peer, COMM_ACT, in->mb, sl->version, w->out_shape, nnctx_output(sl->ctx),
+                            &sl->s_act, err);
+            break;
+        case OP_SEND_GRAD:
+            sl = slot_find(w, in->mb);
+            PD_ASSERT(sl);
+            rc = comm_isend(w->c, in->peer, COMM_GRAD, in->mb, sl->version, w->in_shape, sl->dx, &sl->s_grad, err);
+            slot_free(sl);   /* its buffers stay untouched until the send completes (slot_drain) */
+            break;
+        case OP_ALLREDUCE:
+            if (!w->group) return RT_AT_AR;
+            if (w->np) {
+                double a0 = pd_now();
+                rc = comm_group_allreduce(w->group, w->dw, w->np, rt_allreduce_op(w->s), err);
+                w->res->wait_s += pd_now() - a0;
+            }
+            break;
+        case OP_STEP: {
+            double c0 = pd_now();
+            vstore_step(w, in->version, w->pc);
+            w->res->compute_s += pd_now() - c0;
+            break;
+        }
+        case OP_FLUSH:
+            for (int k = 0; k < w->n_slots; k++)
+                PD_ASSERTF(w->slots[k].unit < 0 || w->slots[k].version < 0, "rank %d: unit %d in flight at a flush", w->rank, w->slots[k].unit);
+            break;
+        default: PD_ASSERTF(0, "op %d", in->op);
+        }
+        if (rc) {
+            char t[64];
+            err_prefix(err, "rank %d (stage %d), instruction %d (%s)", w->rank, w->stage, w->pc,
+                       sched_instr_str(in, 1, t, sizeof t));
+            return RT_ERR;
+        }
+        trace_add(w, in, t0, pd_now());
+        vstore_collect(w, w->pc);
+        w->pc++;
+        /* Post the receives of the next few instructions ahead, so they overlap compute. */
+        for (int k = w->pc, seen = 0; k < sw->n && seen < 4; k++) {
+            const Instr *nx = &sw->ins[k];
+            if (nx->op != OP_RECV_ACT && nx->op != OP_RECV_GRAD) continue;
+            seen++;
+            if ((rc = post_recv(w, nx, err))) return RT_ERR;
+        }
+    }
+    return RT_DONE;
+}
+
+/* ---- worker set-up ---------------------------------------------------------------------- */
+
+int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err) {
+    memset(w, 0, sizeof *w);
+    memset(res, 0, sizeof *res);
+    const Schedule *s = cfg->sched;
+    w->cfg = cfg;
+    w->s = s;
+    w->c = c;
+    w->rank = rank;
+    w->res = res;
+    w->sw = &s->workers[rank];
+    w->stage = w->sw->stage;
+    res->rank = rank;
+    res->stage = w->stage;
+    res->replica = w->sw->replica;
+    w->t_start = pd_now();
+    if (w->stage < 0) return PD_OK;   /* idle rank */
+    const SchedStage *st = &s->stages[w->stage];
+    w->is_input = w->stage == 0;
+    w->is_last = w->stage == s->n_stages - 1;
+    w->first = st->layers[0];
+    w->last = st->layers[st->n_layers - 1] + 1;
+    for (int i = 1; i < st->n_layers; i++)
+        if (st->layers[i] != st->layers[i - 1] + 1)
+            return err_set(err, PD_EINVAL, "stage %d: layers are not contiguous (%d after %d)", w->stage,
+                           st->layers[i], st->layers[i - 1]);
+    w->m = model_load(cfg->model_path, err);
+    if (!w->m) return err->code;
+    int nl = model_n_layers(w->m);
+    if (w->last > nl)
+        return err_set(err, PD_EINVAL, "%s: the plan's stage %d runs layer %d, the model has %d layers",
+                       cfg->model_path, w->stage, w->last - 1, nl);
+    int B = cfg->unit_batch;
+    int rc = model_build(w->m, w->first, w->last, B, err);
+    if (rc) return rc;
+    Shape ins = model_layer_in_shape(w->m, w->first), outs = model_layer_out_shape(w->m, w->last - 1);
+    w->in_shape.ndim = ins.ndim + 1;
+    w->in_shape.d[0] = B;
+    for (int i = 0; i < ins.ndim; i++) w->in_shape.d[i + 1] = ins.d[i];
+    w->out_shape.ndim = outs.ndim + 1;
+    w->out_shape.d[0] = B;
+    for (int i = 0; i < outs.ndim; i++) w->out_shape.d[i + 1] = outs.d[i];
+    if (w->is_last) {
+        if (outs.ndim != 1) return err_set(err, PD_EINVAL, "%s: the last layer's output is not a vector of logits",
+                                           cfg->model_path);
+        w->classes = outs.d[0];
+    }
+    if (w->is_input) {
+        if (!cfg->train) return err_set(err, PD_EINVAL, "rank %d: the input stage has no training data", rank);
+        Shape mi = model_input_shape(w->m);
+        if ((size_t)cfg->train->c * cfg->train->h * cfg->train->w != shape_numel(mi))
+            return err_set(err, PD_EINVAL, "the data's samples (%dx%dx%d) do not fit the model input (%zu values)",
+                           cfg->train->c, cfg->train->h, cfg->train->w, shape_numel(mi));
+        rc = data_sampler_init(&w->sampler, cfg->train, B, cfg->seed, 1, 1, err);
+        if (rc) return rc;
+        w->has_sampler = 1;
+    }
+    /* parameters: version 0 = the init of the whole model's layers in this range */
+    w->np = model_param_count(w->m, w->first, w->last);
+    w->nst = model_state_count(w->m, w->first, w->last);
+    vstore_plan(w);
+    w->vbuf = calloc((size_t)w->n_vslots, sizeof(float *));
+    w->vver = malloc((size_t)w->n_vslots * sizeof(int));
+    PD_ASSERT(w->vbuf && w->vver);
+    for (int k = 0; k < w->n_vslots; k++) {
+        w->vbuf[k] = pd_alloc_f32(w->np);
+        w->vver[k] = -1;
+    }
+    model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
+    w->vver[0] = 0;
+    w->newest = 0;
+    w->state = pd_alloc_f32(w->nst);
+    model_init_state(w->m, w->first, w->last, w->state);
+    w->dw = pd_alloc_f32(w->np);
+    optim_init(&w->opt, &cfg->opt, w->np);
+    /* slots: most units in flight + those received ahead */
+    int inflight = 0, most = 0;
+    for (int i = 0; i < w->sw->n; i++) {
+        if (w->sw->ins[i].op == OP_FORWARD) inflight++;
+        if (w->sw->ins[i].op == OP_BACKWARD) inflight--;
+        if (inflight > most) most = inflight;
+    }
+    w->n_slots = most + 2;
+    w->slots = calloc((size_t)w->n_slots, sizeof(Slot));
+    PD_ASSERT(w->slots);
+    for (int k = 0; k < w->n_slots; k++) {
+        Slot *sl = &w->slots[k];
+        sl->unit = -1;
+        sl->ctx = nnctx_new(w->m, w->first, w->last, B);
+        sl->dy = pd_alloc_f32(shape_numel(w->out_shape));
+        sl->dx = w->is_input ? NULL : pd_alloc_f32(shape_numel(w->in_shape));
+        sl->labels_f = pd_alloc_f32((size_t)B);
+        sl->labels = pd_calloc((size_t)B * sizeof(int32_t));
+    }
+    return PD_OK;
+}
+
+void rt_worker_release(Worker *w) {
+    if (w->slots) {
+        for (int k = 0; k < w->n_slots; k++) {
+            Slot *sl = &w->slots[k];
+            comm_cancel(w->c, &sl->r_act);
+            comm_cancel(w->c, &sl->r_grad);
+            comm_cancel(w->c, &sl->r_lab);
+            comm_cancel(w->c, &sl->s_act);
+            comm_cancel(w->c, &sl->s_grad);
+            comm_cancel(w->c, &sl->s_lab);
+            nnctx_free(sl->ctx);
+            pd_free(sl->dy);
+            pd_free(sl->dx);
+            pd_free(sl->labels_f);
+            pd_free(sl->labels);
+        }
+        free(w->slots);
+    }
+    if (w->vbuf)
+        for (int k = 0; k < w->n_vslots; k++) pd_free(w->vbuf[k]);
+    free(w->vbuf);
+    free(w->vver);
+    free(w->last_read);
+    pd_free(w->state);
+    pd_free(w->dw);
+    optim_release(&w->opt);
+    if (w->has_sampler) data_sampler_release(&w->sampler);
+    comm_group_free(w->group);
+    model_free(w->m);
+    memset(w, 0, sizeof *w);
+}
+
+/* Copies the newest weights into the result. */
+void rt_worker_finish(Worker *w) {
+    RtWorkerResult *r = w->res;
+    r->wall_s = pd_now() - w->t_start;
+    if (w->stage < 0) return;
+    r->n_params = w->np;
+    r->params = pd_alloc_f32(w->np);
+    memcpy(r->params, vstore_get(w, w->newest), w->np * sizeof(float));
+    r->params_crc = pd_crc32(r->params, w->np * sizeof(float));
+}
+
+void rt_result_release(RtWorkerResult *r) {
+    if (!r) return;
+    pd_free(r->params);
+    free(r->events);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the three ways to run ---------------------------------------------------------------- */
+
+int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    Worker w;
+    memset(&w, 0, sizeof w);
+    int rank = comm_rank(c);
+    const Schedule *s = cfg->sched;
+    int rc = PD_OK;
+    if (comm_size(c) != s->n_ranks)
+        rc = err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", s->n_ranks, comm_size(c));
+    else
+        rc = rt_worker_init(&w, c, cfg, rank, res, err);
+    /* Every rank checks its set-up and all agree before the first message (PRK bail-out). */
+    int all = comm_agree(c, rc);
+    if (all != PD_OK) {
+        if (w.cfg) rt_worker_release(&w);
+        if (rc) return rc;
+        return err_set(err, PD_ECOMM, "rank %d: another rank failed to set up (see its message)", rank);
+    }
+    if (w.stage >= 0 && s->stages[w.stage].replicas > 1) {
+        rc = comm_group_new(c, s->stages[w.stage].ranks, s->stages[w.stage].replicas, &w.group, err);
+        if (rc) {
+            rt_worker_release(&w);
+            return rc;
+        }
+    }
+    w.t_start = pd_now();
+    rc = PD_OK;
+    if (w.stage >= 0 && rt_exec(&w, 1, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
+    if (!rc) {
+        /* All sends must complete before buffers go away. */
+        for (int k = 0; k < w.n_slots && !rc; k++) rc = slot_drain(&w, &w.slots[k], err);
+    }
+    if (!rc) rt_worker_finish(&w);
+    if (!rc && cfg->test) rc = rt_eval(&w, err);
+    rt_worker_release(&w);
+    return rc;
+}
+
+typedef struct ThreadArg {
+    const RtConfig *cfg;
+    RtWorkerResult *res;
+    Err *errs;
+} ThreadArg;
+
+static int thread_main(Comm *c, int rank, void *arg) {
+    ThreadArg *a = arg;
+    return rt_worker_run(c, a->cfg, &a->res[rank], &a->errs[rank]);
+}
+
+int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    int n = cfg->sched->n_ranks;
+    Err *errs = calloc((size_t)n, sizeof(Err));
+    int *rcs = calloc((size_t)n, sizeof(int));
+    PD_ASSERT(errs && rcs);
+    ThreadArg a = {cfg, res, errs};
+    int rc = comm_threads_run(n, thread_main, &a, rcs, err);
+    if (rc) {
+        /* Report the first worker that failed on its own (not because a peer went away). */
+        int pick = -1;
+        for (int r = 0; r < n; r++)
+            if (rcs[r] && rcs[r] != PD_ECOMM) {
+                pick = r;
+                break;
+            }
+        for (int r = 0; r < n && pick < 0; r++)
+            if (rcs[r]) pick = r;
+        if (pick >= 0) *err = errs[pick];
+    }
+    free(errs);
+    free(rcs);
+    return rc;
+}
+
+int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    const Schedule *s = cfg->sched;
+    int n = s->n_ranks, rc = PD_OK;
+    Comm **eps = calloc((size_t)n, sizeof(Comm *));
+    Worker *ws = calloc((size_t)n, sizeof(Worker));
+    int *state = calloc((size_t)n, sizeof(int));
+    PD_ASSERT(eps && ws && state);
+    if ((rc = comm_threads_create(n, eps, err))) goto out;
+    for (int r = 0; r < n && !rc; r++) rc = rt_worker_init(&ws[r], eps[r], cfg, r, &res[r], err);
+    if (rc) goto out;
+    for (int r = 0; r < n; r++) state[r] = ws[r].stage < 0 ? RT_DONE : RT_BLOCKED;
+    const float **parts = malloc((size_t)n * sizeof(float *));
+    PD_ASSERT(parts);
+    for (;;) {
+        int progress = 0, pending = 0;
+        for (int r = 0; r < n; r++) {
+            if (state[r] == RT_DONE) continue;
+            int pc0 = ws[r].pc;
+            state[r] = rt_exec(&ws[r], 0, err);
+            if (state[r] == RT_ERR) {
+                rc = err->code ? err->code : PD_ECOMM;
+                goto out_parts;
+            }
+            if (ws[r].pc != pc0) progress = 1;
+            if (state[r] != RT_DONE) pending = 1;
+        }
+        /* All-reduces whose whole group has arrived: sum in group rank order. */
+        for (int st = 0; st < s->n_stages; st++) {
+            const SchedStage *ss = &s->stages[st];
+            int ready = ss->replicas > 1;
+            for (int j = 0; j < ss->replicas && ready; j++) ready = state[ss->ranks[j]] == RT_AT_AR;
+            if (!ready) continue;
+            Worker *w0 = &ws[ss->ranks[0]];
+            for (int j = 0; j < ss->replicas; j++) parts[j] = ws[ss->ranks[j]].dw;
+            comm_sum_serial(parts, ss->replicas, w0->np, rt_allreduce_op(s), w0->dw);
+            for (int j = 0; j < ss->replicas; j++) {
+                Worker *wj = &ws[ss->ranks[j]];
+                if (j) memcpy(wj->dw, w0->dw, wj->np * sizeof(float));
+                vstore_collect(wj, wj->pc);
+                wj->pc++;
+                state[wj->rank] = RT_BLOCKED;
+            }
+            progress = 1;
+        }
+        if (!pending) break;
+        if (!progress) {
+            char msg[400];
+            size_t k = 0;
+            for (int r = 0; r < n && k < sizeof msg - 40; r++)
+                if (state[r] != RT_DONE) {
+                    char t[48];
+                    k += (size_t)snprintf(msg + k, sizeof msg - k, " rank %d at %s;", r,
+                                          sched_instr_str(&ws[r].sw->ins[ws[r].pc], 0, t, sizeof t));
+                }
+            rc = err_set(err, PD_EINVAL, "emulation: deadlock:%s", msg);
+            goto out_parts;
+        }
+    }
+    for (int r = 0; r < n; r++) rt_worker_finish(&ws[r]);
+out_parts:
+    free(parts);
+out:
+    for (int r = 0; r < n; r++)
+        if (ws[r].cfg) rt_worker_release(&ws[r]);
+    for (int r = 0; r < n; r++) comm_free(eps[r]);
+    free(eps);
+    free(ws);
+    free(state);
+    return rc;
+}

@@ -1,0 +1,87 @@
+/* runtime.h: the pipelined training runtime. Each worker builds only its stage's layers and
+ * executes its instruction list from the schedule module (schedule.h): receive activations,
+ * forward, send; receive gradients, backward, send; all-reduce among replicas; optimizer
+ * step. Weight versions are kept in a per-stage store that holds exactly the versions the
+ * instruction list still reads (weight stashing) and frees each after its last reader.
+ *
+ * Three ways to run the same instruction lists, which must give bitwise identical weights:
+ *   - rt_worker_run on every rank of an MPI job (comm_mpi_create);
+ *   - rt_run_threads: one thread per worker in this process (threads transport);
+ *   - rt_emulate: ONE thread executes every worker's list serially, always advancing the
+ *     first worker that can proceed, with all-reduces summed serially in group rank
+ *     order (comm_sum_serial). It is the oracle for the asynchronous schedules.
+ *
+ * Units (schedule.h): unit u carries `unit_batch` samples, the data sampler's global
+ * minibatch u (drop_last, so every unit is full). Labels travel from the input stage to the
+ * last stage as control messages. The loss of a unit is scaled by 1/n_micro so that a
+ * minibatch's accumulated gradient is the mean over its micro-batches; replicas average
+ * (COMM_MEAN) their gradients before each step.
+ *
+ * Not here: planning (plan.h), the schedule's shape (schedule.h), checkpoints. */
+#ifndef PD_RUNTIME_H
+#define PD_RUNTIME_H
+
+#include <stdint.h>
+
+#include "comm.h"
+#include "data.h"
+#include "nn.h"
+#include "plan.h"
+#include "schedule.h"
+
+typedef struct RtConfig {
+    const char *model_path;   /* model JSON; every worker reads it */
+    const Schedule *sched;    /* borrowed: the instruction lists (and stages) to run */
+    int unit_batch;           /* samples per unit (micro-batch) */
+    OptConfig opt;
+    uint64_t seed;            /* init, dropout, shuffle */
+    const Dataset *train;     /* borrowed; read by the input stage only */
+    const Dataset *test;      /* borrowed, may be NULL: evaluation after training */
+    double recv_timeout_s;    /* deadline on every receive (0 = none) */
+    int trace;                /* record a trace of every instruction */
+} RtConfig;
+
+/* One executed instruction, for traces and timelines. */
+typedef struct RtEvent {
+    int32_t op;        /* InstrOp */
+    int32_t mb;
+    int32_t version;   /* version read (F/B) or written (step), -1 otherwise */
+    double t0, t1;     /* seconds since the worker started */
+} RtEvent;
+
+/* What one worker reports. */
+typedef struct RtWorkerResult {
+    int rank, stage, replica;
+    size_t n_params;
+    float *params;           /* newest weights of the stage range (n_params), owned */
+    uint32_t params_crc;     /* CRC-32 of params */
+    int max_versions;        /* most weight versions alive at once */
+    /* last stage only (zero elsewhere): */
+    double loss_sum;         /* sum of unit losses (unscaled) */
+    double last_loss;        /* the mean loss of the last minibatch seen */
+    int units_done;
+    long test_correct, test_total;
+    /* timing */
+    double wall_s;           /* from start to the end of the instruction list */
+    double compute_s;        /* in forward/backward/step */
+    double wait_s;           /* blocked in receives and all-reduces */
+    int n_fwd, n_bwd;
+    int n_events;
+    RtEvent *events;         /* when cfg->trace, owned */
+} RtWorkerResult;
+
+void rt_result_release(RtWorkerResult *r);
+
+/* Runs rank comm_rank(c)'s list of cfg->sched over c, then (if cfg->test) the evaluation
+ * pass. Every rank must call it with the same configuration. Returns PD_OK, or an error with
+ * err naming the rank, the instruction and the minibatch (a timeout names the peer). */
+int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err);
+
+/* One thread per rank over the threads transport; res has sched->n_ranks entries. */
+int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err);
+
+/* The serial single-process emulation (see above); res has sched->n_ranks entries. A
+ * schedule that cannot progress is reported as a deadlock naming the blocked workers. */
+int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err);
+
+#endif

@@ -1,0 +1,323 @@
+/* test_runtime.c: the pipelined runtime against two oracles.
+ *  - Asynchronous schedules (1f1b with and without vertical sync, 2bw) on 2, 3 and 4 stages,
+ *    with and without a replicated stage: the threads transport must end with weights
+ *    BITWISE equal to the serial single-process emulation of the same instruction lists,
+ *    and every forward/backward must use the version the schedule names.
+ *  - Synchronous schedules (gpipe, 1f1b-flush, dp, a one-stage plan), on a small MLP and on
+ *    a small CNN with batch norm and dropout: the weights after 20 steps equal plain
+ *    sequential minibatch SGD written here directly on the nn API (forward/backward of each
+ *    unit in order, gradients accumulated, one optimizer step per minibatch), up to
+ *    summation order: |got - want| <= 2e-5 + 2e-4 |want|. The only difference between the
+ *    two computations is the order of float additions (gradient sums over replicas and
+ *    micro-batches), whose rounding error after 20 steps of lr 0.05 is far below that
+ *    bound, while a wrong version, a lost or doubled micro-batch or a wrong scale moves
+ *    weights by more than 1e-3 relative.
+ * The MPI transport is checked by tests/cli/runtime_mpi.sh. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "runtime.h"
+
+static const char *MLP_JSON =
+    "{\"name\": \"tiny-mlp\", \"input\": [1, 28, 28], \"layers\": ["
+    "{\"type\": \"flatten\"},"
+    "{\"type\": \"linear\", \"in\": 784, \"out\": 24, \"relu\": true},"
+    "{\"type\": \"linear\", \"in\": 24, \"out\": 24, \"relu\": true},"
+    "{\"type\": \"linear\", \"in\": 24, \"out\": 16, \"relu\": true},"
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 10}]}";
+
+static const char *CNN_JSON =
+    "{\"name\": \"tiny-cnn\", \"input\": [1, 28, 28], \"layers\": ["
+    "{\"type\": \"conv2d\", \"in\": 1, \"out\": 4, \"kernel\": 3, \"stride\": 2, \"pad\": 1, \"bias\": false},"
+    "{\"type\": \"batchnorm\", \"features\": 4, \"relu\": true},"
+    "{\"type\": \"maxpool\", \"kernel\": 2, \"stride\": 2},"
+    "{\"type\": \"flatten\"},"
+    "{\"type\": \"linear\", \"in\": 196, \"out\": 32, \"relu\": true},"
+    "{\"type\": \"dropout\", \"p\": 0.3},"
+    "{\"type\": \"linear\", \"in\": 32, \"out\": 10}]}";
+
+static char mlp_path[64], cnn_path[64];
+static Dataset train;
+
+static void write_tmp(char *path, const char *text) {
+    strcpy(path, "/tmp/pd_rt_model_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static int setup(void **state) {
+    (void)state;
+    write_tmp(mlp_path, MLP_JSON);
+    write_tmp(cnn_path, CNN_JSON);
+    Err err = {0};
+    if (data_synthetic(640, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(mlp_path);
+    unlink(cnn_path);
+    data_release(&train);
+    return 0;
+}
+
+/* A plan with stages given as layer ranges [bounds[i], bounds[i+1]) and replica counts;
+ * ranks assigned in stage order. */
+typedef struct TPlan {
+    Plan p;
+    PlanStage st[8];
+    int layers[8][16];
+    int ranks[8][8];
+} TPlan;
+
+static void tplan(TPlan *t, int n_stages, const int *bounds, const int *reps) {
+    memset(t, 0, sizeof *t);
+    int rank = 0;
+    for (int i = 0; i < n_stages; i++) {
+        PlanStage *s = &t->st[i];
+        s->n_layers = bounds[i + 1] - bounds[i];
+        s->layers = t->layers[i];
+        for (int l = 0; l < s->n_layers; l++) s->layers[l] = bounds[i] + l;
+        s->replicas = reps[i];
+        s->ranks = t->ranks[i];
+        for (int r = 0; r < reps[i]; r++) s->ranks[r] = rank++;
+    }
+    t->p.n_stages = n_stages;
+    t->p.stages = t->st;
+    t->p.n_layers = bounds[n_stages];
+    t->p.n_workers = rank;
+    t->p.noam = (rank + reps[0] - 1) / reps[0];
+}
+
+static RtConfig config(const char *model, const Schedule *s, int B) {
+    RtConfig c = {0};
+    c.model_path = model;
+    c.sched = s;
+    c.unit_batch = B;
+    c.opt = optim_defaults(OPT_SGD, 0.05f);
+    c.opt.momentum = 0.9f;
+    c.seed = 11;
+    c.train = &train;
+    c.recv_timeout_s = 60;
+    c.trace = 1;
+    return c;
+}
+
+/* Every forward/backward event used the version the schedule names, in the same order. */
+static void check_versions(const Schedule *s, const RtWorkerResult *res) {
+    for (int r = 0; r < s->n_ranks; r++) {
+        const SchedWorker *w = &s->workers[r];
+        int e = 0;
+        for (int i = 0; i < w->n; i++) {
+            const Instr *in = &w->ins[i];
+            if (in->op != OP_FORWARD && in->op != OP_BACKWARD) continue;
+            while (e < res[r].n_events && res[r].events[e].op != OP_FORWARD && res[r].events[e].op != OP_BACKWARD) e++;
+            assert_true(e < res[r].n_events);
+            assert_int_equal(res[r].events[e].op, in->op);
+            assert_int_equal(res[r].events[e].mb, in->mb);
+            assert_int_equal(res[r].events[e].version, in->version);
+            e++;
+        }
+    }
+}
+
+static void run_async_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind,
+                           int vsync, int n_mb, int n_micro) {
+    TPlan tp;
+    tplan(&tp, n_stages, bounds, reps);
+    Schedule s;
+    Err err = {0};
+    SchedOpts so = {.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro, .vertical_sync = vsync};
+    if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
+    RtConfig cfg = config(model, &s, 8);
+    RtWorkerResult a[16], b[16];
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+    if (rt_emulate(&cfg, a, &err)) fail_msg("emulate: %s", err.msg);
+    if (rt_run_threads(&cfg, b, &err)) fail_msg("threads: %s", err.msg);
+    check_versions(&s, a);
+    check_versions(&s, b);
+    int stashed = 0;
+    for (int r = 0; r < s.n_ranks; r++) {
+        assert_int_equal(a[r].n_params, b[r].n_params);
+        if (memcmp(a[r].params, b[r].params, a[r].n_params * sizeof(float)) != 0)
+            fail_msg("%s stages=%d rank %d: threads and emulation differ", sched_kind_name(kind), n_stages, r);
+        assert_int_equal(a[r].n_fwd, b[r].n_fwd);
+        if (a[r].max_versions > 1) stashed = 1;
+        /* the weights moved: training happened */
+        assert_true(a[r].params_crc != 0);
+    }
+    /* Replicas of a stage hold identical weights after a synchronised step. */
+    for (int i = 0; i < n_stages; i++)
+        for (int j = 1; j < reps[i]; j++) {
+            int r0 = tp.st[i].ranks[0], rj = tp.st[i].ranks[j];
+            assert_memory_equal(a[r0].params, a[rj].params, a[r0].n_params * sizeof(float));
+        }
+    if (kind == SCHED_1F1B && n_stages > 1) assert_true(stashed);   /* weight stashing happened */
+    if (kind == SCHED_2BW)
+        for (int r = 0; r < s.n_ranks; r++) assert_true(a[r].max_versions <= 2);
+    for (int r = 0; r < s.n_ranks; r++) {
+        rt_result_release(&a[r]);
+        rt_result_release(&b[r]);
+    }
+    sched_release(&s);
+}
+
+static void test_async_equals_emulation(void **state) {
+    (void)state;
+    /* MLP top-level layers: 0 flatten, 1-4 linear */
+    int b2[] = {0, 2, 5}, b3[] = {0, 2, 3, 5}, b4[] = {0, 2, 3, 4, 5};
+    int r11[] = {1, 1}, r21[] = {2, 1}, r111[] = {1, 1, 1}, r121[] = {1, 2, 1}, r1111[] = {1, 1, 1, 1};
+    run_async_case(mlp_path, 2, b2, r11, SCHED_1F1B, 0, 12, 1);
+    run_async_case(mlp_path, 2, b2, r21, SCHED_1F1B, 0, 12, 1);
+    run_async_case(mlp_path, 3, b3, r111, SCHED_1F1B, 0, 12, 1);
+    run_async_case(mlp_path, 3, b3, r121, SCHED_1F1B, 0, 12, 1);
+    run_async_case(mlp_path, 4, b4, r1111, SCHED_1F1B, 0, 12, 1);
+    run_async_case(mlp_path, 3, b3, r111, SCHED_1F1B, 1, 12, 1);
+    run_async_case(mlp_path, 4, b4, r1111, SCHED_1F1B, 1, 12, 1);
+    run_async_case(mlp_path, 2, b2, r11, SCHED_2BW, 0, 6, 4);
+    run_async_case(mlp_path, 4, b4, r1111, SCHED_2BW, 0, 5, 4);
+    run_async_case(mlp_path, 3, b3, r121, SCHED_2BW, 0, 5, 4);
+    /* CNN with batch norm and dropout: 0 conv,1 bn,2 pool,3 flatten,4 linear,5 dropout,6 linear */
+    int c3[] = {0, 2, 5, 7};
+    run_async_case(cnn_path, 3, c3, r121, SCHED_1F1B, 0, 10, 1);
+}
+
+/* Sequential minibatch SGD on the whole model: for minibatch k, units
+ * k*per .. k*per+per-1 each forward/backward with loss scale 1/per, then one step. */
+static float *sequential(const char *model, int steps, int per, int B, size_t *np_out) {
+    Err err = {0};
+    Model *m = model_load(model, &err);
+    if (!m) fail_msg("%s", err.msg);
+    int nl = model_n_layers(m);
+    if (model_build(m, 0, nl, B, &err)) fail_msg("%s", err.msg);
+    size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
+    float *w = pd_alloc_f32(np), *dw = pd_alloc_f32(np), *st = pd_alloc_f32(ns ? ns : 1);
+    model_init_params(m, 0, nl, 11, w);
+    model_init_state(m, 0, nl, st);
+    OptConfig oc = optim_defaults(OPT_SGD, 0.05f);
+    oc.momentum = 0.9f;
+    Optim opt;
+    optim_init(&opt, &oc, np);
+    NnCtx *ctx = nnctx_new(m, 0, nl, B);
+    DataSampler ds;
+    if (data_sampler_init(&ds, &train, B, 11, 1, 1, &err)) fail_msg("%s", err.msg);
+    int32_t labels[64];
+    float dl[64 * 10];
+    for (int k = 0; k < steps; k++) {
+        memset(dw, 0, np * sizeof(float));
+        for (int j = 0; j < per; j++) {
+            int u = k * per + j;
+            assert_int_equal(data_sampler_get(&ds, (uint64_t)u, nnctx_input(ctx), labels), B);
+            NnRun run = {.n = B, .train = 1, .seed = 11, .minibatch = (uint64_t)u};
+            const float *y = model_forward(m, ctx, w, st, nnctx_input(ctx), &run);
+            memset(dl, 0, sizeof dl);
+            kern_xent_fwd_bwd_ref(y, labels, dl, B, 10, 1.0f / (float)per, NULL);
+            model_backward(m, ctx, w, dl, NULL, dw);
+        }
+        optim_step(&opt, w, dw);
+    }
+    data_sampler_release(&ds);
+    nnctx_free(ctx);
+    optim_release(&opt);
+    pd_free(dw);
+    pd_free(st);
+    model_free(m);
+    *np_out = np;
+    return w;
+}
+
+static void run_sync_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind,
+                          int n_micro) {
+    TPlan tp;
+    tplan(&tp, n_stages, bounds, reps);
+    Schedule s;
+    Err err = {0};
+    const int steps = 20, B = 8;
+    /* units per optimizer step: micro-batches, or (dp, one-unit rounds) one per replica */
+    int per = kind == SCHED_DP ? tp.p.n_workers : n_micro;
+    SchedOpts so = {.kind = kind, .n_minibatches = kind == SCHED_DP ? steps * per : steps, .n_micro = n_micro};
+    if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
+    RtConfig cfg = config(model, &s, B);
+    RtWorkerResult res[16];
+    memset(res, 0, sizeof res);
+    if (rt_run_threads(&cfg, res, &err)) fail_msg("threads: %s", err.msg);
+    size_t np;
+    float *want = sequential(model, steps, per, B, &np);
+    Model *m = model_load(model, &err);
+    int stages = kind == SCHED_DP ? 1 : n_stages;
+    for (int i = 0; i < stages; i++) {
+        const SchedStage *ss = &s.stages[i];
+        size_t off = model_param_offset(m, ss->layers[0]);
+        for (int j = 0; j < ss->replicas; j++) {
+            const RtWorkerResult *r = &res[ss->ranks[j]];
+            char what[96];
+            snprintf(what, sizeof what, "%s stage %d replica %d", sched_kind_name(kind), i, j);
+            assert_int_equal(tu_compare(what, r->params, want + off, r->n_params, 2e-4, 2e-5), 0);
+        }
+    }
+    /* and the weights did move away from the initial ones */
+    float *w0 = pd_alloc_f32(np);
+    model_init_params(m, 0, model_n_layers(m), 11, w0);
+    double moved = 0;
+    for (size_t i = 0; i < np; i++) moved = fmax(moved, fabs(want[i] - w0[i]));
+    assert_true(moved > 1e-3);
+    pd_free(w0);
+    model_free(m);
+    pd_free(want);
+    for (int r = 0; r < 16; r++) rt_result_release(&res[r]);
+    sched_release(&s);
+}
+
+static void test_sync_equals_sequential(void **state) {
+    (void)state;
+    int b1[] = {0, 5}, b2[] = {0, 2, 5}, b3[] = {0, 2, 3, 5};
+    int r1[] = {1}, r11[] = {1, 1}, r121[] = {1, 2, 1}, r2[] = {2};
+    run_sync_case(mlp_path, 1, b1, r1, SCHED_1F1B, 1);       /* one-stage plan */
+    run_sync_case(mlp_path, 2, b2, r11, SCHED_GPIPE, 4);
+    run_sync_case(mlp_path, 3, b3, r121, SCHED_GPIPE, 4);
+    run_sync_case(mlp_path, 3, b3, r121, SCHED_1F1B_FLUSH, 4);
+    run_sync_case(mlp_path, 1, b1, r2, SCHED_DP, 1);
+    int c3[] = {0, 2, 5, 7}, c1[] = {0, 7};
+    int r3[] = {3};
+    run_sync_case(cnn_path, 3, c3, r121, SCHED_GPIPE, 4);
+    run_sync_case(cnn_path, 3, c3, r121, SCHED_1F1B_FLUSH, 2);
+    run_sync_case(cnn_path, 1, c1, r3, SCHED_DP, 1);
+}
+
+static void test_bad_launch(void **state) {
+    (void)state;
+    /* A plan whose stage runs layers the model does not have: a clear error, no hang. */
+    int b2[] = {0, 2, 9}, r11[] = {1, 1};
+    TPlan tp;
+    tplan(&tp, 2, b2, r11);
+    Schedule s;
+    Err err = {0};
+    SchedOpts so = {.kind = SCHED_1F1B, .n_minibatches = 4, .n_micro = 1};
+    assert_int_equal(sched_build(&tp.p, &so, &s, &err), PD_OK);
+    RtConfig cfg = config(mlp_path, &s, 8);
+    RtWorkerResult res[4];
+    memset(res, 0, sizeof res);
+    assert_int_not_equal(rt_run_threads(&cfg, res, &err), PD_OK);
+    assert_non_null(strstr(err.msg, "layer 8"));
+    for (int r = 0; r < 4; r++) rt_result_release(&res[r]);
+    sched_release(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_async_equals_emulation),
+        cmocka_unit_test(test_sync_equals_sequential),
+        cmocka_unit_test(test_bad_launch),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
