@@ -294,6 +294,118 @@ static void test_sync_equals_sequential(void **state) {
     run_sync_case(cnn_path, 1, c1, r3, SCHED_DP, 1);
 }
 
+
+/* The independent oracle of 1F1B semantics for a straight pipeline (one replica per stage):
+ * stage s's forward of unit u reads version v_s(u) (the version its F instruction names),
+ * its backward uses the same weights, and version k+1 of stage s is one optimizer step from
+ * version k with the gradient of the k-th backward at s (units in order). Computed here
+ * unit by unit with the nn API, with every version kept, nothing shared with the runtime's
+ * store, slots or messages. */
+static void check_1f1b_oracle(const char *model, int n_stages, const int *bounds, int vsync, int n_mb) {
+    int reps[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    TPlan tp;
+    tplan(&tp, n_stages, bounds, reps);
+    Schedule s;
+    Err err = {0};
+    SchedOpts so = {.kind = SCHED_1F1B, .n_minibatches = n_mb, .n_micro = 1, .vertical_sync = vsync};
+    if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
+    const int B = 8;
+    RtConfig cfg = config(model, &s, B);
+    RtWorkerResult res[8];
+    memset(res, 0, sizeof res);
+    if (rt_run_threads(&cfg, res, &err)) fail_msg("threads: %s", err.msg);
+
+    Model *m = model_load(model, &err);
+    int nl = model_n_layers(m);
+    if (model_build(m, 0, nl, B, &err)) fail_msg("%s", err.msg);
+    /* per stage: every version's weights, the state, the optimizer, a context */
+    float **W[8];
+    float *st[8], *dw[8];
+    Optim opt[8];
+    NnCtx *ctx[8];
+    int *vF[8];
+    size_t np[8];
+    OptConfig oc = cfg.opt;
+    for (int i = 0; i < n_stages; i++) {
+        int a = bounds[i], b = bounds[i + 1];
+        np[i] = model_param_count(m, a, b);
+        W[i] = calloc((size_t)n_mb + 1, sizeof(float *));
+        W[i][0] = pd_alloc_f32(np[i]);
+        model_init_params(m, a, b, cfg.seed, W[i][0]);
+        size_t ns = model_state_count(m, a, b);
+        st[i] = pd_alloc_f32(ns ? ns : 1);
+        model_init_state(m, a, b, st[i]);
+        dw[i] = pd_alloc_f32(np[i]);
+        optim_init(&opt[i], &oc, np[i]);
+        ctx[i] = nnctx_new(m, a, b, B);
+        vF[i] = calloc((size_t)n_mb, sizeof(int));
+        const SchedWorker *sw = &s.workers[tp.st[i].ranks[0]];
+        for (int k = 0; k < sw->n; k++)
+            if (sw->ins[k].op == OP_FORWARD) vF[i][sw->ins[k].mb] = sw->ins[k].version;
+    }
+    DataSampler ds;
+    if (data_sampler_init(&ds, &train, B, cfg.seed, 1, 1, &err)) fail_msg("%s", err.msg);
+    int32_t labels[64];
+    float dl[64 * 10];
+    float *x0 = pd_alloc_f32((size_t)B * 784);
+    float *gbuf[9];
+    for (int i = 0; i <= n_stages; i++) gbuf[i] = pd_alloc_f32((size_t)B * 1024);
+    for (int u = 0; u < n_mb; u++) {
+        assert_int_equal(data_sampler_get(&ds, (uint64_t)u, x0, labels), B);
+        const float *x = x0;
+        NnRun run = {.n = B, .train = 1, .seed = cfg.seed, .minibatch = (uint64_t)u};
+        for (int i = 0; i < n_stages; i++) {
+            assert_true(vF[i][u] <= u);   /* the version exists: steps only come from earlier units */
+            x = model_forward(m, ctx[i], W[i][vF[i][u]], st[i], x, &run);
+        }
+        memset(dl, 0, sizeof dl);
+        kern_xent_fwd_bwd(x, labels, dl, B, 10, 1.0f, NULL);   /* the runtime's loss kernel */
+        const float *dy = dl;
+        for (int i = n_stages - 1; i >= 0; i--) {
+            float *dx = i ? gbuf[i] : NULL;
+            if (dx) memset(dx, 0, (size_t)B * 1024 * sizeof(float));
+            memset(dw[i], 0, np[i] * sizeof(float));
+            model_backward(m, ctx[i], W[i][vF[i][u]], dy, dx, dw[i]);
+            dy = dx;
+            W[i][u + 1] = pd_alloc_f32(np[i]);
+            memcpy(W[i][u + 1], W[i][u], np[i] * sizeof(float));
+            optim_step(&opt[i], W[i][u + 1], dw[i]);
+        }
+    }
+    for (int i = 0; i < n_stages; i++) {
+        const RtWorkerResult *r = &res[tp.st[i].ranks[0]];
+        assert_int_equal(r->n_params, np[i]);
+        char what[64];
+        snprintf(what, sizeof what, "1f1b%s oracle stage %d", vsync ? "+vsync" : "", i);
+        /* the same float operations in the same order: bitwise */
+        assert_int_equal(tu_compare(what, r->params, W[i][n_mb], np[i], 0, 0), 0);
+        for (int v = 0; v <= n_mb; v++) pd_free(W[i][v]);
+        free(W[i]);
+        pd_free(st[i]);
+        pd_free(dw[i]);
+        optim_release(&opt[i]);
+        nnctx_free(ctx[i]);
+        free(vF[i]);
+    }
+    for (int i = 0; i <= n_stages; i++) pd_free(gbuf[i]);
+    pd_free(x0);
+    data_sampler_release(&ds);
+    model_free(m);
+    for (int r = 0; r < 8; r++) rt_result_release(&res[r]);
+    sched_release(&s);
+}
+
+static void test_1f1b_oracle(void **state) {
+    (void)state;
+    int b2[] = {0, 2, 5}, b3[] = {0, 2, 3, 5}, b4[] = {0, 2, 3, 4, 5}, c3[] = {0, 2, 5, 7};
+    check_1f1b_oracle(mlp_path, 2, b2, 0, 12);
+    check_1f1b_oracle(mlp_path, 3, b3, 0, 12);
+    check_1f1b_oracle(mlp_path, 4, b4, 0, 12);
+    check_1f1b_oracle(mlp_path, 4, b4, 1, 12);
+    check_1f1b_oracle(cnn_path, 3, c3, 0, 10);
+    check_1f1b_oracle(cnn_path, 3, c3, 1, 10);
+}
+
 static void test_bad_launch(void **state) {
     (void)state;
     /* A plan whose stage runs layers the model does not have: a clear error, no hang. */
@@ -317,6 +429,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_emulation),
         cmocka_unit_test(test_sync_equals_sequential),
+        cmocka_unit_test(test_1f1b_oracle),
         cmocka_unit_test(test_bad_launch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
