@@ -82,7 +82,7 @@ int sim_link_level(const Cluster *cl, int a, int b) {
 
 /* ---- engine ----------------------------------------------------------------------- */
 
-enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED, MSG_DONE };
+enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED };
 
 typedef struct Msg {
     uint64_t key;     /* kind << 40 | src << 20 | dst */
@@ -122,7 +122,7 @@ typedef struct Engine {
     WState *ws;
     Group *groups;
     Msg *tab;
-    size_t tab_mask;
+    size_t tab_mask, n_live;
     int *stack, n_stack;
     Err *err;
 } Engine;
@@ -136,20 +136,65 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
+static size_t msg_home(const Engine *e, uint64_t key, int mb) {
+    return mix64(key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uint32_t)mb) & e->tab_mask;
+}
+
+static void msg_grow(Engine *e) {
+    size_t old_cap = e->tab_mask + 1, cap = 2 * old_cap;
+    Msg *old = e->tab;
+    e->tab = calloc(cap, sizeof(Msg));
+    PD_ASSERT(e->tab);
+    e->tab_mask = cap - 1;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i].state == MSG_EMPTY) continue;
+        size_t h = msg_home(e, old[i].key, old[i].mb);
+        while (e->tab[h].state != MSG_EMPTY) h = (h + 1) & e->tab_mask;
+        e->tab[h] = old[i];
+    }
+    free(old);
+}
+
+/* The live message (posted or waited for) with this key, created empty if asked. The
+ * table holds only live messages (received ones are removed), so it stays small. */
 static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int create) {
     uint64_t key = (uint64_t)kind << 40 | (uint64_t)src << 20 | (uint64_t)dst;
-    size_t h = mix64(key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uint32_t)mb) & e->tab_mask;
     for (;;) {
-        Msg *m = &e->tab[h];
-        if (m->state == MSG_EMPTY) {
-            if (!create) return NULL;
+        size_t h = msg_home(e, key, mb);
+        for (;;) {
+            Msg *m = &e->tab[h];
+            if (m->state == MSG_EMPTY) break;
+            if (m->key == key && m->mb == mb) return m;
+            h = (h + 1) & e->tab_mask;
+        }
+        if (!create) return NULL;
+        if (2 * (e->n_live + 1) <= e->tab_mask + 1) {
+            Msg *m = &e->tab[h];
             m->key = key;
             m->mb = mb;
+            e->n_live++;
             return m;
         }
-        if (m->key == key && m->mb == mb) return m;
-        h = (h + 1) & e->tab_mask;
+        msg_grow(e);
     }
+}
+
+/* Linear-probing deletion by backward shift (no tombstones). */
+static void msg_remove(Engine *e, Msg *m) {
+    size_t i = (size_t)(m - e->tab), j = i;
+    for (;;) {
+        j = (j + 1) & e->tab_mask;
+        if (e->tab[j].state == MSG_EMPTY) break;
+        size_t k = msg_home(e, e->tab[j].key, e->tab[j].mb);
+        /* move j into the hole at i unless its home lies cyclically in (i, j] */
+        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (!stays) {
+            e->tab[i] = e->tab[j];
+            i = j;
+        }
+    }
+    memset(&e->tab[i], 0, sizeof e->tab[i]);
+    e->n_live--;
 }
 
 static double link_time(const Engine *e, int a, int b, double bytes) {
@@ -223,7 +268,7 @@ static int run_worker(Engine *e, int rank) {
             st[i] = t0;
             en[i] = t1;
             Msg *m = msg_find(e, act, rank, peer, in->mb, 1);
-            if (m->state == MSG_POSTED || m->state == MSG_DONE)
+            if (m->state == MSG_POSTED)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d to %d sent twice", rank, i,
                                act ? "activation" : "gradient", in->mb, peer);
             int waiter = m->state == MSG_WAITED ? m->waiter : -1;
@@ -240,21 +285,18 @@ static int run_worker(Engine *e, int rank) {
             if (in->peer < 0 || in->peer >= s->n_ranks)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: receive from bad peer %d", rank, i, in->peer);
             Msg *m = msg_find(e, act, in->peer, rank, in->mb, 1);
-            if (m->state == MSG_EMPTY || m->state == MSG_WAITED) {
+            if (m->state != MSG_POSTED) {   /* not sent yet (a second receive of one message waits forever) */
                 if (!w->blocked) st[i] = w->clock;
                 m->state = MSG_WAITED;
                 m->waiter = rank;
                 w->blocked = 1;
                 return PD_OK;
             }
-            if (m->state == MSG_DONE)
-                return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d from %d received twice", rank, i,
-                               act ? "activation" : "gradient", in->mb, in->peer);
             if (!w->blocked) st[i] = w->clock;
             w->blocked = 0;
             if (m->arrive > w->clock) w->clock = m->arrive;
             en[i] = w->clock;
-            m->state = MSG_DONE;
+            msg_remove(e, m);
             break;
         }
         case OP_ALLREDUCE: {
@@ -474,10 +516,7 @@ static void metrics(Engine *e) {
 
 void sim_result_release(SimResult *r) {
     if (!r) return;
-    for (int w = 0; w < r->n_ranks; w++) {
-        if (r->start) free(r->start[w]);
-        if (r->end) free(r->end[w]);
-    }
+    free(r->times_);
     free(r->start);
     free(r->end);
     free(r->busy_fraction);
@@ -506,19 +545,18 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     r->max_inflight = calloc((size_t)W, sizeof(int));
     r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
     PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->versions_alive);
-    size_t n_send = 0;
-    for (int w = 0; w < W; w++) {
-        const SchedWorker *sw = &s->workers[w];
-        r->start[w] = calloc((size_t)sw->n + 1, sizeof(double));
-        r->end[w] = calloc((size_t)sw->n + 1, sizeof(double));
-        PD_ASSERT(r->start[w] && r->end[w]);
-        for (int i = 0; i < sw->n; i++) n_send += sw->ins[i].op == OP_SEND_ACT || sw->ins[i].op == OP_SEND_GRAD;
+    size_t n_ins = 0;
+    for (int w = 0; w < W; w++) n_ins += (size_t)s->workers[w].n;
+    r->times_ = malloc((2 * n_ins + 1) * sizeof(double));   /* every slot is written */
+    PD_ASSERT(r->times_);
+    size_t off = 0;
+    for (int w = 0; w < W; off += (size_t)s->workers[w].n, w++) {
+        r->start[w] = r->times_ + off;
+        r->end[w] = r->times_ + n_ins + off;
     }
-    Engine e = {s, c, o, r, calloc((size_t)W, sizeof(WState)), calloc((size_t)s->n_stages, sizeof(Group)), NULL, 0,
+    Engine e = {s, c, o, r, calloc((size_t)W, sizeof(WState)), calloc((size_t)s->n_stages, sizeof(Group)), NULL, 0, 0,
                 malloc((size_t)W * 2 * sizeof(int) + sizeof(int)), 0, err};
-    size_t cap = 16;
-    while (cap < 2 * n_send + 16) cap *= 2;   /* receives without sends add at most W waits */
-    while (cap < 2 * n_send + 2 * (size_t)W + 16) cap *= 2;
+    size_t cap = 1024;
     e.tab = calloc(cap, sizeof(Msg));
     e.tab_mask = cap - 1;
     PD_ASSERT(e.ws && e.groups && e.tab && e.stack);
@@ -537,7 +575,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
                 break;
             }
     if (!rc) {
-        for (size_t i = 0; i < cap && !rc; i++)
+        for (size_t i = 0; i <= e.tab_mask && !rc; i++)
             if (e.tab[i].state == MSG_POSTED) {
                 const Msg *m = &e.tab[i];
                 int kind = (int)(m->key >> 40), src = (int)(m->key >> 20 & 0xfffff), dst = (int)(m->key & 0xfffff);

@@ -78,6 +78,7 @@ typedef struct SimResult {
     int *versions_alive;           /* per stage: most weight versions alive at a replica */
     double **start, **end;         /* per rank, per instruction (see sim_run) */
     int n_messages;
+    double *times_;                /* internal: storage of start and end */
 } SimResult;
 
 /* Runs schedule s with costs c. Fills *out (caller releases with sim_result_release).
