@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# train_basic.sh: `pipedream train`: --help, usage errors (exit 2, one line), runtime errors
+# (exit 1), and a 20-step lenet5 run that prints a JSON summary and writes metrics.
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$PD" train --help >"$tmp/help" || fail "--help exit $?"
+grep -q "usage: pipedream train MODEL.json" "$tmp/help" || fail "--help text"
+
+for args in "--bogus" "--lr abc" "--minibatch 0" "--optimizer rmsprop" "--epochs 1 --steps 3" "" "--steps"; do
+    "$PD" train $SRC/models/lenet5.json $args >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ -z "$args" ] && { "$PD" train >"$tmp/out" 2>"$tmp/err"; rc=$?; }
+    [ $rc -eq 2 ] || fail "train $args: exit $rc, want 2"
+    [ "$(wc -l <"$tmp/err")" -eq 1 ] || fail "train $args: stderr not one line: $(cat "$tmp/err")"
+    grep -q "^pipedream: error: " "$tmp/err" || fail "train $args: $(cat "$tmp/err")"
+    [ -s "$tmp/out" ] && fail "train $args: wrote to stdout"
+done
+
+"$PD" train "$tmp/missing.json" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "missing model: want exit 1"
+grep -q "missing.json" "$tmp/err" || fail "missing model: $(cat "$tmp/err")"
+echo '{"name": "x", "input": [1, 28, 28], "layers": [{"type": "flatten"}, {"type": "linear", "in": 784, "out": 10, "bais": true}]}' >"$tmp/bad.json"
+"$PD" train "$tmp/bad.json" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "bad model: want exit 1"
+grep -q 'layer 1 (linear): unknown key "bais"' "$tmp/err" || fail "bad model: $(cat "$tmp/err")"
+"$PD" train $SRC/models/lenet5.json --data "$tmp" --steps 1 >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "missing data: want exit 1"
+
+"$PD" train $SRC/models/lenet5.json --steps 20 --log-every 10 --metrics "$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err" ||
+    fail "20 steps: exit $? $(cat "$tmp/err")"
+[ "$(wc -l <"$tmp/out")" -eq 1 ] || fail "summary is not one line"
+for k in test_accuracy final_loss samples_per_s steps; do
+    grep -q "\"$k\": [0-9]" "$tmp/out" || fail "summary lacks $k: $(cat "$tmp/out")"
+done
+grep -q '"steps": 20,' "$tmp/out" || fail "steps: $(cat "$tmp/out")"
+[ -s "$tmp/err" ] && fail "stderr is not a TTY, yet got: $(cat "$tmp/err")"
+[ "$(grep -c '"type": "step"' "$tmp/m.jsonl")" -eq 2 ] || fail "metrics steps: $(cat "$tmp/m.jsonl")"
+[ "$(grep -c '"type": "epoch"' "$tmp/m.jsonl")" -eq 1 ] || fail "metrics epoch: $(cat "$tmp/m.jsonl")"
+# 20 Adam steps at lr 1e-3 already beat chance (10%) on the test set clearly
+"$PD" train $SRC/models/lenet5.json --steps 20 --optimizer adam --lr 0.001 >"$tmp/out" || fail "adam"
+awk -F'"test_accuracy": ' '{split($2, a, ","); exit !(a[1] > 0.2)}' "$tmp/out" || fail "adam did not learn: $(cat "$tmp/out")"
+echo PASS
