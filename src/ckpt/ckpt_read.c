@@ -363,7 +363,7 @@ static int validate(Ckpt *ck, uint64_t datalen, uint64_t header_len, uint64_t fi
         t->numel = (size_t)numel;
         t->nbytes = (size_t)span;
     }
-    qsort(ck->t, (size_t)ck->nt, sizeof *ck->t, cmp_offsets);
+    if (ck->nt > 1) qsort(ck->t, (size_t)ck->nt, sizeof *ck->t, cmp_offsets);
     uint64_t pos = 0;
     for (int i = 0; i < ck->nt; i++) {
         const CkptTensor *t = &ck->t[i];
@@ -680,7 +680,7 @@ int ckpt_latest(const char *dir, char *out, size_t n, Err *err) {
         c[nc++].step = step;
     }
     closedir(d);
-    qsort(c, nc, sizeof *c, cmp_cand_desc);
+    if (nc > 1) qsort(c, nc, sizeof *c, cmp_cand_desc);
     int rc = PD_OK;
     for (size_t i = 0; i < nc; i++) {
         char path[4096];
