@@ -67,17 +67,20 @@ int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Sh
     for (int i = 0; i < shape.ndim; i++) h.dims[i] = shape.d[i];
     h.count = shape_numel(shape);
     h.crc = header_crc(&h);
-    int tag = comm_tag(kind, mb, 0, c->tag_window);
-    CommReq *r = NULL;
-    rc = c->ops->isend(c, peer, tag, &h, data, &r, err);
-    if (rc) return rc;
+    CommReq *r = c->ops->req_new(c);
     r->is_recv = 0;
     r->peer = peer;
-    r->tag = tag;
+    r->tag = comm_tag(kind, mb, 0, c->tag_window);
     r->kind = kind;
     r->mb = mb;
     r->shape = shape;
-    r->buf = NULL;   /* r->hdr: the transport stored h there (it may be the send buffer) */
+    r->buf = NULL;
+    r->hdr = h;   /* the transport sends from here */
+    rc = c->ops->isend(c, r, data, err);
+    if (rc) {
+        c->ops->req_free(c, r);
+        return rc;
+    }
     *req = r;
     return PD_OK;
 }
@@ -86,17 +89,19 @@ int comm_irecv(Comm *c, int peer, CommKind kind, int64_t mb, Shape shape, float 
     *req = NULL;
     int rc = check_args(c, "receive", peer, kind, mb, shape, buf, err);
     if (rc) return rc;
-    int tag = comm_tag(kind, mb, 0, c->tag_window);
-    CommReq *r = NULL;
-    rc = c->ops->irecv(c, peer, tag, buf, shape_numel(shape), &r, err);
-    if (rc) return rc;
+    CommReq *r = c->ops->req_new(c);
     r->is_recv = 1;
     r->peer = peer;
-    r->tag = tag;
+    r->tag = comm_tag(kind, mb, 0, c->tag_window);
     r->kind = kind;
     r->mb = mb;
     r->shape = shape;
     r->buf = buf;
+    rc = c->ops->irecv(c, r, shape_numel(shape), err);
+    if (rc) {
+        c->ops->req_free(c, r);
+        return rc;
+    }
     *req = r;
     return PD_OK;
 }

@@ -14,7 +14,7 @@ _Static_assert(sizeof(CommHeader) == 64, "CommHeader is 64 bytes on the wire");
 _Static_assert(COMM_KIND_COUNT == 3, "tag scheme and comm_kind_name know three kinds");
 
 /* One request. A transport allocates it (with its own state after this common part) in
- * isend/irecv and frees it in req_free. */
+ * req_new and frees it in req_free. */
 struct CommReq {
     int is_recv;
     int peer;
@@ -31,12 +31,15 @@ enum { COMM_PENDING = 0, COMM_DONE = 1 };
 
 typedef struct CommOps {
     const char *name;
-    /* Start a send of hdr + payload (hdr->count floats) with tags (tag, tag + 1); stores
-     * *hdr in (*out)->hdr. */
-    int (*isend)(Comm *c, int peer, int tag, const CommHeader *hdr, const float *data,
-                 CommReq **out, Err *err);
-    /* Post a receive: header into (*out)->hdr, payload (cap floats) into buf. */
-    int (*irecv)(Comm *c, int peer, int tag, float *buf, size_t cap, CommReq **out, Err *err);
+    /* A new, idle request; comm.c fills its common part, then starts it with isend or
+     * irecv (so a request is complete before another thread can see it). */
+    CommReq *(*req_new)(Comm *c);
+    /* Start sending r->hdr (tag r->tag) and r->hdr.count floats of data (tag r->tag + 1)
+     * to r->peer. On failure the transport has undone its part; comm.c frees r. */
+    int (*isend)(Comm *c, CommReq *r, const float *data, Err *err);
+    /* Post a receive from r->peer: header (tag r->tag) into r->hdr, payload (tag
+     * r->tag + 1, at most cap floats) into r->buf. Failure: as isend. */
+    int (*irecv)(Comm *c, CommReq *r, size_t cap, Err *err);
     /* Wait for r until the absolute time deadline (pd_now() seconds; 0 = forever; < 0 =
      * only test once).
      * Returns COMM_DONE, COMM_PENDING (deadline passed) or -PD_ECOMM with err set (peer

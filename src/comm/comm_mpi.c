@@ -133,43 +133,48 @@ static void m_free(Comm *c) {
 
 /* ---- point to point --------------------------------------------------------------- */
 
-static int m_isend(Comm *c, int peer, int tag, const CommHeader *hdr, const float *data, CommReq **out, Err *err) {
-    MComm *m = c->ctx;
-    if (hdr->count > (uint64_t)INT_MAX)
-        return err_set(err, PD_EINVAL, "rank %d: message of %" PRIu64 " floats is too large for one MPI message",
-                       c->rank, hdr->count);
+static CommReq *m_req_new(Comm *c) {
+    (void)c;
     MReq *r = calloc(1, sizeof *r);
     PD_ASSERT(r);
-    r->base.hdr = *hdr;   /* the header's send buffer lives in the request */
-    int mrc = MPI_Isend(&r->base.hdr, (int)sizeof(CommHeader), MPI_BYTE, peer, tag, m->comm, &r->r[0]);
+    r->r[0] = r->r[1] = MPI_REQUEST_NULL;
+    return &r->base;
+}
+
+static int m_isend(Comm *c, CommReq *req, const float *data, Err *err) {
+    MComm *m = c->ctx;
+    MReq *r = (MReq *)req;
+    if (req->hdr.count > (uint64_t)INT_MAX)
+        return err_set(err, PD_EINVAL, "rank %d: message of %" PRIu64 " floats is too large for one MPI message",
+                       c->rank, req->hdr.count);
+    /* the header's send buffer is the request's copy */
+    int mrc = MPI_Isend(&req->hdr, (int)sizeof(CommHeader), MPI_BYTE, req->peer, req->tag, m->comm, &r->r[0]);
     if (mrc == MPI_SUCCESS)
-        mrc = MPI_Isend(data, (int)hdr->count, MPI_FLOAT, peer, tag + 1, m->comm, &r->r[1]);
+        mrc = MPI_Isend(data, (int)req->hdr.count, MPI_FLOAT, req->peer, req->tag + 1, m->comm, &r->r[1]);
     if (mrc != MPI_SUCCESS) {
         if (r->r[0] != MPI_REQUEST_NULL) MPI_Request_free(&r->r[0]);
-        free(r);
+        r->got[0] = r->got[1] = 1;
         return mpi_err(err, c->rank, mrc, "MPI_Isend", NULL);
     }
-    *out = &r->base;
     return PD_OK;
 }
 
-static int m_irecv(Comm *c, int peer, int tag, float *buf, size_t cap, CommReq **out, Err *err) {
+static int m_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
     MComm *m = c->ctx;
+    MReq *r = (MReq *)req;
     if (cap > (size_t)INT_MAX)
         return err_set(err, PD_EINVAL, "rank %d: receive of %zu floats is too large for one MPI message", c->rank, cap);
-    MReq *r = calloc(1, sizeof *r);
-    PD_ASSERT(r);
-    int mrc = MPI_Irecv(&r->base.hdr, (int)sizeof(CommHeader), MPI_BYTE, peer, tag, m->comm, &r->r[0]);
-    if (mrc == MPI_SUCCESS) mrc = MPI_Irecv(buf, (int)cap, MPI_FLOAT, peer, tag + 1, m->comm, &r->r[1]);
+    int mrc = MPI_Irecv(&req->hdr, (int)sizeof(CommHeader), MPI_BYTE, req->peer, req->tag, m->comm, &r->r[0]);
+    if (mrc == MPI_SUCCESS)
+        mrc = MPI_Irecv(req->buf, (int)cap, MPI_FLOAT, req->peer, req->tag + 1, m->comm, &r->r[1]);
     if (mrc != MPI_SUCCESS) {
         if (r->r[0] != MPI_REQUEST_NULL) {
             MPI_Cancel(&r->r[0]);
             MPI_Wait(&r->r[0], MPI_STATUS_IGNORE);
         }
-        free(r);
+        r->got[0] = r->got[1] = 1;
         return mpi_err(err, c->rank, mrc, "MPI_Irecv", NULL);
     }
-    *out = &r->base;
     return PD_OK;
 }
 
@@ -366,6 +371,7 @@ static int m_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) 
 
 static const CommOps MPI_OPS = {
     .name = "mpi",
+    .req_new = m_req_new,
     .isend = m_isend,
     .irecv = m_irecv,
     .wait = m_wait,

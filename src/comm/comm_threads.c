@@ -224,24 +224,28 @@ static void t_free(Comm *c) {
 
 /* ---- point to point --------------------------------------------------------------- */
 
-static int t_isend(Comm *c, int peer, int tag, const CommHeader *hdr, const float *data, CommReq **out, Err *err) {
-    TBox *b = ((TComm *)c->ctx)->box;
+static CommReq *t_req_new(Comm *c) {
+    (void)c;
     TReq *r = calloc(1, sizeof *r);
     PD_ASSERT(r);
-    r->done = 1;   /* eager: complete once handed over */
-    r->base.hdr = *hdr;
+    return &r->base;
+}
+
+static int t_isend(Comm *c, CommReq *req, const float *data, Err *err) {
+    TBox *b = ((TComm *)c->ctx)->box;
+    TReq *r = (TReq *)req;
+    const CommHeader *hdr = &req->hdr;
+    const int peer = req->peer, tag = req->tag;
+    int rc = PD_OK;
     pthread_mutex_lock(&b->mu);
     if (b->aborted) {
-        int rc = aborted_err(b, c->rank, err);
-        pthread_mutex_unlock(&b->mu);
-        free(r);
-        return rc;
+        rc = aborted_err(b, c->rank, err);
+        goto out;
     }
     if (b->ep[peer].closed) {
-        pthread_mutex_unlock(&b->mu);
-        free(r);
-        return err_set(err, PD_ECOMM, "rank %d: sending %s of minibatch %" PRId64 " to rank %d: its endpoint is closed",
-                       c->rank, comm_kind_name((CommKind)hdr->kind), hdr->mb, peer);
+        rc = err_set(err, PD_ECOMM, "rank %d: sending %s of minibatch %" PRId64 " to rank %d: its endpoint is closed",
+                     c->rank, comm_kind_name(req->kind), req->mb, peer);
+        goto out;
     }
     TEndpoint *d = &b->ep[peer];
     TReq *prev = NULL, *p = d->posted_head;
@@ -271,29 +275,25 @@ static int t_isend(Comm *c, int peer, int tag, const CommHeader *hdr, const floa
         else d->unexp_head = m;
         d->unexp_tail = m;
     }
+    r->done = 1;   /* eager: complete once handed over */
+out:
     pthread_mutex_unlock(&b->mu);
-    *out = &r->base;
-    return PD_OK;
+    return rc;
 }
 
-static int t_irecv(Comm *c, int peer, int tag, float *buf, size_t cap, CommReq **out, Err *err) {
+static int t_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
     TBox *b = ((TComm *)c->ctx)->box;
-    TReq *r = calloc(1, sizeof *r);
-    PD_ASSERT(r);
+    TReq *r = (TReq *)req;
+    int rc = PD_OK;
     r->cap = cap;
-    r->base.buf = buf;
-    r->base.peer = peer;   /* matching reads it before comm.c fills the rest */
-    r->base.tag = tag;
     pthread_mutex_lock(&b->mu);
     if (b->aborted) {
-        int rc = aborted_err(b, c->rank, err);
-        pthread_mutex_unlock(&b->mu);
-        free(r);
-        return rc;
+        rc = aborted_err(b, c->rank, err);
+        goto out;
     }
     TEndpoint *me = &b->ep[c->rank];
     TMsg *prev = NULL, *m = me->unexp_head;
-    while (m && !(m->src == peer && m->tag == tag)) {
+    while (m && !(m->src == req->peer && m->tag == req->tag)) {
         prev = m;
         m = m->next;
     }
@@ -310,9 +310,9 @@ static int t_irecv(Comm *c, int peer, int tag, float *buf, size_t cap, CommReq *
         else me->posted_head = r;
         me->posted_tail = r;
     }
+out:
     pthread_mutex_unlock(&b->mu);
-    *out = &r->base;
-    return PD_OK;
+    return rc;
 }
 
 static int t_wait(Comm *c, CommReq *req, double deadline, Err *err) {
@@ -570,6 +570,7 @@ static int t_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) 
 
 static const CommOps THREADS_OPS = {
     .name = "threads",
+    .req_new = t_req_new,
     .isend = t_isend,
     .irecv = t_irecv,
     .wait = t_wait,
