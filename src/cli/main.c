@@ -19,6 +19,7 @@ static int cmd_version(int argc, char **argv) {
 static const CliCommand COMMANDS[] = {
     /* one line per subcommand; keep this order (the user's path) */
     {"version", "print the version", cmd_version},
+    {"profile", "time a model's layers on one worker and write a profile", cmd_profile},
     {"train", "train a model on one worker (no pipeline)", cmd_train},
     {"bench", "time training steps of a model on synthetic data", cmd_bench},
     {"plan", "partition a profile into pipeline stages over a cluster", cmd_plan},

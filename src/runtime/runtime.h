@@ -84,4 +84,20 @@ int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err);
  * schedule that cannot progress is reported as a deadlock naming the blocked workers. */
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err);
 
+/* ---- the profiler (profiler.c) ------------------------------------------------------------ */
+typedef struct RtProfileOpts {
+    int minibatch;       /* samples per minibatch */
+    int threads;         /* kernel threads; 0 = leave as is */
+    int warmup;          /* untimed steps first */
+    int iterations;      /* timed steps; the median is recorded */
+    int progress;        /* a progress line on stderr */
+    const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
+} RtProfileOpts;
+
+/* Times o->warmup + o->iterations training steps of the model (synthetic data, whole model
+ * on this thread) and fills *out (caller releases with profile_release): per top-level layer
+ * the median forward and backward seconds, output activation bytes and parameter bytes for
+ * a minibatch. Returns PD_OK or an error naming the model file. */
+int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err);
+
 #endif

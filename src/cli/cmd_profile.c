@@ -1,0 +1,86 @@
+/* cmd_profile.c: `pipedream profile MODEL.json`: times training steps on one worker and
+ * writes the per-layer profile the planner reads (docs/formats.md). */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+
+#include "cli.h"
+#include "runtime.h"
+
+static const char *USAGE =
+    "usage: pipedream profile MODEL.json [--minibatch B] [--threads T] [--iterations N] [--warmup W]\n"
+    "                         [-o PROFILE.json]\n"
+    "Times N training steps (after W untimed ones) of the model on one worker with synthetic\n"
+    "data, and writes per top-level layer the median forward and backward time, the output\n"
+    "activation bytes and the parameter bytes, for a minibatch of B samples.\n"
+    "  --minibatch B     samples per minibatch (default 64)\n"
+    "  --threads T       kernel threads (default 1)\n"
+    "  --iterations N    timed steps (default 20)\n"
+    "  --warmup W        untimed steps first (default 3)\n"
+    "  -o PROFILE.json   output (default: <model name>.profile.json)\n";
+
+int cmd_profile(int argc, char **argv) {
+    const char *C = "profile";
+    if (cli_wants_help(argc, argv)) {
+        fputs(USAGE, stdout);
+        return CLI_OK;
+    }
+    const char *model = NULL, *outp = NULL, *v;
+    RtProfileOpts o = {.minibatch = 64, .threads = 1, .warmup = 3, .iterations = 20};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = CLI_OK;
+        if (!strcmp(a, "--minibatch")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 1, 65536, &o.minibatch);
+        } else if (!strcmp(a, "--threads")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 1, 1024, &o.threads);
+        } else if (!strcmp(a, "--iterations")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 1, 1000000, &o.iterations);
+        } else if (!strcmp(a, "--warmup")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 0, 1000000, &o.warmup);
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!(outp = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+        } else if (a[0] == '-') {
+            return cli_usage_error(C, "unknown option %s", a);
+        } else if (!model) {
+            model = a;
+        } else {
+            return cli_usage_error(C, "unexpected argument \"%s\"", a);
+        }
+        if (rc) return rc;
+    }
+    if (!model) return cli_usage_error(C, "no MODEL.json given");
+    struct utsname un;
+    char host[128] = "";
+    if (uname(&un) == 0) snprintf(host, sizeof host, "%.60s %.40s", un.nodename, un.machine);
+    o.measured_on = host;
+    o.progress = pd_stderr_is_tty();
+    Profile p;
+    Err err = {0};
+    if (rt_profile(model, &o, &p, &err)) return cli_fail(&err);
+    char defp[128];
+    if (!outp) {
+        snprintf(defp, sizeof defp, "%.100s.profile.json", p.model);
+        outp = defp;
+    }
+    double tf = 0, tb = 0, pb = 0;
+    printf("%-4s %-12s %12s %12s %14s %12s\n", "#", "type", "forward ms", "backward ms", "activation B", "params B");
+    for (int i = 0; i < p.n_layers; i++) {
+        const ProfileLayer *L = &p.layers[i];
+        printf("%-4d %-12s %12.3f %12.3f %14.0f %12.0f\n", i, L->type, 1e3 * L->fwd_s, 1e3 * L->bwd_s, L->act_bytes,
+               L->param_bytes);
+        tf += L->fwd_s;
+        tb += L->bwd_s;
+        pb += L->param_bytes;
+    }
+    printf("%-17s %12.3f %12.3f %14s %12.0f\n", "total", 1e3 * tf, 1e3 * tb, "", pb);
+    int rc = profile_save(&p, outp, &err);
+    profile_release(&p);
+    if (rc) return cli_fail(&err);
+    printf("wrote %s\n", outp);
+    return CLI_OK;
+}
