@@ -93,12 +93,12 @@ void comm_set_coll_timeout(Comm *c, double seconds);
 /* ---- point to point -------------------------------------------------------------- */
 /* Starts sending a message to peer (0..size-1, self included): header (kind, mb >= 0,
  * version, shape) + payload of shape_numel(shape) floats from data (may be NULL when that is
- * 0). The message matches only a receive posted by peer for the same source, kind and
+ * 0; a message without payload has shape1(0), not the 0-d shape, which holds one float). The message matches only a receive posted by peer for the same source, kind and
  * minibatch (see docs/comm.md, tag scheme); messages with the same (source, kind, mb) arrive
  * in send order. data is borrowed: it must stay valid and unchanged until the request
  * completes (the threads transport copies at once, MPI may not). Returns PD_OK and *req
- * (complete it with comm_wait/comm_test), or PD_ECOMM (MPI failure) / PD_EINVAL (bad
- * arguments) with *req = NULL. */
+ * (complete it with comm_wait/comm_test), or PD_ECOMM (MPI failure; threads: peer's
+ * endpoint closed, or aborted) / PD_EINVAL (bad arguments) with *req = NULL. */
 int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Shape shape,
                const float *data, CommReq **req, Err *err);
 
