@@ -69,15 +69,14 @@ int comm_threads_create(int n, Comm **eps, Err *err);
 /* Runs fn(eps[r], r, arg) on n threads (one per rank) over a fresh threads transport and
  * joins them. When a worker returns (say, early on an error) its endpoint is closed at
  * once, so peers waiting for a message it never sent fail with PD_ECOMM naming it instead
- * of hanging. rcs (optional, n entries)
- * gets each worker's return code. Returns the maximum of the codes (PD_OK if all
+ * of hanging. rcs (optional, n entries) gets each worker's return code. Returns the maximum of the codes (PD_OK if all
  * succeeded), or PD_EINVAL/PD_ENOMEM if the threads could not be started. */
 typedef int (*CommWorkerFn)(Comm *c, int rank, void *arg);
 int comm_threads_run(int n, CommWorkerFn fn, void *arg, int *rcs, Err *err);
 
 /* Frees the endpoint; NULL is fine. Pending requests must have been waited for or
  * cancelled. Threads: peers waiting for a message from this rank that was never sent
- * now fail with PD_ECOMM ("peer r closed"). MPI: frees the communicator and finalises MPI
+ * now fail with PD_ECOMM ("rank r closed its endpoint ..."). MPI: frees the communicator and finalises MPI
  * if comm_mpi_create initialised it. */
 void comm_free(Comm *c);
 
