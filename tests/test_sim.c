@@ -197,8 +197,8 @@ static void test_bandwidth_bound(void **state) {
     sim_result_release(&r);
     /* two levels: ranks 0, 1 in different level-0 groups use level 1 */
     Cluster cl2 = {2, {{1, 1e9, 0}, {4, 2e6, 0}}, 0};
-    assert_int_equal(sim_link_level(&cl2, 0, 1), 1);
-    assert_int_equal(sim_link_level(&cl2, 1, 1), -1);
+    assert_int_equal(cluster_link_level(&cl2, 0, 1), 1);
+    assert_int_equal(cluster_link_level(&cl2, 1, 1), -1);
     run(&s, &c, &cl2, &r);
     assert_near(r.time_per_minibatch_s, 0.5, 1e-9);
     sim_result_release(&r);

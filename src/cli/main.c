@@ -23,6 +23,7 @@ static const CliCommand COMMANDS[] = {
     {"train", "train a model on one worker (no pipeline)", cmd_train},
     {"bench", "time training steps of a model on synthetic data", cmd_bench},
     {"plan", "partition a profile into pipeline stages over a cluster", cmd_plan},
+    {"simulate", "run a plan's schedule in the simulator: throughput, memory, timeline", cmd_simulate},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -34,7 +34,8 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             c[i].fwd_s += prof->layers[l].fwd_s;
             c[i].bwd_s += prof->layers[l].bwd_s;
             c[i].param_bytes += prof->layers[l].param_bytes;
-            c[i].stash_bytes += prof->layers[l].act_bytes;
+            /* graph.txt's Input node "outputs" the model input: counted as in_bytes */
+            if (strncmp(prof->layers[l].type, "Input", 5)) c[i].stash_bytes += prof->layers[l].act_bytes;
         }
     }
     if (!rc) {
@@ -68,16 +69,6 @@ void sim_costs_release(SimCosts *c) {
     if (!c) return;
     free(c->stage);
     memset(c, 0, sizeof *c);
-}
-
-int sim_link_level(const Cluster *cl, int a, int b) {
-    if (a == b) return -1;
-    long size = 1;
-    for (int l = 0; l < cl->n_levels; l++) {
-        size *= cl->level[l].workers > 0 ? cl->level[l].workers : 1;
-        if (a / size == b / size) return l;
-    }
-    return cl->n_levels - 1;
 }
 
 /* ---- engine ----------------------------------------------------------------------- */
@@ -200,7 +191,7 @@ static void msg_remove(Engine *e, Msg *m) {
 static double link_time(const Engine *e, int a, int b, double bytes) {
     const Cluster *cl = e->o->cluster;
     if (!cl || cl->n_levels == 0 || bytes <= 0) return 0;
-    int lv = sim_link_level(cl, a, b);
+    int lv = cluster_link_level(cl, a, b);
     if (lv < 0) return 0;
     return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
 }
@@ -224,7 +215,7 @@ static double allreduce_cost(const Engine *e, int st) {
     if (r < 2 || !cl || cl->n_levels == 0) return 0;
     int lv = 0;
     for (int i = 1; i < r; i++) {
-        int l = sim_link_level(cl, g->ranks[0], g->ranks[i]);
+        int l = cluster_link_level(cl, g->ranks[0], g->ranks[i]);
         if (l > lv) lv = l;
     }
     double bytes = e->c->stage[st].param_bytes;

@@ -12,8 +12,8 @@
  *   - a send is asynchronous: the transfer starts when the send is posted and the
  *     directed link (src -> dst) is free; links are FIFO resources, so transfers on the
  *     same link serialise; it takes latency + bytes / bandwidth of the cluster level
- *     joining the two ranks; a receive blocks until its message has arrived. So compute
- *     and communication overlap;
+ *     joining the two ranks (cluster_link_level); a receive blocks until its message
+ *     has arrived. So compute and communication overlap;
  *   - an all-reduce starts when the last replica arrives and takes the ring time
  *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
  *     it blocks its workers (no link contention with point-to-point transfers);
@@ -89,10 +89,6 @@ typedef struct SimResult {
  * or if costs do not match the schedule. Cost: O(instructions), memory 16 bytes each. */
 int  sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *out, Err *err);
 void sim_result_release(SimResult *r);
-
-/* The cluster level joining ranks a and b (as cluster_link_level: ranks innermost
- * first); -1 if a == b; ranks beyond the cluster use the outermost level. */
-int sim_link_level(const Cluster *cl, int a, int b);
 
 /* Writes the figures of r (and per-worker/per-stage arrays) as one JSON object. */
 void sim_print_json(const Schedule *s, const SimResult *r, FILE *f);

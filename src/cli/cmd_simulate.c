@@ -1,0 +1,160 @@
+/* cmd_simulate.c: `pipedream simulate`: builds a schedule of a plan (src/schedule) and
+ * runs it in the discrete-event simulator (src/sim) against a profile and a cluster;
+ * prints a summary table or JSON, optionally the instruction lists, an SVG timeline and a
+ * Chrome trace. Parses flags only; the work is in src/schedule and src/sim. */
+#include "cli.h"
+#include "plan.h"
+#include "profile.h"
+#include "schedule.h"
+#include "sim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
+            "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
+            "                          [--vertical-sync] [--optimizer sgd|adam] [--svg FILE] [--comm]\n"
+            "                          [--trace FILE.json] [--dump] [--json]\n\n"
+            "Executes the schedule of PLAN (written by `pipedream plan`) in a discrete-event\n"
+            "simulator: stage times from PROFILE (our profile JSON or the authors' graph.txt),\n"
+            "transfers and all-reduces over the plan's cluster (or CLUSTER). Reports time per\n"
+            "minibatch, throughput, busy and bubble fractions, peak memory and weight versions;\n"
+            "a schedule that deadlocks is an error naming the blocked workers. See docs/schedules.md.\n\n"
+            "  --schedule KIND      1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel\n"
+            "  --minibatches N      optimizer-step minibatches to run (default 64; 8 for kinds\n"
+            "                       with micro-batches)\n"
+            "  --microbatches M     micro-batches per minibatch for gpipe, 1f1b-flush, 2bw\n"
+            "                       (default: the plan's number of workers); one micro-batch is\n"
+            "                       one profile minibatch\n"
+            "  --vertical-sync      1f1b: every stage reads the weight version the input stage read\n"
+            "  --optimizer KIND     state size for memory: sgd (momentum, default) or adam\n"
+            "  --svg FILE           timeline picture; --comm also draws sends and all-reduces\n"
+            "  --trace FILE.json    Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev)\n"
+            "  --dump               print each worker's forward/backward order (F0 F1 B0 ...)\n"
+            "  --json               print the figures as JSON instead of the table\n");
+}
+
+int cmd_simulate(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        help(stdout);
+        return CLI_OK;
+    }
+    const char *plan_path = NULL, *profile_path = NULL, *cluster_path = NULL, *svg_path = NULL, *trace_path = NULL;
+    SchedOpts so = {SCHED_1F1B, 0, 0, 0};
+    int json = 0, comm = 0, dump = 0;
+    double opt_factor = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--profile")) {
+            if (!(profile_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--cluster")) {
+            if (!(cluster_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--schedule")) {
+            if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+            if (sched_kind_parse(v, &so.kind))
+                return cli_usage_error("simulate", "--schedule: unknown kind \"%s\" (1f1b, gpipe, 1f1b-flush, 2bw, dp, "
+                                                   "model-parallel)", v);
+        } else if (!strcmp(a, "--minibatches")) {
+            if (!(v = cli_value("simulate", argc, argv, &i)) ||
+                cli_parse_int("simulate", a, v, 1, 1 << 24, &so.n_minibatches))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--microbatches")) {
+            if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 1, 1 << 16, &so.n_micro))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--vertical-sync")) {
+            so.vertical_sync = 1;
+        } else if (!strcmp(a, "--optimizer")) {
+            if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "sgd")) opt_factor = 1;
+            else if (!strcmp(v, "adam")) opt_factor = 2;
+            else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam)", v);
+        } else if (!strcmp(a, "--svg")) {
+            if (!(svg_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--trace")) {
+            if (!(trace_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+        } else if (!strcmp(a, "--comm")) {
+            comm = 1;
+        } else if (!strcmp(a, "--dump")) {
+            dump = 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_usage_error("simulate", "unknown option \"%s\"", a);
+        } else if (!plan_path) {
+            plan_path = a;
+        } else {
+            return cli_usage_error("simulate", "unexpected argument \"%s\"", a);
+        }
+    }
+    if (!plan_path) return cli_usage_error("simulate", "missing PLAN.json");
+    if (!profile_path) return cli_usage_error("simulate", "missing --profile PROFILE");
+    int micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW;
+    if (so.n_micro > 1 && !micro_kind)
+        return cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush and 2bw, not %s",
+                               sched_kind_name(so.kind));
+    if (so.vertical_sync && so.kind != SCHED_1F1B)
+        return cli_usage_error("simulate", "--vertical-sync applies to 1f1b only");
+
+    Err err = {0};
+    Profile prof;
+    memset(&prof, 0, sizeof prof);
+    Plan *p = NULL;
+    Schedule s;
+    memset(&s, 0, sizeof s);
+    SimCosts costs = {0, NULL};
+    SimResult r;
+    memset(&r, 0, sizeof r);
+    TraceEvent *ev = NULL;
+    Cluster cl;
+    int rc = CLI_FAIL;
+    if (profile_load(profile_path, &prof, &err)) goto fail;
+    if (!(p = plan_load(plan_path, &err))) goto fail;
+    if (plan_validate(p, prof.n_layers, &err)) {
+        err_prefix(&err, "%s does not fit %s", plan_path, profile_path);
+        goto fail;
+    }
+    if (p->profile_checksum && prof.checksum && p->profile_checksum != prof.checksum)
+        fprintf(stderr, "pipedream: warning: %s was planned from a different profile than %s\n", plan_path, profile_path);
+    cl = p->cluster;
+    if (cluster_path && cluster_load(cluster_path, &cl, &err)) goto fail;
+    if (!so.n_micro) so.n_micro = micro_kind ? p->n_workers : 1;
+    if (!so.n_minibatches) so.n_minibatches = micro_kind ? 8 : 64;
+    if (sched_build(p, &so, &s, &err)) goto fail;
+    if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;
+    SimOpts o = {&cl, opt_factor, 0, prof.minibatch};
+    if (sim_run(&s, &costs, &o, &r, &err)) {
+        err_prefix(&err, "%s (%s)", plan_path, sched_kind_name(so.kind));
+        goto fail;
+    }
+    if (dump) sched_dump(&s, stdout, 1, 0);
+    if (json) sim_print_json(&s, &r, stdout);
+    else sim_print_summary(&s, &r, stdout);
+    int n_ev = 0;
+    if (svg_path || trace_path) ev = sim_events(&s, &r, &n_ev);
+    if (svg_path) {
+        char title[256];
+        snprintf(title, sizeof title, "%s: %s, %d workers, %d minibatches%s%.0d%s, %.4g s per minibatch",
+                 p->model[0] ? p->model : prof.model, sched_kind_name(so.kind), s.n_ranks, s.n_minibatches,
+                 s.n_micro > 1 ? " x " : "", s.n_micro > 1 ? s.n_micro : 0, s.n_micro > 1 ? " micro-batches" : "",
+                 r.time_per_minibatch_s);
+        SvgOpts sv = {title, comm, 0};
+        if (sim_svg_write(svg_path, ev, n_ev, s.n_ranks, &sv, &err)) goto fail;
+        if (!json) printf("wrote %s\n", svg_path);
+    }
+    if (trace_path) {
+        if (sim_trace_write(trace_path, ev, n_ev, &err)) goto fail;
+        if (!json) printf("wrote %s\n", trace_path);
+    }
+    rc = CLI_OK;
+fail:
+    if (rc != CLI_OK) rc = cli_fail(&err);
+    free(ev);
+    sim_result_release(&r);
+    sim_costs_release(&costs);
+    sched_release(&s);
+    plan_free(p);
+    profile_release(&prof);
+    return rc;
+}
