@@ -10,7 +10,12 @@
  * one-level run scans only the cuts that could beat the best value so far: a stage of
  * r replicas after cut k costs at least (C(j)-C(k))/r, and a prefix on m' workers at
  * least C(k)/m', so only k with C(j) - r*best < C(k) < (m-r+1)*best can win. Values
- * equal the plain loops' (PlanOpts.no_pruning), which the tests check. */
+ * equal the plain loops' (PlanOpts.no_pruning), which the tests check.
+ *
+ * Ties (several splits with the same value; the authors' pick depends on Python set order):
+ * the plain loops keep the first minimum in the order (cut k ascending, then replicas r of
+ * the new stage ascending); the pruned final level in the order (r ascending, then C(k)
+ * ascending, then k). For chains both orders agree unless layers have zero time. */
 #include "plan_impl.h"
 
 #include <math.h>
@@ -60,8 +65,7 @@ static int build_anc(Ctx *c, Err *err) {
     PD_ASSERT(c->anc_off && c->anc);
     for (int j = 0; j < c->n; j++) {
         c->anc_off[j] = (int)cnt;
-        for (int p = 0; p < c->n; p++) {
-            int k = c->sorted[p];
+        for (int k = 0; k < j; k++) {
             if (!pstates_before(s, k, j)) continue;
             if (cnt == cap) {
                 if (cap > ((size_t)1 << 29))
@@ -142,8 +146,8 @@ static int level_dp(Ctx *c, AEnt *A, int rows, int N, double B, double nw, int f
                     }
                 }
                 int rmax = o->straight ? 1 : m;
-                for (int r = 1; r <= rmax; r++) {
-                    if (prune) {
+                for (int r = 1; prune && r <= rmax; r++) {
+                    {
                         int p = 0;
                         if (!IS_NONE(e.t)) { /* first position with C > C(j) - r*(best+delta) */
                             double lo = s->C[j] - (double)r * (e.t + delta);
@@ -163,12 +167,40 @@ static int level_dp(Ctx *c, AEnt *A, int rows, int N, double B, double nw, int f
                             if (!pstates_before(s, k, j)) continue;
                             candidate(c, A, N, B, i, j, m, k, r, &e);
                         }
-                    } else {
-                        for (int q = c->anc_off[j]; q < c->anc_off[j + 1]; q++) {
-                            int k = c->anc[q];
-                            if (k < i) continue; /* A[i][k] is None for k < i */
-                            if (i > 0 && pstates_before(s, k, i - 1)) continue;
-                            candidate(c, A, N, B, i, j, m, k, r, &e);
+                    }
+                }
+                if (!prune) {
+                    /* Earlier cuts k >= i only (A[i][k] is None for k < i), ascending; for each,
+                     * replicas ascending. anc lists are in index order. */
+                    int a = c->anc_off[j], b = c->anc_off[j + 1];
+                    while (a < b) {
+                        int mid = (a + b) / 2;
+                        if (c->anc[mid] < i) a = mid + 1;
+                        else b = mid;
+                    }
+                    const int mem = o->memory_limit > 0, ratio = o->activation_compression > 0;
+                    for (int q = a; q < c->anc_off[j + 1]; q++) {
+                        const int k = c->anc[q];
+                        const double T0 = Tget(c, k + 1, j);
+                        if (IS_NONE(T0)) continue;
+                        const double par = seg(s->PAR, k + 1, j), actpar = seg(s->ACT, k + 1, j) + par;
+                        const AEnt *pre = &A[((size_t)i * n + k) * N];
+                        for (int r = 1; r <= rmax; r++) {
+                            double pt = pre[m - r].t;
+                            /* t >= pt: a prefix no better than the best cannot win (strict <) */
+                            if (IS_NONE(pt) || (!IS_NONE(e.t) && pt >= e.t)) continue;
+                            if (mem && actpar * ceil((double)(N - (m + 1)) / (double)r) > o->memory_limit) continue;
+                            double Tl = (T0 + ((double)(4 * (r - 1)) * par) / (B * (double)r)) / (double)r;
+                            double t = pt > Tl ? pt : Tl;
+                            if (ratio) {
+                                double in_t = ((2.0 * s->OA[k]) / (B * (double)r)) / o->activation_compression;
+                                if (in_t > t) t = in_t;
+                                if (j < n - 1) {
+                                    double out_t = ((2.0 * s->OA[j]) / (B * (double)r)) / o->activation_compression;
+                                    if (out_t > t) t = out_t;
+                                }
+                            }
+                            if (IS_NONE(e.t) || e.t > t) e = (AEnt){t, k, r, m - r};
                         }
                     }
                 }
