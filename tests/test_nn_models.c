@@ -48,6 +48,13 @@ static void hash_fill(const Model *m, float *w) {
     }
 }
 
+/* Elements that differ at all (quiet: for checks that things DO differ). */
+static size_t n_differ(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
 static void test_param_counts_and_flops(void **st) {
     (void)st;
     const size_t params[N_MODELS] = {1863690, 61706, 5401530, 272186, 821770};
@@ -301,7 +308,7 @@ static void test_two_in_flight(void **st) {
     bad += tu_compare("in flight state", s[1], s[0], ns, 0, 0);
     assert_int_equal(bad, 0);
     /* and the two versions really differ */
-    assert_true(tu_compare("versions", out[1][0], out[0][0], 40, 0, 0) > 0);
+    assert_true(n_differ(out[1][0], out[0][0], 40) > 20);
     for (int k = 0; k < 2; k++) {
         nnctx_free(c[k]);
         pd_free(w[k]);
@@ -327,7 +334,7 @@ static void test_init(void **st) {
     model_init_params(m, 0, nl, 1, w2);
     assert_int_equal(tu_compare("same seed", w2, w, np, 0, 0), 0);
     model_init_params(m, 0, nl, 2, w2);
-    assert_true(tu_compare("other seed", w2, w, np, 0, 0) > np / 2);
+    assert_true(n_differ(w2, w, np) > np / 2);
     const ParamInfo *pt = model_param_tensors(m, &npt);
     for (int k = 0; k < npt; k++) {
         size_t cnt = shape_numel(pt[k].shape);
