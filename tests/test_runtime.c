@@ -109,6 +109,7 @@ static RtConfig config(const char *model, const Schedule *s, int B) {
     c.train = &train;
     c.recv_timeout_s = 60;
     c.trace = 1;
+    c.threads = 1;
     return c;
 }
 

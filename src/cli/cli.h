@@ -30,6 +30,8 @@ int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo,
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
 int cmd_train(int argc, char **argv);
+/* Pipelined training over MPI or threads; cmd_train hands over when given --plan/--workers. */
+int cmd_train_pipelined(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

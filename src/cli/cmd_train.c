@@ -98,6 +98,11 @@ static void evaluate(Trainer *t, const Dataset *d, float *x, int32_t *y, double 
 }
 
 int cmd_train(int argc, char **argv) {
+    /* Pipelined training (cmd_train_pipe.c): a plan, several workers, or under mpirun. */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--plan") || !strcmp(argv[i], "--workers") || !strcmp(argv[i], "--schedule"))
+            return cmd_train_pipelined(argc, argv);
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE")) return cmd_train_pipelined(argc, argv);
     if (cli_wants_help(argc, argv)) {
         help();
         return CLI_OK;

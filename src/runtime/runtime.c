@@ -519,6 +519,7 @@ int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     Worker w;
     memset(&w, 0, sizeof w);
     int rank = comm_rank(c);
+    if (cfg->threads > 0) kern_set_threads(cfg->threads);   /* per thread for OpenMP: here */
     const Schedule *s = cfg->sched;
     int rc = PD_OK;
     if (comm_size(c) != s->n_ranks)
@@ -590,6 +591,7 @@ int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     const Schedule *s = cfg->sched;
     int n = s->n_ranks, rc = PD_OK;
+    if (cfg->threads > 0) kern_set_threads(cfg->threads);
     Comm **eps = calloc((size_t)n, sizeof(Comm *));
     Worker *ws = calloc((size_t)n, sizeof(Worker));
     int *state = calloc((size_t)n, sizeof(int));

@@ -39,6 +39,7 @@ typedef struct RtConfig {
     const Dataset *test;      /* borrowed, may be NULL: evaluation after training */
     double recv_timeout_s;    /* deadline on every receive (0 = none) */
     int trace;                /* record a trace of every instruction */
+    int threads;              /* kernel threads per worker (0: leave as is); set on each worker's thread */
 } RtConfig;
 
 /* One executed instruction, for traces and timelines. */

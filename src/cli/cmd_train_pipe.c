@@ -1,0 +1,478 @@
+/* cmd_train_pipe.c: pipelined training, `pipedream train MODEL.json --plan PLAN.json` under
+ * mpirun (one rank per worker) or `--workers N` on one host (one thread per worker). Builds
+ * the schedule from the plan, runs the runtime, gathers every worker's figures on rank 0 and
+ * prints the summary: accuracy, throughput, and per stage the measured time next to the
+ * simulator's prediction for the same plan and profile. One-worker training is cmd_train.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "runtime.h"
+#include "sim.h"
+
+static const char *USAGE =
+    "usage: pipedream train MODEL.json --workers N [--plan PLAN.json] [options]      (threads, one host)\n"
+    "       mpirun -np N pipedream train MODEL.json --plan PLAN.json [options]       (MPI)\n"
+    "Pipeline-parallel training: every worker runs its stage of the plan, following the\n"
+    "instruction lists of the schedule. Without --plan (threads only), the model is profiled\n"
+    "briefly and planned for N workers.\n"
+    "  --plan PLAN.json      stages, replicas and ranks (from 'pipedream plan')\n"
+    "  --workers N           run N workers as threads in this process\n"
+    "  --schedule KIND       1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel\n"
+    "  --vertical-sync       1f1b: every stage uses the input stage's weight version\n"
+    "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw; default 4)\n"
+    "  --epochs N | --steps N   training length (default 1 epoch); steps = minibatches fed\n"
+    "  --minibatch B         samples per minibatch (default 64; split into M micro-batches)\n"
+    "  --lr X  --momentum M  --weight-decay W  --optimizer sgd|adam  --seed S\n"
+    "  --threads T           kernel threads per worker (default 1)\n"
+    "  --data DIR            Fashion-MNIST IDX directory (default /usr/share/datasets/fashion-mnist)\n"
+    "  --profile FILE        profile for the predicted times (default: the one made without --plan)\n"
+    "  --metrics FILE.jsonl  write the summary and per-stage figures as JSON lines\n"
+    "  --trace FILE.json     Chrome trace of every worker's instructions\n"
+    "  --svg FILE            timeline of the measured run\n"
+    "  --timeout S           deadline of every receive in seconds (default 300)\n";
+
+typedef struct PipeOpts {
+    const char *model, *plan, *data, *profile, *metrics, *trace, *svg;
+    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind;
+    SchedKind kind;
+    double lr, momentum, wd, timeout;
+} PipeOpts;
+
+static int parse(int argc, char **argv, PipeOpts *o) {
+    const char *C = "train";
+    *o = (PipeOpts){.micro = 0, .epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B,
+                    .lr = 0.01, .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int rc = CLI_OK;
+        if (!strcmp(a, "--vertical-sync")) {
+            o->vsync = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (o->model) return cli_usage_error(C, "unexpected argument \"%s\"", a);
+            o->model = a;
+            continue;
+        }
+        static const char *const WITH_VALUE[] = {"--plan", "--workers", "--schedule", "--microbatches", "--epochs",
+                                                 "--steps", "--minibatch", "--lr", "--momentum", "--weight-decay",
+                                                 "--optimizer", "--seed", "--threads", "--data", "--profile",
+                                                 "--metrics", "--trace", "--svg", "--timeout", NULL};
+        int known = 0;
+        for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
+        if (!known) return cli_usage_error(C, "unknown option %s", a);
+        if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+        if (!strcmp(a, "--plan")) o->plan = v;
+        else if (!strcmp(a, "--workers")) rc = cli_parse_int(C, a, v, 1, 4096, &o->workers);
+        else if (!strcmp(a, "--schedule")) {
+            if (sched_kind_parse(v, &o->kind)) return cli_usage_error(C, "unknown schedule \"%s\"", v);
+        } else if (!strcmp(a, "--microbatches")) rc = cli_parse_int(C, a, v, 1, 65536, &o->micro);
+        else if (!strcmp(a, "--epochs")) rc = cli_parse_int(C, a, v, 1, 100000, &o->epochs), o->steps = 0;
+        else if (!strcmp(a, "--steps")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->steps);
+        else if (!strcmp(a, "--minibatch")) rc = cli_parse_int(C, a, v, 1, 65536, &o->batch);
+        else if (!strcmp(a, "--lr")) rc = cli_parse_double(C, a, v, 0, 100, &o->lr);
+        else if (!strcmp(a, "--momentum")) rc = cli_parse_double(C, a, v, 0, 0.999999, &o->momentum);
+        else if (!strcmp(a, "--weight-decay")) rc = cli_parse_double(C, a, v, 0, 10, &o->wd);
+        else if (!strcmp(a, "--optimizer")) {
+            if ((o->opt_kind = optim_kind_parse(v)) < 0) return cli_usage_error(C, "unknown optimizer \"%s\"", v);
+        } else if (!strcmp(a, "--seed")) rc = cli_parse_int(C, a, v, 0, 2147483647, &o->seed);
+        else if (!strcmp(a, "--threads")) rc = cli_parse_int(C, a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--profile")) o->profile = v;
+        else if (!strcmp(a, "--metrics")) o->metrics = v;
+        else if (!strcmp(a, "--trace")) o->trace = v;
+        else if (!strcmp(a, "--svg")) o->svg = v;
+        else if (!strcmp(a, "--timeout")) rc = cli_parse_double(C, a, v, 0, 1e6, &o->timeout);
+        if (rc) return rc;
+    }
+    if (!o->model) return cli_usage_error(C, "no MODEL.json given");
+    int micro_kind = o->kind == SCHED_GPIPE || o->kind == SCHED_1F1B_FLUSH || o->kind == SCHED_2BW;
+    if (o->micro == 0) o->micro = micro_kind ? 4 : 1;
+    if (o->micro > 1 && !micro_kind)
+        return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush and 2bw");
+    if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
+    if (o->batch % o->micro)
+        return cli_usage_error(C, "--minibatch %d is not a multiple of --microbatches %d", o->batch, o->micro);
+    return CLI_OK;
+}
+
+/* Figures each worker reports to rank 0 (floats, so they travel as one control message). */
+enum { F_STAGE, F_REPLICA, F_WALL, F_COMPUTE, F_WAIT, F_NFWD, F_NBWD, F_LOSS_SUM, F_LAST_LOSS, F_UNITS,
+       F_CORRECT, F_TOTAL, F_CRC_HI, F_CRC_LO, F_VERSIONS, F_NEVENTS, F_COUNT };
+#define GATHER_MB ((int64_t)1 << 50)
+
+static void pack(const RtWorkerResult *r, float *f) {
+    f[F_STAGE] = (float)r->stage;
+    f[F_REPLICA] = (float)r->replica;
+    f[F_WALL] = (float)r->wall_s;
+    f[F_COMPUTE] = (float)r->compute_s;
+    f[F_WAIT] = (float)r->wait_s;
+    f[F_NFWD] = (float)r->n_fwd;
+    f[F_NBWD] = (float)r->n_bwd;
+    f[F_LOSS_SUM] = (float)r->loss_sum;
+    f[F_LAST_LOSS] = (float)r->last_loss;
+    f[F_UNITS] = (float)r->units_done;
+    f[F_CORRECT] = (float)r->test_correct;
+    f[F_TOTAL] = (float)r->test_total;
+    f[F_CRC_HI] = (float)(r->params_crc >> 16);
+    f[F_CRC_LO] = (float)(r->params_crc & 0xffff);
+    f[F_VERSIONS] = (float)r->max_versions;
+    f[F_NEVENTS] = (float)r->n_events;
+}
+
+static void unpack(const float *f, RtWorkerResult *r) {
+    r->stage = (int)f[F_STAGE];
+    r->replica = (int)f[F_REPLICA];
+    r->wall_s = f[F_WALL];
+    r->compute_s = f[F_COMPUTE];
+    r->wait_s = f[F_WAIT];
+    r->n_fwd = (int)f[F_NFWD];
+    r->n_bwd = (int)f[F_NBWD];
+    r->loss_sum = f[F_LOSS_SUM];
+    r->last_loss = f[F_LAST_LOSS];
+    r->units_done = (int)f[F_UNITS];
+    r->test_correct = (long)f[F_CORRECT];
+    r->test_total = (long)f[F_TOTAL];
+    r->params_crc = (uint32_t)f[F_CRC_HI] << 16 | (uint32_t)f[F_CRC_LO];
+    r->max_versions = (int)f[F_VERSIONS];
+    r->n_events = (int)f[F_NEVENTS];
+}
+
+/* Sends every rank's figures (and trace events) to rank 0, which fills res[0..size). */
+static int gather(Comm *c, RtWorkerResult *res, int want_events, Err *err) {
+    int rank = comm_rank(c), size = comm_size(c), rc;
+    float f[F_COUNT];
+    CommReq *rq = NULL;
+    if (rank != 0) {
+        pack(&res[rank], f);
+        if ((rc = comm_isend(c, 0, COMM_CTRL, GATHER_MB, 0, shape1(F_COUNT), f, &rq, err))) return rc;
+        if ((rc = comm_wait(c, &rq, 60, NULL, err))) return rc;
+        int ne = res[rank].n_events;
+        if (want_events && ne > 0) {
+            float *ev = malloc((size_t)ne * 5 * sizeof(float));
+            PD_ASSERT(ev);
+            for (int i = 0; i < ne; i++) {
+                const RtEvent *e = &res[rank].events[i];
+                ev[5 * i] = (float)e->op, ev[5 * i + 1] = (float)e->mb, ev[5 * i + 2] = (float)e->version;
+                ev[5 * i + 3] = (float)e->t0, ev[5 * i + 4] = (float)e->t1;
+            }
+            rc = comm_isend(c, 0, COMM_CTRL, GATHER_MB + 1, 0, shape2(ne, 5), ev, &rq, err);
+            if (!rc) rc = comm_wait(c, &rq, 60, NULL, err);
+            free(ev);
+            if (rc) return rc;
+        }
+        return PD_OK;
+    }
+    for (int r = 1; r < size; r++) {
+        if ((rc = comm_irecv(c, r, COMM_CTRL, GATHER_MB, shape1(F_COUNT), f, &rq, err))) return rc;
+        if ((rc = comm_wait(c, &rq, 60, NULL, err))) return rc;
+        unpack(f, &res[r]);
+        res[r].rank = r;
+        int ne = res[r].n_events;
+        res[r].n_events = 0;
+        if (want_events && ne > 0) {
+            float *ev = malloc((size_t)ne * 5 * sizeof(float));
+            PD_ASSERT(ev);
+            if ((rc = comm_irecv(c, r, COMM_CTRL, GATHER_MB + 1, shape2(ne, 5), ev, &rq, err)) ||
+                (rc = comm_wait(c, &rq, 60, NULL, err))) {
+                free(ev);
+                return rc;
+            }
+            res[r].events = malloc((size_t)ne * sizeof(RtEvent));
+            PD_ASSERT(res[r].events);
+            for (int i = 0; i < ne; i++)
+                res[r].events[i] = (RtEvent){(int)ev[5 * i], (int)ev[5 * i + 1], (int)ev[5 * i + 2], ev[5 * i + 3],
+                                             ev[5 * i + 4]};
+            res[r].n_events = ne;
+            free(ev);
+        }
+    }
+    return PD_OK;
+}
+
+/* Measured events as the simulator's timeline events. */
+static int write_pictures(const PipeOpts *o, const Schedule *s, const RtWorkerResult *res, Err *err) {
+    int n = 0;
+    for (int r = 0; r < s->n_ranks; r++) n += res[r].n_events;
+    TraceEvent *ev = malloc(((size_t)n + 1) * sizeof *ev);
+    PD_ASSERT(ev);
+    int k = 0;
+    for (int r = 0; r < s->n_ranks; r++)
+        for (int i = 0; i < res[r].n_events; i++) {
+            const RtEvent *e = &res[r].events[i];
+            int kind;
+            switch (e->op) {
+            case OP_FORWARD: kind = TRACE_FWD; break;
+            case OP_BACKWARD: kind = TRACE_BWD; break;
+            case OP_SEND_ACT:
+            case OP_SEND_GRAD: kind = TRACE_SEND; break;
+            case OP_RECV_ACT:
+            case OP_RECV_GRAD: kind = TRACE_RECV_WAIT; break;
+            case OP_ALLREDUCE: kind = TRACE_ALLREDUCE; break;
+            case OP_STEP: kind = TRACE_STEP; break;
+            default: continue;
+            }
+            if (e->t1 <= e->t0) continue;
+            ev[k++] = (TraceEvent){r, kind, e->mb, -1, e->t0, e->t1};
+        }
+    int rc = PD_OK;
+    char title[160];
+    snprintf(title, sizeof title, "measured: %s, %d workers", sched_kind_name(s->kind), s->n_ranks);
+    SvgOpts so = {.title = title, .show_comm = 1};
+    if (o->svg) rc = sim_svg_write(o->svg, ev, k, s->n_ranks, &so, err);
+    if (!rc && o->trace) rc = sim_trace_write(o->trace, ev, k, err);
+    free(ev);
+    return rc;
+}
+
+/* The summary on stdout (one JSON line), the per-stage table on stderr, metrics. */
+static int report(const PipeOpts *o, const Plan *plan, const Schedule *s, const RtWorkerResult *res,
+                  const char *transport, const Profile *prof, int unit_batch, Err *err) {
+    double wall = 0, loss_sum = 0, last_loss = 0;
+    long correct = 0, total = 0;
+    int units = 0, n_last = 0;
+    for (int r = 0; r < s->n_ranks; r++) {
+        if (res[r].wall_s > wall) wall = res[r].wall_s;
+        if (res[r].stage == s->n_stages - 1) {
+            loss_sum += res[r].loss_sum;
+            units += res[r].units_done;
+            last_loss += res[r].last_loss;
+            n_last++;
+        }
+        correct += res[r].test_correct;
+        total += res[r].test_total;
+    }
+    last_loss = n_last ? last_loss / n_last : NAN;
+    /* the simulator's prediction for this plan and schedule */
+    double sim_ms = NAN;
+    double *sim_stage = calloc((size_t)s->n_stages, sizeof(double));
+    PD_ASSERT(sim_stage);
+    if (prof) {
+        SimCosts costs;
+        SimResult sr;
+        SimOpts so = {.cluster = &plan->cluster, .opt_state_factor = 1, .samples_per_unit = unit_batch};
+        Err e2 = {0};
+        if (sim_costs_from_profile(s, prof, &costs, &e2) == PD_OK) {
+            double scale = prof->minibatch > 0 ? (double)unit_batch / prof->minibatch : 1.0;
+            for (int i = 0; i < costs.n_stages; i++) {
+                costs.stage[i].fwd_s *= scale;
+                costs.stage[i].bwd_s *= scale;
+                costs.stage[i].in_bytes *= scale;
+                costs.stage[i].stash_bytes *= scale;
+                sim_stage[i] = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s);
+            }
+            if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
+                sim_ms = 1e3 * sr.time_per_unit_s;
+                sim_result_release(&sr);
+            }
+            sim_costs_release(&costs);
+        }
+    }
+    double samples = (double)units * unit_batch;
+    double measured_ms = units ? 1e3 * wall / ((double)s->n_units) : NAN;
+    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %8s\n", "stage", "replicas", "measured F+B ms/unit",
+            "predicted F+B ms/unit", "busy %", "versions");
+    for (int i = 0; i < s->n_stages; i++) {
+        double comp = 0;
+        int nb = 0, vers = 0;
+        for (int j = 0; j < s->stages[i].replicas; j++) {
+            const RtWorkerResult *r = &res[s->stages[i].ranks[j]];
+            comp += r->compute_s;
+            nb += r->n_fwd;
+            if (r->max_versions > vers) vers = r->max_versions;
+        }
+        double busy = 0;
+        for (int j = 0; j < s->stages[i].replicas; j++) busy += res[s->stages[i].ranks[j]].compute_s / wall;
+        busy /= s->stages[i].replicas;
+        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %8d\n", i, s->stages[i].replicas, nb ? 1e3 * comp / nb : 0,
+                sim_stage[i], 100 * busy, vers);
+    }
+    fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", measured_ms, sim_ms,
+            prof ? "same plan and profile" : "no profile given");
+    FILE *mf = NULL;
+    if (o->metrics && !(mf = fopen(o->metrics, "w"))) {
+        free(sim_stage);
+        return err_set(err, PD_EIO, "%s: cannot open for writing", o->metrics);
+    }
+    char crcs[512];
+    size_t k = 0;
+    for (int i = 0; i < s->n_stages && k < sizeof crcs - 16; i++)
+        k += (size_t)snprintf(crcs + k, sizeof crcs - k, "%s\"%08x\"", i ? "," : "", res[s->stages[i].ranks[0]].params_crc);
+    char line[2048];
+    snprintf(line, sizeof line,
+             "{\"model\":\"%s\",\"schedule\":\"%s\",\"transport\":\"%s\",\"workers\":%d,\"stages\":%d,"
+             "\"steps\":%d,\"units\":%d,\"unit_batch\":%d,\"final_loss\":%.6g,\"mean_loss\":%.6g,"
+             "\"test_accuracy\":%.6g,\"samples_per_s\":%.6g,\"time_per_unit_ms\":%.6g,"
+             "\"predicted_time_per_unit_ms\":%.6g,\"wall_s\":%.6g,\"weights_crc\":[%s]}",
+             plan->model, sched_kind_name(s->kind), transport, s->n_ranks, s->n_stages, s->n_minibatches, units,
+             unit_batch, last_loss, units ? loss_sum / units : NAN, total ? (double)correct / total : NAN,
+             wall > 0 ? samples / wall : 0, measured_ms, sim_ms, wall, crcs);
+    /* JSON has no NaN: write null */
+    for (char *p; (p = strstr(line, "nan"));) memcpy(p, "nul", 3), memmove(p + 4, p + 3, strlen(p + 3) + 1), p[3] = 'l';
+    puts(line);
+    fflush(stdout);
+    if (mf) {
+        fprintf(mf, "%s\n", line);
+        for (int i = 0; i < s->n_stages; i++) {
+            double comp = 0;
+            int nf = 0;
+            for (int j = 0; j < s->stages[i].replicas; j++) {
+                comp += res[s->stages[i].ranks[j]].compute_s;
+                nf += res[s->stages[i].ranks[j]].n_fwd;
+            }
+            fprintf(mf, "{\"stage\":%d,\"replicas\":%d,\"measured_ms_per_unit\":%.6g,\"predicted_ms_per_unit\":%.6g}\n",
+                    i, s->stages[i].replicas, nf ? 1e3 * comp / nf : 0.0, sim_stage[i]);
+        }
+        if (fclose(mf) != 0) {
+            free(sim_stage);
+            return err_set(err, PD_EIO, "%s: write failed", o->metrics);
+        }
+    }
+    free(sim_stage);
+    return PD_OK;
+}
+
+static int under_mpirun(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+int cmd_train_pipelined(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        fputs(USAGE, stdout);
+        return CLI_OK;
+    }
+    PipeOpts o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    int mpi = under_mpirun();
+    if (mpi && !o.plan) return cli_usage_error("train", "under mpirun, give --plan (make one with 'pipedream plan')");
+    if (!mpi && !o.workers) return cli_usage_error("train", "give --workers N to run the pipeline on threads");
+    Err err = {0};
+    Comm *comm = NULL;
+    int rank = 0;
+    if (mpi) {
+        if (comm_mpi_create(&argc, &argv, &comm, &err)) return cli_fail(&err);
+        rank = comm_rank(comm);
+    }
+    Plan *plan = NULL;
+    Profile prof = {0};
+    int have_prof = 0;
+    Dataset train = {0}, test = {0};
+    Schedule sched = {0};
+    RtWorkerResult *res = NULL;
+    int unit_batch = o.batch / o.micro;
+    if (o.profile) {
+        if ((rc = profile_load(o.profile, &prof, &err))) goto out;
+        have_prof = 1;
+    }
+    if (o.plan) {
+        if (!(plan = plan_load(o.plan, &err))) {
+            rc = err.code ? err.code : PD_EINVAL;
+            goto out;
+        }
+    } else {
+        /* profile briefly on this host and plan for N workers joined by shared memory */
+        RtProfileOpts po = {.minibatch = unit_batch, .threads = o.threads, .warmup = 2, .iterations = 5,
+                            .progress = pd_stderr_is_tty()};
+        if (!have_prof) {
+            if ((rc = rt_profile(o.model, &po, &prof, &err))) goto out;
+            have_prof = 1;
+        }
+        Cluster cl = {.n_levels = 1};
+        cl.level[0] = (ClusterLevel){.workers = o.workers, .bandwidth = 1e10, .latency = 1e-5};
+        PlanOpts popt = {.cost_model = COST_OURS};
+        if (!(plan = plan_new(&prof, &cl, &popt, &err))) {
+            rc = err.code ? err.code : PD_EINVAL;
+            goto out;
+        }
+        if (rank == 0)
+            fprintf(stderr, "pipedream: planned %d stage(s) for %d workers from a %d-iteration profile\n",
+                    plan->n_stages, o.workers, po.iterations);
+    }
+    /* the plan must be made for this model */
+    {
+        Model *m = model_load(o.model, &err);
+        if (!m) {
+            rc = err.code;
+            goto out;
+        }
+        int nl = model_n_layers(m);
+        model_free(m);
+        if (plan->n_layers != nl) {
+            rc = err_set(&err, PD_EINVAL, "%s was made for a model of %d layers; %s has %d", o.plan ? o.plan : "the plan",
+                         plan->n_layers, o.model, nl);
+            goto out;
+        }
+        if ((rc = plan_validate(plan, nl, &err))) goto out;
+    }
+    if (o.workers && plan->n_workers != o.workers && !mpi) {
+        rc = err_set(&err, PD_EINVAL, "the plan uses %d workers, --workers says %d", plan->n_workers, o.workers);
+        goto out;
+    }
+    /* data: the training set where the input stage runs, the test set everywhere (its size
+     * drives the evaluation loop) */
+    int input_here = !mpi;
+    if (mpi)
+        for (int j = 0; j < plan->stages[0].replicas; j++) input_here |= plan->stages[0].ranks[j] == rank;
+    if (input_here && (rc = data_load_idx(o.data, "train", &train, &err))) goto out;
+    if ((rc = data_load_idx(o.data, "test", &test, &err))) goto out;
+    {
+        size_t n_train = input_here ? train.n : 60000;
+        long units_per_epoch = (long)(n_train / (size_t)unit_batch);
+        long n_mb = o.steps ? o.steps : (long)o.epochs * units_per_epoch / o.micro;
+        if (n_mb < 1) n_mb = 1;
+        SchedOpts so = {.kind = o.kind, .n_minibatches = (int)n_mb, .n_micro = o.micro, .vertical_sync = o.vsync};
+        if ((rc = sched_build(plan, &so, &sched, &err))) goto out;
+    }
+    if (mpi && comm_size(comm) != sched.n_ranks) {
+        rc = err_set(&err, PD_EINVAL, "the plan needs %d ranks but mpirun started %d", sched.n_ranks, comm_size(comm));
+        goto out;
+    }
+    OptConfig oc = optim_defaults((OptKind)o.opt_kind, (float)o.lr);
+    if (o.opt_kind == OPT_SGD) oc.momentum = (float)o.momentum;
+    oc.weight_decay = (float)o.wd;
+    RtConfig cfg = {.model_path = o.model, .sched = &sched, .unit_batch = unit_batch, .opt = oc,
+                    .seed = (uint64_t)o.seed, .train = input_here ? &train : NULL, .test = &test,
+                    .recv_timeout_s = o.timeout, .trace = o.trace || o.svg, .threads = o.threads};
+    res = calloc((size_t)sched.n_ranks, sizeof *res);
+    PD_ASSERT(res);
+    if (rank == 0)
+        fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %d units of %d samples\n", o.model,
+                sched_kind_name(sched.kind), sched.n_ranks, mpi ? "mpi" : "threads", sched.n_units, unit_batch);
+    if (mpi) {
+        rc = rt_worker_run(comm, &cfg, &res[rank], &err);
+        int all = comm_agree(comm, rc);
+        if (all != PD_OK) {
+            if (!rc) {
+                rc = all;
+                err_set(&err, all, "rank %d: stopping because another rank failed", rank);
+            }
+            goto out;
+        }
+        if ((rc = gather(comm, res, cfg.trace, &err))) goto out;
+    } else {
+        if ((rc = rt_run_threads(&cfg, res, &err))) goto out;
+    }
+    if (rank == 0) {
+        if ((rc = report(&o, plan, &sched, res, mpi ? "mpi" : "threads", have_prof ? &prof : NULL, unit_batch, &err)))
+            goto out;
+        if ((o.svg || o.trace) && (rc = write_pictures(&o, &sched, res, &err))) goto out;
+    }
+out:
+    if (res)
+        for (int r = 0; r < sched.n_ranks; r++) rt_result_release(&res[r]);
+    free(res);
+    sched_release(&sched);
+    data_release(&train);
+    data_release(&test);
+    if (have_prof) profile_release(&prof);
+    plan_free(plan);
+    if (rc) {
+        if (mpi) fprintf(stderr, "pipedream: error: rank %d: %s\n", rank, err.msg);
+        else fprintf(stderr, "pipedream: error: %s\n", err.msg);
+    }
+    comm_free(comm);
+    return rc ? CLI_FAIL : CLI_OK;
+}
