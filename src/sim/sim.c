@@ -312,6 +312,7 @@ static int run_worker(Engine *e, int rank) {
             for (int k = 0; k < s->stages[g].replicas; k++) {
                 int peer = s->stages[g].ranks[k];
                 WState *pw = &e->ws[peer];
+                e->r->start[peer][pw->pc] = gr->tmax;   /* the collective itself; waiting shows as idle */
                 e->r->end[peer][pw->pc] = t1;
                 pw->clock = t1;
                 if (peer != rank) {

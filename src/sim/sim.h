@@ -83,8 +83,9 @@ typedef struct SimResult {
 
 /* Runs schedule s with costs c. Fills *out (caller releases with sim_result_release).
  * start/end per instruction: compute: its run; send: the transfer on its link (posted to
- * arrival); receive: from reaching it to the data being there; all-reduce: arrival to
- * completion. Fails with PD_EINVAL and a message (out zeroed) on deadlock, naming every
+ * arrival); receive: from reaching it to the data being there; all-reduce: from the last
+ * replica's arrival to completion (the collective itself; a worker waiting for the others
+ * before that is idle). Fails with PD_EINVAL and a message (out zeroed) on deadlock, naming every
  * blocked worker with its instruction and what it waits for, on a send nobody receives,
  * or if costs do not match the schedule. Cost: O(instructions), memory 16 bytes each. */
 int  sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *out, Err *err);

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# simulate.sh: `pipedream simulate`: --help, usage errors (exit 2, one line), runtime
+# errors (exit 1), and the authors' vgg16 profile planned on 4 workers and simulated with
+# every schedule kind: the table, --json figures, --dump order, --svg and --trace files.
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+PROF=${PD_VGG16_GRAPH:-/work/shared/pipedream-profiles/vgg16/graph.txt}
+if [ ! -f "$PROF" ]; then   # a small chain in the authors' graph.txt format instead
+    PROF=$tmp/graph.txt
+    {
+        echo "node1 -- Input -- forward_compute_time=1.000, backward_compute_time=0.000, activation_size=1000000.000, parameter_size=0.000"
+        for i in 2 3 4 5 6 7 8 9; do
+            echo "node$i -- Conv2d(8, 8) -- forward_compute_time=$((i + 3)).000, backward_compute_time=$((2 * i + 5)).000, activation_size=2000000.000, parameter_size=40000.000"
+        done
+        for i in 1 2 3 4 5 6 7 8; do printf '\tnode%d -- node%d\n' $i $((i + 1)); done
+    } >"$PROF"
+fi
+
+"$PD" simulate --help >"$tmp/help" || fail "--help exit $?"
+grep -q "usage: pipedream simulate PLAN.json --profile PROFILE" "$tmp/help" || fail "--help text"
+
+"$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight -o "$tmp/plan.json" >"$tmp/out" 2>"$tmp/err" ||
+    fail "plan: $(cat "$tmp/err")"
+
+for args in "--bogus" "" "$tmp/plan.json" "$tmp/plan.json --profile $PROF --schedule zigzag" \
+    "$tmp/plan.json --profile $PROF --minibatches 0" "$tmp/plan.json --profile $PROF --microbatches 2" \
+    "$tmp/plan.json --profile $PROF --schedule gpipe --vertical-sync" "$tmp/plan.json --profile" \
+    "$tmp/plan.json --profile $PROF --optimizer rmsprop"; do
+    "$PD" simulate $args >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ $rc -eq 2 ] || fail "simulate $args: exit $rc, want 2"
+    [ "$(wc -l <"$tmp/err")" -eq 1 ] || fail "simulate $args: stderr not one line: $(cat "$tmp/err")"
+    grep -q "^pipedream: error: " "$tmp/err" || fail "simulate $args: $(cat "$tmp/err")"
+    [ -s "$tmp/out" ] && fail "simulate $args: wrote to stdout"
+done
+
+"$PD" simulate "$tmp/missing.json" --profile "$PROF" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "missing plan: want exit 1"
+grep -q "missing.json" "$tmp/err" || fail "missing plan: $(cat "$tmp/err")"
+# 2bw with one micro-batch per minibatch cannot keep to two weight versions on 4 stages
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule 2bw --microbatches 1 >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "2bw m=1: want exit 1"
+grep -q "2bw" "$tmp/err" || fail "2bw m=1: $(cat "$tmp/err")"
+
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --minibatches 12 --dump --svg "$tmp/t.svg" --trace "$tmp/t.json" \
+    >"$tmp/out" 2>"$tmp/err" || fail "1f1b: exit $? $(cat "$tmp/err")"
+grep -q "^w0 s0: F0 F1 F2 F3 B0 F4 B1 F5" "$tmp/out" || fail "dump: $(head -3 "$tmp/out")"
+grep -q "^w3 s3: F0 B0 F1 B1 F2 B2" "$tmp/out" || fail "dump: $(head -5 "$tmp/out")"
+grep -q "^time per minibatch" "$tmp/out" || fail "summary: $(cat "$tmp/out")"
+grep -q "<svg" "$tmp/t.svg" || fail "svg"
+[ "$(grep -c '<title>forward' "$tmp/t.svg")" -eq 48 ] || fail "svg: want 48 forward boxes"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert sum(e['ph']=='X' and e['cat']=='compute' for e in d['traceEvents'])==96" \
+    "$tmp/t.json" || fail "trace: not 96 compute events"
+
+for k in 1f1b gpipe 1f1b-flush 2bw dp model-parallel; do
+    "$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule $k --json >"$tmp/$k.json" 2>"$tmp/err" ||
+        fail "$k: exit $? $(cat "$tmp/err")"
+    python3 - "$tmp/$k.json" "$k" <<'EOF' || fail "$k: $(cat "$tmp/$k.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+k = sys.argv[2]
+assert d["schedule"] == k, d["schedule"]
+assert d["time_per_minibatch_s"] > 0 and d["samples_per_s"] >= 0
+assert 0 <= d["bubble_fraction"] < 1
+w = d["per_worker"]
+assert len(w) == 4
+assert all(x["peak_memory_bytes"] > 0 for x in w if x["stage"] >= 0)
+if k == "1f1b":
+    assert d["stage_warmup"] == [4, 3, 2, 1], d["stage_warmup"]
+    assert d["stage_versions_alive"] == [4, 3, 2, 1], d["stage_versions_alive"]
+if k in ("gpipe", "1f1b-flush", "dp", "model-parallel"):
+    assert max(d["stage_versions_alive"]) == 1
+if k == "2bw":
+    assert max(d["stage_versions_alive"]) <= 2
+if k == "dp":
+    assert d["stages"] == 1 and all(x["stage"] == 0 for x in w)
+EOF
+done
+# pipelining is faster than model parallelism on the same plan
+python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
+assert a['time_per_minibatch_s'] < 0.5 * b['time_per_minibatch_s'], (a['time_per_minibatch_s'], b['time_per_minibatch_s'])
+" "$tmp/1f1b.json" "$tmp/model-parallel.json" || fail "1f1b not faster than model-parallel"
+echo OK
