@@ -22,9 +22,17 @@ void profile_release(Profile *p) {
 int profile_is_chain(const Profile *p) {
     if (p->n_edges == 0) return 1;
     if (p->n_edges != p->n_layers - 1) return 0;
-    for (int e = 0; e < p->n_edges; e++)
-        if (p->edges[e][0] != e || p->edges[e][1] != e + 1) return 0;
-    return 1;
+    /* exactly the edges i -> i+1, in any order */
+    char *seen = calloc((size_t)p->n_layers, 1);
+    PD_ASSERT(seen);
+    int chain = 1;
+    for (int e = 0; e < p->n_edges && chain; e++) {
+        int a = p->edges[e][0];
+        chain = a >= 0 && a + 1 < p->n_layers && p->edges[e][1] == a + 1 && !seen[a];
+        if (chain) seen[a] = 1;
+    }
+    free(seen);
+    return chain;
 }
 
 static int cmp_edge(const void *a, const void *b) {

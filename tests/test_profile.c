@@ -1,0 +1,282 @@
+/* test_profile.c: profile JSON round trip (bit-exact doubles), the graph.txt reader
+ * (units, lists of activation sizes, topological order, model name), the authors'
+ * profiles (all load; counts match the files), and bad input with the messages users see. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "profile.h"
+
+static char g_tmp[256];
+
+static const char *tmp_path(const char *name) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/pd_test_profile_%d_%s", (int)getpid(), name);
+    return g_tmp;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Loads text as a file and expects failure with msg containing want. */
+static void expect_error(const char *text, const char *want) {
+    const char *path = tmp_path("bad.txt");
+    write_text(path, text);
+    Profile p;
+    Err err = {0};
+    int rc = profile_load(path, &p, &err);
+    unlink(path);
+    if (rc == PD_OK || !strstr(err.msg, want)) {
+        fprintf(stderr, "input:\n%s\nwanted error containing \"%s\", got rc %d \"%s\"\n", text, want, rc, err.msg);
+        fail();
+    }
+    assert_int_equal(p.n_layers, 0); /* zeroed on error */
+}
+
+static void make_profile(Profile *p, int n, int dag) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->model, sizeof p->model, "toy");
+    p->minibatch = 32;
+    snprintf(p->measured_on, sizeof p->measured_on, "test host");
+    p->threads = 2;
+    p->iterations = 10;
+    p->input_bytes = 12345.5;
+    p->n_layers = n;
+    p->layers = calloc((size_t)n, sizeof *p->layers);
+    for (int i = 0; i < n; i++) {
+        snprintf(p->layers[i].name, sizeof p->layers[i].name, "layers.%d", i);
+        snprintf(p->layers[i].type, sizeof p->layers[i].type, i % 2 ? "relu" : "conv2d");
+        p->layers[i].fwd_s = 0.1 / (i + 3);      /* not exactly representable: tests round trip */
+        p->layers[i].bwd_s = 1e-7 * (i + 1) / 3;
+        p->layers[i].act_bytes = 4.0 * (1000 + i);
+        p->layers[i].param_bytes = i % 2 ? 0 : 4.0 * 9 * 64 * 64 / 7;
+    }
+    if (dag) { /* a diamond per pair plus the chain */
+        p->edges = calloc((size_t)(2 * n), sizeof *p->edges);
+        for (int i = 0; i + 1 < n; i++) {
+            p->edges[p->n_edges][0] = i;
+            p->edges[p->n_edges++][1] = i + 1;
+            if (i + 2 < n) {
+                p->edges[p->n_edges][0] = i;
+                p->edges[p->n_edges++][1] = i + 2;
+            }
+        }
+    }
+}
+
+static void test_json_round_trip(void **state) {
+    (void)state;
+    for (int dag = 0; dag < 2; dag++) {
+        Profile a, b;
+        make_profile(&a, 7, dag);
+        Err err = {0};
+        const char *path = tmp_path("rt.json");
+        assert_int_equal(profile_save(&a, path, &err), PD_OK);
+        assert_int_equal(profile_load(path, &b, &err), PD_OK);
+        unlink(path);
+        assert_string_equal(b.model, "toy");
+        assert_string_equal(b.source, "pipedream-profile");
+        assert_string_equal(b.measured_on, "test host");
+        assert_int_equal(b.minibatch, 32);
+        assert_int_equal(b.threads, 2);
+        assert_int_equal(b.iterations, 10);
+        assert_true(b.input_bytes == a.input_bytes);
+        assert_int_equal(b.n_layers, a.n_layers);
+        for (int i = 0; i < a.n_layers; i++) {
+            assert_string_equal(b.layers[i].name, a.layers[i].name);
+            assert_string_equal(b.layers[i].type, a.layers[i].type);
+            assert_true(b.layers[i].fwd_s == a.layers[i].fwd_s); /* bit-exact */
+            assert_true(b.layers[i].bwd_s == a.layers[i].bwd_s);
+            assert_true(b.layers[i].act_bytes == a.layers[i].act_bytes);
+            assert_true(b.layers[i].param_bytes == a.layers[i].param_bytes);
+        }
+        assert_int_equal(b.n_edges, dag ? a.n_edges : 0);
+        for (int e = 0; e < b.n_edges; e++) {
+            assert_int_equal(b.edges[e][0], a.edges[e][0]);
+            assert_int_equal(b.edges[e][1], a.edges[e][1]);
+        }
+        assert_int_equal(profile_is_chain(&b), !dag);
+        assert_true(b.checksum != 0);
+        profile_release(&a);
+        profile_release(&b);
+    }
+}
+
+static const char *GRAPH =
+    "node3 -- ReLU(inplace) -- forward_compute_time=1.500, backward_compute_time=2.000, activation_size=400.0, "
+    "parameter_size=0.000\n"
+    "node1 -- Input0 -- forward_compute_time=600.000, backward_compute_time=0.000, activation_size=100.0, "
+    "parameter_size=0.000\n"
+    "node2 -- LSTM(8, 8) -- forward_compute_time=3.250, backward_compute_time=4.000, activation_size=[10.0; 20.5; "
+    "30.0], parameter_size=288.000 -- stage_id=0\n"
+    "\tnode1 -- node2\n"
+    "\tnode2 -- node3\n";
+
+static void test_graph_txt(void **state) {
+    (void)state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/pd_test_profile_%d_mymodel", (int)getpid());
+    assert_int_equal(mkdir(dir, 0700), 0);
+    char path[300];
+    snprintf(path, sizeof path, "%s/graph.txt", dir);
+    write_text(path, GRAPH);
+    Profile p;
+    Err err = {0};
+    int rc = profile_load(path, &p, &err);
+    unlink(path);
+    rmdir(dir);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, PD_OK);
+    assert_string_equal(p.source, "graph.txt");
+    assert_string_equal(p.model, strrchr(dir, '/') + 1); /* the folder name */
+    assert_int_equal(p.n_layers, 3);
+    /* Topological order: node1 (Input0), node2, node3 although node3 comes first in the file. */
+    assert_string_equal(p.layers[0].name, "node1");
+    assert_string_equal(p.layers[1].name, "node2");
+    assert_string_equal(p.layers[2].name, "node3");
+    assert_string_equal(p.layers[0].type, "Input0");
+    assert_int_equal(p.layers[0].line, 2);
+    assert_int_equal(p.layers[2].line, 1);
+    assert_true(fabs(p.layers[1].fwd_s - 3.25e-3) < 1e-15); /* ms -> s */
+    assert_true(fabs(p.layers[1].bwd_s - 4e-3) < 1e-15);
+    assert_true(p.layers[1].act_bytes == 60.5); /* the list is summed */
+    assert_true(p.layers[1].param_bytes == 288.0);
+    assert_int_equal(p.n_edges, 2);
+    assert_int_equal(p.edges[0][0], 0);
+    assert_int_equal(p.edges[0][1], 1);
+    assert_int_equal(p.edges[1][0], 1);
+    assert_int_equal(p.edges[1][1], 2);
+    assert_true(profile_is_chain(&p));
+    profile_release(&p);
+}
+
+static void test_bad_graph_txt(void **state) {
+    (void)state;
+    const char *ok_meta = "forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, parameter_size=0.0";
+    char buf[1024];
+    expect_error("", "empty graph");
+    expect_error("\n\n", "empty graph");
+    expect_error("node1 -- Conv\n", "malformed node line");
+    expect_error("node1 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0\n", "malformed node metadata");
+    expect_error("node1 -- Conv -- forward_compute_time=abc, backward_compute_time=1.0, activation_size=4.0, "
+                 "parameter_size=0.0\n",
+                 "malformed node metadata");
+    expect_error("node1 -- Conv -- forward_compute_time=-1.0, backward_compute_time=1.0, activation_size=4.0, "
+                 "parameter_size=0.0\n",
+                 "negative or not finite");
+    expect_error("node1 -- Conv -- forward_compute_time=nan, backward_compute_time=1.0, activation_size=4.0, "
+                 "parameter_size=0.0\n",
+                 "negative or not finite");
+    expect_error("node1 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=[4.0; x], "
+                 "parameter_size=0.0\n",
+                 "malformed node metadata");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1 -- node9\n", ok_meta);
+    expect_error(buf, "unknown node \"node9\"");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode2 -- B -- %s\n\tnode1 -- node2\n\tnode2 -- node1\n", ok_meta,
+             ok_meta);
+    expect_error(buf, "cycle");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1 -- node1\n", ok_meta);
+    expect_error(buf, "cycle");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode1 -- B -- %s\n", ok_meta, ok_meta);
+    expect_error(buf, "duplicate node id");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode2 -- B -- %s\n\tnode1 -- node2\n\tnode1 -- node2\n", ok_meta,
+             ok_meta);
+    expect_error(buf, "duplicate edge");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1\n", ok_meta);
+    expect_error(buf, "malformed edge line");
+    snprintf(buf, sizeof buf, "node1 -- A -- %s -- stage=x\n", ok_meta);
+    expect_error(buf, "malformed stage_id");
+}
+
+static void test_bad_json(void **state) {
+    (void)state;
+    const char *head = "{\"format\": \"pipedream-profile\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, ";
+    const char *layer = "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
+                        "\"activation_bytes\": 4, \"parameter_bytes\": 8}";
+    char buf[2048];
+    expect_error("{\"format\": \"pipedream-profile\", ", "not valid JSON");
+    snprintf(buf, sizeof buf, "%s\"layers\": []}", head);
+    expect_error(buf, "no layers");
+    snprintf(buf, sizeof buf, "%s\"layers\": [%s], \"colour\": 1}", head, layer);
+    expect_error(buf, "colour");
+    snprintf(buf, sizeof buf, "%s\"layers\": [{\"name\": \"a\", \"type\": \"t\", \"forward_s\": -1, \"backward_s\": 2, "
+             "\"activation_bytes\": 4, \"parameter_bytes\": 8}]}", head);
+    expect_error(buf, "forward_s");
+    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[0, 5]]}", head, layer, layer);
+    expect_error(buf, "unknown layer");
+    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[1, 0]]}", head, layer, layer);
+    expect_error(buf, "topological order");
+    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[0, 0]]}", head, layer, layer);
+    expect_error(buf, "cycle");
+    snprintf(buf, sizeof buf, "{\"format\": \"other\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [%s]}",
+             layer);
+    expect_error(buf, "pipedream-profile");
+}
+
+/* Every profile shipped in ../shared/pipedream-profiles loads, with as many layers as node
+ * lines and as many edges as edge lines. */
+static void test_authors_profiles(void **state) {
+    (void)state;
+    static const char *names[] = {"alexnet/graph.txt",       "vgg16/graph.txt",     "resnet18/graph.txt",
+                                  "resnet50/graph.txt",      "resnet101/graph.txt", "squeezenet1_0/graph.txt",
+                                  "densenet121/graph.txt",   "inception_v3/graph.txt",
+                                  "inception_v3/graph_compressed.txt", "gnmt/graph.txt", "gnmt_large/graph.txt"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "../shared/pipedream-profiles/%s", names[i]);
+        const char *path = tu_src(rel);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int nodes = 0, edges = 0;
+        char line[4096];
+        while (fgets(line, sizeof line, f)) {
+            if (line[0] == '\t') edges++;
+            else if (line[0] && line[0] != '\n') nodes++;
+        }
+        fclose(f);
+        Profile p;
+        Err err = {0};
+        int rc = profile_load(path, &p, &err);
+        if (rc) fprintf(stderr, "%s: %s\n", names[i], err.msg);
+        assert_int_equal(rc, PD_OK);
+        assert_int_equal(p.n_layers, nodes);
+        assert_int_equal(p.n_edges, edges);
+        for (int e = 0; e < p.n_edges; e++) assert_true(p.edges[e][0] < p.edges[e][1]);
+        assert_true(p.checksum != 0);
+        found++;
+        profile_release(&p);
+    }
+    if (!found) {
+        print_message("skipped: ../shared/pipedream-profiles is absent\n");
+        skip();
+    }
+    /* vgg16 has a Size/View diamond in their format, so it is not a chain; nor is gnmt. */
+    Profile p;
+    Err err = {0};
+    if (profile_load(tu_src("../shared/pipedream-profiles/vgg16/graph.txt"), &p, &err) == PD_OK) {
+        assert_false(profile_is_chain(&p));
+        assert_string_equal(p.model, "vgg16");
+        profile_release(&p);
+    }
+    if (profile_load(tu_src("../shared/pipedream-profiles/gnmt/graph.txt"), &p, &err) == PD_OK) {
+        assert_false(profile_is_chain(&p));
+        profile_release(&p);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_round_trip), cmocka_unit_test(test_graph_txt),
+        cmocka_unit_test(test_bad_graph_txt),   cmocka_unit_test(test_bad_json),
+        cmocka_unit_test(test_authors_profiles),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
