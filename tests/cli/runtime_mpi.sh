@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# runtime_mpi.sh: pipelined training end to end, over MPI and over threads.
+#  - 1f1b with a replicated stage, 1f1b with vertical sync and 2bw on 3 MPI ranks must end
+#    with weights bitwise equal (CRC-32 per stage) to the same run on threads; the threads
+#    run is checked against the serial emulation and an independent oracle in
+#    test_runtime.c, so this closes the chain MPI = threads = emulation = oracle.
+#  - bad launches fail on every rank with a clear message and no hang: a plan for more
+#    ranks than started, a plan made for another model, --plan missing under mpirun.
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+command -v mpirun >/dev/null || { echo "SKIP: no mpirun"; exit 0; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+MPIRUN="timeout 120 mpirun --oversubscribe"
+MODEL=$SRC/models/mlp.json
+
+# A hand-written 2-stage plan for mlp (layers 0-1 | 2-3), stage 0 on two replicas.
+cat >"$tmp/plan.json" <<JSON
+{"format": "pipedream-plan", "version": 1, "model": "mlp", "profile_crc32": "00000000", "n_layers": 4,
+ "cost_model": {"kind": "ours", "straight": false, "allow_idle": false, "memory_limit": 0,
+                "activation_compression": 0, "overlap_allreduce": false},
+ "cluster": {"levels": [{"workers": 3, "bandwidth": 1e10, "latency": 0}], "memory_per_worker": 0},
+ "n_workers": 3, "noam": 2,
+ "predicted": {"pipeline_s": 1, "single_worker_s": 1, "data_parallel_s": 1, "speedup_over_single": 1,
+               "speedup_over_data_parallel": 1},
+ "stages": [{"layers": [0, 1], "replicas": 2, "ranks": [0, 1], "compute_s": 1, "time_s": 1},
+            {"layers": [2, 3], "replicas": 1, "ranks": [2], "compute_s": 1, "time_s": 1}]}
+JSON
+
+crc() { sed -n 's/.*"weights_crc":\[\([^]]*\)\].*/\1/p' "$1"; }
+for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --microbatches 2"; do
+    args="$MODEL --plan $tmp/plan.json --schedule $sched --steps 24 --minibatch 16 --timeout 60"
+    $MPIRUN -np 3 "$PD" train $args >"$tmp/mpi.out" 2>"$tmp/mpi.err" || fail "mpi $sched: $(tail -5 "$tmp/mpi.err")"
+    "$PD" train $args --workers 3 >"$tmp/thr.out" 2>"$tmp/thr.err" || fail "threads $sched: $(tail -5 "$tmp/thr.err")"
+    [ "$(wc -l <"$tmp/mpi.out")" -eq 1 ] || fail "mpi $sched: summary printed $(wc -l <"$tmp/mpi.out") times"
+    a=$(crc "$tmp/mpi.out"); b=$(crc "$tmp/thr.out")
+    [ -n "$a" ] || fail "mpi $sched: no weights_crc in $(cat "$tmp/mpi.out")"
+    [ "$a" = "$b" ] || fail "$sched: MPI weights $a differ from threads $b"
+    grep -q '"transport":"mpi"' "$tmp/mpi.out" || fail "mpi $sched: transport"
+    grep -q '"test_accuracy":0\.[0-9]' "$tmp/mpi.out" || fail "mpi $sched: no accuracy: $(cat "$tmp/mpi.out")"
+    echo "ok: $sched: mpi = threads ($a)"
+done
+
+# Bad launches: every rank exits non-zero with a message, quickly.
+start=$(date +%s)
+$MPIRUN -np 2 "$PD" train "$MODEL" --plan "$tmp/plan.json" --steps 4 >"$tmp/out" 2>"$tmp/err" && fail "np 2 for a 3-rank plan succeeded"
+grep -q "needs 3 ranks but mpirun started 2" "$tmp/err" || fail "np mismatch message: $(cat "$tmp/err")"
+$MPIRUN -np 3 "$PD" train "$SRC/models/lenet5.json" --plan "$tmp/plan.json" --steps 4 >"$tmp/out" 2>"$tmp/err" && fail "plan for another model succeeded"
+grep -q "made for a model of 4 layers" "$tmp/err" || fail "model mismatch message: $(cat "$tmp/err")"
+$MPIRUN -np 2 "$PD" train "$MODEL" --steps 4 >"$tmp/out" 2>"$tmp/err"
+[ $? -ne 0 ] || fail "mpirun without --plan succeeded"
+grep -q "under mpirun, give --plan" "$tmp/err" || fail "no-plan message: $(cat "$tmp/err")"
+[ $(( $(date +%s) - start )) -lt 60 ] || fail "bad launches took too long"
+echo "ok: bad launches"
