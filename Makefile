@@ -30,3 +30,9 @@ test-asan: deps
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
+
+# libFuzzer harnesses for every file parser (clang, ASan + UBSan); SECONDS per harness
+# (default 60). See fuzz/run.sh.
+.PHONY: fuzz
+fuzz:
+	bash fuzz/run.sh $(SECONDS)
