@@ -26,8 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
         }
     } else {
         Cluster c;
-        if (cluster_load(path, &c, &err) == PD_OK) {
-            cluster_check(&c, &err);
+        if (cluster_load(path, &c, &err) == PD_OK && cluster_check(&c, &err) == PD_OK) {
             int n = cluster_total_workers(&c);
             for (int a = 0; a < n && a < 64; a++) (void)cluster_link_level(&c, 0, a);
         }
