@@ -178,16 +178,29 @@ Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *e
         int v = g.node_of_layer[l];
         stage_of[l] = -1;
         if (v < 0) continue;
+        /* The first stage whose cut contains the node (the authors' assignment; the same
+         * as "in D_to but not D_from" when the cuts are nested, as they are but for the
+         * compat model's hierarchical quirk). */
         for (int q = 0; q < sol.n_stages; q++) {
             const PStageRange *st = &sol.st[q];
-            int in_to = s.down[(size_t)st->to * s.words + v / 64] >> (v % 64) & 1;
-            int in_from = st->from >= 0 && (s.down[(size_t)st->from * s.words + v / 64] >> (v % 64) & 1);
-            if (in_to && !in_from) {
+            if (s.down[(size_t)st->to * s.words + v / 64] >> (v % 64) & 1) {
                 stage_of[l] = q;
                 break;
             }
         }
         PD_ASSERT(stage_of[l] >= 0);
+    }
+    for (int q = 0; q < sol.n_stages && !rc; q++) {
+        int any = 0;
+        for (int l = 0; l < L && !any; l++) any = stage_of[l] == q;
+        if (!any)
+            rc = err_set(err, PD_EINVAL, "the authors' optimum here (%.6g s per minibatch) splits a range between two "
+                         "unrelated cut states (a quirk of their lower levels, docs/planner.md), which leaves stage %d "
+                         "empty: no runnable plan; use --cost-model ours", sol.pipeline_s, q);
+    }
+    if (rc) {
+        free(stage_of);
+        goto done;
     }
     /* Removed layers: Input sources go to stage 0 (as the authors do); an unused
      * __getitem__ output goes with the latest stage that feeds it. */
@@ -259,51 +272,62 @@ done:
 
 /* ---- JSON ------------------------------------------------------------------------ */
 
+/* A JSON number that reads back bit-exactly (cJSON's printer may drop the last digit):
+ * the shortest of %.15g, %.16g, %.17g that round-trips. */
+static cJSON *json_num(double v) {
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return cJSON_CreateRaw(buf);
+}
+
 int plan_save(const Plan *p, const char *path, Err *err) {
     int rc = plan_validate(p, p->n_layers, err);
     if (rc) return err_prefix(err, "%s: refusing to write an invalid plan", path);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "pipedream-plan");
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddItemToObject(root, "version", json_num(1));
     cJSON_AddStringToObject(root, "model", p->model);
     char crc[16];
     snprintf(crc, sizeof crc, "%08x", p->profile_checksum);
     cJSON_AddStringToObject(root, "profile_crc32", crc);
-    cJSON_AddNumberToObject(root, "n_layers", p->n_layers);
+    cJSON_AddItemToObject(root, "n_layers", json_num(p->n_layers));
     cJSON *cm = cJSON_AddObjectToObject(root, "cost_model");
     cJSON_AddStringToObject(cm, "kind", plan_cost_model_name(p->opts.cost_model));
     cJSON_AddBoolToObject(cm, "straight", p->opts.straight);
     cJSON_AddBoolToObject(cm, "allow_idle", p->opts.allow_idle);
-    cJSON_AddNumberToObject(cm, "memory_limit", p->opts.memory_limit);
-    cJSON_AddNumberToObject(cm, "activation_compression", p->opts.activation_compression);
+    cJSON_AddItemToObject(cm, "memory_limit", json_num(p->opts.memory_limit));
+    cJSON_AddItemToObject(cm, "activation_compression", json_num(p->opts.activation_compression));
     cJSON_AddBoolToObject(cm, "overlap_allreduce", p->opts.overlap_allreduce);
     cJSON *clj = cJSON_AddObjectToObject(root, "cluster");
     cJSON *lv = cJSON_AddArrayToObject(clj, "levels");
     for (int l = 0; l < p->cluster.n_levels; l++) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "workers", p->cluster.level[l].workers);
-        cJSON_AddNumberToObject(o, "bandwidth", p->cluster.level[l].bandwidth);
-        cJSON_AddNumberToObject(o, "latency", p->cluster.level[l].latency);
+        cJSON_AddItemToObject(o, "workers", json_num(p->cluster.level[l].workers));
+        cJSON_AddItemToObject(o, "bandwidth", json_num(p->cluster.level[l].bandwidth));
+        cJSON_AddItemToObject(o, "latency", json_num(p->cluster.level[l].latency));
         cJSON_AddItemToArray(lv, o);
     }
-    cJSON_AddNumberToObject(clj, "memory_per_worker", p->cluster.memory_per_worker);
-    cJSON_AddNumberToObject(root, "n_workers", p->n_workers);
-    cJSON_AddNumberToObject(root, "noam", p->noam);
+    cJSON_AddItemToObject(clj, "memory_per_worker", json_num(p->cluster.memory_per_worker));
+    cJSON_AddItemToObject(root, "n_workers", json_num(p->n_workers));
+    cJSON_AddItemToObject(root, "noam", json_num(p->noam));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
-    cJSON_AddNumberToObject(pr, "pipeline_s", p->pipeline_s);
-    cJSON_AddNumberToObject(pr, "single_worker_s", p->single_s);
-    cJSON_AddNumberToObject(pr, "data_parallel_s", p->dp_s);
-    cJSON_AddNumberToObject(pr, "speedup_over_single", p->single_s / p->pipeline_s);
-    cJSON_AddNumberToObject(pr, "speedup_over_data_parallel", p->dp_s / p->pipeline_s);
+    cJSON_AddItemToObject(pr, "pipeline_s", json_num(p->pipeline_s));
+    cJSON_AddItemToObject(pr, "single_worker_s", json_num(p->single_s));
+    cJSON_AddItemToObject(pr, "data_parallel_s", json_num(p->dp_s));
+    cJSON_AddItemToObject(pr, "speedup_over_single", json_num(p->single_s / p->pipeline_s));
+    cJSON_AddItemToObject(pr, "speedup_over_data_parallel", json_num(p->dp_s / p->pipeline_s));
     cJSON *stages = cJSON_AddArrayToObject(root, "stages");
     for (int s = 0; s < p->n_stages; s++) {
         const PlanStage *st = &p->stages[s];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "layers", cJSON_CreateIntArray(st->layers, st->n_layers));
-        cJSON_AddNumberToObject(o, "replicas", st->replicas);
+        cJSON_AddItemToObject(o, "replicas", json_num(st->replicas));
         cJSON_AddItemToObject(o, "ranks", cJSON_CreateIntArray(st->ranks, st->replicas));
-        cJSON_AddNumberToObject(o, "compute_s", st->compute_s);
-        cJSON_AddNumberToObject(o, "time_s", st->time_s);
+        cJSON_AddItemToObject(o, "compute_s", json_num(st->compute_s));
+        cJSON_AddItemToObject(o, "time_s", json_num(st->time_s));
         cJSON_AddItemToArray(stages, o);
     }
     if (p->n_edges > 0) {

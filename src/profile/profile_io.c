@@ -82,6 +82,17 @@ int profile_validate(const Profile *p, Err *err) {
 
 /* ---- our JSON -------------------------------------------------------------------- */
 
+/* A JSON number that reads back bit-exactly (cJSON's printer may drop the last digit):
+ * the shortest of %.15g, %.16g, %.17g that round-trips. */
+static cJSON *json_num(double v) {
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return cJSON_CreateRaw(buf);
+}
+
 static int copy_str(char *dst, size_t n, const char *src, const char *ctx, const char *key, Err *err) {
     if (strlen(src) >= n)
         return err_set(err, PD_EINVAL, "%s: key \"%s\": \"%s\" is longer than %zu characters", ctx, key, src, n - 1);
@@ -182,23 +193,23 @@ int profile_save(const Profile *p, const char *path, Err *err) {
     if (rc) return err_prefix(err, "%s: refusing to write an invalid profile", path);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "pipedream-profile");
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddItemToObject(root, "version", json_num(1));
     cJSON_AddStringToObject(root, "model", p->model);
-    cJSON_AddNumberToObject(root, "minibatch", p->minibatch);
+    cJSON_AddItemToObject(root, "minibatch", json_num(p->minibatch));
     cJSON_AddStringToObject(root, "measured_on", p->measured_on);
-    cJSON_AddNumberToObject(root, "threads", p->threads);
-    cJSON_AddNumberToObject(root, "iterations", p->iterations);
-    cJSON_AddNumberToObject(root, "input_bytes", p->input_bytes);
+    cJSON_AddItemToObject(root, "threads", json_num(p->threads));
+    cJSON_AddItemToObject(root, "iterations", json_num(p->iterations));
+    cJSON_AddItemToObject(root, "input_bytes", json_num(p->input_bytes));
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", l->name);
         cJSON_AddStringToObject(o, "type", l->type);
-        cJSON_AddNumberToObject(o, "forward_s", l->fwd_s);
-        cJSON_AddNumberToObject(o, "backward_s", l->bwd_s);
-        cJSON_AddNumberToObject(o, "activation_bytes", l->act_bytes);
-        cJSON_AddNumberToObject(o, "parameter_bytes", l->param_bytes);
+        cJSON_AddItemToObject(o, "forward_s", json_num(l->fwd_s));
+        cJSON_AddItemToObject(o, "backward_s", json_num(l->bwd_s));
+        cJSON_AddItemToObject(o, "activation_bytes", json_num(l->act_bytes));
+        cJSON_AddItemToObject(o, "parameter_bytes", json_num(l->param_bytes));
         cJSON_AddItemToArray(layers, o);
     }
     if (p->n_edges > 0 && !profile_is_chain(p)) {
