@@ -134,7 +134,10 @@ double plan_stage_memory(const Plan *p, const Profile *prof, int s) {
 
 int plan_check_memory(const Plan *p, const Profile *prof, Err *err) {
     if (!(p->opts.memory_limit > 0)) return PD_OK;
-    if (p->opts.cost_model == COST_PIPEDREAM && p->cluster.n_levels > 1) return PD_OK;
+    /* The authors' check lives in their DP: with several levels it is per level, and with
+     * --allow-idle a stage after an idle-padded prefix is checked as if the idle workers
+     * were used; only the plain one-level case can be re-checked from the plan. */
+    if (p->opts.cost_model == COST_PIPEDREAM && (p->cluster.n_levels > 1 || p->opts.allow_idle)) return PD_OK;
     for (int s = 0; s < p->n_stages; s++) {
         double m = plan_stage_memory(p, prof, s);
         if (m > p->opts.memory_limit)

@@ -89,7 +89,8 @@ void  plan_free(Plan *p);    /* NULL is fine */
 int   plan_validate(const Plan *p, int n_layers, Err *err);
 /* With p->opts.memory_limit > 0: fails naming the first stage whose predicted bytes per
  * worker (plan_stage_memory) exceed it. The compat model's hierarchical memory check
- * lives inside its DP only, so for COST_PIPEDREAM with several levels this passes. */
+ * lives inside its DP only, so for COST_PIPEDREAM with several levels or allow_idle this
+ * passes. */
 int   plan_check_memory(const Plan *p, const Profile *prof, Err *err);
 /* Predicted bytes per worker of stage s: k * (activations + parameters of the stage),
  * k = stashed minibatches: ours ceil(workers from s to the end / replicas), the authors'
