@@ -14,7 +14,10 @@
 
 static void help(void) {
     printf("usage: pipedream train MODEL.json [options]\n\n"
-           "Trains MODEL.json on one worker and prints a JSON summary line on stdout.\n\n"
+           "Trains MODEL.json on one worker and prints a JSON summary line on stdout: steps, epochs,\n"
+           "final_loss (mean training loss of the last --log-every steps), test_loss and\n"
+           "test_accuracy (eval mode, after the last step), samples_per_s (training only).\n"
+           "A progress line goes to stderr when it is a terminal.\n\n"
            "options:\n"
            "  --data DIR            IDX dataset directory (default %s)\n"
            "  --epochs N            passes over the training set (default 1)\n"
