@@ -362,6 +362,41 @@ static void test_init(void **st) {
     model_free(m);
 }
 
+/* The one-worker Trainer (used by `pipedream train`) reproduces PyTorch's 10 SGD steps of
+ * lenet5 from the same weights: loss and argmax hits per step. */
+static void test_trainer_vs_pytorch(void **st) {
+    (void)st;
+    RefFile rf;
+    tu_ref_load(&rf, "nn_model_lenet5.bin");
+    Model *m = load("lenet5");
+    Err err = {0};
+    OptConfig oc = optim_defaults(OPT_SGD, tu_ref_get(&rf, "steps.lr")->data[0]);
+    oc.momentum = 0.9f;
+    const RefTensor *sx = tu_ref_get(&rf, "steps.x"), *sl = tu_ref_get(&rf, "steps.labels"),
+                    *sloss = tu_ref_get(&rf, "steps.loss"), *srtol = tu_ref_get(&rf, "steps.rtol");
+    int steps = sx->shape.d[0], n = sx->shape.d[1];
+    Trainer t;
+    assert_int_equal(trainer_init(&t, m, 8, &oc, 1, &err), PD_OK);   // n_max 8 > n = 4
+    assert_int_equal(t.classes, 10);
+    hash_fill(m, t.w);
+    int32_t labels[8];
+    size_t bad = 0;
+    for (int s = 0; s < steps; s++) {
+        for (int i = 0; i < n; i++) labels[i] = (int32_t)sl->data[s * n + i];
+        int correct = -1;
+        float loss = trainer_step(&t, sx->data + (size_t)s * n * 784, labels, n, (uint64_t)s, &correct);
+        assert_true(correct >= 0 && correct <= n);
+        bad += tu_compare("trainer loss", &loss, sloss->data + s, 1, srtol->data[s], 1e-6);
+    }
+    assert_int_equal(bad, 0);
+    int correct = -1;
+    float el = trainer_eval(&t, sx->data, labels, n, &correct);
+    assert_true(isfinite(el) && correct >= 0 && correct <= n);
+    trainer_release(&t);
+    model_free(m);
+    tu_ref_free(&rf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_counts_and_flops),
@@ -374,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_vgg16_vs_pytorch),
         cmocka_unit_test(test_resnet20_vs_pytorch),
         cmocka_unit_test(test_lstm_vs_pytorch),
+        cmocka_unit_test(test_trainer_vs_pytorch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
