@@ -309,6 +309,30 @@ static void test_random_structure(void **state) {
             check_structure(&s);
             sched_release(&s);
         }
+        /* vertical sync: stage s reads floor(v0 * r_0 / r_s) where v0 is what the input
+         * stage's list reads for the same minibatch */
+        SchedOpts o = {SCHED_1F1B, N, 1, 1};
+        Schedule s;
+        Err err = {0};
+        if (sched_build(p, &o, &s, &err) == PD_OK) {
+            check_structure(&s);
+            int *v0 = malloc((size_t)N * sizeof(int));
+            for (int r = 0; r < s.n_ranks; r++)
+                for (int i = 0; r < s.n_ranks && s.workers[r].stage == 0 && i < s.workers[r].n; i++)
+                    if (s.workers[r].ins[i].op == OP_FORWARD) v0[s.workers[r].ins[i].mb] = s.workers[r].ins[i].version;
+            for (int r = 0; r < s.n_ranks; r++) {
+                int st = s.workers[r].stage;
+                for (int i = 0; i < s.workers[r].n; i++) {
+                    const Instr *in = &s.workers[r].ins[i];
+                    if (in->op != OP_FORWARD) continue;
+                    assert_int_equal(in->version, v0[in->mb] * s.stages[0].replicas / s.stages[st].replicas);
+                }
+            }
+            free(v0);
+            sched_release(&s);
+        } else {
+            assert_non_null(strstr(err.msg, "vertical sync"));
+        }
         free_plan(p);
     }
 }
