@@ -60,7 +60,7 @@ int ckpt_writer_add_f32(CkptWriter *w, const char *name, Shape s, const float *d
  * "pipedream.format"), or a string is longer than CKPT_MAX_NAME. */
 int ckpt_writer_meta(CkptWriter *w, const char *key, const char *value, Err *err);
 
-/* Writes the checkpoint to path atomically: a temporary file "<path>.tmp.<pid>" in the same
+/* Writes the checkpoint to path atomically: a temporary file "<path>.tmp.<pid>.<n>" in the same
  * directory, streamed (header, then each tensor straight from its buffer; no copy of the
  * data), fsync, rename over path, fsync of the directory. Tensors are laid out by element
  * size, largest first (then in the order added), so every tensor is aligned to its element

@@ -5,6 +5,7 @@
  * unescaped in place; one record per tensor), so no file can make the reader allocate more
  * than its own size plus a small overhead. Nothing here trusts a size before checking it
  * against the file's actual size. */
+#define _DEFAULT_SOURCE   /* madvise(MADV_HUGEPAGE), on top of -D_POSIX_C_SOURCE */
 #include "ckpt_impl.h"
 
 #include <dirent.h>
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -509,31 +511,38 @@ static int load(const char *path, int keep_data, Ckpt **out, Err *err) {
     ck->datalen = size - 8 - n;
     if ((rc = validate(ck, ck->datalen, n, size, err))) goto fail;
 
-    uint32_t crc;
+    /* The data is read in 1 MiB pieces, each CRC'd while it is still in cache (one pass over
+     * memory), into the data buffer (ckpt_open) or into one reused piece (ckpt_verify). */
+    enum { CHUNK = 1 << 20 };
     if (keep_data) {
-        size_t alloc = ((size_t)ck->datalen + 63) / 64 * 64;
-        if (posix_memalign((void **)&ck->data, 64, alloc ? alloc : 64) != 0) {
+        /* Large buffers: 2 MiB aligned and backed by huge pages where the kernel allows, which
+         * in a VM made reading 256 MB several times faster (fewer page faults and TLB misses). */
+        size_t align = ck->datalen >= ((uint64_t)2 << 20) ? (size_t)2 << 20 : 64;
+        size_t alloc = ((size_t)ck->datalen + align - 1) / align * align;
+        if (posix_memalign((void **)&ck->data, align, alloc ? alloc : 64) != 0) {
             ck->data = NULL;
             rc = err_set(err, PD_ENOMEM, "%s: cannot allocate %llu bytes for the data", path,
                          (unsigned long long)ck->datalen);
             goto fail;
         }
-        if (read_full(fd, ck->data, (size_t)ck->datalen)) goto read_failed;
-        crc = pd_crc32(ck->data, (size_t)ck->datalen);
-        for (int i = 0; i < ck->nt; i++) ck->t[i].data = ck->data + ck->t[i].begin;
+#ifdef MADV_HUGEPAGE
+        if (align > 64) madvise(ck->data, alloc, MADV_HUGEPAGE);   /* advice only: failure is fine */
+#endif
     } else {
-        enum { CHUNK = 1 << 20 };
         chunk = malloc(CHUNK);
         PD_ASSERT(chunk);
-        uLong c = crc32(0L, Z_NULL, 0);
-        for (uint64_t left = ck->datalen; left > 0;) {
-            size_t k = left > CHUNK ? CHUNK : (size_t)left;
-            if (read_full(fd, chunk, k)) goto read_failed;
-            c = crc32_combine(c, pd_crc32(chunk, k), (z_off_t)k);
-            left -= k;
-        }
-        crc = (uint32_t)c;
     }
+    uLong c = crc32(0L, Z_NULL, 0);
+    for (uint64_t off = 0; off < ck->datalen;) {
+        size_t k = ck->datalen - off > CHUNK ? CHUNK : (size_t)(ck->datalen - off);
+        unsigned char *dst = keep_data ? ck->data + off : chunk;
+        if (read_full(fd, dst, k)) goto read_failed;
+        c = crc32_combine(c, pd_crc32(dst, k), (z_off_t)k);
+        off += k;
+    }
+    uint32_t crc = (uint32_t)c;
+    if (keep_data)
+        for (int i = 0; i < ck->nt; i++) ck->t[i].data = ck->data + ck->t[i].begin;
     if ((rc = check_crc(ck, crc, err))) goto fail;
     close(fd);
     free(chunk);
