@@ -518,7 +518,7 @@ static void test_pictures(void **state) {
     assert_true(fd >= 0);
     close(fd);
     Err err = {0};
-    SvgOpts so = {"test <1f1b>", 1, 0};
+    SvgOpts so = {"test <1f1b>", 1, 0, NULL};
     assert_int_equal(sim_svg_write(path, ev, n, s.n_ranks, &so, &err), PD_OK);
     char *text;
     size_t len;
@@ -530,6 +530,14 @@ static void test_pictures(void **state) {
     for (const char *q = text; (q = strstr(q, "<title>backward")) || 0; q++) boxes++;
     assert_int_equal(boxes, n_compute);
     assert_non_null(strstr(text, "<title>all-reduce"));
+    pd_free(text);
+    const char *labels[4] = {"w0 s0", "w1 s1", "w2 s1", "w3 <s2>"};
+    so.row_labels = labels;
+    assert_int_equal(sim_svg_write(path, ev, n, s.n_ranks, &so, &err), PD_OK);
+    assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);
+    assert_non_null(strstr(text, ">w2 s1</text>"));
+    assert_non_null(strstr(text, ">w3 &lt;s2&gt;</text>"));
+    assert_null(strstr(text, ">worker 1</text>"));
     pd_free(text);
     assert_int_equal(sim_trace_write(path, ev, n, &err), PD_OK);
     assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);

@@ -139,8 +139,19 @@ int cmd_simulate(int argc, char **argv) {
                  p->model[0] ? p->model : prof.model, sched_kind_name(so.kind), s.n_ranks, s.n_minibatches,
                  s.n_micro > 1 ? " x " : "", s.n_micro > 1 ? s.n_micro : 0, s.n_micro > 1 ? " micro-batches" : "",
                  r.time_per_minibatch_s);
-        SvgOpts sv = {title, comm, 0};
-        if (sim_svg_write(svg_path, ev, n_ev, s.n_ranks, &sv, &err)) goto fail;
+        char (*lab)[32] = malloc((size_t)s.n_ranks * sizeof *lab);
+        const char **labp = malloc((size_t)s.n_ranks * sizeof *labp);
+        PD_ASSERT(lab && labp);
+        for (int w = 0; w < s.n_ranks; w++) {
+            if (s.workers[w].stage >= 0) snprintf(lab[w], sizeof lab[w], "w%d s%d", w, s.workers[w].stage);
+            else snprintf(lab[w], sizeof lab[w], "w%d idle", w);
+            labp[w] = lab[w];
+        }
+        SvgOpts sv = {title, comm, 0, labp};
+        int src = sim_svg_write(svg_path, ev, n_ev, s.n_ranks, &sv, &err);
+        free(lab);
+        free(labp);
+        if (src) goto fail;
         if (!json) printf("wrote %s\n", svg_path);
     }
     if (trace_path) {

@@ -115,7 +115,8 @@ TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n);
 typedef struct SvgOpts {
     const char *title;    /* NULL: none */
     int show_comm;        /* draw sends and all-reduces as thin bars under each row */
-    int width;            /* pixels; 0 = 1200 */
+    int width;            /* pixels; 0 = from the number of boxes per row (900-3000) */
+    const char *const *row_labels;   /* n_workers labels (borrowed), or NULL: "worker i" */
 } SvgOpts;
 
 /* Writes an SVG timeline: one row per worker, forward/backward boxes coloured by mb

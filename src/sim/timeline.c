@@ -56,6 +56,15 @@ static void mb_colour(int mb, int bwd, char *buf, size_t n) {
     snprintf(buf, n, "hsl(%.0f,%d%%,%d%%)", h, bwd ? 55 : 75, bwd ? 38 : 70);
 }
 
+static void xml_text(FILE *f, const char *s) {
+    for (const char *c = s; *c; c++) {
+        if (*c == '<') fputs("&lt;", f);
+        else if (*c == '>') fputs("&gt;", f);
+        else if (*c == '&') fputs("&amp;", f);
+        else fputc(*c, f);
+    }
+}
+
 int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, const SvgOpts *o, Err *err) {
     SvgOpts def = {0};
     if (!o) o = &def;
@@ -91,12 +100,7 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
     fprintf(f, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"white\"/>\n", width, height);
     if (o->title) {
         fputs("<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">", f);
-        for (const char *c = o->title; *c; c++) {   /* escape for XML */
-            if (*c == '<') fputs("&lt;", f);
-            else if (*c == '>') fputs("&gt;", f);
-            else if (*c == '&') fputs("&amp;", f);
-            else fputc(*c, f);
-        }
+        xml_text(f, o->title);
         fputs("</text>\n", f);
     }
     /* rows: a light band per worker so idle time shows as empty band */
@@ -104,7 +108,13 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
         int y = top + w * row_h;
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"/>\n", left, y, plot_w, box_h,
                 w % 2 ? "#f4f4f4" : "#ebebeb");
-        fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"end\">worker %d</text>\n", left - 6, y + 13, w);
+        if (o->row_labels) {
+            fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"end\">", left - 6, y + 13);
+            xml_text(f, o->row_labels[w]);
+            fputs("</text>\n", f);
+        } else {
+            fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"end\">worker %d</text>\n", left - 6, y + 13, w);
+        }
     }
     /* time axis */
     int ay = top + n_workers * row_h + 4;
