@@ -194,6 +194,10 @@ static void test_json_errors(void **st) {
     expect_error("{\"name\": \"t\", \"layers\": [{\"type\": \"flatten\"}]}", "missing required key \"input\"");
     expect_error(HEAD "{\"type\": \"flatten\"},]}", "t.json: line 1: invalid JSON");
     expect_error(HEAD "{\"type\": \"maxpool\", \"kernel\": 40}]}", "kernel 40 is larger than the input");
+    expect_error("{\"name\": \"t\", \"input\": [1000000, 1000000, 1000], \"layers\": [{\"type\": \"flatten\"}]}",
+                 "layer 0 (flatten): incoming shape (1000000, 1000000, 1000) is too large");
+    expect_error(HEAD "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"in\": 784, \"out\": 16000000}]}",
+                 "parameter count 12560000000 is larger than");
     Err err = {0};
     assert_null(model_load("/nonexistent/model.json", &err));
     assert_int_equal(err.code, PD_EIO);

@@ -10,6 +10,8 @@
 #include <string.h>
 
 static int flatten_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    if (shape_numel(l->in) > NN_MAX_NUMEL)
+        return err_set(err, PD_EINVAL, "%s: incoming shape %s is too large", ctx, nn_shape_str(l->in));
     l->out = shape1((int)shape_numel(l->in));
     return PD_OK;
 }

@@ -94,6 +94,12 @@ int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const c
     snprintf(ctx2, sizeof ctx2, "%s (%s)", ctx, type);
     snprintf(j.ctx, sizeof j.ctx, "%s", ctx2);
     if ((rc = l->ops->parse(l, &j, ctx2, err))) return rc;
+    /* every later size computation (ints in kernels) relies on this */
+    for (int d = 0; d < l->out.ndim; d++)
+        if (l->out.d[d] < 1) return err_set(err, PD_EINVAL, "%s: empty output shape %s", ctx2, nn_shape_str(l->out));
+    if (shape_numel(l->out) > NN_MAX_NUMEL || l->n_params > NN_MAX_NUMEL)
+        return err_set(err, PD_EINVAL, "%s: output %s or parameter count %zu is larger than %ld per sample", ctx2,
+                       nn_shape_str(l->out), l->n_params, (long)NN_MAX_NUMEL);
     return jobj_done(&j, err);
 }
 

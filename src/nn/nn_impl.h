@@ -11,6 +11,9 @@
 typedef struct Layer Layer;
 
 #define NN_MAX_PT 4   /* parameter tensors per (non-residual) layer */
+/* Largest per-sample activation / per-layer parameter count a model may have (int-indexed
+ * kernels). */
+#define NN_MAX_NUMEL (1L << 30)
 
 /* Rounds a byte count up to 64 (every sub-buffer of a ctx is cache-line aligned). */
 static inline size_t nn_align(size_t b) { return (b + 63) & ~(size_t)63; }
