@@ -214,47 +214,110 @@ static void test_bandwidth_bound(void **state) {
     free_plan(p);
 }
 
-/* Every instruction respects its dependencies: compute lasts its cost, a forward starts
- * after its activation arrived, a receive ends when the matching send's transfer ends,
- * a worker's instructions do not overlap. */
-static void check_times(const Schedule *s, const SimCosts *c, const SimResult *r) {
-    int U = s->n_units;
-    double *arrive = malloc((size_t)s->n_ranks * 0 + (size_t)U * (size_t)(s->n_stages + 1) * 2 * sizeof(double));
-    for (size_t i = 0; i < (size_t)U * (size_t)(s->n_stages + 1) * 2; i++) arrive[i] = -1;
-    for (int w = 0; w < s->n_ranks; w++)
+/* An independent statement of the model, checked on every instruction: with the times
+ * the simulator reports for earlier instructions, each start and end must be exactly
+ * what the model's equations give (no unexplained idle, no overlap, no early start).
+ * Together these determine every time, so they are a full oracle for the run. */
+static int level_of(const Cluster *cl, int a, int b) {
+    long span = 1;
+    for (int l = 0; l < cl->n_levels; l++) {
+        span *= cl->level[l].workers;
+        if (a / span == b / span) return l;
+    }
+    return cl->n_levels - 1;
+}
+
+static double xfer(const Cluster *cl, int a, int b, double bytes) {
+    if (!cl || cl->n_levels == 0 || bytes <= 0) return 0;
+    const ClusterLevel *L = &cl->level[level_of(cl, a, b)];
+    return L->latency + bytes / L->bandwidth;
+}
+
+#define CHECK_T(cond, fmt, ...)                                                                           \
+    do {                                                                                                   \
+        if (!(cond))                                                                                       \
+            fail_msg("%s: worker %d instruction %d (%s mb %d): start %.12g end %.12g: " fmt,                \
+                     sched_kind_name(s->kind), w, i, sched_op_name((InstrOp)in->op), in->mb, a, b, __VA_ARGS__); \
+    } while (0)
+
+static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl, const SimResult *r) {
+    int U = s->n_units, W = s->n_ranks;
+    size_t na = (size_t)U * (size_t)(s->n_stages + 1) * 2;
+    double *arrive = malloc(na * sizeof(double));
+    for (size_t i = 0; i < na; i++) arrive[i] = -1;
+    /* arrival time of each worker at its k-th all-reduce: the end of what came before */
+    double **ar_at = calloc((size_t)W, sizeof(double *));
+    for (int w = 0; w < W; w++) {
+        ar_at[w] = malloc(((size_t)s->workers[w].n + 1) * sizeof(double));
+        double t = 0;
+        int k = 0;
         for (int i = 0; i < s->workers[w].n; i++) {
             const Instr *in = &s->workers[w].ins[i];
             int st = s->workers[w].stage;
             if (in->op == OP_SEND_ACT) arrive[((size_t)(st + 1) * U + in->mb) * 2] = r->end[w][i];
             if (in->op == OP_SEND_GRAD) arrive[((size_t)(st - 1) * U + in->mb) * 2 + 1] = r->end[w][i];
+            if (in->op == OP_ALLREDUCE) ar_at[w][k++] = t;
+            if (in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) t = r->end[w][i];
         }
-    for (int w = 0; w < s->n_ranks; w++) {
+    }
+    double *link = malloc((size_t)W * sizeof(double));
+    for (int w = 0; w < W; w++) {
         double t = 0;
-        int st = s->workers[w].stage;
+        int st = s->workers[w].stage, k = 0;
+        for (int p = 0; p < W; p++) link[p] = 0;
         for (int i = 0; i < s->workers[w].n; i++) {
             const Instr *in = &s->workers[w].ins[i];
-            double a = r->start[w][i], b = r->end[w][i];
-            assert_true(b >= a);
-            if (in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD) {
-                assert_true(a >= t - 1e-12);   /* posted no earlier than the worker got there */
-                continue;                      /* the worker does not wait for it */
+            double a = r->start[w][i], b = r->end[w][i], tol = 1e-9 * (1 + fabs(b));
+            switch (in->op) {
+            case OP_FORWARD:
+            case OP_BACKWARD: {
+                double d = in->op == OP_FORWARD ? c->stage[st].fwd_s : c->stage[st].bwd_s;
+                CHECK_T(fabs(a - t) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", t, d);
+                break;
             }
-            assert_true(a >= t - 1e-12);
-            if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
-                double want = in->op == OP_FORWARD ? c->stage[st].fwd_s : c->stage[st].bwd_s;
-                if (fabs(b - a - want) > 1e-9 * (1 + b))
-                    fail_msg("%s: worker %d instruction %d (%s mb %d): %.12f - %.12f, want %.12f", sched_kind_name(s->kind),
-                             w, i, sched_op_name((InstrOp)in->op), in->mb, b, a, want);
+            case OP_SEND_ACT:
+            case OP_SEND_GRAD: {
+                double bytes = in->op == OP_SEND_ACT ? c->stage[st + 1].in_bytes : c->stage[st].in_bytes;
+                double want = fmax(t, link[in->peer]), d = xfer(cl, w, in->peer, bytes);
+                CHECK_T(fabs(a - want) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", want, d);
+                link[in->peer] = b;
+                continue;   /* the worker does not wait for a send */
             }
-            if (in->op == OP_RECV_ACT || in->op == OP_RECV_GRAD) {
-                double want = fmax(a, arrive[((size_t)st * U + in->mb) * 2 + (in->op == OP_RECV_GRAD)]);
-                if (fabs(b - want) > 1e-12)
-                    fail_msg("%s: worker %d instruction %d (%s mb %d): start %.9f end %.9f, want end %.9f",
-                             sched_kind_name(s->kind), w, i, sched_op_name((InstrOp)in->op), in->mb, a, b, want);
+            case OP_RECV_ACT:
+            case OP_RECV_GRAD: {
+                double got = arrive[((size_t)st * U + in->mb) * 2 + (in->op == OP_RECV_GRAD)];
+                CHECK_T(got >= 0, "no matching send%s", "");
+                CHECK_T(fabs(a - t) <= tol && fabs(b - fmax(t, got)) <= tol, "want %.12g, arrival %.12g", t, got);
+                break;
+            }
+            case OP_ALLREDUCE: {
+                const SchedStage *g = &s->stages[st];
+                double start = 0;
+                for (int j = 0; j < g->replicas; j++) start = fmax(start, ar_at[g->ranks[j]][k]);
+                double ring = 0;
+                if (cl && cl->n_levels && g->replicas > 1) {
+                    int lv = 0;   /* the outermost level any pair of replicas crosses */
+                    for (int j = 0; j < g->replicas; j++)
+                        for (int q = j + 1; q < g->replicas; q++) {
+                            int l = level_of(cl, g->ranks[j], g->ranks[q]);
+                            if (l > lv) lv = l;
+                        }
+                    int rr = g->replicas;
+                    ring = 2.0 * (rr - 1) / rr * c->stage[st].param_bytes / cl->level[lv].bandwidth +
+                           2.0 * (rr - 1) * cl->level[lv].latency;
+                }
+                k++;
+                CHECK_T(fabs(a - start) <= tol && fabs(b - a - ring) <= 1e-9 * (1 + b), "want %.12g + %.12g", start, ring);
+                break;
+            }
+            default: CHECK_T(fabs(a - t) <= tol && fabs(b - a) <= tol, "want %.12g", t); break;
             }
             t = b;
         }
     }
+    for (int w = 0; w < W; w++) free(ar_at[w]);
+    free(ar_at);
+    free(link);
     free(arrive);
 }
 
@@ -306,7 +369,7 @@ static void test_random_plans(void **state) {
                 sched_dump(&s, stderr, 1, 1);
                 fail_msg("%s, %d minibatches x %d, %d stages: %s", sched_kind_name((SchedKind)kind), N, M, S, err.msg);
             }
-            check_times(&s, &cc, &r);
+            check_times(&s, &cc, &cl, &r);
             for (int i = 0; i < s.n_stages; i++) {
                 int bound = kind == SCHED_1F1B && !vs ? s.stages[i].warmup : kind == SCHED_2BW ? 2 : 1;
                 if (vs) {
