@@ -602,6 +602,22 @@ static void test_pictures(void **state) {
     assert_non_null(strstr(text, ">w3 &lt;s2&gt;</text>"));
     assert_null(strstr(text, ">worker 1</text>"));
     pd_free(text);
+    /* measured traces carry clock readings: the axis starts at the first event */
+    for (int i = 0; i < n; i++) ev[i].start += 5000, ev[i].end += 5000;
+    so.width = 1000;
+    assert_int_equal(sim_svg_write(path, ev, n, s.n_ranks, &so, &err), PD_OK);
+    for (int i = 0; i < n; i++) ev[i].start -= 5000, ev[i].end -= 5000;
+    assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);
+    double xmin = 1e9, xmax = -1;   /* over the compute boxes */
+    for (const char *q = text; (q = strstr(q, "<rect x=\"")); q++) {
+        const char *gt = strchr(q, '>');
+        if (strncmp(gt, "><title>forward", 15) && strncmp(gt, "><title>backward", 16)) continue;
+        double x = atof(q + 9);
+        xmin = x < xmin ? x : xmin, xmax = x > xmax ? x : xmax;
+    }
+    assert_true(xmin >= 60 && xmin < 100 && xmax > 500 && xmax <= 1000);
+    assert_non_null(strstr(text, ">0ms</text>"));
+    pd_free(text);
     assert_int_equal(sim_trace_write(path, ev, n, &err), PD_OK);
     assert_int_equal(pd_read_file(path, 1 << 24, &text, &len, &err), PD_OK);
     cJSON *j = cJSON_Parse(text);

@@ -120,7 +120,8 @@ typedef struct SvgOpts {
 } SvgOpts;
 
 /* Writes an SVG timeline: one row per worker, forward/backward boxes coloured by mb
- * (backward darker) and labelled with it when wide enough, idle time blank, a time axis.
+ * (backward darker) and labelled with it when wide enough, idle time blank, a time axis
+ * starting at the earliest event (times may be clock readings; labels are relative).
  * Fails with PD_EIO naming path. */
 int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, const SvgOpts *o, Err *err);
 /* Writes Chrome trace-event JSON (chrome://tracing, Perfetto): one "X" event per box,

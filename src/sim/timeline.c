@@ -80,7 +80,8 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
             per_row[ev[i].worker]++;
     }
     if (n == 0) t0 = 0, t1 = 1;
-    if (t0 > 0) t0 = 0;   /* times start at 0 for simulated runs; keep the origin */
+    /* the axis starts at the earliest event (0 for simulated runs; measured traces may
+     * carry clock readings) and is labelled relative to it */
     if (!(t1 > t0)) t1 = t0 + 1;
     int max_row = 0;
     for (int w = 0; w < n_workers; w++)
@@ -120,8 +121,8 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
     int ay = top + n_workers * row_h + 4;
     double step = nice_step(t1 - t0, 10);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>\n", left, ay, left + plot_w, ay);
-    for (double t = ceil(t0 / step) * step; t <= t1 + step * 1e-9; t += step) {
-        double x = left + (t - t0) * sx;
+    for (double t = 0; t <= t1 - t0 + step * 1e-9; t += step) {
+        double x = left + t * sx;
         char lab[32];
         fmt_time(t, step, lab, sizeof lab);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"black\"/>", x, ay, x, ay + 5);
