@@ -164,6 +164,22 @@ static int gen_flush(Gen *g, int rank) {
     return PD_OK;
 }
 
+/* Emits the forward of own unit i under 2bw's rule, failing if its version does not
+ * exist yet (too few micro-batches per minibatch for the pipeline depth). */
+static int fwd_2bw(Gen *g, int rank, int i, int steps) {
+    Schedule *s = g->s;
+    SchedWorker *w = &s->workers[rank];
+    int u = g->units[i], k = u / s->n_micro, v = k > 0 ? k - 1 : 0;
+    if (steps < v)
+        return err_set(g->err, PD_EINVAL,
+                       "2bw: stage %d rank %d needs version %d for micro-batch %d but has only %d; "
+                       "use at least %d micro-batches per minibatch",
+                       w->stage, rank, v, u, steps, s->stages[w->stage].warmup);
+    g->version[i] = v;
+    emit_forward(s, w, u, v);
+    return PD_OK;
+}
+
 /* 2bw: 1F1B over all the worker's micro-batches without flushes; after its last
  * backward of minibatch k the stage all-reduces and steps to version k + 1. Every
  * micro-batch of minibatch k reads version max(k - 1, 0) (one step of delay, so at most
@@ -175,20 +191,9 @@ static int gen_2bw(Gen *g, int rank) {
     int n = own_units(g, w, rank, 0, s->n_units);
     int k = st->warmup < n ? st->warmup : n;
     int steps = 0;   /* steps emitted so far = newest version */
-    int nf = 0, nb = 0;
-#define FWD2BW()                                                                                        \
-    do {                                                                                                \
-        int u_ = g->units[nf], mbk_ = u_ / s->n_micro, v_ = mbk_ > 0 ? mbk_ - 1 : 0;                   \
-        if (steps < v_)                                                                                 \
-            return err_set(g->err, PD_EINVAL,                                                           \
-                           "2bw: stage %d rank %d needs version %d for micro-batch %d but has only %d; " \
-                           "use at least %d micro-batches per minibatch",                               \
-                           w->stage, rank, v_, u_, steps, st->warmup);                                  \
-        g->version[nf] = v_;                                                                            \
-        emit_forward(s, w, u_, v_);                                                                     \
-        nf++;                                                                                           \
-    } while (0)
-    while (nf < k) FWD2BW();
+    int nf = 0, nb = 0, rc;
+    while (nf < k)
+        if ((rc = fwd_2bw(g, rank, nf++, steps))) return rc;
     while (nb < n) {
         int u = g->units[nb], mbk = u / s->n_micro;
         while (steps < mbk) emit_sync(s, w, ++steps);   /* minibatches with none of ours */
@@ -196,9 +201,8 @@ static int gen_2bw(Gen *g, int rank) {
         nb++;
         int next = nb < n ? g->units[nb] / s->n_micro : s->n_minibatches;
         while (steps < next) emit_sync(s, w, ++steps);
-        if (nf < n) FWD2BW();
+        if (nf < n && (rc = fwd_2bw(g, rank, nf++, steps))) return rc;
     }
-#undef FWD2BW
     while (steps < s->n_minibatches) emit_sync(s, w, ++steps);
     return PD_OK;
 }
