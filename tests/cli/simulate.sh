@@ -53,37 +53,39 @@ grep -q "^w3 s3: F0 B0 F1 B1 F2 B2" "$tmp/out" || fail "dump: $(head -5 "$tmp/ou
 grep -q "^time per minibatch" "$tmp/out" || fail "summary: $(cat "$tmp/out")"
 grep -q "<svg" "$tmp/t.svg" || fail "svg"
 [ "$(grep -c '<title>forward' "$tmp/t.svg")" -eq 48 ] || fail "svg: want 48 forward boxes"
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); assert sum(e['ph']=='X' and e['cat']=='compute' for e in d['traceEvents'])==96" \
-    "$tmp/t.json" || fail "trace: not 96 compute events"
 
 for k in 1f1b gpipe 1f1b-flush 2bw dp model-parallel; do
     "$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule $k --json >"$tmp/$k.json" 2>"$tmp/err" ||
         fail "$k: exit $? $(cat "$tmp/err")"
-    python3 - "$tmp/$k.json" "$k" <<'EOF' || fail "$k: $(cat "$tmp/$k.json")"
-import json, sys
-d = json.load(open(sys.argv[1]))
-k = sys.argv[2]
-assert d["schedule"] == k, d["schedule"]
-assert d["time_per_minibatch_s"] > 0 and d["samples_per_s"] >= 0
-assert 0 <= d["bubble_fraction"] < 1
-w = d["per_worker"]
-assert len(w) == 4
-assert all(x["peak_memory_bytes"] > 0 for x in w if x["stage"] >= 0)
-if k == "1f1b":
-    assert d["stage_warmup"] == [4, 3, 2, 1], d["stage_warmup"]
-    assert d["stage_versions_alive"] == [4, 3, 2, 1], d["stage_versions_alive"]
-if k in ("gpipe", "1f1b-flush", "dp", "model-parallel"):
-    assert max(d["stage_versions_alive"]) == 1
-if k == "2bw":
-    assert max(d["stage_versions_alive"]) <= 2
-if k == "dp":
-    assert d["stages"] == 1 and all(x["stage"] == 0 for x in w)
-EOF
 done
+# one python3 for every JSON check (its start-up is slow on a busy machine)
+python3 - "$tmp" <<'EOF' || fail "JSON checks"
+import json, sys
+tmp = sys.argv[1]
+t = json.load(open(tmp + "/t.json"))
+n = sum(e["ph"] == "X" and e["cat"] == "compute" for e in t["traceEvents"])
+assert n == 96, "trace: %d compute events, want 96" % n
+res = {}
+for k in ["1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel"]:
+    d = json.load(open("%s/%s.json" % (tmp, k)))
+    res[k] = d
+    assert d["schedule"] == k, d["schedule"]
+    assert d["time_per_minibatch_s"] > 0 and d["samples_per_s"] >= 0, k
+    assert 0 <= d["bubble_fraction"] < 1, k
+    w = d["per_worker"]
+    assert len(w) == 4, k
+    assert all(x["peak_memory_bytes"] > 0 for x in w if x["stage"] >= 0), k
+    if k == "1f1b":
+        assert d["stage_warmup"] == [4, 3, 2, 1], d["stage_warmup"]
+        assert d["stage_versions_alive"] == [4, 3, 2, 1], d["stage_versions_alive"]
+    if k in ("gpipe", "1f1b-flush", "dp", "model-parallel"):
+        assert max(d["stage_versions_alive"]) == 1, k
+    if k == "2bw":
+        assert max(d["stage_versions_alive"]) <= 2, k
+    if k == "dp":
+        assert d["stages"] == 1 and all(x["stage"] == 0 for x in w), k
 # pipelining is faster than model parallelism on the same plan
-python3 -c "
-import json,sys
-a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2]))
-assert a['time_per_minibatch_s'] < 0.5 * b['time_per_minibatch_s'], (a['time_per_minibatch_s'], b['time_per_minibatch_s'])
-" "$tmp/1f1b.json" "$tmp/model-parallel.json" || fail "1f1b not faster than model-parallel"
+a, b = res["1f1b"]["time_per_minibatch_s"], res["model-parallel"]["time_per_minibatch_s"]
+assert a < 0.5 * b, (a, b)
+EOF
 echo OK
