@@ -54,6 +54,15 @@ grep -q "^time per minibatch" "$tmp/out" || fail "summary: $(cat "$tmp/out")"
 grep -q "<svg" "$tmp/t.svg" || fail "svg"
 [ "$(grep -c '<title>forward' "$tmp/t.svg")" -eq 48 ] || fail "svg: want 48 forward boxes"
 
+# --cluster overrides the plan's: a 1000x slower network makes 1f1b slower
+echo '{"levels": [{"workers": 4, "bandwidth": 1e7, "latency": 0.001}]}' >"$tmp/slow.json"
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --cluster "$tmp/slow.json" --json >"$tmp/slow_out.json" 2>"$tmp/err" ||
+    fail "--cluster: exit $? $(cat "$tmp/err")"
+echo '{"levels": [{"workers": 4, "bandwith": 1e7}]}' >"$tmp/typo.json"
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --cluster "$tmp/typo.json" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "cluster typo: want exit 1"
+grep -q "bandwidth\|bandwith" "$tmp/err" || fail "cluster typo: $(cat "$tmp/err")"
+
 for k in 1f1b gpipe 1f1b-flush 2bw dp model-parallel; do
     "$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule $k --json >"$tmp/$k.json" 2>"$tmp/err" ||
         fail "$k: exit $? $(cat "$tmp/err")"
@@ -87,5 +96,7 @@ for k in ["1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel"]:
 # pipelining is faster than model parallelism on the same plan
 a, b = res["1f1b"]["time_per_minibatch_s"], res["model-parallel"]["time_per_minibatch_s"]
 assert a < 0.5 * b, (a, b)
+slow = json.load(open(tmp + "/slow_out.json"))["time_per_minibatch_s"]
+assert slow > 1.5 * a, (slow, a)
 EOF
 echo OK
