@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
 #include "cli.h"
+#include "curve.h"
 #include "runtime.h"
 #include "sim.h"
 
@@ -31,11 +33,18 @@ static const char *USAGE =
     "  --metrics FILE.jsonl  write the summary and per-stage figures as JSON lines\n"
     "  --trace FILE.json     Chrome trace of every worker's instructions\n"
     "  --svg FILE            timeline of the measured run\n"
-    "  --timeout S           deadline of every receive in seconds (default 300)\n";
+    "  --curve FILE          loss and accuracy curve (SVG)\n"
+    "  --progress            progress lines even when stderr is not a terminal (under mpirun)\n"
+    "  --timeout S           deadline of every receive in seconds (default 300)\n"
+    "  --checkpoint-every N  checkpoint every N minibatches into --checkpoint-dir D (the pipeline\n"
+    "                        drains there, so the checkpoint is exact)\n"
+    "  --checkpoint-dir D    where checkpoints go (ckpt-<minibatches>.safetensors)\n"
+    "  --resume D            continue from the newest complete checkpoint in D (same settings;\n"
+    "                        another plan or schedule also works: tensors are named by layer)\n";
 
 typedef struct PipeOpts {
-    const char *model, *plan, *data, *profile, *metrics, *trace, *svg;
-    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind;
+    const char *model, *plan, *data, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
+    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every;
     SchedKind kind;
     double lr, momentum, wd, timeout;
 } PipeOpts;
@@ -51,6 +60,10 @@ static int parse(int argc, char **argv, PipeOpts *o) {
             o->vsync = 1;
             continue;
         }
+        if (!strcmp(a, "--progress")) {
+            o->progress = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (o->model) return cli_usage_error(C, "unexpected argument \"%s\"", a);
             o->model = a;
@@ -59,7 +72,8 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         static const char *const WITH_VALUE[] = {"--plan", "--workers", "--schedule", "--microbatches", "--epochs",
                                                  "--steps", "--minibatch", "--lr", "--momentum", "--weight-decay",
                                                  "--optimizer", "--seed", "--threads", "--data", "--profile",
-                                                 "--metrics", "--trace", "--svg", "--timeout", NULL};
+                                                 "--metrics", "--trace", "--svg", "--curve", "--timeout",
+                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
         if (!known) return cli_usage_error(C, "unknown option %s", a);
@@ -84,6 +98,10 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--trace")) o->trace = v;
         else if (!strcmp(a, "--svg")) o->svg = v;
+        else if (!strcmp(a, "--curve")) o->curve = v;
+        else if (!strcmp(a, "--checkpoint-every")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->checkpoint_every);
+        else if (!strcmp(a, "--checkpoint-dir")) o->checkpoint_dir = v;
+        else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--timeout")) rc = cli_parse_double(C, a, v, 0, 1e6, &o->timeout);
         if (rc) return rc;
     }
@@ -93,6 +111,8 @@ static int parse(int argc, char **argv, PipeOpts *o) {
     if (o->micro > 1 && !micro_kind)
         return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush and 2bw");
     if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
+    if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
+    if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");
     if (o->batch % o->micro)
         return cli_usage_error(C, "--minibatch %d is not a multiple of --microbatches %d", o->batch, o->micro);
     return CLI_OK;
@@ -100,7 +120,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
 
 /* Figures each worker reports to rank 0 (floats, so they travel as one control message). */
 enum { F_STAGE, F_REPLICA, F_WALL, F_COMPUTE, F_WAIT, F_NFWD, F_NBWD, F_LOSS_SUM, F_LAST_LOSS, F_UNITS,
-       F_CORRECT, F_TOTAL, F_CRC_HI, F_CRC_LO, F_VERSIONS, F_NEVENTS, F_COUNT };
+       F_CORRECT, F_TOTAL, F_CRC_HI, F_CRC_LO, F_VERSIONS, F_NEVENTS, F_NHIST, F_COUNT };
 #define GATHER_MB ((int64_t)1 << 50)
 
 static void pack(const RtWorkerResult *r, float *f) {
@@ -120,6 +140,7 @@ static void pack(const RtWorkerResult *r, float *f) {
     f[F_CRC_LO] = (float)(r->params_crc & 0xffff);
     f[F_VERSIONS] = (float)r->max_versions;
     f[F_NEVENTS] = (float)r->n_events;
+    f[F_NHIST] = (float)r->n_hist;
 }
 
 static void unpack(const float *f, RtWorkerResult *r) {
@@ -138,6 +159,7 @@ static void unpack(const float *f, RtWorkerResult *r) {
     r->params_crc = (uint32_t)f[F_CRC_HI] << 16 | (uint32_t)f[F_CRC_LO];
     r->max_versions = (int)f[F_VERSIONS];
     r->n_events = (int)f[F_NEVENTS];
+    r->n_hist = (int)f[F_NHIST];
 }
 
 /* Sends every rank's figures (and trace events) to rank 0, which fills res[0..size). */
@@ -161,6 +183,11 @@ static int gather(Comm *c, RtWorkerResult *res, int want_events, Err *err) {
             rc = comm_isend(c, 0, COMM_CTRL, GATHER_MB + 1, 0, shape2(ne, 5), ev, &rq, err);
             if (!rc) rc = comm_wait(c, &rq, 60, NULL, err);
             free(ev);
+            if (rc) return rc;
+        }
+        if (res[rank].n_hist > 0) {
+            rc = comm_isend(c, 0, COMM_CTRL, GATHER_MB + 2, 0, shape2(res[rank].n_hist, 3), res[rank].hist, &rq, err);
+            if (!rc) rc = comm_wait(c, &rq, 60, NULL, err);
             if (rc) return rc;
         }
         return PD_OK;
@@ -187,6 +214,13 @@ static int gather(Comm *c, RtWorkerResult *res, int want_events, Err *err) {
                                              ev[5 * i + 4]};
             res[r].n_events = ne;
             free(ev);
+        }
+        if (res[r].n_hist > 0) {
+            res[r].hist = malloc((size_t)res[r].n_hist * 3 * sizeof(float));
+            PD_ASSERT(res[r].hist);
+            if ((rc = comm_irecv(c, r, COMM_CTRL, GATHER_MB + 2, shape2(res[r].n_hist, 3), res[r].hist, &rq, err)) ||
+                (rc = comm_wait(c, &rq, 60, NULL, err)))
+                return rc;
         }
     }
     return PD_OK;
@@ -334,6 +368,256 @@ static int report(const PipeOpts *o, const Plan *plan, const Schedule *s, const 
     return PD_OK;
 }
 
+/* Loss and training accuracy per unit from the last stage's replicas, and test accuracy. */
+static int write_curve(const char *path, const Schedule *s, const RtWorkerResult *res, Err *err) {
+    int n = s->n_units;
+    float *loss = malloc((size_t)n * sizeof(float)), *acc = malloc((size_t)n * sizeof(float));
+    PD_ASSERT(loss && acc);
+    for (int i = 0; i < n; i++) loss[i] = acc[i] = NAN;
+    long correct = 0, total = 0;
+    for (int r = 0; r < s->n_ranks; r++) {
+        for (int k = 0; k < res[r].n_hist; k++) {
+            int u = (int)res[r].hist[3 * k];
+            if (u >= 0 && u < n) loss[u] = res[r].hist[3 * k + 1], acc[u] = res[r].hist[3 * k + 2];
+        }
+        correct += res[r].test_correct;
+        total += res[r].test_total;
+    }
+    char title[160];
+    snprintf(title, sizeof title, "%s, %d workers: training loss and accuracy", sched_kind_name(s->kind), s->n_ranks);
+    int rc = curve_svg_write(path, loss, acc, n, total ? (double)correct / total : NAN, title, err);
+    free(loss);
+    free(acc);
+    return rc;
+}
+
+
+/* Adds one segment's figures of a worker to its running totals (events shifted by t_off,
+ * loss history by the segment's first unit), then takes over its final state. */
+static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off) {
+    acc->rank = seg->rank, acc->stage = seg->stage, acc->replica = seg->replica;
+    acc->wall_s += seg->wall_s, acc->compute_s += seg->compute_s, acc->wait_s += seg->wait_s;
+    acc->n_fwd += seg->n_fwd, acc->n_bwd += seg->n_bwd;
+    acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
+    if (seg->units_done) acc->last_loss = seg->last_loss;
+    acc->test_correct += seg->test_correct, acc->test_total += seg->test_total;
+    if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
+    if (seg->n_hist) {
+        float *h = realloc(acc->hist, (size_t)(acc->n_hist + seg->n_hist) * 3 * sizeof(float));
+        PD_ASSERT(h);
+        acc->hist = h;
+        for (int k = 0; k < seg->n_hist; k++) {
+            float *d = &h[3 * (acc->n_hist + k)];
+            memcpy(d, &seg->hist[3 * k], 3 * sizeof(float));
+            d[0] += (float)unit_base;
+        }
+        acc->n_hist += seg->n_hist;
+    }
+    if (seg->n_events) {
+        RtEvent *e = realloc(acc->events, (size_t)(acc->n_events + seg->n_events) * sizeof *e);
+        PD_ASSERT(e);
+        acc->events = e;
+        for (int k = 0; k < seg->n_events; k++) {
+            RtEvent x = seg->events[k];
+            x.mb += (int)unit_base, x.t0 += t_off, x.t1 += t_off;
+            e[acc->n_events + k] = x;
+        }
+        acc->n_events += seg->n_events;
+    }
+    /* the final state moves over (it is the next segment's starting point) */
+    pd_free(acc->params);
+    pd_free(acc->final.state);
+    pd_free(acc->final.opt_m);
+    pd_free(acc->final.opt_v);
+    acc->params = seg->params, acc->n_params = seg->n_params, acc->params_crc = seg->params_crc;
+    acc->final = seg->final;
+    seg->params = NULL;
+    memset(&seg->final, 0, sizeof seg->final);
+    rt_result_release(seg);
+}
+
+/* Whole-model buffers of the model at path, sized from it. */
+static int ckpt_buffers(const char *model_path, int adam, Model **m, RtCkpt *c, Err *err) {
+    if (!(*m = model_load(model_path, err))) return err->code;
+    int nl = model_n_layers(*m);
+    size_t np = model_param_count(*m, 0, nl), ns = model_state_count(*m, 0, nl);
+    c->params = pd_alloc_f32(np);
+    c->opt_m = pd_alloc_f32(np);
+    c->opt_v = adam ? pd_alloc_f32(np) : NULL;
+    c->state = pd_alloc_f32(ns ? ns : 1);
+    return PD_OK;
+}
+
+static void ckpt_buffers_free(Model *m, RtCkpt *c) {
+    pd_free(c->params), pd_free(c->opt_m), pd_free(c->opt_v), pd_free(c->state);
+    model_free(m);
+}
+
+/* Rank 0 assembles the whole model's state from replica 0 of every stage (MPI: messages)
+ * and writes a checkpoint. */
+static int checkpoint(const PipeOpts *o, Comm *comm, const Schedule *s, const RtWorkerResult *acc,
+                      uint64_t mb_done, uint64_t units_done, Err *err) {
+    int rank = comm ? comm_rank(comm) : 0, rc = PD_OK;
+    Model *m = NULL;
+    RtCkpt c = {0};
+    if (rank == 0 && (rc = ckpt_buffers(o->model, o->opt_kind == OPT_ADAM, &m, &c, err))) return rc;
+    for (int i = 0; i < s->n_stages && !rc; i++) {
+        int r0 = s->stages[i].ranks[0];
+        const RtWorkerResult *a = &acc[r0];
+        size_t np = 0, ns = 0, po = 0, so = 0;
+        if (rank == 0) {
+            int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
+            po = model_param_offset(m, first), so = model_state_offset(m, first);
+            np = model_param_count(m, first, last), ns = model_state_count(m, first, last);
+        }
+        if (r0 == 0 || !comm) {   /* in this process */
+            if (rank != 0) continue;
+            memcpy(c.params + po, a->final.params, np * sizeof(float));
+            memcpy(c.opt_m + po, a->final.opt_m, np * sizeof(float));
+            if (c.opt_v) memcpy(c.opt_v + po, a->final.opt_v, np * sizeof(float));
+            if (ns) memcpy(c.state + so, a->final.state, ns * sizeof(float));
+            c.opt_step = a->final.opt_step;
+            continue;
+        }
+        /* MPI: r0 sends, rank 0 receives; sizes are known on both sides */
+        if (rank == r0) {
+            const float *bufs[4] = {a->final.params, a->final.opt_m, a->final.opt_v, a->final.state};
+            size_t n[4] = {a->n_params, a->n_params, a->final.opt_v ? a->n_params : 0, 0};
+            /* state count: from the model range */
+            Model *mm = model_load(o->model, err);
+            if (!mm) return err->code;
+            int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
+            n[3] = model_state_count(mm, first, last);
+            model_free(mm);
+            float step = (float)a->final.opt_step;
+            for (int k = 0; k < 5 && !rc; k++) {
+                CommReq *rq = NULL;
+                rc = k < 4 ? comm_isend(comm, 0, COMM_CTRL, ((int64_t)1 << 51) + 8 * i + k, 0, shape1((int)n[k]),
+                                        bufs[k], &rq, err)
+                           : comm_isend(comm, 0, COMM_CTRL, ((int64_t)1 << 51) + 8 * i + k, 0, shape1(1), &step, &rq,
+                                        err);
+                if (!rc) rc = comm_wait(comm, &rq, 60, NULL, err);
+            }
+        } else if (rank == 0) {
+            float *bufs[4] = {c.params + po, c.opt_m + po, c.opt_v ? c.opt_v + po : NULL, c.state + so};
+            size_t n[4] = {np, np, c.opt_v ? np : 0, ns};
+            float step = 0, dummy;
+            for (int k = 0; k < 5 && !rc; k++) {
+                CommReq *rq = NULL;
+                rc = comm_irecv(comm, r0, COMM_CTRL, ((int64_t)1 << 51) + 8 * i + k, shape1(k < 4 ? (int)n[k] : 1),
+                                k < 4 ? (n[k] ? bufs[k] : &dummy) : &step, &rq, err);
+                if (!rc) rc = comm_wait(comm, &rq, 60, NULL, err);
+            }
+            c.opt_step = (long)step;
+        }
+    }
+    if (rank == 0 && !rc) {
+        c.minibatches_done = mb_done;
+        c.units_done = units_done;
+        c.seed = (uint64_t)o->seed;
+        snprintf(c.schedule, sizeof c.schedule, "%s", sched_kind_name(s->kind));
+        char path[4096];
+        rc = rt_ckpt_save(o->checkpoint_dir, m, &c, path, sizeof path, err);
+        if (!rc) fprintf(stderr, "pipedream: checkpoint %s\n", path);
+    }
+    if (rank == 0) ckpt_buffers_free(m, &c);
+    return rc;
+}
+
+/* Runs the training as segments of --checkpoint-every minibatches (one segment without it):
+ * each segment is a complete schedule (warm-up, steady state, drain), so between segments
+ * nothing is in flight and a checkpoint holds all the state there is. A run resumed from a
+ * checkpoint continues with the same segments, and so ends bitwise equal to an uninterrupted
+ * run with the same settings. acc[rank] (all ranks under threads) receives the totals. */
+static int run_segments(const PipeOpts *o, Comm *comm, const Plan *plan, const Schedule *whole, RtConfig *cfg,
+                        RtWorkerResult *acc, Err *err) {
+    int n = whole->n_ranks, rank = comm ? comm_rank(comm) : 0, rc = PD_OK;
+    int per_mb = whole->n_micro;   /* units per schedule minibatch */
+    uint64_t mb_done = 0;
+    RtStageState *init = calloc((size_t)n, sizeof *init);
+    PD_ASSERT(init);
+    Model *m = NULL;
+    RtCkpt c = {0};
+    if (o->resume) {
+        char path[4096];
+        if ((rc = ckpt_latest(o->resume, path, sizeof path, err))) goto out;
+        if (!path[0]) {
+            if (rank == 0) fprintf(stderr, "pipedream: %s holds no checkpoint: starting afresh\n", o->resume);
+        } else {
+            if ((rc = ckpt_buffers(o->model, o->opt_kind == OPT_ADAM, &m, &c, err))) goto out;
+            if ((rc = rt_ckpt_load(path, m, &c, err))) goto out;
+            if (c.seed != (uint64_t)o->seed) {
+                rc = err_set(err, PD_EINVAL, "%s: taken with --seed %llu, this run has --seed %d", path,
+                             (unsigned long long)c.seed, o->seed);
+                goto out;
+            }
+            if (c.units_done % (uint64_t)per_mb) {
+                rc = err_set(err, PD_EINVAL, "%s: %llu units done is not a whole number of %d-unit minibatches", path,
+                             (unsigned long long)c.units_done, per_mb);
+                goto out;
+            }
+            mb_done = c.units_done / (uint64_t)per_mb;
+            for (int r = 0; r < n; r++) {
+                const SchedWorker *w = &whole->workers[r];
+                if (w->stage < 0) continue;
+                int first = whole->stages[w->stage].layers[0];
+                size_t po = model_param_offset(m, first), so = model_state_offset(m, first);
+                init[r] = (RtStageState){c.params + po, c.state + so, c.opt_m + po, c.opt_v ? c.opt_v + po : NULL,
+                                         c.opt_step};
+            }
+            if (rank == 0)
+                fprintf(stderr, "pipedream: resuming from %s (%llu of %d minibatches done)\n", path,
+                        (unsigned long long)mb_done, whole->n_minibatches);
+        }
+    }
+    if (rank == 0)
+        fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %d units of %d samples\n", o->model,
+                sched_kind_name(whole->kind), n, comm ? "mpi" : "threads", whole->n_units, cfg->unit_batch);
+    double t_off = 0;
+    while (mb_done < (uint64_t)whole->n_minibatches) {
+        uint64_t left = (uint64_t)whole->n_minibatches - mb_done;
+        int seg = o->checkpoint_every && (uint64_t)o->checkpoint_every < left ? o->checkpoint_every : (int)left;
+        Schedule s;
+        SchedOpts so = {.kind = whole->kind, .n_minibatches = seg, .n_micro = whole->n_micro,
+                        .vertical_sync = whole->vertical_sync};
+        if ((rc = sched_build(plan, &so, &s, err))) goto out;
+        RtConfig sc = *cfg;
+        sc.sched = &s;
+        sc.unit_base = mb_done * (uint64_t)per_mb;
+        sc.init = init;
+        int last = mb_done + (uint64_t)seg == (uint64_t)whole->n_minibatches;
+        if (!last) sc.test = NULL;
+        RtWorkerResult *res = calloc((size_t)n, sizeof *res);
+        PD_ASSERT(res);
+        if (comm) {
+            rc = rt_worker_run(comm, &sc, &res[rank], err);
+            int all = comm_agree(comm, rc);
+            if (all != PD_OK && !rc) rc = err_set(err, all, "rank %d: stopping because another rank failed", rank);
+        } else {
+            rc = rt_run_threads(&sc, res, err);
+        }
+        double seg_wall = 0;
+        for (int r = 0; r < n; r++)
+            if (res[r].wall_s > seg_wall) seg_wall = res[r].wall_s;
+        for (int r = 0; r < n && !rc; r++)
+            if (!comm || r == rank) acc_add(&acc[r], &res[r], sc.unit_base, t_off);
+        for (int r = 0; r < n; r++) rt_result_release(&res[r]);
+        free(res);
+        sched_release(&s);
+        if (rc) goto out;
+        t_off += seg_wall;
+        mb_done += (uint64_t)seg;
+        for (int r = 0; r < n; r++) init[r] = acc[r].final;
+        if (o->checkpoint_every && o->checkpoint_dir &&
+            (rc = checkpoint(o, comm, whole, acc, mb_done, mb_done * (uint64_t)per_mb, err)))
+            goto out;
+    }
+out:
+    if (m) ckpt_buffers_free(m, &c);
+    free(init);
+    return rc;
+}
+
 static int under_mpirun(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
@@ -435,30 +719,17 @@ int cmd_train_pipelined(int argc, char **argv) {
     oc.weight_decay = (float)o.wd;
     RtConfig cfg = {.model_path = o.model, .sched = &sched, .unit_batch = unit_batch, .opt = oc,
                     .seed = (uint64_t)o.seed, .train = input_here ? &train : NULL, .test = &test,
-                    .recv_timeout_s = o.timeout, .trace = o.trace || o.svg, .threads = o.threads};
+                    .recv_timeout_s = o.timeout, .trace = o.trace || o.svg, .threads = o.threads,
+                    .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .units_total = sched.n_units};
     res = calloc((size_t)sched.n_ranks, sizeof *res);
     PD_ASSERT(res);
-    if (rank == 0)
-        fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %d units of %d samples\n", o.model,
-                sched_kind_name(sched.kind), sched.n_ranks, mpi ? "mpi" : "threads", sched.n_units, unit_batch);
-    if (mpi) {
-        rc = rt_worker_run(comm, &cfg, &res[rank], &err);
-        int all = comm_agree(comm, rc);
-        if (all != PD_OK) {
-            if (!rc) {
-                rc = all;
-                err_set(&err, all, "rank %d: stopping because another rank failed", rank);
-            }
-            goto out;
-        }
-        if ((rc = gather(comm, res, cfg.trace, &err))) goto out;
-    } else {
-        if ((rc = rt_run_threads(&cfg, res, &err))) goto out;
-    }
+    if ((rc = run_segments(&o, comm, plan, &sched, &cfg, res, &err))) goto out;
+    if (mpi && (rc = gather(comm, res, cfg.trace, &err))) goto out;
     if (rank == 0) {
         if ((rc = report(&o, plan, &sched, res, mpi ? "mpi" : "threads", have_prof ? &prof : NULL, unit_batch, &err)))
             goto out;
         if ((o.svg || o.trace) && (rc = write_pictures(&o, &sched, res, &err))) goto out;
+        if (o.curve && (rc = write_curve(o.curve, &sched, res, &err))) goto out;
     }
 out:
     if (res)

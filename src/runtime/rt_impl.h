@@ -48,6 +48,7 @@ typedef struct Worker {
     double t_start;
     double mb_loss_sum;
     int mb_loss_n, events_cap;
+    double last_progress;
 } Worker;
 
 int  rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err);

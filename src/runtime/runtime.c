@@ -206,7 +206,7 @@ static void trace_add(Worker *w, const Instr *in, double t0, double t1) {
 
 /* Fills the input (and labels) of unit u at the input stage from the data sampler. */
 static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
-    int n = data_sampler_get(&w->sampler, (uint64_t)u, nnctx_input(sl->ctx), sl->labels);
+    int n = data_sampler_get(&w->sampler, w->cfg->unit_base + (uint64_t)u, nnctx_input(sl->ctx), sl->labels);
     if (n != w->cfg->unit_batch)
         return err_set(err, PD_EINVAL, "rank %d: unit %d has %d samples, expected %d", w->rank, u, n,
                        w->cfg->unit_batch);
@@ -214,6 +214,22 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
     for (int i = 0; i < n; i++) sl->labels_f[i] = (float)sl->labels[i];
     int dst = rank_of(w->s, w->s->n_stages - 1, u);
     return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n), sl->labels_f, &sl->s_lab, err);
+}
+
+/* The live progress line of the last stage's first replica. */
+static void progress(Worker *w, int u, float loss) {
+    double now = pd_now(), el = now - w->t_start;
+    int last = u + 1 >= w->s->n_units;
+    if (!last && now - w->last_progress < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
+    w->last_progress = now;
+    double rate = (u + 1) * (double)w->cfg->unit_batch / (el > 0 ? el : 1e-9);
+    long total = w->cfg->units_total > 0 ? w->cfg->units_total : w->s->n_units;
+    long done = (long)w->cfg->unit_base + u + 1;
+    double eta = (double)w->cfg->unit_batch * (double)(total - done) / (rate > 0 ? rate : 1);
+    fprintf(stderr, "%sunit %ld/%ld  loss %.4f  %.0f samples/s  elapsed %.0f s  ETA %.0f s%s",
+            w->cfg->progress == 1 ? "\r" : "", done, total, (double)loss, rate, el, eta,
+            w->cfg->progress == 1 && !last ? "   " : "\n");
+    fflush(stderr);
 }
 
 static int do_forward(Worker *w, const Instr *in, Err *err) {
@@ -224,18 +240,23 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
     if (w->is_last && !w->is_input)
         for (int i = 0; i < w->cfg->unit_batch; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
     const float *wv = vstore_get(w, in->version);
-    NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed, .minibatch = (uint64_t)in->mb};
+    NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
+                 .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
     const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
     sl->version = in->version;
     if (w->is_last) {
         int B = w->cfg->unit_batch;
         memset(sl->dy, 0, (size_t)B * w->classes * sizeof(float));
-        float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, B, w->classes, 1.0f / (float)w->s->n_micro, NULL);
+        int correct = 0;
+        float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, B, w->classes, 1.0f / (float)w->s->n_micro, &correct);
         if (!isfinite(loss))
             return err_set(err, PD_EINVAL, "rank %d (stage %d): loss is %g at unit %d", w->rank, w->stage,
                            (double)loss, in->mb);
         w->res->loss_sum += loss;
+        float *h = &w->res->hist[3 * w->res->n_hist++];
+        h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)B;
         w->res->units_done++;
+        if (w->cfg->progress && w->sw->replica == 0) progress(w, in->mb, loss);
         w->mb_loss_sum += loss;
         w->mb_loss_n++;
         if (w->mb_loss_n == w->s->n_micro) {
@@ -434,13 +455,28 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         w->vbuf[k] = pd_alloc_f32(w->np);
         w->vver[k] = -1;
     }
-    model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
     w->vver[0] = 0;
     w->newest = 0;
     w->state = pd_alloc_f32(w->nst);
-    model_init_state(w->m, w->first, w->last, w->state);
     w->dw = pd_alloc_f32(w->np);
     optim_init(&w->opt, &cfg->opt, w->np);
+    const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
+    if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
+        memcpy(w->vbuf[0], from->params, w->np * sizeof(float));
+        if (w->nst) memcpy(w->state, from->state, w->nst * sizeof(float));
+        if (w->np && from->opt_m) memcpy(w->opt.m, from->opt_m, w->np * sizeof(float));
+        if (w->np && w->opt.v && from->opt_v) memcpy(w->opt.v, from->opt_v, w->np * sizeof(float));
+        w->opt.step = from->opt_step;
+    } else {
+        model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
+        model_init_state(w->m, w->first, w->last, w->state);
+    }
+    if (w->is_last) {
+        int nf = 0;
+        for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
+        res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
+        PD_ASSERT(res->hist);
+    }
     /* slots: most units in flight + those received ahead */
     int inflight = 0, most = 0;
     for (int i = 0; i < w->sw->n; i++) {
@@ -504,12 +540,26 @@ void rt_worker_finish(Worker *w) {
     r->params = pd_alloc_f32(w->np);
     memcpy(r->params, vstore_get(w, w->newest), w->np * sizeof(float));
     r->params_crc = pd_crc32(r->params, w->np * sizeof(float));
+    r->final.params = r->params;
+    r->final.state = pd_alloc_f32(w->nst);
+    if (w->nst) memcpy(r->final.state, w->state, w->nst * sizeof(float));
+    r->final.opt_m = pd_alloc_f32(w->np);
+    if (w->np) memcpy(r->final.opt_m, w->opt.m, w->np * sizeof(float));
+    if (w->opt.v) {
+        r->final.opt_v = pd_alloc_f32(w->np);
+        memcpy(r->final.opt_v, w->opt.v, w->np * sizeof(float));
+    }
+    r->final.opt_step = w->opt.step;
 }
 
 void rt_result_release(RtWorkerResult *r) {
     if (!r) return;
     pd_free(r->params);
+    pd_free(r->final.state);
+    pd_free(r->final.opt_m);
+    pd_free(r->final.opt_v);
     free(r->events);
+    free(r->hist);
     memset(r, 0, sizeof *r);
 }
 

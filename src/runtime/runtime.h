@@ -29,6 +29,14 @@
 #include "plan.h"
 #include "schedule.h"
 
+/* A worker's training state over its stage's layer range: where a run continues from (a
+ * checkpoint, or the previous segment of a segmented run). Buffers in the range layouts of
+ * nn.h; opt_v only for Adam. */
+typedef struct RtStageState {
+    float *params, *state, *opt_m, *opt_v;
+    long opt_step;
+} RtStageState;
+
 typedef struct RtConfig {
     const char *model_path;   /* model JSON; every worker reads it */
     const Schedule *sched;    /* borrowed: the instruction lists (and stages) to run */
@@ -40,6 +48,11 @@ typedef struct RtConfig {
     double recv_timeout_s;    /* deadline on every receive (0 = none) */
     int trace;                /* record a trace of every instruction */
     int threads;              /* kernel threads per worker (0: leave as is); set on each worker's thread */
+    int progress;             /* last stage, replica 0: 1 = a live line on stderr (\r), 2 = a line every 10 s */
+    uint64_t unit_base;       /* global index of unit 0: the data minibatch and dropout key of unit u
+                               * is unit_base + u (a run continued from a checkpoint) */
+    int units_total;          /* for the progress line: units of the whole run (0: this schedule's) */
+    const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
 } RtConfig;
 
 /* One executed instruction, for traces and timelines. */
@@ -56,12 +69,15 @@ typedef struct RtWorkerResult {
     size_t n_params;
     float *params;           /* newest weights of the stage range (n_params), owned */
     uint32_t params_crc;     /* CRC-32 of params */
+    RtStageState final;      /* params (= the field above), state and optimizer at the end; owned */
     int max_versions;        /* most weight versions alive at once */
     /* last stage only (zero elsewhere): */
     double loss_sum;         /* sum of unit losses (unscaled) */
     double last_loss;        /* the mean loss of the last minibatch seen */
     int units_done;
     long test_correct, test_total;
+    int n_hist;              /* units this worker computed the loss of */
+    float *hist;             /* (n_hist, 3): unit, loss, training accuracy of the unit; owned */
     /* timing */
     double wall_s;           /* from start to the end of the instruction list */
     double compute_s;        /* in forward/backward/step */
@@ -84,6 +100,22 @@ int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err);
 /* The serial single-process emulation (see above); res has sched->n_ranks entries. A
  * schedule that cannot progress is reported as a deadlock naming the blocked workers. */
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err);
+
+/* ---- checkpoints (rt_ckpt.c) ---------------------------------------------------------------- */
+/* A whole model's training state, buffers in the whole-model layouts of nn.h (caller-owned). */
+typedef struct RtCkpt {
+    float *params, *state, *opt_m, *opt_v;   /* opt_v NULL unless Adam */
+    long opt_step;
+    uint64_t minibatches_done, units_done, seed;
+    char schedule[32];
+} RtCkpt;
+
+/* Writes <dir>/ckpt-<minibatches_done>.safetensors atomically (ckpt.h), tensors named by
+ * global layer; the written path goes to path_out (if non-NULL). */
+int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_out, size_t n, Err *err);
+/* Reads a checkpoint of model m into c's buffers (sized for m) and fields. Fails naming the
+ * file if it is of another model, lacks a tensor, has a wrong shape, or is damaged. */
+int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err);
 
 /* ---- the profiler (profiler.c) ------------------------------------------------------------ */
 typedef struct RtProfileOpts {
