@@ -2,7 +2,8 @@
  * respect. Analytic cases: GPipe's bubble (S-1)/(m+S-1); 1f1b's steady state equals the
  * slowest stage's f+b; replication divides the time by r plus the ring all-reduce; a
  * bandwidth-bound link sets the period to the transfer time. Random plans of every kind
- * complete without deadlock, every instruction's times respect its dependencies, and
+ * complete without deadlock, every instruction's start and end equal what the model's
+ * equations give from the earlier ones (an independent restatement of the model), and
  * weight versions alive stay within the schedule's bound. Broken schedules are reported
  * (deadlock, unmatched send), memory figures match a hand count, the SVG and Chrome
  * trace contain every event. PD_SIM_BIG=1 also times 1024 workers x 1000 minibatches. */
