@@ -14,7 +14,7 @@ deps:
 	@bash tools/install-deps.sh
 
 demo: all
-	@bash tools/demo.sh $(BUILD)/pipedream
+	@bash tools/demo_pipeline.sh $(BUILD)/pipedream
 
 # The whole suite: a release build, then the same tests under ASan + UBSan.
 test: all
