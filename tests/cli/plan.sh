@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# plan.sh: `pipedream plan` end to end: --help, usage errors (exit 2, one line), runtime
+# errors (exit 1), a chain profile over a cluster file and over --workers/--bandwidth,
+# the plan JSON's fields, determinism, and the authors' vgg16 on 4 workers (3 + 1).
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+PROF=$SRC/tests/data/profiles/tiny_chain.json
+CL=$SRC/tests/data/profiles/cluster_2x2.json
+
+"$PD" plan --help >"$tmp/help" || fail "--help exit $?"
+grep -q "usage: pipedream plan PROFILE" "$tmp/help" || fail "--help text"
+
+# usage errors: exit 2 and one line "pipedream: error: ..."
+expect_usage() {
+    local want=$1; shift
+    "$PD" plan "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    [ $rc -eq 2 ] || fail "plan $*: exit $rc, want 2"
+    [ "$(wc -l <"$tmp/err")" -eq 1 ] || fail "plan $*: stderr not one line: $(cat "$tmp/err")"
+    grep -q "^pipedream: error: .*$want" "$tmp/err" || fail "plan $*: '$(cat "$tmp/err")' lacks '$want'"
+}
+expect_usage "missing PROFILE" --workers 4
+expect_usage "give --cluster" "$PROF"
+expect_usage "2 levels of --workers but 1 --bandwidth" "$PROF" --workers 4,4 --bandwidth 1e9
+expect_usage "2 levels of --workers but 0 --bandwidth" "$PROF" --workers 4,4
+expect_usage "bandwidth must be > 0" "$PROF" --workers 4 --bandwidth 0
+expect_usage "expects an integer" "$PROF" --workers 4,x --bandwidth 1e9,1e9
+expect_usage "unknown kind" "$PROF" --workers 4 --cost-model fast
+expect_usage "unknown option" "$PROF" --workers 4 --bogus
+expect_usage "not both" "$PROF" --cluster "$CL" --workers 4
+
+# runtime errors: exit 1
+expect_fail() {
+    local want=$1; shift
+    "$PD" plan "$@" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    [ $rc -eq 1 ] || fail "plan $*: exit $rc, want 1"
+    grep -q "^pipedream: error: .*$want" "$tmp/err" || fail "plan $*: '$(cat "$tmp/err")' lacks '$want'"
+}
+expect_fail "no-such" "$tmp/no-such.json" --workers 2
+printf 'node1 -- A -- forward_compute_time=-1.0, backward_compute_time=1.0, activation_size=4.0, parameter_size=0.0\n' >"$tmp/neg.txt"
+expect_fail "negative or not finite" "$tmp/neg.txt" --workers 2
+expect_fail "no feasible plan" "$PROF" --workers 8 --bandwidth 1e9 --straight
+expect_fail "no feasible plan" "$PROF" --workers 4 --memory-limit 1000
+echo '{"levels": [{"workers": 2, "bandwidth": 0}]}' >"$tmp/bad_cluster.json"
+expect_fail "bandwidth" "$PROF" --cluster "$tmp/bad_cluster.json"
+
+# a cluster file: 2 servers x 2 workers
+"$PD" plan "$PROF" --cluster "$CL" -o "$tmp/a.json" >"$tmp/out1" 2>"$tmp/err" || fail "plan: $(cat "$tmp/err")"
+for w in "stage" "replicas" "bottleneck" "single worker" "speedup over one worker" "over data parallelism" "NOAM"; do
+    grep -q "$w" "$tmp/out1" || fail "table lacks '$w'"
+done
+flat() { tr -d ' \t\n' <"$1"; }   # JSON without whitespace, for grep
+for k in '"format":"pipedream-plan"' '"stages":[' '"ranks":[' '"noam":2' '"pipeline_s":' '"speedup_over_data_parallel":' \
+    '"profile_crc32":"' '"kind":"ours"' '"memory_limit":16000000000' '"levels":['; do
+    flat "$tmp/a.json" | grep -qF "$k" || fail "plan JSON lacks $k"
+done
+# deterministic: same command, same bytes
+"$PD" plan "$PROF" --cluster "$CL" -o "$tmp/b.json" >"$tmp/out2" || fail "second run"
+cmp -s "$tmp/a.json" "$tmp/b.json" || fail "plan JSON differs between runs"
+diff <(grep -v "^wrote" "$tmp/out1") <(grep -v "^wrote" "$tmp/out2") >/dev/null || fail "table differs between runs"
+
+# --workers/--bandwidth, both cost models, options
+"$PD" plan "$PROF" --workers 2,2 --bandwidth 1e10,1.25e9 --cost-model pipedream --activation-compression 1 \
+    -o "$tmp/c.json" >/dev/null || fail "pipedream model"
+flat "$tmp/c.json" | grep -qF '"kind":"pipedream"' || fail "cost model not recorded"
+flat "$tmp/c.json" | grep -qF '"activation_compression":1,' || fail "ratio not recorded"
+"$PD" plan "$PROF" --workers 3 --straight --allow-idle --overlap-allreduce -o "$tmp/d.json" >"$tmp/out" ||
+    fail "straight"
+flat "$tmp/d.json" | grep -qF '"straight":true' || fail "straight not recorded"
+flat "$tmp/d.json" | grep -qF '"overlap_allreduce":true' || fail "overlap not recorded"
+
+# the authors' vgg16, README example: 3 + 1
+VGG=${PD_VGG16_GRAPH:-$SRC/../shared/pipedream-profiles/vgg16/graph.txt}
+if [ -f "$VGG" ]; then
+    "$PD" plan "$VGG" --workers 4 --bandwidth 1e9 --activation-compression 1 --cost-model pipedream \
+        -o "$tmp/vgg.json" >"$tmp/out" || fail "vgg16"
+    grep -q "predicted time per minibatch: 205.520896 ms" "$tmp/out" || fail "vgg16 value: $(cat "$tmp/out")"
+    reps=$(flat "$tmp/vgg.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
+    [ "$reps" = "3 1 " ] || fail "vgg16 replicas '$reps', want '3 1 '"
+    flat "$tmp/vgg.json" | grep -qF '"noam":2' || fail "vgg16 noam"
+fi
+echo "plan.sh: all passed"
