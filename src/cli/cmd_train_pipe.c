@@ -392,6 +392,105 @@ static int write_curve(const char *path, const Schedule *s, const RtWorkerResult
 }
 
 
+/* ---- failures under MPI -------------------------------------------------------------------
+ * When a rank dies, mpirun sends SIGTERM to the others. Each rank's handler then says who it
+ * is, which ranks are gone (probing the pids every rank shared at start-up: kill(pid, 0) on
+ * this host) with their stages, and the newest checkpoint to resume from; then it exits 1.
+ * Everything the handler prints is prepared beforehand (async-signal-safe: write, kill). */
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+
+#define FAIL_MAX_RANKS 256
+static volatile sig_atomic_t g_fail_n;
+static pid_t g_fail_pid[FAIL_MAX_RANKS];
+static int g_fail_stage[FAIL_MAX_RANKS];
+static int g_fail_rank = -1;
+static char g_fail_ckpt[4400] = "none yet";
+static char g_fail_host[64];
+
+static size_t fmt_int(char *b, long v) {
+    char t[24];
+    size_t n = 0, k = 0;
+    if (v < 0) b[k++] = '-', v = -v;
+    do t[n++] = (char)('0' + v % 10), v /= 10; while (v);
+    while (n) b[k++] = t[--n];
+    return k;
+}
+
+static size_t fmt_str(char *b, const char *s) {
+    size_t k = 0;
+    while (s[k]) b[k] = s[k], k++;
+    return k;
+}
+
+static void on_term(int sig) {
+    char b[2048];
+    size_t k = 0;
+    k += fmt_str(b + k, "pipedream: rank ");
+    k += fmt_int(b + k, g_fail_rank);
+    k += fmt_str(b + k, " (stage ");
+    k += fmt_int(b + k, g_fail_rank >= 0 && g_fail_rank < FAIL_MAX_RANKS ? g_fail_stage[g_fail_rank] : -1);
+    k += fmt_str(b + k, "): stopping on signal ");
+    k += fmt_int(b + k, sig);
+    int lost = 0;
+    for (int r = 0; r < g_fail_n && k < sizeof b - 200; r++) {
+        if (g_fail_pid[r] <= 0 || r == g_fail_rank) continue;
+        if (kill(g_fail_pid[r], 0) != 0 && errno == ESRCH) {
+            k += fmt_str(b + k, lost++ ? ", " : ": lost ");
+            k += fmt_str(b + k, "rank ");
+            k += fmt_int(b + k, r);
+            k += fmt_str(b + k, " (stage ");
+            k += fmt_int(b + k, g_fail_stage[r]);
+            k += fmt_str(b + k, ")");
+        }
+    }
+    if (!lost) k += fmt_str(b + k, ": the job is ending (a rank failed or mpirun was interrupted)");
+    k += fmt_str(b + k, "; last checkpoint to resume from: ");
+    for (size_t i = 0; g_fail_ckpt[i] && k < sizeof b - 2; i++) b[k++] = g_fail_ckpt[i];
+    b[k++] = '\n';
+    ssize_t w = write(2, b, k);
+    (void)w;
+    _exit(1);
+}
+
+/* Every rank learns every rank's pid and host (control messages), then installs the handler. */
+static int failure_setup(Comm *c, const Schedule *s, Err *err) {
+    int n = comm_size(c), me = comm_rank(c), rc = PD_OK;
+    if (n > FAIL_MAX_RANKS) return PD_OK;
+    gethostname(g_fail_host, sizeof g_fail_host - 1);
+    float mine[2] = {(float)(getpid() >> 16), (float)(getpid() & 0xffff)};
+    CommReq **rq = calloc((size_t)n, sizeof *rq);
+    float *got = calloc((size_t)n * 2, sizeof(float));
+    PD_ASSERT(rq && got);
+    for (int r = 0; r < n && !rc; r++)
+        if (r != me) rc = comm_irecv(c, r, COMM_CTRL, ((int64_t)1 << 52), shape1(2), &got[2 * r], &rq[r], err);
+    CommReq *sq = NULL;
+    for (int r = 0; r < n && !rc; r++) {
+        if (r == me) continue;
+        rc = comm_isend(c, r, COMM_CTRL, ((int64_t)1 << 52), 0, shape1(2), mine, &sq, err);
+        if (!rc) rc = comm_wait(c, &sq, 60, NULL, err);
+    }
+    for (int r = 0; r < n && !rc; r++) rc = comm_wait(c, &rq[r], 60, NULL, err);
+    for (int r = 0; r < n; r++) comm_cancel(c, &rq[r]);
+    if (!rc) {
+        for (int r = 0; r < n; r++) {
+            g_fail_pid[r] = r == me ? getpid() : (pid_t)((long)got[2 * r] << 16 | (long)got[2 * r + 1]);
+            g_fail_stage[r] = r < s->n_ranks ? s->workers[r].stage : -1;
+        }
+        g_fail_rank = me;
+        g_fail_n = n;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_term;
+        sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGINT, &sa, NULL);
+    }
+    free(rq);
+    free(got);
+    return rc;
+}
+
 /* Adds one segment's figures of a worker to its running totals (events shifted by t_off,
  * loss history by the segment's first unit), then takes over its final state. */
 static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off) {
@@ -542,7 +641,9 @@ static int run_segments(const PipeOpts *o, Comm *comm, const Plan *plan, const S
         char path[4096];
         if ((rc = ckpt_latest(o->resume, path, sizeof path, err))) goto out;
         if (!path[0]) {
-            if (rank == 0) fprintf(stderr, "pipedream: %s holds no checkpoint: starting afresh\n", o->resume);
+            rc = err_set(err, PD_EINVAL, "%s: no complete checkpoint to resume from (see the warnings above, if any)",
+                         o->resume);
+            goto out;
         } else {
             if ((rc = ckpt_buffers(o->model, o->opt_kind == OPT_ADAM, &m, &c, err))) goto out;
             if ((rc = rt_ckpt_load(path, m, &c, err))) goto out;
@@ -565,15 +666,19 @@ static int run_segments(const PipeOpts *o, Comm *comm, const Plan *plan, const S
                 init[r] = (RtStageState){c.params + po, c.state + so, c.opt_m + po, c.opt_v ? c.opt_v + po : NULL,
                                          c.opt_step};
             }
+            snprintf(g_fail_ckpt, sizeof g_fail_ckpt, "%.4096s (--resume %.200s)", path, o->resume);
             if (rank == 0)
                 fprintf(stderr, "pipedream: resuming from %s (%llu of %d minibatches done)\n", path,
                         (unsigned long long)mb_done, whole->n_minibatches);
         }
     }
+    if (comm && (rc = failure_setup(comm, whole, err))) goto out;
     if (rank == 0)
         fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %d units of %d samples\n", o->model,
                 sched_kind_name(whole->kind), n, comm ? "mpi" : "threads", whole->n_units, cfg->unit_batch);
     double t_off = 0;
+    cfg->progress_t0 = pd_now();
+    cfg->progress_u0 = mb_done * (uint64_t)per_mb;
     while (mb_done < (uint64_t)whole->n_minibatches) {
         uint64_t left = (uint64_t)whole->n_minibatches - mb_done;
         int seg = o->checkpoint_every && (uint64_t)o->checkpoint_every < left ? o->checkpoint_every : (int)left;
@@ -591,8 +696,11 @@ static int run_segments(const PipeOpts *o, Comm *comm, const Plan *plan, const S
         PD_ASSERT(res);
         if (comm) {
             rc = rt_worker_run(comm, &sc, &res[rank], err);
-            int all = comm_agree(comm, rc);
-            if (all != PD_OK && !rc) rc = err_set(err, all, "rank %d: stopping because another rank failed", rank);
+            if (rc) {   /* a peer may be hung or dead: do not wait for anyone, end the job */
+                char msg[5200];
+                snprintf(msg, sizeof msg, "%s; last checkpoint to resume from: %s", err->msg, g_fail_ckpt);
+                comm_abort(comm, rc, msg);
+            }
         } else {
             rc = rt_run_threads(&sc, res, err);
         }
@@ -608,9 +716,14 @@ static int run_segments(const PipeOpts *o, Comm *comm, const Plan *plan, const S
         t_off += seg_wall;
         mb_done += (uint64_t)seg;
         for (int r = 0; r < n; r++) init[r] = acc[r].final;
-        if (o->checkpoint_every && o->checkpoint_dir &&
-            (rc = checkpoint(o, comm, whole, acc, mb_done, mb_done * (uint64_t)per_mb, err)))
-            goto out;
+        if (o->checkpoint_every && o->checkpoint_dir) {
+            if ((rc = checkpoint(o, comm, whole, acc, mb_done, mb_done * (uint64_t)per_mb, err))) goto out;
+            char name[64];
+            Err e2;
+            if (ckpt_name(mb_done, name, sizeof name, &e2) == PD_OK)
+                snprintf(g_fail_ckpt, sizeof g_fail_ckpt, "%.2000s/%.64s (--resume %.2000s)", o->checkpoint_dir, name,
+                         o->checkpoint_dir);
+        }
     }
 out:
     if (m) ckpt_buffers_free(m, &c);

@@ -218,13 +218,13 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
 
 /* The live progress line of the last stage's first replica. */
 static void progress(Worker *w, int u, float loss) {
-    double now = pd_now(), el = now - w->t_start;
+    double now = pd_now(), t0 = w->cfg->progress_t0 > 0 ? w->cfg->progress_t0 : w->t_start, el = now - t0;
     int last = u + 1 >= w->s->n_units;
     if (!last && now - w->last_progress < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
     w->last_progress = now;
-    double rate = (u + 1) * (double)w->cfg->unit_batch / (el > 0 ? el : 1e-9);
     long total = w->cfg->units_total > 0 ? w->cfg->units_total : w->s->n_units;
     long done = (long)w->cfg->unit_base + u + 1;
+    double rate = (double)(done - (long)w->cfg->progress_u0) * w->cfg->unit_batch / (el > 0 ? el : 1e-9);
     double eta = (double)w->cfg->unit_batch * (double)(total - done) / (rate > 0 ? rate : 1);
     fprintf(stderr, "%sunit %ld/%ld  loss %.4f  %.0f samples/s  elapsed %.0f s  ETA %.0f s%s",
             w->cfg->progress == 1 ? "\r" : "", done, total, (double)loss, rate, el, eta,

@@ -52,6 +52,8 @@ typedef struct RtConfig {
     uint64_t unit_base;       /* global index of unit 0: the data minibatch and dropout key of unit u
                                * is unit_base + u (a run continued from a checkpoint) */
     int units_total;          /* for the progress line: units of the whole run (0: this schedule's) */
+    double progress_t0;       /* for the progress line's rate: when the run started (pd_now; 0 = now) */
+    uint64_t progress_u0;     /* ... and the global units done then */
     const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
 } RtConfig;
 
