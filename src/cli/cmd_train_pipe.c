@@ -279,6 +279,14 @@ static int report(const PipeOpts *o, const Plan *plan, const Schedule *s, const 
         total += res[r].test_total;
     }
     last_loss = n_last ? last_loss / n_last : NAN;
+    /* runtime overhead: a worker's time neither in kernels (forward, backward, step) nor
+     * blocked on messages; the largest share over the workers */
+    double overhead = 0;
+    for (int r = 0; r < s->n_ranks; r++)
+        if (res[r].stage >= 0 && res[r].wall_s > 0) {
+            double ov = (res[r].wall_s - res[r].compute_s - res[r].wait_s) / res[r].wall_s;
+            if (ov > overhead) overhead = ov;
+        }
     /* the simulator's prediction for this plan and schedule */
     double sim_ms = NAN;
     double *sim_stage = calloc((size_t)s->n_stages, sizeof(double));
@@ -339,10 +347,10 @@ static int report(const PipeOpts *o, const Plan *plan, const Schedule *s, const 
              "{\"model\":\"%s\",\"schedule\":\"%s\",\"transport\":\"%s\",\"workers\":%d,\"stages\":%d,"
              "\"steps\":%d,\"units\":%d,\"unit_batch\":%d,\"final_loss\":%.6g,\"mean_loss\":%.6g,"
              "\"test_accuracy\":%.6g,\"samples_per_s\":%.6g,\"time_per_unit_ms\":%.6g,"
-             "\"predicted_time_per_unit_ms\":%.6g,\"wall_s\":%.6g,\"weights_crc\":[%s]}",
+             "\"predicted_time_per_unit_ms\":%.6g,\"overhead_pct\":%.4g,\"wall_s\":%.6g,\"weights_crc\":[%s]}",
              plan->model, sched_kind_name(s->kind), transport, s->n_ranks, s->n_stages, s->n_minibatches, units,
              unit_batch, last_loss, units ? loss_sum / units : NAN, total ? (double)correct / total : NAN,
-             wall > 0 ? samples / wall : 0, measured_ms, sim_ms, wall, crcs);
+             wall > 0 ? samples / wall : 0, measured_ms, sim_ms, 100 * overhead, wall, crcs);
     /* JSON has no NaN: write null */
     for (char *p; (p = strstr(line, "nan"));) memcpy(p, "nul", 3), memmove(p + 4, p + 3, strlen(p + 3) + 1), p[3] = 'l';
     puts(line);
