@@ -147,6 +147,9 @@ static int level_dp(Ctx *c, AEnt *A, int rows, int N, double B, double nw, int f
                 }
                 int rmax = o->straight ? 1 : m;
                 for (int r = 1; prune && r <= rmax; r++) {
+                    if (o->activation_compression > 0 && j < n - 1 && !IS_NONE(e.t) &&
+                        ((2.0 * s->OA[j]) / (B * (double)r)) / o->activation_compression >= e.t)
+                        continue; /* every candidate pays this output transfer: none can win */
                     {
                         int p = 0;
                         if (!IS_NONE(e.t)) { /* first position with C > C(j) - r*(best+delta) */
@@ -225,9 +228,10 @@ static int analyze(const Ctx *c, const Level *lv, int start, int end, int *cuts,
                        "optimizer crashes here: memory limit too small, or --straight with more workers than "
                        "cut states)", start, end - 1, N);
     int cnt = 0;
-    int tmp_cut[4096], tmp_rep[4096];
+    int *tmp_cut = malloc(sizeof(int) * (size_t)(n + 2)), *tmp_rep = malloc(sizeof(int) * (size_t)(n + 2));
+    PD_ASSERT(tmp_cut && tmp_rep);
     while (e->k >= 0) {
-        PD_ASSERT(cnt < 4096);
+        PD_ASSERT(cnt < n);
         tmp_rep[cnt] = e->r;
         tmp_cut[cnt] = e->k + 1; /* the stage [k+1, prev) */
         cnt++;
@@ -243,6 +247,8 @@ static int analyze(const Ctx *c, const Level *lv, int start, int end, int *cuts,
     }
     cuts[cnt] = end;
     *count = cnt;
+    free(tmp_cut);
+    free(tmp_rep);
     return PD_OK;
 }
 
@@ -279,7 +285,9 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
     int need_anc = L > 1 || o->no_pruning;
     if (need_anc && (rc = build_anc(&c, err))) goto done;
     if (L > 1) {
-        double bytes = (double)(n + 1) * n * (double)sizeof(AEnt) * cl->level[0].workers * (L - 1);
+        double workers = 0;
+        for (int l = 0; l + 1 < L; l++) workers += cl->level[l].workers;
+        double bytes = (double)(n + 1) * n * (double)sizeof(AEnt) * workers;
         if (bytes > 8e9) {
             rc = err_set(err, PD_EINVAL, "a hierarchical run of the authors' model on %d cut states needs %.1f GB of "
                          "tables; use one level or compress the graph", n, bytes / 1e9);
@@ -294,9 +302,6 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
         lv[l].rows = final ? 1 : n + 1;
         lv[l].A = malloc(sizeof(AEnt) * (size_t)lv[l].rows * n * lv[l].N);
         PD_ASSERT(lv[l].A);
-        if (final) {
-            /* keep c.T: the top level reads the replaced segment times */
-        }
         if ((rc = level_dp(&c, lv[l].A, lv[l].rows, lv[l].N, lv[l].B, nw, final, err))) goto done;
         if (!final) { /* T[i][j] := A[i][j][N-1].t */
             if (!c.T) c.T = malloc(sizeof(double) * (size_t)(n + 1) * n);
@@ -309,10 +314,9 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
     {
         int cap = n + 2;
         int *a = malloc(sizeof(int) * cap), *b = malloc(sizeof(int) * cap), *rep = malloc(sizeof(int) * cap);
-        int *top = malloc(sizeof(int) * cap);
         double *tt = malloc(sizeof(double) * cap);
         int *cuts = malloc(sizeof(int) * (n + 2)), *reps = malloc(sizeof(int) * (n + 2));
-        PD_ASSERT(a && b && rep && top && tt && cuts && reps);
+        PD_ASSERT(a && b && rep && tt && cuts && reps);
         int cnt = 0;
         const Level *T0 = &lv[L - 1];
         const AEnt *best = &T0->A[((size_t)0 * n + n - 1) * T0->N + T0->N - 1];
@@ -376,7 +380,6 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
         free(a);
         free(b);
         free(rep);
-        free(top);
         free(tt);
         free(cuts);
         free(reps);

@@ -94,6 +94,10 @@ static int run(const PStates *s, const Cluster *cl, const PlanOpts *o, int Wt, i
 int plan_dp_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err) {
     memset(out, 0, sizeof *out);
     const int n = s->n, W = cluster_total_workers(cl);
+    double work = (double)n * n / 2 * W * W * W;
+    if (work > 2e12)
+        return err_set(err, PD_EINVAL, "our cost model on %d cut states and %d workers would take too long (about "
+                       "%.0e steps); compress the graph's branches", n, W, work);
     double need = (double)n * (W + 1) * (W + 1) * sizeof(FEnt);
     if (need > 8e9)
         return err_set(err, PD_EINVAL, "our cost model on %d cut states and %d workers needs %.1f GB of tables", n, W,
