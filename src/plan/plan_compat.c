@@ -282,8 +282,6 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
     for (int i = 0; i < n; i++) c.sorted[i] = i;
     g_sortC = s->C;
     qsort(c.sorted, (size_t)n, sizeof(int), cmp_by_C);
-    int need_anc = L > 1 || o->no_pruning;
-    if (need_anc && (rc = build_anc(&c, err))) goto done;
     if (L > 1) {
         double workers = 0;
         for (int l = 0; l + 1 < L; l++) workers += cl->level[l].workers;
@@ -294,6 +292,8 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
             goto done;
         }
     }
+    int need_anc = L > 1 || o->no_pruning;
+    if (need_anc && (rc = build_anc(&c, err))) goto done;
     double nw = 1;
     for (int l = 0; l < L; l++) {
         int final = l == L - 1;
