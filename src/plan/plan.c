@@ -112,13 +112,28 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
     return rc;
 }
 
+/* Layers the planner removes before costing (pgraph_build): Input sources, unused
+ * __getitem__ sinks. */
+static int planner_drops(const Profile *prof, int l) {
+    const char *t = prof->layers[l].type;
+    int in = 0, out = 0;
+    if (prof->n_edges == 0) {
+        in = l > 0;
+        out = l + 1 < prof->n_layers;
+    }
+    for (int e = 0; e < prof->n_edges; e++) {
+        in |= prof->edges[e][1] == l;
+        out |= prof->edges[e][0] == l;
+    }
+    return (!in && !strncmp(t, "Input", 5)) || (!out && !strncmp(t, "__getitem__", 11));
+}
+
 double plan_stage_memory(const Plan *p, const Profile *prof, int s) {
     const PlanStage *st = &p->stages[s];
     double act = 0, par = 0;
     for (int q = 0; q < st->n_layers; q++) {
         const ProfileLayer *l = &prof->layers[st->layers[q]];
-        int is_input = !strncmp(l->type, "Input", 5);
-        if (is_input) continue; /* zeroed by the planner, as in the authors' optimizer */
+        if (planner_drops(prof, st->layers[q])) continue; /* zeroed, as in the authors' optimizer */
         act += l->act_bytes;
         par += l->param_bytes;
     }
