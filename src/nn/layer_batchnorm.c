@@ -73,8 +73,7 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
     const float *sv = saved;
     if (l->relu) {
         size_t cnt = (size_t)r->n * shape_numel(l->in);
-        memset(l->scratch, 0, cnt * sizeof(float));
-        kern_relu_bwd(y, dy, l->scratch, cnt);
+        nn_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
     if (r->train) {

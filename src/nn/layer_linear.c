@@ -46,8 +46,7 @@ static void linear_backward(Layer *l, const NnRun *r, const float *w, const floa
                             const void *saved, const float *dy, float *dx, float *dw) {
     size_t cnt = (size_t)r->n * l->cout;
     if (l->relu) {   // dy through the fused relu: g = dy * (y > 0)
-        memset(l->scratch, 0, cnt * sizeof(float));
-        kern_relu_bwd(y, dy, l->scratch, cnt);
+        nn_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
     kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);

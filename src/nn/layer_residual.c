@@ -140,8 +140,7 @@ static void residual_backward(Layer *l, const NnRun *r, const float *w, const fl
                               const void *saved, const float *dy, float *dx, float *dw) {
     size_t cnt = (size_t)r->n * shape_numel(l->out);
     float *dsum = l->scratch;   // dL/d(body + shortcut) = dy * (y > 0)
-    memset(dsum, 0, cnt * sizeof(float));
-    kern_relu_bwd(y, dy, dsum, cnt);
+    nn_relu_mask(y, dy, dsum, cnt);
     chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, dw);
     if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, dw);
     else if (dx)
