@@ -388,6 +388,8 @@ int rt_exec(Worker *w, int blocking, Err *err) {
 
 /* ---- worker set-up ---------------------------------------------------------------------- */
 
+static void worker_warmup(Worker *w);
+
 int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err) {
     memset(w, 0, sizeof *w);
     memset(res, 0, sizeof *res);
@@ -496,7 +498,28 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         sl->labels_f = pd_alloc_f32((size_t)B);
         sl->labels = pd_calloc((size_t)B * sizeof(int32_t));
     }
+    worker_warmup(w);
     return PD_OK;
+}
+
+/* One forward and backward on zeros through slot 0 before the clock starts, so that kernel
+ * libraries create their primitives and scratch (oneDNN does so on first use) outside the
+ * measured run. Running statistics and gradients are restored afterwards: the warm-up leaves
+ * no trace in the training state. */
+static void worker_warmup(Worker *w) {
+    Slot *sl = &w->slots[0];
+    float *saved = pd_alloc_f32(w->nst);
+    if (w->nst) memcpy(saved, w->state, w->nst * sizeof(float));
+    int B = w->cfg->unit_batch;
+    memset(nnctx_input(sl->ctx), 0, shape_numel(w->in_shape) * sizeof(float));
+    NnRun run = {.n = B, .train = 1, .seed = w->cfg->seed, .minibatch = 0};
+    model_forward(w->m, sl->ctx, w->vbuf[0], w->state, nnctx_input(sl->ctx), &run);
+    memset(sl->dy, 0, shape_numel(w->out_shape) * sizeof(float));
+    model_backward(w->m, sl->ctx, w->vbuf[0], sl->dy, sl->dx, w->dw);
+    if (w->nst) memcpy(w->state, saved, w->nst * sizeof(float));
+    if (w->np) memset(w->dw, 0, w->np * sizeof(float));
+    if (sl->dx) memset(sl->dx, 0, shape_numel(w->in_shape) * sizeof(float));
+    pd_free(saved);
 }
 
 void rt_worker_release(Worker *w) {
