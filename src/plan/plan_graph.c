@@ -168,9 +168,11 @@ int pstates_build(const PGraph *g, long max_states, PStates *s, Err *err) {
     int rc = PD_OK;
     for (size_t q = 0; q < cnt; q++) { /* breadth-first: the queue is the state array */
         memset(cand, 0, W * sizeof(uint64_t));
-        for (int v = 0; v < n; v++)
-            if (down[q * W + v / 64] >> (v % 64) & 1)
-                for (int w = 0; w < W; w++) cand[w] |= g->outs[(size_t)v * W + w];
+        for (int x = 0; x < W; x++)
+            for (uint64_t m = down[q * W + x]; m; m &= m - 1) {
+                const uint64_t *o = g->outs + (size_t)(x * 64 + __builtin_ctzll(m)) * W;
+                for (int w = 0; w < W; w++) cand[w] |= o[w];
+            }
         for (int w = 0; w < W; w++) cand[w] &= ~down[q * W + w];
         for (int w = 0; w < W; w++)
             for (uint64_t m = cand[w]; m; m &= m - 1) {
@@ -237,53 +239,54 @@ int pstates_build(const PGraph *g, long max_states, PStates *s, Err *err) {
     PD_ASSERT(s->down && s->C && s->ACT && s->PAR && s->OA && s->OX);
     for (size_t i = 0; i < cnt; i++) memcpy(s->down + i * W, down + (size_t)keys[i].id * W, W * sizeof(uint64_t));
     free(keys);
-    uint64_t *cl = malloc(W * sizeof(uint64_t));
-    int *maxl = malloc(sizeof(int) * (size_t)n);
-    PD_ASSERT(cl && maxl);
+    /* The authors' extra nodes depend on the antichain member only: X(a) = ancestors v of
+     * a with an out-edge to a node outside pred(a) + {a} (augment_antichain). The
+     * augmented antichain of D is its maximal nodes plus the union of X(a) over them. */
+    uint64_t *X = calloc((size_t)n * W, sizeof(uint64_t)), *cl = malloc(W * sizeof(uint64_t));
+    uint64_t *aug = malloc(W * sizeof(uint64_t));
+    PD_ASSERT(X && cl && aug);
+    for (int a = 0; a < n; a++) {
+        const uint64_t *pa = g->pred + (size_t)a * W;
+        for (int w = 0; w < W; w++) cl[w] = pa[w];
+        cl[a / 64] |= (uint64_t)1 << (a % 64);
+        for (int w = 0; w < W; w++)
+            for (uint64_t m = pa[w]; m; m &= m - 1) {
+                int v = w * 64 + __builtin_ctzll(m);
+                if (!bits_subset(g->outs + (size_t)v * W, cl, W)) X[(size_t)a * W + v / 64] |= (uint64_t)1 << (v % 64);
+            }
+    }
     for (size_t i = 0; i < cnt; i++) {
         const uint64_t *D = s->down + i * W;
         double C = 0, A = 0, P = 0, OA = 0, OX = 0;
-        int nmax = 0;
-        for (int v = 0; v < n; v++) { /* the antichain: nodes of D with no successor in D */
-            if (!(D[v / 64] >> (v % 64) & 1)) continue;
-            int inside = 0;
-            for (int w = 0; w < W; w++) inside |= (g->outs[(size_t)v * W + w] & D[w]) != 0;
-            if (!inside) maxl[nmax++] = v;
-        }
-        for (int v = 0, mi = 0; v < n; v++) {
-            if (!(D[v / 64] >> (v % 64) & 1)) continue;
-            C += g->ct[v];
-            A += g->act[v];
-            P += g->par[v];
-            const uint64_t *o = g->outs + (size_t)v * W;
-            int leaves = 0;
-            for (int w = 0; w < W; w++) leaves |= (o[w] & ~D[w]) != 0;
-            if (leaves) OX += g->act[v];
-            if (mi < nmax && maxl[mi] == v) { /* an antichain member */
-                OA += g->act[v];
-                mi++;
-                continue;
+        memset(aug, 0, W * sizeof(uint64_t));
+        for (int w = 0; w < W; w++)
+            for (uint64_t m = D[w]; m; m &= m - 1) {
+                int v = w * 64 + __builtin_ctzll(m);
+                C += g->ct[v];
+                A += g->act[v];
+                P += g->par[v];
+                const uint64_t *o = g->outs + (size_t)v * W;
+                int leaves = 0, inside = 0;
+                for (int x = 0; x < W; x++) {
+                    leaves |= (o[x] & ~D[x]) != 0;
+                    inside |= (o[x] & D[x]) != 0;
+                }
+                if (leaves) OX += g->act[v];
+                if (!inside) { /* a maximal node: an antichain member */
+                    aug[v / 64] |= (uint64_t)1 << (v % 64);
+                    for (int x = 0; x < W; x++) aug[x] |= X[(size_t)v * W + x];
+                }
             }
-            /* The authors' extra nodes: an ancestor v of an antichain member a with an
-             * out-edge to a node outside pred(a) + {a} (PLANNER.md §3.2, augment). */
-            int extra = leaves;
-            for (int k = 0; k < nmax && !extra; k++) {
-                int a = maxl[k];
-                const uint64_t *pa = g->pred + (size_t)a * W;
-                if (!(pa[v / 64] >> (v % 64) & 1)) continue;
-                for (int w = 0; w < W; w++) cl[w] = pa[w];
-                cl[a / 64] |= (uint64_t)1 << (a % 64);
-                extra = !bits_subset(o, cl, W);
-            }
-            if (extra) OA += g->act[v];
-        }
+        for (int w = 0; w < W; w++)
+            for (uint64_t m = aug[w]; m; m &= m - 1) OA += g->act[w * 64 + __builtin_ctzll(m)];
         s->C[i] = C;
         s->ACT[i] = A;
         s->PAR[i] = P;
         s->OA[i] = OA;
         s->OX[i] = OX;
     }
-    free(maxl);
+    free(X);
+    free(aug);
     free(cl);
     free(down);
     free(table);
