@@ -167,6 +167,9 @@ static int level_dp(Ctx *c, AEnt *A, int rows, int N, double B, double nw, int f
                             double Ck = s->C[k];
                             if (Ck > s->C[j] + delta) break;
                             if (!IS_NONE(e.t) && Ck >= (double)(m - r + 1) * (e.t + delta)) break;
+                            if (o->activation_compression > 0 && !IS_NONE(e.t) &&
+                                ((2.0 * s->OA[k]) / (B * (double)r)) / o->activation_compression >= e.t)
+                                continue; /* its input transfer alone loses */
                             if (!pstates_before(s, k, j)) continue;
                             candidate(c, A, N, B, i, j, m, k, r, &e);
                         }
