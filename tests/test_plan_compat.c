@@ -239,7 +239,8 @@ static void test_inputs_and_getitem(void **state) {
 
 static int load_shared(const char *name, Profile *p) {
     char rel[256];
-    snprintf(rel, sizeof rel, "../shared/pipedream-profiles/%s/graph.txt", name);
+    if (strstr(name, ".txt")) snprintf(rel, sizeof rel, "../shared/pipedream-profiles/%s", name);
+    else snprintf(rel, sizeof rel, "../shared/pipedream-profiles/%s/graph.txt", name);
     Err err = {0};
     if (access(tu_src(rel), R_OK) != 0) return 0;
     int rc = profile_load(tu_src(rel), p, &err);
@@ -273,6 +274,8 @@ static const RefCase REFS[] = {
     {"alexnet", 1, {8}, {1e9}, 1, 0, 0, 1, 22, 0.08532100000000001, 0.018874368, 0.117591595},
     {"resnet50", 2, {4, 4}, {1e10, 1e9}, 1, 0, 0, 0, 240, 0.44341899999999995, 0.047042023999999995, 0.0487982389},
     {"densenet121", 1, {4}, {1e9}, 1, 0, 0, 0, 430, 0.3261549999999999, 0.08997599999999983, 0.10547531799999998},
+    {"gnmt_large", 1, {4}, {1e9}, 1, 0, 0, 0, 1495, 0.5204529999999998, 0.13712899999999995, 0.9632659539999999},
+    {"inception_v3/graph_compressed.txt", 1, {4}, {1e9}, 1, 0, 0, 0, 1646, 0.689038, 0.227278848, 0.253743292},
 };
 
 static void test_authors_values(void **state) {
