@@ -125,6 +125,8 @@ int cmd_train(int argc, char **argv) {
     kern_set_threads(o.threads);
     if (!(m = model_load(o.model, &err))) goto fail;
     if (data_load_idx(o.data, "train", &tr, &err) || data_load_idx(o.data, "test", &te, &err)) goto fail;
+    data_normalize(&tr, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
+    data_normalize(&te, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     Shape in = model_input_shape(m), ds = shape3(tr.c, tr.h, tr.w);
     if (!shape_eq(in, ds)) {
         char a[64], b[64];

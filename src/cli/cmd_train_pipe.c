@@ -823,6 +823,9 @@ int cmd_train_pipelined(int argc, char **argv) {
         for (int j = 0; j < plan->stages[0].replicas; j++) input_here |= plan->stages[0].ranks[j] == rank;
     if (input_here && (rc = data_load_idx(o.data, "train", &train, &err))) goto out;
     if ((rc = data_load_idx(o.data, "test", &test, &err))) goto out;
+    /* the same standardisation as one-worker training (cmd_train.c) */
+    if (input_here) data_normalize(&train, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
+    data_normalize(&test, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     {
         size_t n_train = input_here ? train.n : 60000;
         long units_per_epoch = (long)(n_train / (size_t)unit_batch);

@@ -181,3 +181,10 @@ int data_sampler_get(DataSampler *s, uint64_t g, float *x, int32_t *y) {
     data_batch(s->d, s->order, p.first, p.count, x, y);
     return p.count;
 }
+
+void data_normalize(Dataset *d, float mean, float std) {
+    PD_ASSERT(std > 0);
+    size_t n = d->n * data_sample_numel(d);
+    float inv = 1.0f / std;
+    for (size_t i = 0; i < n; i++) d->x[i] = (d->x[i] - mean) * inv;
+}

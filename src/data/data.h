@@ -16,7 +16,7 @@
  *   - a replicated stage with `size` replicas (1F1B round-robin or data parallel over
  *     whole minibatches) gives global minibatches r, r+size, r+2*size, ... to replica r.
  *
- * Not here: augmentation, normalisation, sequence data, prefetching threads. */
+ * Not here: augmentation, sequence data, prefetching threads. */
 #ifndef PD_DATA_H
 #define PD_DATA_H
 
@@ -76,6 +76,12 @@ int data_load(const char *kind, const char *dir, const char *split, Dataset *out
 void data_truncate(Dataset *d, size_t n);
 
 /* ---- order ----------------------------------------------------------------------- */
+
+/* Standardises every value in place: x = (x - mean) / std (torchvision's Normalize for one
+ * channel). The CLI applies Fashion-MNIST's training-set statistics (DATA_FMNIST_MEAN/STD). */
+#define DATA_FMNIST_MEAN 0.2860f
+#define DATA_FMNIST_STD 0.3530f
+void data_normalize(Dataset *d, float mean, float std);
 
 /* Minibatches per epoch: ceil(n / batch), or floor(n / batch) with drop_last. batch >= 1. */
 size_t data_batches_per_epoch(size_t n, int batch, int drop_last);

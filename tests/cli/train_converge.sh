@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train_converge.sh: lenet5, one epoch of Fashion-MNIST, minibatch 64, SGD lr 0.01 momentum
-# 0.9 (MODELS.md's recipe) reaches >= 80% test accuracy. PyTorch with the same recipe and
-# data (no normalisation) reaches 78.3-81.4% over seeds 1-3 (tools/torch_models.py lenet5);
-# we reach 81.5-82.7%. ~10-15 s in a release build; skipped in sanitizer builds (minutes).
+# 0.9 (MODELS.md's recipe), inputs standardised with the training set's mean and std,
+# reaches >= 83% test accuracy. PyTorch with the same recipe and data reaches 83.0-84.3%
+# over seeds 1-3 (tools/torch_models.py lenet5); we reach 83.7-85.0% over seeds 1-4 (the
+# issue's 85% is above what this recipe gives in either framework). ~10-15 s in a release build; skipped in sanitizer builds (minutes).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -14,5 +15,5 @@ out=$("$PD" train "$SRC/models/lenet5.json" --epochs 1 --minibatch 64 --lr 0.01 
     { echo "FAIL: exit $?"; exit 1; }
 echo "$out"
 acc=$(echo "$out" | sed -n 's/.*"test_accuracy": \([0-9.]*\).*/\1/p')
-awk -v a="$acc" 'BEGIN { exit !(a >= 0.80) }' || { echo "FAIL: test accuracy $acc < 0.80"; exit 1; }
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.83) }' || { echo "FAIL: test accuracy $acc < 0.83"; exit 1; }
 echo PASS
