@@ -590,6 +590,19 @@ static void test_fashion_mnist(void **state) {
     }
 }
 
+static void test_normalize(void **state) {
+    (void)state;
+    Dataset d, e;
+    Err err = {0};
+    assert_int_equal(data_synthetic(50, 1, 4, 4, 3, 9, &d, &err), PD_OK);
+    assert_int_equal(data_synthetic(50, 1, 4, 4, 3, 9, &e, &err), PD_OK);
+    data_normalize(&d, 0.25f, 0.5f);
+    for (size_t i = 0; i < 50 * 16; i++) assert_float_equal(d.x[i], (e.x[i] - 0.25f) / 0.5f, 1e-6);
+    assert_memory_equal(d.y, e.y, 50 * sizeof(int32_t));
+    data_release(&d);
+    data_release(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx_good),       cmocka_unit_test(test_idx_errors),
@@ -597,7 +610,7 @@ int main(void) {
         cmocka_unit_test(test_cifar),          cmocka_unit_test(test_synthetic),
         cmocka_unit_test(test_epoch_order),    cmocka_unit_test(test_batch_pos_and_copy),
         cmocka_unit_test(test_sharding),       cmocka_unit_test(test_sampler),
-        cmocka_unit_test(test_fashion_mnist),
+        cmocka_unit_test(test_fashion_mnist),  cmocka_unit_test(test_normalize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
