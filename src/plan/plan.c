@@ -416,7 +416,7 @@ Plan *plan_load(const char *path, Err *err) {
         }
         p->profile_checksum = (uint32_t)v;
     }
-    if ((rc = jobj_int(&j, "n_layers", 1, 1, 1 << 30, &p->n_layers, err))) goto done;
+    if ((rc = jobj_int(&j, "n_layers", 1, 1, 1 << 22, &p->n_layers, err))) goto done;
     if ((rc = jobj_init(&cj, jobj_get(&j, "cost_model"), err, "%s: cost_model", path))) goto done;
     if ((rc = jobj_str(&cj, "kind", 1, &s, err))) goto done;
     p->opts.cost_model = plan_cost_model_parse(s);
@@ -483,8 +483,10 @@ Plan *plan_load(const char *path, Err *err) {
         int e = 0;
         for (const cJSON *c = edges->child; c; c = c->next, e++) {
             const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
-            if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b)) {
-                rc = err_set(err, PD_EINVAL, "%s: edge %d: expected [src, dst]", path, e);
+            if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
+                a->valuedouble != floor(a->valuedouble) || b->valuedouble != floor(b->valuedouble) ||
+                fabs(a->valuedouble) > 1e9 || fabs(b->valuedouble) > 1e9) {
+                rc = err_set(err, PD_EINVAL, "%s: edge %d: expected a pair of layer indices [src, dst]", path, e);
                 goto done;
             }
             p->edges[e][0] = (int)a->valuedouble;
