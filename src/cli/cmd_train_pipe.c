@@ -818,16 +818,41 @@ int cmd_train_pipelined(int argc, char **argv) {
     }
     /* data: the training set where the input stage runs, the test set everywhere (its size
      * drives the evaluation loop) */
-    int input_here = !mpi;
-    if (mpi)
-        for (int j = 0; j < plan->stages[0].replicas; j++) input_here |= plan->stages[0].ranks[j] == rank;
+    /* Which ranks run the input stage (dp: all of them): a one-minibatch schedule says. Only
+     * they read the training set; its size reaches the others from the first of them. */
+    int input_here = !mpi, first_input = 0;
+    {
+        Schedule probe;
+        SchedOpts so = {.kind = o.kind, .n_minibatches = 1, .n_micro = o.micro, .vertical_sync = 0};
+        if ((rc = sched_build(plan, &so, &probe, &err))) goto out;
+        if (mpi) input_here = rank < probe.n_ranks && probe.workers[rank].stage == 0;
+        first_input = probe.stages[0].ranks[0];
+        for (int j = 1; j < probe.stages[0].replicas; j++)
+            if (probe.stages[0].ranks[j] < first_input) first_input = probe.stages[0].ranks[j];
+        sched_release(&probe);
+    }
     if (input_here && (rc = data_load_idx(o.data, "train", &train, &err))) goto out;
     if ((rc = data_load_idx(o.data, "test", &test, &err))) goto out;
     /* the same standardisation as one-worker training (cmd_train.c) */
     if (input_here) data_normalize(&train, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     data_normalize(&test, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     {
-        size_t n_train = input_here ? train.n : 60000;
+        size_t n_train = input_here ? train.n : 0;
+        if (mpi && !o.steps && first_input < comm_size(comm)) {
+            float nf[2] = {(float)(n_train >> 20), (float)(n_train & 0xfffff)};
+            CommReq *rq = NULL;
+            for (int r = 0; r < comm_size(comm) && !rc; r++) {
+                if (rank == first_input && r != rank) {
+                    rc = comm_isend(comm, r, COMM_CTRL, ((int64_t)1 << 53), 0, shape1(2), nf, &rq, &err);
+                    if (!rc) rc = comm_wait(comm, &rq, o.timeout, NULL, &err);
+                } else if (rank != first_input && r == rank) {
+                    rc = comm_irecv(comm, first_input, COMM_CTRL, ((int64_t)1 << 53), shape1(2), nf, &rq, &err);
+                    if (!rc) rc = comm_wait(comm, &rq, o.timeout, NULL, &err);
+                    n_train = (size_t)nf[0] << 20 | (size_t)nf[1];
+                }
+            }
+            if (rc) goto out;
+        }
         long units_per_epoch = (long)(n_train / (size_t)unit_batch);
         long n_mb = o.steps ? o.steps : (long)o.epochs * units_per_epoch / o.micro;
         if (n_mb < 1) n_mb = 1;

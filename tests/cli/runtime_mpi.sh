@@ -34,7 +34,7 @@ cat >"$tmp/plan.json" <<JSON
 JSON
 
 crc() { sed -n 's/.*"weights_crc":\[\([^]]*\)\].*/\1/p' "$1"; }
-for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --microbatches 2"; do
+for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --microbatches 2" "dp"; do
     args="$MODEL --plan $tmp/plan.json --schedule $sched --steps 24 --minibatch 16 --timeout 60"
     $MPIRUN -np 3 "$PD" train $args >"$tmp/mpi.out" 2>"$tmp/mpi.err" || fail "mpi $sched: $(tail -5 "$tmp/mpi.err")"
     "$PD" train $args --workers 3 >"$tmp/thr.out" 2>"$tmp/thr.err" || fail "threads $sched: $(tail -5 "$tmp/thr.err")"
