@@ -42,13 +42,20 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     float *w = pd_alloc_f32(np), *dw = pd_alloc_f32(np), *st = pd_alloc_f32(ns ? ns : 1);
     model_init_params(m, 0, nl, 1, w);
     model_init_state(m, 0, nl, st);
+    /* Each layer's share of the optimizer step is timed too and counted in its backward time:
+     * a stage pays for the update of its weights after every backward, so the planner and the
+     * simulator must see it (SGD with momentum, the training default). */
+    Optim *opts = calloc((size_t)nl, sizeof *opts);
+    OptConfig oc = optim_defaults(OPT_SGD, 0.01f);
+    oc.momentum = 0.9f;
     NnCtx **ctx = calloc((size_t)nl, sizeof *ctx);
     float **grad = calloc((size_t)nl + 1, sizeof *grad);   /* grad[i]: dL/d(input of layer i) */
     double *tf = calloc((size_t)nl * (size_t)o->iterations, sizeof(double));
     double *tb = calloc((size_t)nl * (size_t)o->iterations, sizeof(double));
     int32_t *labels = calloc((size_t)B, sizeof(int32_t));
-    PD_ASSERT(ctx && grad && tf && tb && labels);
+    PD_ASSERT(opts && ctx && grad && tf && tb && labels);
     for (int i = 0; i < nl; i++) {
+        optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
         ctx[i] = nnctx_new(m, i, i + 1, B);
         grad[i] = pd_alloc_f32((size_t)B * shape_numel(model_layer_in_shape(m, i)));
     }
@@ -79,7 +86,9 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
             if (dx) memset(dx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
             double t0 = pd_now();
             model_backward(m, ctx[i], w + off, grad[i + 1], dx, dw + off);
+            if (opts[i].n) optim_step(&opts[i], w + off, dw + off);
             if (it >= o->warmup) tb[lo + (size_t)(it - o->warmup)] = pd_now() - t0;
+            if (opts[i].n) memset(dw + off, 0, opts[i].n * sizeof(float));
         }
         if (o->progress) {
             double el = pd_now() - t_start;
@@ -111,10 +120,12 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     data_release(&syn);
 out:
     for (int i = 0; i < nl; i++) {
+        optim_release(&opts[i]);
         nnctx_free(ctx[i]);
         pd_free(grad[i]);
     }
     pd_free(grad[nl]);
+    free(opts);
     free(ctx);
     free(grad);
     free(tf);

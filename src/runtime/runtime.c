@@ -109,14 +109,26 @@ static CommOp rt_allreduce_op(const Schedule *s) {
     return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW ? COMM_SUM : COMM_MEAN;
 }
 
-/* Completes a slot's pending sends (blocking) so its buffers may be reused. */
+/* Completes a slot's pending sends (blocking, counted as waiting) so its buffers may be
+ * reused. */
 static int slot_drain(Worker *w, Slot *sl, Err *err) {
     CommReq **rq[3] = {&sl->s_act, &sl->s_grad, &sl->s_lab};
+    double t0 = pd_now();
+    int rc = PD_OK;
+    for (int i = 0; i < 3 && !rc; i++) rc = comm_wait(w->c, rq[i], w->cfg->recv_timeout_s, NULL, err);
+    if (w->res) w->res->wait_s += pd_now() - t0;
+    return rc;
+}
+
+/* True if every send of the slot has completed (tests them; completes what is done). */
+static int slot_sends_done(Worker *w, Slot *sl, Err *err, int *rc) {
+    CommReq **rq[3] = {&sl->s_act, &sl->s_grad, &sl->s_lab};
     for (int i = 0; i < 3; i++) {
-        int rc = comm_wait(w->c, rq[i], w->cfg->recv_timeout_s, NULL, err);
-        if (rc) return rc;
+        int done = 1;
+        if (*rq[i] && (*rc = comm_test(w->c, rq[i], &done, NULL, err)) != PD_OK) return 0;
+        if (!done) return 0;
     }
-    return PD_OK;
+    return 1;
 }
 
 static Slot *slot_find(Worker *w, int u) {
@@ -125,21 +137,30 @@ static Slot *slot_find(Worker *w, int u) {
     return NULL;
 }
 
-/* The slot of unit u, claiming a free one if u has none. NULL if none is free. */
+static Slot *slot_claim(Slot *f, int u) {
+    f->unit = u;
+    f->act_ready = f->grad_ready = f->lab_ready = 0;
+    f->version = -1;
+    return f;
+}
+
+/* The slot of unit u, claiming a free one if u has none: preferably one whose sends have
+ * completed, else the first free one after waiting for its sends. NULL if none is free. */
 static Slot *slot_for(Worker *w, int u, Err *err, int *rc) {
     *rc = PD_OK;
     Slot *sl = slot_find(w, u);
     if (sl) return sl;
+    Slot *busy = NULL;
     for (int k = 0; k < w->n_slots; k++) {
         Slot *f = &w->slots[k];
         if (f->unit >= 0) continue;
-        if ((*rc = slot_drain(w, f, err)) != PD_OK) return NULL;
-        f->unit = u;
-        f->act_ready = f->grad_ready = f->lab_ready = 0;
-        f->version = -1;
-        return f;
+        if (slot_sends_done(w, f, err, rc)) return slot_claim(f, u);
+        if (*rc) return NULL;
+        if (!busy) busy = f;
     }
-    return NULL;
+    if (!busy) return NULL;
+    if ((*rc = slot_drain(w, busy, err)) != PD_OK) return NULL;
+    return slot_claim(busy, u);
 }
 
 static void slot_free(Slot *sl) { sl->unit = -1; }

@@ -131,8 +131,9 @@ typedef struct RtProfileOpts {
 
 /* Times o->warmup + o->iterations training steps of the model (synthetic data, whole model
  * on this thread) and fills *out (caller releases with profile_release): per top-level layer
- * the median forward and backward seconds, output activation bytes and parameter bytes for
- * a minibatch. Returns PD_OK or an error naming the model file. */
+ * the median forward and backward seconds (backward includes the layer's share of the SGD
+ * update, which a stage pays after every backward), output activation bytes and parameter
+ * bytes for a minibatch. Returns PD_OK or an error naming the model file. */
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err);
 
 #endif
