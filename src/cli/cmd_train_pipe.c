@@ -39,12 +39,14 @@ static const char *USAGE =
     "  --checkpoint-every N  checkpoint every N minibatches into --checkpoint-dir D (the pipeline\n"
     "                        drains there, so the checkpoint is exact)\n"
     "  --checkpoint-dir D    where checkpoints go (ckpt-<minibatches>.safetensors)\n"
+    "  --nan-check WHAT      stop at a NaN or Inf: loss (default: the last stage's loss), all\n"
+    "                        (also every stage's gradients after each backward), off\n"
     "  --resume D            continue from the newest complete checkpoint in D (same settings;\n"
     "                        another plan or schedule also works: tensors are named by layer)\n";
 
 typedef struct PipeOpts {
     const char *model, *plan, *data, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
-    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every;
+    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check;
     SchedKind kind;
     double lr, momentum, wd, timeout;
 } PipeOpts;
@@ -73,7 +75,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
                                                  "--steps", "--minibatch", "--lr", "--momentum", "--weight-decay",
                                                  "--optimizer", "--seed", "--threads", "--data", "--profile",
                                                  "--metrics", "--trace", "--svg", "--curve", "--timeout",
-                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", NULL};
+                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", "--nan-check", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
         if (!known) return cli_usage_error(C, "unknown option %s", a);
@@ -102,6 +104,12 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         else if (!strcmp(a, "--checkpoint-every")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->checkpoint_every);
         else if (!strcmp(a, "--checkpoint-dir")) o->checkpoint_dir = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--nan-check")) {
+            if (!strcmp(v, "loss")) o->nan_check = RT_NAN_LOSS;
+            else if (!strcmp(v, "all")) o->nan_check = RT_NAN_ALL;
+            else if (!strcmp(v, "off")) o->nan_check = RT_NAN_OFF;
+            else return cli_usage_error(C, "--nan-check expects loss, all or off, got \"%s\"", v);
+        }
         else if (!strcmp(a, "--timeout")) rc = cli_parse_double(C, a, v, 0, 1e6, &o->timeout);
         if (rc) return rc;
     }
@@ -869,7 +877,8 @@ int cmd_train_pipelined(int argc, char **argv) {
     RtConfig cfg = {.model_path = o.model, .sched = &sched, .unit_batch = unit_batch, .opt = oc,
                     .seed = (uint64_t)o.seed, .train = input_here ? &train : NULL, .test = &test,
                     .recv_timeout_s = o.timeout, .trace = o.trace || o.svg, .threads = o.threads,
-                    .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .units_total = sched.n_units};
+                    .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .units_total = sched.n_units,
+                    .nan_check = o.nan_check};
     res = calloc((size_t)sched.n_ranks, sizeof *res);
     PD_ASSERT(res);
     if ((rc = run_segments(&o, comm, plan, &sched, &cfg, res, &err))) goto out;

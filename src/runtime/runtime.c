@@ -270,9 +270,9 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
         memset(sl->dy, 0, (size_t)B * w->classes * sizeof(float));
         int correct = 0;
         float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, B, w->classes, 1.0f / (float)w->s->n_micro, &correct);
-        if (!isfinite(loss))
-            return err_set(err, PD_EINVAL, "rank %d (stage %d): loss is %g at unit %d", w->rank, w->stage,
-                           (double)loss, in->mb);
+        if (!isfinite(loss) && w->cfg->nan_check != RT_NAN_OFF)
+            return err_set(err, PD_EINVAL, "the loss is %g at minibatch %llu (unit %d of this run)", (double)loss,
+                           (unsigned long long)(w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro, in->mb);
         w->res->loss_sum += loss;
         float *h = &w->res->hist[3 * w->res->n_hist++];
         h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)B;
@@ -306,6 +306,12 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
     }
     model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
     w->res->n_bwd++;
+    if (w->cfg->nan_check == RT_NAN_ALL)
+        for (size_t i = 0; i < w->np; i++)
+            if (!isfinite(w->dw[i]))
+                return err_set(err, PD_EINVAL,
+                               "gradient of parameter %zu of the stage is %g after minibatch %llu", i, (double)w->dw[i],
+                               (unsigned long long)(w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro);
     if (w->is_input) {   /* nothing to send back: the unit is finished here */
         if ((rc = slot_drain(w, sl, err))) return rc;
         slot_free(sl);

@@ -55,7 +55,10 @@ typedef struct RtConfig {
     double progress_t0;       /* for the progress line's rate: when the run started (pd_now; 0 = now) */
     uint64_t progress_u0;     /* ... and the global units done then */
     const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
+    int nan_check;            /* RT_NAN_LOSS (default 0), RT_NAN_ALL: also every stage's gradients, RT_NAN_OFF */
 } RtConfig;
+
+enum { RT_NAN_LOSS = 0, RT_NAN_ALL = 1, RT_NAN_OFF = 2 };
 
 /* One executed instruction, for traces and timelines. */
 typedef struct RtEvent {

@@ -8,6 +8,7 @@
 #  3. A gpipe run resumed under ANOTHER plan (2 stages instead of 4) ends with weights equal
 #     to the uninterrupted 4-stage run up to summation order (|d| <= 1e-5 + 1e-4 |w|).
 #  4. A checkpoint of another model, and a truncated one, are rejected naming the file.
+#  5. A NaN loss stops the run naming the stage and the minibatch.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -111,3 +112,10 @@ grep -q "ckpt-0000000020.safetensors: a checkpoint of model \"lenet5\", not of \
 grep -q "ckpt-0000000020.safetensors" "$tmp/e" || fail "truncated checkpoint not named: $(cat "$tmp/e")"
 grep -q "no complete checkpoint to resume from" "$tmp/e" || fail "no clear error: $(cat "$tmp/e")"
 echo "ok: bad checkpoints"
+
+# 5. NaN in the loss stops the run naming the stage and the minibatch
+"$PD" train "$SRC/models/mlp.json" --workers 1 --lr 100 --steps 50 >/dev/null 2>"$tmp/e" && fail "lr 100 trained on"
+grep -q "stage 0.*the loss is .*nan at minibatch [0-9]" "$tmp/e" || fail "NaN message: $(cat "$tmp/e")"
+"$PD" train "$SRC/models/mlp.json" --workers 1 --lr 100 --steps 50 --nan-check bogus >/dev/null 2>"$tmp/e"
+[ $? -eq 2 ] || fail "--nan-check bogus: not a usage error"
+echo "ok: NaN check"
