@@ -34,5 +34,7 @@ clean:
 # libFuzzer harnesses for every file parser (clang, ASan + UBSan); SECONDS per harness
 # (default 60). See fuzz/run.sh.
 .PHONY: fuzz
-fuzz:
+fuzz: deps
+	@command -v clang >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -q clang >&2; } || \
+	  { echo "pipedream: error: make fuzz needs clang: sudo apt-get install -y clang" >&2; exit 1; }
 	bash fuzz/run.sh $(SECONDS)
