@@ -244,19 +244,8 @@ static int write_pictures(const PipeOpts *o, const Schedule *s, const RtWorkerRe
     for (int r = 0; r < s->n_ranks; r++)
         for (int i = 0; i < res[r].n_events; i++) {
             const RtEvent *e = &res[r].events[i];
-            int kind;
-            switch (e->op) {
-            case OP_FORWARD: kind = TRACE_FWD; break;
-            case OP_BACKWARD: kind = TRACE_BWD; break;
-            case OP_SEND_ACT:
-            case OP_SEND_GRAD: kind = TRACE_SEND; break;
-            case OP_RECV_ACT:
-            case OP_RECV_GRAD: kind = TRACE_RECV_WAIT; break;
-            case OP_ALLREDUCE: kind = TRACE_ALLREDUCE; break;
-            case OP_STEP: kind = TRACE_STEP; break;
-            default: continue;
-            }
-            if (e->t1 <= e->t0) continue;
+            int kind = sim_trace_kind(e->op);
+            if (kind < 0 || e->t1 <= e->t0) continue;
             ev[k++] = (TraceEvent){r, kind, e->mb, -1, e->t0, e->t1};
         }
     int rc = PD_OK;

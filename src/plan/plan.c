@@ -472,27 +472,7 @@ Plan *plan_load(const char *path, Err *err) {
             goto done;
     }
     const cJSON *edges = jobj_get(&j, "edges");
-    if (edges) {
-        if (!cJSON_IsArray(edges)) {
-            rc = err_set(err, PD_EINVAL, "%s: key \"edges\": expected an array of [src, dst] pairs", path);
-            goto done;
-        }
-        p->n_edges = cJSON_GetArraySize(edges);
-        p->edges = malloc(sizeof(int[2]) * (size_t)(p->n_edges + 1));
-        PD_ASSERT(p->edges);
-        int e = 0;
-        for (const cJSON *c = edges->child; c; c = c->next, e++) {
-            const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
-            if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-                a->valuedouble != floor(a->valuedouble) || b->valuedouble != floor(b->valuedouble) ||
-                fabs(a->valuedouble) > 1e9 || fabs(b->valuedouble) > 1e9) {
-                rc = err_set(err, PD_EINVAL, "%s: edge %d: expected a pair of layer indices [src, dst]", path, e);
-                goto done;
-            }
-            p->edges[e][0] = (int)a->valuedouble;
-            p->edges[e][1] = (int)b->valuedouble;
-        }
-    }
+    if (edges && (rc = profile_read_edges(edges, path, &p->edges, &p->n_edges, err))) goto done;
     if ((rc = jobj_done(&j, err))) goto done;
     if ((rc = plan_validate(p, p->n_layers, err))) err_prefix(err, "%s", path);
 done:

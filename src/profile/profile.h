@@ -48,5 +48,10 @@ int  profile_parse(const char *text, const char *path, Profile *out, Err *err);
  * sizes, edges naming existing layers, no self-loops or duplicates, layers in a
  * topological order. Fails naming the first problem. */
 int  profile_validate(const Profile *p, Err *err);
+/* Reads a JSON array of [src, dst] integer pairs (the "edges" of profile and plan files)
+ * into a malloc'd array the caller frees; *n receives the count. Fails naming path and the
+ * bad edge. Ranges are checked later by the validators. */
+struct cJSON;
+int  profile_read_edges(const struct cJSON *edges, const char *path, int (**out)[2], int *n, Err *err);
 
 #endif

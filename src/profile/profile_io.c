@@ -160,27 +160,7 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
         if ((rc = jobj_done(&lj, err))) goto done;
     }
     const cJSON *edges = jobj_get(&j, "edges");
-    if (edges) {
-        if (!cJSON_IsArray(edges)) {
-            rc = err_set(err, PD_EINVAL, "%s: key \"edges\": expected an array of [src, dst] pairs", path);
-            goto done;
-        }
-        p->n_edges = cJSON_GetArraySize(edges);
-        p->edges = calloc((size_t)p->n_edges + 1, sizeof *p->edges);
-        PD_ASSERT(p->edges);
-        int e = 0;
-        for (const cJSON *c = edges->child; c; c = c->next, e++) {
-            const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
-            if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-                a->valuedouble != floor(a->valuedouble) || b->valuedouble != floor(b->valuedouble) ||
-                fabs(a->valuedouble) > 1e9 || fabs(b->valuedouble) > 1e9) {
-                rc = err_set(err, PD_EINVAL, "%s: edge %d: expected a pair of layer indices [src, dst]", path, e);
-                goto done;
-            }
-            p->edges[e][0] = (int)a->valuedouble;
-            p->edges[e][1] = (int)b->valuedouble;
-        }
-    }
+    if (edges && (rc = profile_read_edges(edges, path, &p->edges, &p->n_edges, err))) goto done;
     if ((rc = jobj_done(&j, err))) goto done;
     if ((rc = profile_validate(p, err))) err_prefix(err, "%s", path);
 done:
@@ -511,4 +491,29 @@ int profile_load(const char *path, Profile *out, Err *err) {
     rc = profile_parse(text, path, out, err);
     pd_free(text);
     return rc;
+}
+
+int profile_read_edges(const cJSON *edges, const char *path, int (**out)[2], int *n, Err *err) {
+    *out = NULL;
+    *n = 0;
+    if (!cJSON_IsArray(edges))
+        return err_set(err, PD_EINVAL, "%s: key \"edges\": expected an array of [src, dst] pairs", path);
+    int m = cJSON_GetArraySize(edges);
+    int (*ed)[2] = calloc((size_t)m + 1, sizeof *ed);
+    PD_ASSERT(ed);
+    int e = 0;
+    for (const cJSON *c = edges->child; c; c = c->next, e++) {
+        const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
+        if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
+            a->valuedouble != floor(a->valuedouble) || b->valuedouble != floor(b->valuedouble) ||
+            fabs(a->valuedouble) > 1e9 || fabs(b->valuedouble) > 1e9) {
+            free(ed);
+            return err_set(err, PD_EINVAL, "%s: edge %d: expected a pair of layer indices [src, dst]", path, e);
+        }
+        ed[e][0] = (int)a->valuedouble;
+        ed[e][1] = (int)b->valuedouble;
+    }
+    *out = ed;
+    *n = m;
+    return PD_OK;
 }

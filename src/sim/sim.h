@@ -108,6 +108,10 @@ typedef struct TraceEvent {
     double start, end;   /* seconds */
 } TraceEvent;
 
+/* The timeline kind of an instruction op (TRACE_SEND for both sends, ...), or -1 for ops
+ * that draw nothing (flush). Shared by simulated and measured timelines. */
+int sim_trace_kind(int op);
+
 /* Events of a simulated run: every compute, send, blocking receive wait, all-reduce and
  * step with nonzero duration. Returns a malloc'd array (free()) and its length in *n. */
 TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n);

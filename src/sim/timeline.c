@@ -8,6 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+int sim_trace_kind(int op) {
+    switch (op) {
+    case OP_FORWARD: return TRACE_FWD;
+    case OP_BACKWARD: return TRACE_BWD;
+    case OP_SEND_ACT:
+    case OP_SEND_GRAD: return TRACE_SEND;
+    case OP_RECV_ACT:
+    case OP_RECV_GRAD: return TRACE_RECV_WAIT;
+    case OP_ALLREDUCE: return TRACE_ALLREDUCE;
+    case OP_STEP: return TRACE_STEP;
+    default: return -1;
+    }
+}
+
 TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n) {
     size_t cap = 0;
     for (int w = 0; w < s->n_ranks; w++) cap += (size_t)s->workers[w].n;
@@ -19,18 +33,8 @@ TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n) {
         for (int i = 0; i < sw->n; i++) {
             const Instr *in = &sw->ins[i];
             double a = r->start[w][i], b = r->end[w][i];
-            int kind;
-            switch (in->op) {
-            case OP_FORWARD: kind = TRACE_FWD; break;
-            case OP_BACKWARD: kind = TRACE_BWD; break;
-            case OP_SEND_ACT:
-            case OP_SEND_GRAD: kind = TRACE_SEND; break;
-            case OP_RECV_ACT:
-            case OP_RECV_GRAD: kind = TRACE_RECV_WAIT; break;
-            case OP_ALLREDUCE: kind = TRACE_ALLREDUCE; break;
-            case OP_STEP: kind = TRACE_STEP; break;
-            default: continue;
-            }
+            int kind = sim_trace_kind(in->op);
+            if (kind < 0) continue;
             if (kind != TRACE_FWD && kind != TRACE_BWD && !(b > a)) continue;
             ev[k++] = (TraceEvent){w, kind, in->mb, in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD ? in->peer : -1, a, b};
         }
