@@ -533,7 +533,8 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     pd_free(acc->final.state);
     pd_free(acc->final.opt_m);
     pd_free(acc->final.opt_v);
-    acc->params = seg->params, acc->n_params = seg->n_params, acc->params_crc = seg->params_crc;
+    acc->params = seg->params, acc->n_params = seg->n_params, acc->n_state = seg->n_state;
+    acc->params_crc = seg->params_crc;
     acc->final = seg->final;
     seg->params = NULL;
     memset(&seg->final, 0, sizeof seg->final);
@@ -586,13 +587,7 @@ static int checkpoint(const PipeOpts *o, Comm *comm, const Schedule *s, const Rt
         /* MPI: r0 sends, rank 0 receives; sizes are known on both sides */
         if (rank == r0) {
             const float *bufs[4] = {a->final.params, a->final.opt_m, a->final.opt_v, a->final.state};
-            size_t n[4] = {a->n_params, a->n_params, a->final.opt_v ? a->n_params : 0, 0};
-            /* state count: from the model range */
-            Model *mm = model_load(o->model, err);
-            if (!mm) return err->code;
-            int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
-            n[3] = model_state_count(mm, first, last);
-            model_free(mm);
+            size_t n[4] = {a->n_params, a->n_params, a->final.opt_v ? a->n_params : 0, a->n_state};
             float step = (float)a->final.opt_step;
             for (int k = 0; k < 5 && !rc; k++) {
                 CommReq *rq = NULL;

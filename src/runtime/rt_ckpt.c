@@ -23,7 +23,7 @@ int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_ou
     CkptWriter *w = ckpt_writer_new();
     int nt;
     const ParamInfo *pt = model_param_tensors(m, &nt);
-    char key[160], val[64];
+    char key[160];
     for (int i = 0; i < nt && !rc; i++) {
         rc = ckpt_writer_add_f32(w, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
         snprintf(key, sizeof key, "optim.m.%s", pt[i].name);
@@ -51,7 +51,6 @@ int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_ou
     meta[nm].k = "pipedream.schedule", snprintf(meta[nm++].v, 64, "%s", c->schedule);
     meta[nm].k = "pipedream.optimizer", snprintf(meta[nm++].v, 64, "%s", c->opt_v ? "adam" : "sgd");
     for (int i = 0; i < nm && !rc; i++) rc = ckpt_writer_meta(w, meta[i].k, meta[i].v, err);
-    (void)val;
     if (!rc) rc = ckpt_write(w, path, err);
     ckpt_writer_free(w);
     if (!rc && path_out) snprintf(path_out, n, "%s", path);

@@ -587,6 +587,7 @@ void rt_worker_finish(Worker *w) {
     r->wall_s = pd_now() - w->t_start;
     if (w->stage < 0) return;
     r->n_params = w->np;
+    r->n_state = w->nst;
     r->params = pd_alloc_f32(w->np);
     memcpy(r->params, vstore_get(w, w->newest), w->np * sizeof(float));
     r->params_crc = pd_crc32(r->params, w->np * sizeof(float));

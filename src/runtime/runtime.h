@@ -71,7 +71,7 @@ typedef struct RtEvent {
 /* What one worker reports. */
 typedef struct RtWorkerResult {
     int rank, stage, replica;
-    size_t n_params;
+    size_t n_params, n_state;   /* floats of the stage's parameters and running statistics */
     float *params;           /* newest weights of the stage range (n_params), owned */
     uint32_t params_crc;     /* CRC-32 of params */
     RtStageState final;      /* params (= the field above), state and optimizer at the end; owned */
