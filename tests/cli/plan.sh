@@ -73,13 +73,11 @@ flat "$tmp/d.json" | grep -qF '"straight":true' || fail "straight not recorded"
 flat "$tmp/d.json" | grep -qF '"overlap_allreduce":true' || fail "overlap not recorded"
 
 # the authors' vgg16, README example: 3 + 1
-VGG=${PD_VGG16_GRAPH:-$SRC/../shared/pipedream-profiles/vgg16/graph.txt}
-if [ -f "$VGG" ]; then
-    "$PD" plan "$VGG" --workers 4 --bandwidth 1e9 --activation-compression 1 --cost-model pipedream \
-        -o "$tmp/vgg.json" >"$tmp/out" || fail "vgg16"
-    grep -q "predicted time per minibatch: 205.520896 ms" "$tmp/out" || fail "vgg16 value: $(cat "$tmp/out")"
-    reps=$(flat "$tmp/vgg.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
-    [ "$reps" = "3 1 " ] || fail "vgg16 replicas '$reps', want '3 1 '"
-    flat "$tmp/vgg.json" | grep -qF '"noam":2' || fail "vgg16 noam"
-fi
+VGG=$SRC/tests/data/pipedream-profiles/vgg16/graph.txt
+"$PD" plan "$VGG" --workers 4 --bandwidth 1e9 --activation-compression 1 --cost-model pipedream \
+    -o "$tmp/vgg.json" >"$tmp/out" || fail "vgg16"
+grep -q "predicted time per minibatch: 205.520896 ms" "$tmp/out" || fail "vgg16 value: $(cat "$tmp/out")"
+reps=$(flat "$tmp/vgg.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
+[ "$reps" = "3 1 " ] || fail "vgg16 replicas '$reps', want '3 1 '"
+flat "$tmp/vgg.json" | grep -qF '"noam":2' || fail "vgg16 noam"
 echo "plan.sh: all passed"

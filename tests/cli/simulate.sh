@@ -8,17 +8,8 @@ SRC=${PD_SOURCE_DIR:-.}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-PROF=${PD_VGG16_GRAPH:-/work/shared/pipedream-profiles/vgg16/graph.txt}
-if [ ! -f "$PROF" ]; then   # a small chain in the authors' graph.txt format instead
-    PROF=$tmp/graph.txt
-    {
-        echo "node1 -- Input -- forward_compute_time=1.000, backward_compute_time=0.000, activation_size=1000000.000, parameter_size=0.000"
-        for i in 2 3 4 5 6 7 8 9; do
-            echo "node$i -- Conv2d(8, 8) -- forward_compute_time=$((i + 3)).000, backward_compute_time=$((2 * i + 5)).000, activation_size=2000000.000, parameter_size=40000.000"
-        done
-        for i in 1 2 3 4 5 6 7 8; do printf '\tnode%d -- node%d\n' $i $((i + 1)); done
-    } >"$PROF"
-fi
+PROF=$SRC/tests/data/pipedream-profiles/vgg16/graph.txt
+[ -f "$PROF" ] || fail "$PROF is missing"
 
 "$PD" simulate --help >"$tmp/help" || fail "--help exit $?"
 grep -q "usage: pipedream simulate PLAN.json --profile PROFILE" "$tmp/help" || fail "--help text"
