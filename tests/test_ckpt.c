@@ -634,10 +634,7 @@ static void test_latest(void **state) {
 /* ---- tools/read_ckpt.py agrees with C -------------------------------------------- */
 static void test_python_reader(void **state) {
     (void)state;
-    if (system("python3 -c 'import json, struct, zlib' >/dev/null 2>&1") != 0) {
-        fprintf(stderr, "python3 not found: skipping\n");
-        skip();
-    }
+    if (system("python3 -c 'import json, struct, zlib' >/dev/null 2>&1") != 0) tu_skip("python3 not found");
     Fixture f;
     fixture_fill(&f, 9);
     CkptWriter *w = ckpt_writer_new();
@@ -708,5 +705,5 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_python_reader, setup_dir, teardown_dir),
     };
     pd_log_set_level(LOG_ERROR);   /* ckpt_latest warns about the bad files on purpose */
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group(tests, NULL, NULL);
 }

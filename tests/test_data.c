@@ -559,7 +559,7 @@ static void test_fashion_mnist(void **state) {
     (void)state;
     if (access(DATA_DEFAULT_IDX_DIR "/train-images-idx3-ubyte.gz", R_OK) != 0 &&
         access(DATA_DEFAULT_IDX_DIR "/train-images-idx3-ubyte", R_OK) != 0) {
-        skip();
+        tu_skip("Fashion-MNIST is not installed in " DATA_DEFAULT_IDX_DIR " (dataset-fashion-mnist)");
     }
     const char *splits[2] = {"train", "test"};
     const size_t want[2] = {60000, 10000};
@@ -612,5 +612,5 @@ int main(void) {
         cmocka_unit_test(test_sharding),       cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_fashion_mnist),  cmocka_unit_test(test_normalize),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group(tests, NULL, NULL);
 }

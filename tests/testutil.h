@@ -1,5 +1,6 @@
-/* testutil.h: helpers shared by the cmocka tests: paths into the source tree, array
- * comparison that reports the first mismatches, reference tensors made by PyTorch. */
+/* testutil.h: helpers shared by the cmocka tests: skips that ctest sees, paths into the
+ * source tree, array comparison that reports the first mismatches, reference tensors made
+ * by PyTorch. */
 #ifndef PD_TESTUTIL_H
 #define PD_TESTUTIL_H
 
@@ -10,6 +11,17 @@
 #include <cmocka.h>
 
 #include "core.h"
+
+/* Skips: cmocka's skip() leaves the exit status at 0, which ctest counts as a pass. tu_skip
+ * says why on stderr, counts the skip and skips the current test; a test program that may
+ * skip ends main with `return tu_run_group(tests, setup, teardown);`, which runs the group
+ * like cmocka_run_group_tests and returns 1 if a test failed, else TU_SKIP_CODE if one was
+ * skipped (ctest's SKIP_RETURN_CODE, set for every test in CMakeLists.txt), else 0. */
+#define TU_SKIP_CODE 77
+#define tu_skip(...) tu_skip_at(__FILE__, __LINE__, __VA_ARGS__)
+void tu_skip_at(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define tu_run_group(tests, setup, teardown) tu_exit_status(cmocka_run_group_tests(tests, setup, teardown))
+int tu_exit_status(int failed);
 
 /* Path of rel inside the source tree ($PD_SOURCE_DIR, set by ctest). Static buffer. */
 const char *tu_src(const char *rel);
