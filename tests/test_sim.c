@@ -663,8 +663,7 @@ static double time_big(int W, int N, SchedKind k, int M) {
 
 static void test_scale(void **state) {
     (void)state;
-    double dt = time_big(128, 200, SCHED_1F1B, 1);
-    assert_true(dt < 5.0);
+    time_big(128, 200, SCHED_1F1B, 1);   /* the time is printed, not asserted */
     if (getenv("PD_SIM_BIG")) {
         time_big(1024, 1000, SCHED_1F1B, 1);
         time_big(1024, 100, SCHED_GPIPE, 10);
