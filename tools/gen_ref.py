@@ -2,7 +2,8 @@
 of tests/testutil.h (magic "PDREF1\\0\\0", uint32 count, records of name, shape, float32 data).
 
 Run once, from the repository root, and commit the output (the build never needs torch):
-    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tools/gen_ref.py
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tools/gen_ref.py [classic] [transformer]
+(no argument: both groups; the classic files are unchanged by regenerating them).
 
 tests/ref/nn_layers.bin: one case per layer kind, names "<case>.<what>":
     x (input), w.<k> (k-th parameter tensor, pipedream's order), y (training-mode output), dy
@@ -15,7 +16,10 @@ tests/ref/nn_model_<name>.bin: the model of tools/torch_models.py with hash_fill
     running stats after the step), then 10 SGD steps (momentum 0.9, lr 0.01; resnet20 0.05)
     from the same weights on steps.x[s], steps.labels[s]: steps.loss (computed in float64) and
     steps.rtol (the tolerance per step, see below). vgg16 runs in eval mode
-    (dropout = identity, tested separately by mask); the others in training mode."""
+    (dropout = identity, tested separately by mask); the others in training mode.
+tests/ref/nn_transformer.bin: the transformer layer kinds (embed, layernorm, gelu, dense,
+    attention, block), same record names as nn_layers.bin (embed: x are token ids, no dx).
+tests/ref/nn_model_gpt-mini.bin, nn_model_lstm-lm.bin: the language models (gen_lm_model)."""
 import os
 import struct
 import sys
@@ -168,9 +172,99 @@ def gen_model(name, batch=4, steps=10, sbatch=4):
     write_ref(os.path.join(OUT, 'nn_model_%s.bin' % name), R)
 
 
+# ---- transformer / language-model references (tests/test_nn_transformer.c) ---------------------
+def embed_case(recs, name, mod, n, t, vocab):
+    """embed: x are token ids (written as floats); no input gradient."""
+    x = torch.randint(0, vocab, (n, t))
+    params = list(mod.parameters())
+    recs.append((name + '.x', np_(x.float())))
+    for k, p in enumerate(params):
+        recs.append(('%s.w.%d' % (name, k), np_(p)))
+    y = mod(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    recs += [(name + '.y', np_(y)), (name + '.dy', np_(dy))]
+    for k, p in enumerate(params):
+        recs.append(('%s.dw.%d' % (name, k), np_(p.grad)))
+
+
+def gen_transformer_layers():
+    """tests/ref/nn_transformer.bin: one case per transformer layer kind (as nn_layers.bin)."""
+    torch.manual_seed(4321)
+    R = []
+    r = torch.randn
+    embed_case(R, 'embed_pos', tm.Embed(11, 6, 5), 3, 5, 11)
+    embed_case(R, 'embed', tm.Embed(11, 6), 3, 5, 11)
+    ln = nn.LayerNorm(8)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+    layer_case(R, 'layernorm', ln, r(3, 5, 8) * 2 + 0.5)
+    layer_case(R, 'layernorm_1d', nn.LayerNorm(7, eps=1e-3), r(4, 7))
+    layer_case(R, 'gelu_tanh', nn.GELU(approximate='tanh'), r(3, 5, 8) * 3)
+    layer_case(R, 'gelu', nn.GELU(), r(3, 5, 8) * 3)
+    layer_case(R, 'dense', nn.Linear(8, 6), r(3, 5, 8))
+    layer_case(R, 'dense_nobias', nn.Linear(8, 6, bias=False), r(3, 5, 8))
+    layer_case(R, 'attention', tm.CausalSelfAttention(8, 2), r(3, 5, 8))
+    layer_case(R, 'attention_full_nobias', tm.CausalSelfAttention(12, 3, causal=False, bias=False), r(2, 6, 12))
+    layer_case(R, 'attention_1head', tm.CausalSelfAttention(8, 1), r(2, 7, 8))
+    layer_case(R, 'block', tm.gpt_block(8, 2, 32), r(3, 5, 8))
+    layer_case(R, 'block_erf', tm.gpt_block(8, 4, 16, approximate='none'), r(2, 6, 8))
+    write_ref(os.path.join(OUT, 'nn_transformer.bin'), R)
+
+
+def gen_lm_model(name, batch=2, steps=5, lr=1e-3):
+    """tests/ref/nn_model_<name>.bin for a language model with lm_hash_fill weights: x (token
+    ids as floats), targets, logits, loss, grad.<k> (strided as gen_model), then `steps` Adam
+    steps (lr 1e-3) from the same weights on steps.x[s], steps.targets[s]: steps.loss (float64)
+    and steps.rtol (5x PyTorch's own float32 drift, at least 1e-4)."""
+    torch.manual_seed(200 + sorted(tm.LM_MODELS).index(name))
+    model = tm.LM_MODELS[name]()
+    tm.lm_hash_fill(model)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    t = 64
+    x = torch.randint(0, 256, (batch, t))
+    targets = torch.randint(0, 256, (batch, t))
+    logits = model(x)
+    loss = tm.lm_loss(logits, targets)
+    loss.backward()
+    R = [('x', np_(x.float())), ('targets', np_(targets.float())), ('logits', np_(logits)), ('loss', np_(loss))]
+    for k, p in enumerate(model.parameters()):
+        g = np_(p.grad).reshape(-1)
+        stride = max(1, -(-g.size // MAX_GRAD))
+        R += [('grad.%d' % k, g[::stride]), ('grad.%d.stride' % k, np.array([stride], np.float32))]
+    sx = torch.randint(0, 256, (steps, batch, t))
+    st = torch.randint(0, 256, (steps, batch, t))
+    runs = {}
+    for dt in (torch.float64, torch.float32):
+        model.load_state_dict(init)
+        model.to(dt)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        losses = []
+        for s in range(steps):
+            opt.zero_grad()
+            loss = tm.lm_loss(model(sx[s]), st[s])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        runs[dt] = np.array(losses)
+    l64, l32 = runs[torch.float64], runs[torch.float32]
+    rtol = np.maximum(1e-4, 5 * np.abs(l32 - l64) / np.abs(l64))
+    print('%s: %d-step loss rtol %s' % (name, steps, ' '.join('%.0e' % v for v in rtol)))
+    R += [('steps.x', np_(sx.float())), ('steps.targets', np_(st.float())), ('steps.loss', l64.astype(np.float32)),
+          ('steps.rtol', rtol.astype(np.float32)), ('steps.lr', np.array([lr], np.float32))]
+    write_ref(os.path.join(OUT, 'nn_model_%s.bin' % name), R)
+
+
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
-    gen_layers()
-    for n in sorted(tm.MODELS):
-        gen_model(n)
+    which = sys.argv[1:] or ['classic', 'transformer']
+    if 'classic' in which:
+        gen_layers()
+        for n in sorted(tm.MODELS):
+            gen_model(n)
+    if 'transformer' in which:
+        gen_transformer_layers()
+        for n in sorted(tm.LM_MODELS):
+            gen_lm_model(n)

@@ -164,3 +164,142 @@ def hash_fill(model):
     with torch.no_grad():
         for j, (p, kind, fan) in enumerate(param_kinds(model)):
             p.copy_(torch.from_numpy(hash_values(j, p.numel(), kind, fan)).reshape(p.shape))
+
+
+# ---- transformer and language-model modules (models/gpt-mini.json, models/lstm-lm.json) ------
+# Module for module as the "embed", "layernorm", "attention", "gelu", "dense" and "block"
+# layer kinds compute, parameters in pipedream's order. Inputs are token ids (N, T) (floats
+# holding integers, as pipedream's buffers, or longs); outputs of the language models are
+# logits (N, T, vocab), the loss cross-entropy over every position.
+import math  # noqa: E402
+
+
+class Embed(nn.Module):
+    """"embed": tok(vocab, dim)[x] + pos(T, dim)[arange(T)] (no position embedding if positions == 0)."""
+
+    def __init__(self, vocab, dim, positions=0):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(positions, dim) if positions else None
+
+    def forward(self, x):
+        y = self.tok(x.long())
+        if self.pos is not None:
+            y = y + self.pos.weight[:x.shape[1]]
+        return y
+
+
+class CausalSelfAttention(nn.Module):
+    """"attention": GPT-2's attention: one qkv projection, heads of dim/heads, causal mask, proj."""
+
+    def __init__(self, dim, heads, causal=True, bias=True):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(x).view(n, t, 3, h, d // h).permute(2, 0, 3, 1, 4)   # (n, h, t, hd) each
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // h))
+        if self.causal:
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float('-inf'))
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(n, t, d)
+        return self.proj(y)
+
+
+class Step(nn.Module):
+    """One residual step of a "block": x + body(x)."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        self.body = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+class Block(nn.Module):
+    """"block": residual steps applied in order."""
+
+    def __init__(self, *steps):
+        super().__init__()
+        self.steps = nn.Sequential(*steps)
+
+    def forward(self, x):
+        return self.steps(x)
+
+
+def gpt_block(dim, heads, hidden, approximate='tanh'):
+    """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    return Block(Step(nn.LayerNorm(dim), CausalSelfAttention(dim, heads)),
+                 Step(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(approximate=approximate),
+                      nn.Linear(hidden, dim)))
+
+
+def gpt(vocab=256, ctx=64, dim=128, layers=4, heads=4, hidden=512):
+    return nn.Sequential(Embed(vocab, dim, ctx), *[gpt_block(dim, heads, hidden) for _ in range(layers)],
+                         nn.LayerNorm(dim), nn.Linear(dim, vocab))
+
+
+def gpt_mini():
+    """models/gpt-mini.json: bytes, context 64, 4 pre-norm blocks of width 128, 4 heads, MLP 4x."""
+    return gpt()
+
+
+class LstmLm(nn.Module):
+    """models/lstm-lm.json: embed(256, 256) -> LSTM 256 -> LSTM 256 -> per-position linear to 256."""
+
+    def __init__(self, vocab=256, dim=256, hidden=256):
+        super().__init__()
+        self.embed = Embed(vocab, dim)
+        self.l1 = Lstm(dim, hidden)
+        self.l2 = Lstm(hidden, hidden)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, x):
+        return self.head(self.l2(self.l1(self.embed(x))))
+
+
+def lstm_lm():
+    return LstmLm()
+
+
+LM_MODELS = {'gpt-mini': gpt_mini, 'lstm-lm': lstm_lm}
+
+
+def lm_loss(logits, targets):
+    """Cross-entropy over every position: mean over N * T (nats per token)."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def lm_param_kinds(model):
+    """param_kinds for models with the modules above as well (embedding fan_in 1: pipedream's
+    default init of an embedding is uniform(-1, 1))."""
+    out = []
+    for mod in model.modules():
+        if isinstance(mod, nn.Embedding):
+            out.append((mod.weight, KIND_WEIGHT, 1))
+        elif isinstance(mod, nn.LayerNorm):
+            out += [(mod.weight, KIND_GAMMA, 1), (mod.bias, KIND_BETA, 1)]
+        elif isinstance(mod, nn.Linear):
+            out.append((mod.weight, KIND_WEIGHT, mod.in_features))
+            if mod.bias is not None:
+                out.append((mod.bias, KIND_BIAS, mod.in_features))
+        elif isinstance(mod, nn.LSTM):
+            h = mod.hidden_size
+            out += [(mod.weight_ih_l0, KIND_WEIGHT, h), (mod.weight_hh_l0, KIND_WEIGHT, h),
+                    (mod.bias_ih_l0, KIND_BIAS, h), (mod.bias_hh_l0, KIND_BIAS, h)]
+        elif isinstance(mod, (nn.Conv2d, nn.BatchNorm2d, nn.BatchNorm1d)):
+            raise ValueError('lm_param_kinds: use param_kinds for %s' % type(mod).__name__)
+    ps = list(model.parameters())
+    assert len(ps) == len(out) and all(a is b for a, (b, _, _) in zip(ps, out)), "parameter order"
+    return out
+
+
+def lm_hash_fill(model):
+    with torch.no_grad():
+        for j, (p, kind, fan) in enumerate(lm_param_kinds(model)):
+            p.copy_(torch.from_numpy(hash_values(j, p.numel(), kind, fan)).reshape(p.shape))

@@ -149,4 +149,54 @@ float kern_xent_fwd_bwd_ref(const float *logits, const int32_t *labels, float *d
 
 /* Flatten is a reshape: no kernel. */
 
+/* ==== transformer kernels (transformer.c; naive twins in transformer_ref.c) ================
+ * Sequences are batch-major (N, T, D). Same contract as above: backward accumulates (+=),
+ * any gradient output may be NULL, nothing allocated per call. */
+
+/* exp(x) within 2 ulp of expf for x in [-87.3, 88.3] (clamped outside), written so that
+ * loops over it vectorise (libm's expf does not without -ffast-math). */
+float kern_expf_vec(float x);
+
+/* ---- embedding: y(N,T,D) = W[tok] + P[t] ------------------------------------------------- */
+/* tok (N, T): token ids stored as floats (exact integers in [0, V)); w (V, D); pos (T, D) or
+ * NULL (no position embedding); dpos may be NULL. */
+void kern_embed_fwd(const float *tok, const float *w, const float *pos, float *y, int n, int t, int d, int v);
+void kern_embed_bwd(const float *tok, const float *dy, float *dw, float *dpos, int n, int t, int d, int v);
+void kern_embed_fwd_ref(const float *tok, const float *w, const float *pos, float *y, int n, int t, int d, int v);
+void kern_embed_bwd_ref(const float *tok, const float *dy, float *dw, float *dpos, int n, int t, int d, int v);
+
+/* ---- layer norm over the last dimension D of (rows, D), PyTorch's nn.LayerNorm ----------- */
+/* y = (x - mean) * rstd * g + b, biased variance, rstd = 1/sqrt(var + eps). saved: (rows, 2)
+ * = (mean, rstd) per row for backward (may be NULL in eval). */
+void kern_layernorm_fwd(const float *x, const float *g, const float *b, float *y, float *saved, int rows, int d,
+                        float eps);
+void kern_layernorm_bwd(const float *x, const float *g, const float *saved, const float *dy, float *dx, float *dg,
+                        float *db, int rows, int d);
+void kern_layernorm_fwd_ref(const float *x, const float *g, const float *b, float *y, float *saved, int rows, int d,
+                            float eps);
+void kern_layernorm_bwd_ref(const float *x, const float *g, const float *saved, const float *dy, float *dx,
+                            float *dg, float *db, int rows, int d);
+
+/* ---- GELU, elementwise: tanh_approx 1 = PyTorch's approximate="tanh", 0 = exact (erf) ---- */
+void kern_gelu_fwd(const float *x, float *y, size_t count, int tanh_approx);
+/* dx += dy * gelu'(x); x is the forward INPUT. */
+void kern_gelu_bwd(const float *x, const float *dy, float *dx, size_t count, int tanh_approx);
+void kern_gelu_fwd_ref(const float *x, float *y, size_t count, int tanh_approx);
+void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count, int tanh_approx);
+
+/* ---- multi-head self-attention core (no projections) ------------------------------------- */
+/* qkv (N, T, 3D), each row [q | k | v], D = heads * hd, head h in columns h*hd .. h*hd+hd of
+ * each part (PyTorch: qkv.view(N, T, 3, H, hd)). y (N, T, D) = concat over heads of
+ * softmax(q k^T / sqrt(hd) [+ causal mask]) v. p (N, H, T, T): the probabilities, saved for
+ * backward (masked entries 0). Backward: dqkv (N, T, 3D) +=; scratch holds
+ * kern_attention_scratch_floats(T) floats. */
+size_t kern_attention_scratch_floats(int t);
+void kern_attention_fwd(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
+void kern_attention_bwd(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n, int t,
+                        int heads, int hd, int causal);
+void kern_attention_fwd_ref(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
+void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n,
+                            int t, int heads, int hd, int causal);
+/* ==== end of transformer kernels ============================================================ */
+
 #endif

@@ -45,6 +45,8 @@ struct NnCtx {
 static const LayerOps *const KINDS[] = {
     &LAYER_LINEAR, &LAYER_CONV2D, &LAYER_MAXPOOL, &LAYER_GAP,      &LAYER_RELU,     &LAYER_DROPOUT,   &LAYER_BATCHNORM,
     &LAYER_LSTM,   &LAYER_FLATTEN, &LAYER_RESHAPE, &LAYER_PAD, &LAYER_RESIDUAL, &LAYER_LAST_STEP,
+    /* transformer and language-model kinds */
+    &LAYER_EMBED, &LAYER_LAYERNORM, &LAYER_ATTENTION, &LAYER_GELU, &LAYER_DENSE, &LAYER_BLOCK,
 };
 enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
 

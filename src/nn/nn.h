@@ -150,6 +150,14 @@ void  optim_release(Optim *o);
 /* One update of w (n) from the gradient g (n); g is not modified. */
 void  optim_step(Optim *o, float *w, const float *g);
 
+/* ---- the loss ------------------------------------------------------------------------------ */
+/* Softmax cross-entropy over the LAST dimension of the model's output at every position of the
+ * leading ones: output (K) = one class vector per sample, targets (n); output (T, K) = a
+ * language model's logits, targets (n, T), the loss the mean over all n * T positions (nats per
+ * token). Returns the positions per sample (the product of the leading dimensions: 1 or T) and
+ * sets *classes = K. Callers pass n * positions rows to kern_xent_fwd_bwd. */
+int model_loss_positions(const Model *m, int *classes);
+
 /* ---- one-worker training ---------------------------------------------------------------- */
 /* The whole model on one worker: parameters, gradients, state, optimizer, one ctx, all
  * allocated once by trainer_init. */
@@ -157,19 +165,21 @@ typedef struct Trainer {
     Model *m;          /* borrowed */
     size_t n_params, n_state;
     float *w, *dw, *state;
-    float *dlogits;    /* (n_max, classes) */
+    float *dlogits;    /* (n_max, positions, classes) */
     int n_max, classes;
+    int positions;     /* targets per sample (model_loss_positions) */
     uint64_t seed;
     NnCtx *ctx;
     Optim opt;
 } Trainer;
 
 /* Builds the whole model for n_max samples and initialises parameters from seed. The last
- * layer's output must be 1-D (the class logits). */
+ * layer's output is (classes) or (positions, classes), see model_loss_positions. */
 int   trainer_init(Trainer *t, Model *m, int n_max, const OptConfig *oc, uint64_t seed, Err *err);
 void  trainer_release(Trainer *t);
-/* One SGD/Adam step on (x (n, input shape), labels (n)); minibatch is the global index (the
- * dropout key). Returns the mean loss; *correct (if non-NULL) gets the argmax hits. */
+/* One SGD/Adam step on (x (n, input shape), labels (n, positions)); minibatch is the global
+ * index (the dropout key). Returns the mean loss over the n * positions targets; *correct (if
+ * non-NULL) gets the argmax hits among them. */
 float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uint64_t minibatch, int *correct);
 /* Eval-mode forward and loss, no update. */
 float trainer_eval(Trainer *t, const float *x, const int32_t *labels, int n, int *correct);

@@ -83,6 +83,9 @@ static inline size_t nn_numel(Shape s) { return shape_numel(s); }
 
 extern const LayerOps LAYER_LINEAR, LAYER_CONV2D, LAYER_MAXPOOL, LAYER_GAP, LAYER_RELU, LAYER_DROPOUT,
     LAYER_BATCHNORM, LAYER_LSTM, LAYER_FLATTEN, LAYER_RESHAPE, LAYER_PAD, LAYER_RESIDUAL, LAYER_LAST_STEP;
+/* transformer and language-model kinds (layer_embed.c, layer_layernorm.c, layer_attention.c,
+ * layer_gelu.c, layer_dense.c, layer_block.c) */
+extern const LayerOps LAYER_EMBED, LAYER_LAYERNORM, LAYER_ATTENTION, LAYER_GELU, LAYER_DENSE, LAYER_BLOCK;
 
 /* y = max(y, 0) in place (the kernels' relu takes distinct buffers). */
 static inline void nn_relu_inplace(float *y, size_t count) {

@@ -7,25 +7,31 @@
 
 #include "kernels.h"
 
+int model_loss_positions(const Model *m, int *classes) {
+    Shape out = model_layer_out_shape(m, model_n_layers(m) - 1);
+    *classes = out.d[out.ndim - 1];
+    return (int)(shape_numel(out) / (size_t)*classes);
+}
+
 int trainer_init(Trainer *t, Model *m, int n_max, const OptConfig *oc, uint64_t seed, Err *err) {
     memset(t, 0, sizeof *t);
     int nl = model_n_layers(m);
     Shape out = model_layer_out_shape(m, nl - 1);
-    if (out.ndim != 1)
-        return err_set(err, PD_EINVAL, "%s: the last layer's output %s is not a vector of class logits", model_name(m),
-                       shape_str(out, (char[64]){0}, 64));
+    if (out.ndim > 2)
+        return err_set(err, PD_EINVAL, "%s: the last layer's output %s is neither class logits (K) nor per-position "
+                       "logits (T, K)", model_name(m), shape_str(out, (char[64]){0}, 64));
     int rc = model_build(m, 0, nl, n_max, err);
     if (rc) return rc;
     t->m = m;
     t->n_max = n_max;
-    t->classes = out.d[0];
+    t->positions = model_loss_positions(m, &t->classes);
     t->seed = seed;
     t->n_params = model_param_count(m, 0, nl);
     t->n_state = model_state_count(m, 0, nl);
     t->w = pd_alloc_f32(t->n_params);
     t->dw = pd_alloc_f32(t->n_params);
     t->state = pd_alloc_f32(t->n_state ? t->n_state : 1);
-    t->dlogits = pd_alloc_f32((size_t)n_max * t->classes);
+    t->dlogits = pd_alloc_f32((size_t)n_max * t->positions * t->classes);
     model_init_params(m, 0, nl, seed, t->w);
     model_init_state(m, 0, nl, t->state);
     t->ctx = nnctx_new(m, 0, nl, n_max);
@@ -48,8 +54,9 @@ float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uin
     PD_ASSERT(n >= 1 && n <= t->n_max);
     NnRun run = {.n = n, .train = 1, .seed = t->seed, .minibatch = minibatch};
     const float *logits = model_forward(t->m, t->ctx, t->w, t->state, x, &run);
-    memset(t->dlogits, 0, (size_t)n * t->classes * sizeof(float));
-    float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, n, t->classes, 1.0f, correct);
+    int rows = n * t->positions;
+    memset(t->dlogits, 0, (size_t)rows * t->classes * sizeof(float));
+    float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, rows, t->classes, 1.0f, correct);
     memset(t->dw, 0, t->n_params * sizeof(float));
     model_backward(t->m, t->ctx, t->w, t->dlogits, NULL, t->dw);
     optim_step(&t->opt, t->w, t->dw);
@@ -60,5 +67,5 @@ float trainer_eval(Trainer *t, const float *x, const int32_t *labels, int n, int
     PD_ASSERT(n >= 1 && n <= t->n_max);
     NnRun run = {.n = n, .train = 0, .seed = t->seed, .minibatch = 0};
     const float *logits = model_forward(t->m, t->ctx, t->w, t->state, x, &run);
-    return kern_xent_fwd_bwd(logits, labels, NULL, n, t->classes, 1.0f, correct);
+    return kern_xent_fwd_bwd(logits, labels, NULL, n * t->positions, t->classes, 1.0f, correct);
 }

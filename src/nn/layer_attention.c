@@ -1,0 +1,106 @@
+/* layer_attention.c: "attention": multi-head self-attention on a (T, dim) sequence, GPT-2's
+ * attention module: qkv = x Wqkv^T + bqkv (one (3 dim, dim) projection: q, k, v stacked),
+ * per head softmax(q k^T / sqrt(dim/heads)) v with a causal mask (position t attends to
+ * positions <= t), heads concatenated, then y = att Wproj^T + bproj. No dropout. Keys: "dim"
+ * (must equal the incoming feature size), "heads" (must divide dim), "causal" (default
+ * true), "bias" (default true). Parameters (PyTorch order): qkv.weight (3 dim, dim),
+ * qkv.bias (3 dim), proj.weight (dim, dim), proj.bias (dim); init as nn.Linear.
+ * Saved per sample: qkv (T, 3 dim), att (T, dim), probabilities (heads, T, T). */
+#include "nn_impl.h"
+
+#include <string.h>
+
+static int attention_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    int rc;
+    l->bias = 1;
+    l->relu = 1;   // causal
+    if ((rc = jobj_int(j, "dim", 1, 1, 1 << 16, &l->cin, err)) || (rc = jobj_int(j, "heads", 1, 1, 1 << 16, &l->k, err)) ||
+        (rc = jobj_bool(j, "causal", 0, &l->relu, err)) || (rc = jobj_bool(j, "bias", 0, &l->bias, err)))
+        return rc;
+    if (l->in.ndim != 2 || l->in.d[1] != l->cin)
+        return err_set(err, PD_EINVAL, "%s: key \"dim\": %d, but the incoming shape %s is not (T, %d)", ctx, l->cin,
+                       nn_shape_str(l->in), l->cin);
+    if (l->cin % l->k)
+        return err_set(err, PD_EINVAL, "%s: key \"heads\": %d does not divide dim %d", ctx, l->k, l->cin);
+    if (l->in.d[0] > 4096) return err_set(err, PD_EINVAL, "%s: sequences longer than 4096 are not supported", ctx);
+    int d = l->cin;
+    double t = l->in.d[0];
+    l->out = l->in;
+    nn_add_param(l, "qkv.weight", shape2(3 * d, d), PARAM_WEIGHT, d);
+    if (l->bias) nn_add_param(l, "qkv.bias", shape1(3 * d), PARAM_BIAS, d);
+    nn_add_param(l, "proj.weight", shape2(d, d), PARAM_WEIGHT, d);
+    if (l->bias) nn_add_param(l, "proj.bias", shape1(d), PARAM_BIAS, d);
+    l->flops = 2.0 * t * 4.0 * d * d + 4.0 * t * t * d;
+    return PD_OK;
+}
+
+static size_t per_sample(const Layer *l, int which) {   // 0: qkv, 1: att, 2: probabilities
+    size_t t = (size_t)l->in.d[0], d = (size_t)l->cin;
+    return which == 0 ? t * 3 * d : which == 1 ? t * d : (size_t)l->k * t * t;
+}
+
+static size_t attention_saved(const Layer *l, int n) {
+    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
+           (size_t)n * per_sample(l, 2) * sizeof(float);
+}
+
+static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p) {
+    char *s = (char *)saved;
+    *qkv = (float *)s;
+    s += nn_align((size_t)n * per_sample(l, 0) * sizeof(float));
+    *att = (float *)s;
+    s += nn_align((size_t)n * per_sample(l, 1) * sizeof(float));
+    *p = (float *)s;
+}
+
+static int attention_build(Layer *l, int n_max, Err *err) {
+    /* backward scratch: dqkv (n, T, 3d), datt (n, T, d), the kernel's (T, T) */
+    l->scratch = pd_alloc_f32((size_t)n_max * (per_sample(l, 0) + per_sample(l, 1)) +
+                              kern_attention_scratch_floats(l->in.d[0]));
+    return PD_OK;
+}
+
+static void attention_release(Layer *l) {
+    pd_free(l->scratch);
+    l->scratch = NULL;
+}
+
+static void attention_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                              void *saved) {
+    int n = r->n, t = l->in.d[0], d = l->cin, h = l->k;
+    const float *wqkv = w, *bqkv = l->bias ? w + (size_t)3 * d * d : NULL;
+    const float *wp = w + (size_t)3 * d * d + (l->bias ? 3 * d : 0), *bp = l->bias ? wp + (size_t)d * d : NULL;
+    float *qkv, *att, *p;
+    parts(l, saved, n, &qkv, &att, &p);
+    kern_linear_fwd(x, wqkv, bqkv, qkv, n * t, d, 3 * d);
+    kern_attention_fwd(qkv, att, p, n, t, h, d / h, l->relu);
+    kern_linear_fwd(att, wp, bp, y, n * t, d, d);
+}
+
+static void attention_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                               const void *saved, const float *dy, float *dx, float *dw) {
+    int n = r->n, t = l->in.d[0], d = l->cin, h = l->k;
+    size_t boff = l->bias ? (size_t)3 * d : 0;
+    const float *wqkv = w, *wp = w + (size_t)3 * d * d + boff;
+    float *dwqkv = dw, *dbqkv = l->bias ? dw + (size_t)3 * d * d : NULL;
+    float *dwp = dw + (size_t)3 * d * d + boff, *dbp = l->bias ? dwp + (size_t)d * d : NULL;
+    float *qkv, *att, *p;
+    parts(l, saved, n, &qkv, &att, &p);
+    float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
+    float *ks = datt + (size_t)l->built_n * per_sample(l, 1);
+    memset(datt, 0, (size_t)n * per_sample(l, 1) * sizeof(float));
+    kern_linear_bwd(att, wp, dy, datt, dwp, dbp, n * t, d, d);
+    memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
+    kern_attention_bwd(qkv, p, datt, dqkv, ks, n, t, h, d / h, l->relu);
+    kern_linear_bwd(x, wqkv, dqkv, dx, dwqkv, dbqkv, n * t, d, 3 * d);
+}
+
+const LayerOps LAYER_ATTENTION = {
+    .name = "attention",
+    .parse = attention_parse,
+    .build = attention_build,
+    .release = attention_release,
+    .saved_bytes = attention_saved,
+    .forward = attention_forward,
+    .backward = attention_backward,
+};

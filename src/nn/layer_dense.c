@@ -1,0 +1,42 @@
+/* layer_dense.c: "dense": PyTorch's nn.Linear applied to the last dimension of any incoming
+ * shape, e.g. every position of a (T, in) sequence: y[..., :] = x[..., :] W^T + b. Keys
+ * "in" (must equal the last dimension), "out", "bias" (default true). Parameters: weight
+ * (out, in), bias (out), init as nn.Linear. (For a 1-D input it computes what "linear" does;
+ * "linear" stays the kind for classifier heads, "dense" is the per-position one.) */
+#include "nn_impl.h"
+
+static int dense_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
+    int rc;
+    l->bias = 1;
+    if ((rc = jobj_int(j, "in", 1, 1, 1 << 24, &l->cin, err)) || (rc = jobj_int(j, "out", 1, 1, 1 << 24, &l->cout, err)) ||
+        (rc = jobj_bool(j, "bias", 0, &l->bias, err)))
+        return rc;
+    if (l->in.d[l->in.ndim - 1] != l->cin)
+        return err_set(err, PD_EINVAL, "%s: key \"in\": %d, but the incoming shape is %s", ctx, l->cin,
+                       nn_shape_str(l->in));
+    l->out = l->in;
+    l->out.d[l->out.ndim - 1] = l->cout;
+    nn_add_param(l, "weight", shape2(l->cout, l->cin), PARAM_WEIGHT, l->cin);
+    if (l->bias) nn_add_param(l, "bias", shape1(l->cout), PARAM_BIAS, l->cin);
+    l->flops = 2.0 * (double)(shape_numel(l->in) / (size_t)l->cin) * l->cin * l->cout;
+    return PD_OK;
+}
+
+static int rows(const Layer *l, int n) { return n * (int)(shape_numel(l->in) / (size_t)l->cin); }
+
+static void dense_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
+                          void *saved) {
+    kern_linear_fwd(x, w, l->bias ? w + (size_t)l->cout * l->cin : NULL, y, rows(l, r->n), l->cin, l->cout);
+}
+
+static void dense_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                           const void *saved, const float *dy, float *dx, float *dw) {
+    kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, rows(l, r->n), l->cin, l->cout);
+}
+
+const LayerOps LAYER_DENSE = {
+    .name = "dense",
+    .parse = dense_parse,
+    .forward = dense_forward,
+    .backward = dense_backward,
+};
