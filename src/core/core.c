@@ -107,17 +107,6 @@ char *shape_str(Shape s, char *buf, size_t n) {
     return buf;
 }
 
-Tensor tensor_new(Shape s) {
-    Tensor t = {.shape = s, .data = pd_alloc_f32(shape_numel(s))};
-    return t;
-}
-
-void tensor_free(Tensor *t) {
-    if (!t) return;
-    pd_free(t->data);
-    memset(t, 0, sizeof *t);
-}
-
 double pd_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

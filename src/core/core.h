@@ -58,7 +58,7 @@ typedef struct Shape {
 
 typedef struct Tensor {
     Shape shape;
-    float *data;   /* borrowed or owned, as the owner says; tensor_new/free own it */
+    float *data;   /* borrowed or owned, as the owner says */
 } Tensor;
 
 Shape  shape_make(int ndim, const int *d);
@@ -71,8 +71,6 @@ int    shape_eq(Shape a, Shape b);
 /* Writes "(a, b, c)" into buf; returns buf. */
 char  *shape_str(Shape s, char *buf, size_t n);
 
-Tensor tensor_new(Shape s);       /* zeroed, owned: tensor_free */
-void   tensor_free(Tensor *t);    /* frees data, zeroes t */
 static inline size_t tensor_numel(const Tensor *t) { return shape_numel(t->shape); }
 
 /* ---- deterministic RNG ----------------------------------------------------------- */
