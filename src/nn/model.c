@@ -3,7 +3,8 @@
  * Model JSON (models/NAME.json):
  *   { "name": "lenet5", "input": [1, 28, 28], "comment": "optional free text",
  *     "layers": [ {"type": "conv2d", "in": 1, "out": 6, "kernel": 5, "pad": 2, "relu": true}, ... ] }
- * Layer kinds and their keys are documented in each layer_<kind>.c. Unknown types, missing
+ * Layer kinds and their keys are documented in each layer_<kind>.c; "init" (any layer with
+ * parameters, and the model, per layer type) is init.c's. Unknown types, missing
  * keys, keys nobody read and shape mismatches are errors naming the file, the layer index
  * (with the sub-layer path inside a residual) and the key.
  *
@@ -25,6 +26,7 @@ struct Model {
     size_t *poff, *soff;  /* (n + 1) parameter / state offsets in floats */
     ParamInfo *pt;        /* all parameter tensors, buffer order */
     uint64_t *pt_uid;     /* init substream of each tensor's layer */
+    NnInit *pt_init;      /* init scheme of each tensor (resolved: layer, model, default) */
     int n_pt;
     float *gbuf[2];       /* backward ping-pong gradient buffers */
     size_t gbuf_floats;
@@ -96,6 +98,17 @@ int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const c
     snprintf(ctx2, sizeof ctx2, "%s (%s)", ctx, type);
     snprintf(j.ctx, sizeof j.ctx, "%s", ctx2);
     if ((rc = l->ops->parse(l, &j, ctx2, err))) return rc;
+    const cJSON *ini = jobj_get(&j, "init");
+    if (ini) {
+        if (l->n_pt == 0)
+            return err_set(err, PD_EINVAL, "%s: key \"init\": this layer has no parameters of its own%s", ctx2,
+                           l->n_body ? " (give its sub-layers an init)" : "");
+        if ((rc = nn_init_parse_roles(ini, l->init, ctx2, err))) return rc;
+        int has_bias = 0;
+        for (int k = 0; k < l->n_pt; k++) has_bias |= nn_init_role(l->pt[k].kind);
+        if (l->init[1].kind != NN_INIT_UNSET && !has_bias)
+            return err_set(err, PD_EINVAL, "%s: key \"init\": key \"bias\": this layer has no bias", ctx2);
+    }
     /* every later size computation (ints in kernels) relies on this */
     for (int d = 0; d < l->out.ndim; d++)
         if (l->out.d[d] < 1) return err_set(err, PD_EINVAL, "%s: empty output shape %s", ctx2, nn_shape_str(l->out));
@@ -155,10 +168,41 @@ void nn_layer_init_state(const Layer *l, float *state) {
     for (int i = 0; i < l->n_body + l->n_short; i++) nn_layer_init_state(&l->sub[i], state + l->sub[i].state_off);
 }
 
-/* Records the uid of every tensor of l (same walk as nn_layer_collect_params). */
-static void collect_uids(const Layer *l, uint64_t *out, int *n) {
-    for (int k = 0; k < l->n_pt; k++) out[(*n)++] = l->uid;
-    for (int i = 0; i < l->n_body + l->n_short; i++) collect_uids(&l->sub[i], out, n);
+/* Records the uid and init scheme of every tensor of l (same walk as nn_layer_collect_params). */
+static void collect_uids(const Layer *l, uint64_t *out, NnInit *init, int *n) {
+    for (int k = 0; k < l->n_pt; k++) {
+        init[*n] = l->init[nn_init_role(l->pt[k].kind)];
+        out[(*n)++] = l->uid;
+    }
+    for (int i = 0; i < l->n_body + l->n_short; i++) collect_uids(&l->sub[i], out, init, n);
+}
+
+/* The model's "init": {"<layer type>": {"weight": scheme, "bias": scheme}, ...}. */
+static int parse_model_init(const cJSON *o, NnInit by_kind[][NN_INIT_ROLES], const char *src, Err *err) {
+    if (!cJSON_IsObject(o))
+        return err_set(err, PD_EINVAL, "%s: key \"init\": expected an object {\"<layer type>\": {\"weight\": ..., "
+                       "\"bias\": ...}}", src);
+    for (const cJSON *c = o->child; c; c = c->next) {
+        int kind = -1;
+        for (int k = 0; k < N_KINDS; k++)
+            if (c->string && !strcmp(KINDS[k]->name, c->string)) kind = k;
+        if (kind < 0)
+            return err_set(err, PD_EINVAL, "%s: key \"init\": \"%s\" is not a layer type", src, c->string ? c->string : "?");
+        char ctx[300];
+        snprintf(ctx, sizeof ctx, "%s: key \"init\": \"%s\"", src, c->string);
+        int rc = nn_init_parse_roles(c, by_kind[kind], ctx, err);
+        if (rc) return rc;
+    }
+    return PD_OK;
+}
+
+/* Schemes the layer does not give come from the model's for its type. */
+static void resolve_init(Layer *l, NnInit by_kind[][NN_INIT_ROLES]) {
+    for (int k = 0; k < N_KINDS; k++)
+        if (KINDS[k] == l->ops)
+            for (int r = 0; r < NN_INIT_ROLES; r++)
+                if (l->init[r].kind == NN_INIT_UNSET) l->init[r] = by_kind[k][r];
+    for (int i = 0; i < l->n_body + l->n_short; i++) resolve_init(&l->sub[i], by_kind);
 }
 
 static int parse_shape(const cJSON *a, Shape *s, const char *src, Err *err) {
@@ -189,6 +233,8 @@ Model *model_parse(const char *json, const char *name, Err *err) {
     snprintf(m->src, sizeof m->src, "%s", name);
     JObj j;
     const char *mname = NULL, *comment = NULL;
+    NnInit by_kind[N_KINDS][NN_INIT_ROLES];
+    memset(by_kind, 0, sizeof by_kind);
     int rc = jobj_init(&j, root, err, "%s", name);
     if (!rc) rc = jobj_str(&j, "name", 1, &mname, err);
     if (!rc) rc = jobj_str(&j, "comment", 0, &comment, err);
@@ -203,6 +249,10 @@ Model *model_parse(const char *json, const char *name, Err *err) {
         if (!layers) rc = err_set(err, PD_EINVAL, "%s: missing required key \"layers\"", name);
         else if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) == 0)
             rc = err_set(err, PD_EINVAL, "%s: key \"layers\": expected a non-empty array", name);
+    }
+    if (!rc) {
+        const cJSON *ini = jobj_get(&j, "init");
+        if (ini) rc = parse_model_init(ini, by_kind, name, err);
     }
     if (!rc) rc = jobj_done(&j, err);
     if (rc) goto fail;
@@ -228,12 +278,20 @@ Model *model_parse(const char *json, const char *name, Err *err) {
     for (i = 0; i < m->n; i++) m->n_pt += nn_layer_count_pt(&m->layers[i]);
     m->pt = pd_calloc(sizeof(ParamInfo) * (size_t)(m->n_pt + 1));
     m->pt_uid = pd_calloc(sizeof(uint64_t) * (size_t)(m->n_pt + 1));
+    m->pt_init = pd_calloc(sizeof(NnInit) * (size_t)(m->n_pt + 1));
     int k = 0, ku = 0;
     for (i = 0; i < m->n; i++) {
+        resolve_init(&m->layers[i], by_kind);
         nn_layer_collect_params(&m->layers[i], m->poff[i], m->pt, &k);
-        collect_uids(&m->layers[i], m->pt_uid, &ku);
+        collect_uids(&m->layers[i], m->pt_uid, m->pt_init, &ku);
     }
     PD_ASSERT(k == m->n_pt && ku == m->n_pt);
+    for (k = 0; k < m->n_pt; k++)
+        if (nn_init_needs_fans(&m->pt_init[k]) && m->pt[k].shape.ndim < 2) {
+            rc = err_set(err, PD_EINVAL, "%s: %s: init \"%s\" needs a tensor of 2 or more dimensions (its fans), "
+                         "this one is %s", name, m->pt[k].name, nn_init_name(&m->pt_init[k]), nn_shape_str(m->pt[k].shape));
+            goto fail;
+        }
     cJSON_Delete(root);
     return m;
 fail:
@@ -259,6 +317,7 @@ void model_free(Model *m) {
     pd_free(m->soff);
     pd_free(m->pt);
     pd_free(m->pt_uid);
+    pd_free(m->pt_init);
     pd_free(m->gbuf[0]);
     pd_free(m->gbuf[1]);
     pd_free(m);
@@ -346,15 +405,7 @@ void model_init_params(const Model *m, int first, int last, uint64_t seed, float
             cur = m->pt_uid[k];
             rng_init(&r, seed, RNG_STREAM_INIT, cur);
         }
-        float *d = w + (p->offset - base);
-        size_t cnt = shape_numel(p->shape);
-        if (p->kind == PARAM_GAMMA || p->kind == PARAM_BETA) {
-            float v = p->kind == PARAM_GAMMA ? 1.0f : 0.0f;
-            for (size_t i = 0; i < cnt; i++) d[i] = v;
-            continue;
-        }
-        double bound = 1.0 / sqrt((double)p->fan_in);
-        for (size_t i = 0; i < cnt; i++) d[i] = (float)((2.0 * rng_uniform(&r) - 1.0) * bound);
+        nn_init_fill(&m->pt_init[k], p, &r, w + (p->offset - base));
     }
 }
 

@@ -82,8 +82,9 @@ const ParamInfo *model_param_tensors(const Model *m, int *n);
  * PD_OK or an error (a shape a kernel library rejects). */
 int model_build(Model *m, int first, int last, int n_max, Err *err);
 
-/* PyTorch's default init of the parameters of [first, last) into w (range layout): weights and
- * biases uniform(+-1/sqrt(fan_in)), gamma 1, beta 0, drawn from Philox(seed, RNG_STREAM_INIT,
+/* Initialises the parameters of [first, last) into w (range layout) by the model JSON's "init"
+ * schemes (init.c, docs/formats.md); without one, PyTorch's default: weights and biases
+ * uniform(+-1/sqrt(fan_in)), gamma 1, beta 0. Draws come from Philox(seed, RNG_STREAM_INIT,
  * substream = layer id), so the values are a pure function of (seed, layer) whatever the range. */
 void model_init_params(const Model *m, int first, int last, uint64_t seed, float *w);
 /* Running mean 0, running var 1. */

@@ -10,6 +10,37 @@
 
 typedef struct Layer Layer;
 
+/* ---- initialisation schemes (init.c; the model JSON's "init") ---- */
+typedef enum NnInitKind {
+    NN_INIT_UNSET,            /* not given: the model's scheme for the type, else default */
+    NN_INIT_DEFAULT,          /* PyTorch's default for the layer */
+    NN_INIT_CONSTANT,         /* a (zeros, ones, constant) */
+    NN_INIT_UNIFORM,          /* [a, b) */
+    NN_INIT_NORMAL,           /* mean a, std b */
+    NN_INIT_KAIMING_UNIFORM,  /* gain b, fan_out: mode */
+    NN_INIT_KAIMING_NORMAL,
+    NN_INIT_XAVIER_UNIFORM,   /* gain b */
+    NN_INIT_XAVIER_NORMAL,
+    NN_INIT_KIND_COUNT
+} NnInitKind;
+typedef struct NnInit {
+    int kind;      /* NnInitKind */
+    int fan_out;   /* kaiming: mode fan_out (else fan_in) */
+    double a, b;
+} NnInit;
+enum { NN_INIT_ROLES = 2 };   /* 0: "weight" (weights, gamma), 1: "bias" (biases, beta) */
+/* One scheme: a name ("zeros") or an object {"scheme": ..., parameters}. */
+int  nn_init_parse(const cJSON *o, NnInit *out, const char *ctx, Err *err);
+/* {"weight": scheme, "bias": scheme}, either optional; out is left as is for absent roles. */
+int  nn_init_parse_roles(const cJSON *o, NnInit out[NN_INIT_ROLES], const char *ctx, Err *err);
+int  nn_init_role(ParamKind kind);
+int  nn_init_needs_fans(const NnInit *s);   /* kaiming, xavier: tensors of >= 2 dimensions */
+const char *nn_init_name(const NnInit *s);
+/* PyTorch's fans: fan_in = size(1) * receptive field, fan_out = size(0) * receptive field. */
+void nn_init_fans(Shape s, double *fan_in, double *fan_out);
+/* Fills d (the tensor p) by scheme s, drawing from r (the layer's init stream). */
+void nn_init_fill(const NnInit *s, const ParamInfo *p, Rng *r, float *d);
+
 #define NN_MAX_PT 4   /* parameter tensors per (non-residual) layer */
 /* Largest per-sample activation / per-layer parameter count a model may have (int-indexed
  * kernels). */
@@ -49,6 +80,7 @@ struct Layer {
     int n_pt;
     size_t param_off, state_off;   /* from the model start (top-level) or the parent's start */
     double flops;           /* forward FLOPs per sample */
+    NnInit init[NN_INIT_ROLES];   /* "init" of this layer (weight, bias roles) */
     int built_n;            /* n_max it was built for; 0 = not built */
 
     /* kind-specific configuration */
