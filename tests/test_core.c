@@ -1,5 +1,5 @@
 /* test_core.c: Philox known answers (Random123's test vectors), RNG determinism and
- * distribution, permutations, strict JSON reading, atomic writes. */
+ * distribution, permutations, strict JSON reading, atomic writes, JSON values and files. */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -138,11 +138,78 @@ static void test_files(void **state) {
     assert_int_equal(pd_crc32("123456789", 9), 0xCBF43926u);
 }
 
+/* Names in dir, "|"-separated and sorted, into buf. */
+static const char *listing(const char *dir, char *buf, size_t n) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls -A %s | tr '\\n' '|'", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t k = fread(buf, 1, n - 1, p);
+    buf[k] = 0;
+    pclose(p);
+    return buf;
+}
+
+/* pd_atomic_* in pieces; a failed write leaves the old file and no temporary file; the
+ * JSON helpers: bit-exact numbers, integers, the file's newline, parse errors with the line. */
+static void test_atomic_json(void **state) {
+    (void)state;
+    char dir[] = "/tmp/pd_test_core_XXXXXX", path[256], bad[256], names[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/f.json", dir);
+    snprintf(bad, sizeof bad, "%s/nodir/f.json", dir);
+    Err err = {0};
+    PdAtomicFile f;
+    assert_int_equal(pd_atomic_open(&f, path, &err), PD_OK);
+    assert_int_equal(pd_atomic_write(&f, "{\"n\": 3, ", 9, &err), PD_OK);
+    assert_int_equal(access(path, F_OK), -1);   /* nothing at path before the commit */
+    assert_int_equal(pd_atomic_write(&f, "\"x\": 2.5}", 10, &err), PD_OK);
+    assert_int_equal(pd_atomic_commit(&f, &err), PD_OK);
+    assert_string_equal(listing(dir, names, sizeof names), "f.json|");
+    assert_int_equal(pd_write_file_atomic(bad, "x", 1, &err), PD_EIO);
+    assert_non_null(strstr(err.msg, bad));
+    assert_string_equal(listing(dir, names, sizeof names), "f.json|");
+
+    char *text;
+    assert_int_equal(pd_read_file(path, 100, &text, NULL, &err), PD_OK);
+    cJSON *o = pd_json_parse(text, path, &err);
+    pd_free(text);
+    assert_non_null(o);
+    int n = 0;
+    assert_int_equal(pd_json_int(cJSON_GetObjectItem(o, "n"), &n), PD_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(pd_json_int(cJSON_GetObjectItem(o, "x"), &n), PD_EINVAL);
+    assert_int_equal(pd_json_int(NULL, &n), PD_EINVAL);
+    cJSON_Delete(o);
+
+    const double v = 0.1 + 0.2;   /* needs 17 digits */
+    o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "v", pd_json_num(v));
+    cJSON_AddItemToObject(o, "big", pd_json_num(2e9));
+    assert_int_equal(pd_json_save(o, path, &err), PD_OK);
+    cJSON_Delete(o);
+    size_t len;
+    assert_int_equal(pd_read_file(path, 100, &text, &len, &err), PD_OK);
+    assert_true(len > 2 && text[len - 1] == '\n' && text[len - 2] == '}');
+    o = pd_json_parse(text, path, &err);
+    pd_free(text);
+    assert_non_null(o);
+    assert_true(cJSON_GetObjectItem(o, "v")->valuedouble == v);
+    assert_int_equal(pd_json_int(cJSON_GetObjectItem(o, "big"), &n), PD_EINVAL);   /* beyond 1e9 */
+    cJSON_Delete(o);
+
+    assert_null(pd_json_parse("{\n\"a\": 1,\n}\n", "t.json", &err));
+    assert_int_equal(err.code, PD_EINVAL);
+    assert_string_equal(err.msg, "t.json:3: not valid JSON");
+    unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_philox_known_answers), cmocka_unit_test(test_rng_streams),
         cmocka_unit_test(test_permutation),          cmocka_unit_test(test_jobj),
-        cmocka_unit_test(test_files),
+        cmocka_unit_test(test_files),                cmocka_unit_test(test_atomic_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,16 +1,12 @@
 /* ckpt.c: safetensors dtypes and the checkpoint writer: collects (name, dtype, shape,
  * borrowed pointer) and metadata, then streams header and tensors into a temporary file
- * and renames it into place (file and directory fsynced). It never copies tensor data.
- * Reading is in ckpt_read.c. */
+ * and renames it into place (pd_atomic_* of core.h: file and directory fsynced). It never
+ * copies tensor data. Reading is in ckpt_read.c. */
 #include "ckpt_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <zlib.h>
 
 /* ---- dtypes ---------------------------------------------------------------------- */
@@ -236,40 +232,6 @@ static void buf_json(Buf *b, const char *s) {
     buf_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *data, size_t len) {
-    const char *p = data;
-    while (len > 0) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t k = write(fd, p, chunk);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += k;
-        len -= (size_t)k;
-    }
-    return 0;
-}
-
-/* fsync of the directory holding path, so that the rename itself is durable. */
-static int fsync_dir_of(const char *path) {
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == path) strcpy(dir, "/");
-    else {
-        size_t n = (size_t)(slash - path);
-        if (n >= sizeof dir) return -1;
-        memcpy(dir, path, n);
-        dir[n] = 0;
-    }
-    int fd = open(dir, O_RDONLY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
-
 /* Order in the file: element size descending, then order added, so every tensor starts at
  * a multiple of its element size (the data section starts at a multiple of 8). */
 static void layout_order(const CkptWriter *w, int *order) {
@@ -328,49 +290,17 @@ int ckpt_write(CkptWriter *w, const char *path, Err *err) {
     while (h.n % 8) buf_str(&h, " ");   /* pad with spaces, like the reference implementation */
     PD_ASSERT(h.n <= CKPT_MAX_HEADER);
 
-    static atomic_uint counter;
-    char tmp[4096];
-    int rc = PD_OK, fd = -1;
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&counter, 1)) >=
-        sizeof tmp) {
-        rc = err_set(err, PD_EINVAL, "%s: path too long", path);
-        goto done;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = err_set(err, PD_EIO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
-        goto done;
-    }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
-    if (write_all(fd, len8, 8) || write_all(fd, h.s, h.n)) goto write_failed;
-    for (int k = 0; k < w->nt; k++) {
+    PdAtomicFile f;
+    int rc = pd_atomic_open(&f, path, err);
+    if (!rc) rc = pd_atomic_write(&f, len8, 8, err);
+    if (!rc) rc = pd_atomic_write(&f, h.s, h.n, err);
+    for (int k = 0; k < w->nt && !rc; k++) {
         const WEntry *e = &w->t[order[k]];
-        if (e->nbytes && write_all(fd, e->data, e->nbytes)) goto write_failed;
+        if (e->nbytes) rc = pd_atomic_write(&f, e->data, e->nbytes, err);
     }
-    if (fsync(fd) != 0) goto write_failed;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto write_failed;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        rc = err_set(err, PD_EIO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        goto done;
-    }
-    if (fsync_dir_of(path) != 0) {
-        /* the file is complete and in place; only durability of the rename is in doubt */
-        rc = err_set(err, PD_EIO, "%s: fsync of its directory failed: %s", path, strerror(errno));
-    }
-    goto done;
-
-write_failed:
-    rc = err_set(err, PD_EIO, "%s: writing %s failed: %s", path, tmp, strerror(errno));
-    if (fd >= 0) close(fd);
-    fd = -1;
-    unlink(tmp);
-done:
+    if (!rc) rc = pd_atomic_commit(&f, err);
     free(h.s);
     free(order);
     return rc;

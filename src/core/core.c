@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -159,36 +160,93 @@ int pd_read_file(const char *path, size_t max_bytes, char **out, size_t *len, Er
     return PD_OK;
 }
 
-int pd_write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+/* Removes the temporary file of a write that failed; f is finished. */
+static void atomic_discard(PdAtomicFile *f) {
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    unlink(f->tmp);
+}
+
+int pd_atomic_open(PdAtomicFile *f, const char *path, Err *err) {
+    static atomic_uint counter;   /* two threads of one process may write the same path */
+    f->fd = -1;
+    f->path = path;
+    if ((size_t)snprintf(f->tmp, sizeof f->tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
+                         atomic_fetch_add(&counter, 1)) >= sizeof f->tmp)
         return err_set(err, PD_EINVAL, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return err_set(err, PD_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (f->fd < 0) return err_set(err, PD_EIO, "%s: cannot create temporary file %s: %s", path, f->tmp, strerror(errno));
+    return PD_OK;
+}
+
+int pd_atomic_write(PdAtomicFile *f, const void *data, size_t len, Err *err) {
+    PD_ASSERT(f->fd >= 0);
     const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
+    while (len > 0) {
+        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
+        ssize_t k = write(f->fd, p, chunk);
+        if (k < 0) {
             if (errno == EINTR) continue;
             int e = errno;
-            close(fd);
-            unlink(tmp);
-            return err_set(err, PD_EIO, "%s: write failed: %s", path, strerror(e));
+            atomic_discard(f);
+            return err_set(err, PD_EIO, "%s: write failed: %s", f->path, strerror(e));
         }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return err_set(err, PD_EIO, "%s: fsync/close failed: %s", path, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return err_set(err, PD_EIO, "%s: rename failed: %s", path, strerror(e));
+        p += k;
+        len -= (size_t)k;
     }
     return PD_OK;
+}
+
+/* fsync of the directory holding path, so that a rename into it is durable. */
+static int fsync_dir_of(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else {
+        size_t n = (size_t)(slash - path);
+        if (n >= sizeof dir) return -1;
+        memcpy(dir, path, n);
+        dir[n] = 0;
+    }
+    int fd = open(dir, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int pd_atomic_commit(PdAtomicFile *f, Err *err) {
+    PD_ASSERT(f->fd >= 0);
+    if (fsync(f->fd) != 0) {
+        int e = errno;
+        atomic_discard(f);
+        return err_set(err, PD_EIO, "%s: fsync failed: %s", f->path, strerror(e));
+    }
+    int fd = f->fd;
+    f->fd = -1;
+    if (close(fd) != 0) {
+        int e = errno;
+        atomic_discard(f);
+        return err_set(err, PD_EIO, "%s: close failed: %s", f->path, strerror(e));
+    }
+    if (rename(f->tmp, f->path) != 0) {
+        int e = errno;
+        atomic_discard(f);
+        return err_set(err, PD_EIO, "%s: cannot rename %s into place: %s", f->path, f->tmp, strerror(e));
+    }
+    /* the file is complete and in place; only the durability of the rename is in doubt */
+    if (fsync_dir_of(f->path) != 0)
+        return err_set(err, PD_EIO, "%s: fsync of its directory failed: %s", f->path, strerror(errno));
+    return PD_OK;
+}
+
+int pd_write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
+    PdAtomicFile f;
+    int rc = pd_atomic_open(&f, path, err);
+    if (!rc) rc = pd_atomic_write(&f, data, len, err);
+    if (!rc) rc = pd_atomic_commit(&f, err);
+    return rc;
 }
 
 uint32_t pd_crc32(const void *data, size_t len) {

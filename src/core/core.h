@@ -1,7 +1,7 @@
 /* core.h: what every module needs and nothing more: error status with a message,
  * always-on assertions, tensors (shape + float32 storage), aligned allocation, a
- * counter-based RNG (Philox4x32-10), a monotonic clock, logging, whole-file reading and
- * strict JSON object reading (unused keys are errors).
+ * counter-based RNG (Philox4x32-10), a monotonic clock, logging, whole-file reading, atomic
+ * file writing, strict JSON object reading (unused keys are errors) and JSON value helpers.
  *
  * Library code never calls exit(): errors caused by input return a code and fill an Err;
  * a bug in our own code (a broken invariant) aborts at once via PD_ASSERT, in every build. */
@@ -117,7 +117,21 @@ int  pd_stderr_is_tty(void);
 /* Reads a whole file into a NUL-terminated buffer the caller frees (pd_free). Fails with
  * PD_EIO naming the path, or PD_EINVAL if it is larger than max_bytes. */
 int pd_read_file(const char *path, size_t max_bytes, char **out, size_t *len, Err *err);
-/* Writes data atomically: a temporary file beside path, fsync, rename. */
+/* Atomic file writing, for every file we write (profiles, plans, checkpoints): the bytes go
+ * to a temporary file beside path (path.tmp.<pid>.<n>), which is fsynced, closed and renamed
+ * over path; then path's directory is fsynced, so that the rename survives a crash too. A
+ * reader sees the old file or the new one, never a part. Use: pd_atomic_open, any number of
+ * pd_atomic_write, pd_atomic_commit, each only while the previous call succeeded: on error
+ * each removes the temporary file and f is finished (nothing to clean up). Messages name path. */
+typedef struct PdAtomicFile {
+    int fd;             /* the temporary file; -1 once closed or failed */
+    const char *path;   /* borrowed: the destination */
+    char tmp[4096];
+} PdAtomicFile;
+int pd_atomic_open(PdAtomicFile *f, const char *path, Err *err);
+int pd_atomic_write(PdAtomicFile *f, const void *data, size_t len, Err *err);
+int pd_atomic_commit(PdAtomicFile *f, Err *err);
+/* The three steps for one buffer. */
 int pd_write_file_atomic(const char *path, const void *data, size_t len, Err *err);
 /* CRC-32 (zlib's polynomial) of a buffer, for checksums in written files. */
 uint32_t pd_crc32(const void *data, size_t len);
@@ -147,5 +161,18 @@ const struct cJSON *jobj_get(JObj *j, const char *key);
 int jobj_has(const JObj *j, const char *key);
 /* Fails naming the first member that was never read. */
 int jobj_done(JObj *j, Err *err);
+
+/* ---- JSON values and files ------------------------------------------------------- */
+/* Parses text (the contents of path); on a syntax error returns NULL and fails with PD_EINVAL
+ * naming path and the line. The caller deletes the result (cJSON_Delete). */
+struct cJSON *pd_json_parse(const char *text, const char *path, Err *err);
+/* A number item that reads back bit-exactly (cJSON's printer may drop the last digit): the
+ * shortest of %.15g, %.16g, %.17g that round-trips. */
+struct cJSON *pd_json_num(double v);
+/* Sets *out if c is a number without a fractional part and at most 1e9 in magnitude; else
+ * returns PD_EINVAL without a message (the caller names the element). */
+int pd_json_int(const struct cJSON *c, int *out);
+/* Writes root, indented, and a newline to path atomically (pd_write_file_atomic). */
+int pd_json_save(const struct cJSON *root, const char *path, Err *err);
 
 #endif

@@ -1,10 +1,12 @@
-/* json.c: strict reading of JSON objects on top of cJSON. Remembers which members were
- * read so that unused keys are reported, naming the file/context and the key. */
+/* json.c: strict reading of JSON objects on top of cJSON (remembers which members were read
+ * so that unused keys are reported, naming the file/context and the key), and the JSON value
+ * and file helpers our file formats share. */
 #include "core.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 int jobj_init(JObj *j, const cJSON *o, Err *err, const char *ctxfmt, ...) {
@@ -89,4 +91,46 @@ int jobj_done(JObj *j, Err *err) {
         if (!(j->used & ((uint64_t)1 << i)))
             return err_set(err, PD_EINVAL, "%s: unknown key \"%s\"", j->ctx, c->string ? c->string : "?");
     return PD_OK;
+}
+
+/* ---- JSON values and files ------------------------------------------------------- */
+
+cJSON *pd_json_parse(const char *text, const char *path, Err *err) {
+    cJSON *root = cJSON_Parse(text);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        int line = 1;
+        for (const char *c = text; at && c < at && *c; c++) line += *c == '\n';
+        err_set(err, PD_EINVAL, "%s:%d: not valid JSON", path, line);
+    }
+    return root;
+}
+
+cJSON *pd_json_num(double v) {
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return cJSON_CreateRaw(buf);
+}
+
+int pd_json_int(const cJSON *c, int *out) {
+    if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || fabs(c->valuedouble) > 1e9)
+        return PD_EINVAL;
+    *out = (int)c->valuedouble;
+    return PD_OK;
+}
+
+int pd_json_save(const cJSON *root, const char *path, Err *err) {
+    char *text = cJSON_Print(root);
+    PD_ASSERT(text);
+    size_t n = strlen(text);
+    char *buf = realloc(text, n + 2);
+    PD_ASSERT(buf);
+    buf[n] = '\n';
+    buf[n + 1] = 0;
+    int rc = pd_write_file_atomic(path, buf, n + 1, err);
+    free(buf);
+    return rc;
 }

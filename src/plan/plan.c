@@ -290,78 +290,59 @@ done:
 
 /* ---- JSON ------------------------------------------------------------------------ */
 
-/* A JSON number that reads back bit-exactly (cJSON's printer may drop the last digit):
- * the shortest of %.15g, %.16g, %.17g that round-trips. */
-static cJSON *json_num(double v) {
-    char buf[40];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    return cJSON_CreateRaw(buf);
-}
-
 int plan_save(const Plan *p, const char *path, Err *err) {
     int rc = plan_validate(p, p->n_layers, err);
     if (rc) return err_prefix(err, "%s: refusing to write an invalid plan", path);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "pipedream-plan");
-    cJSON_AddItemToObject(root, "version", json_num(1));
+    cJSON_AddItemToObject(root, "version", pd_json_num(1));
     cJSON_AddStringToObject(root, "model", p->model);
     char crc[16];
     snprintf(crc, sizeof crc, "%08x", p->profile_checksum);
     cJSON_AddStringToObject(root, "profile_crc32", crc);
-    cJSON_AddItemToObject(root, "n_layers", json_num(p->n_layers));
+    cJSON_AddItemToObject(root, "n_layers", pd_json_num(p->n_layers));
     cJSON *cm = cJSON_AddObjectToObject(root, "cost_model");
     cJSON_AddStringToObject(cm, "kind", plan_cost_model_name(p->opts.cost_model));
     cJSON_AddBoolToObject(cm, "straight", p->opts.straight);
     cJSON_AddBoolToObject(cm, "allow_idle", p->opts.allow_idle);
-    cJSON_AddItemToObject(cm, "memory_limit", json_num(p->opts.memory_limit));
-    cJSON_AddItemToObject(cm, "activation_compression", json_num(p->opts.activation_compression));
+    cJSON_AddItemToObject(cm, "memory_limit", pd_json_num(p->opts.memory_limit));
+    cJSON_AddItemToObject(cm, "activation_compression", pd_json_num(p->opts.activation_compression));
     cJSON_AddBoolToObject(cm, "overlap_allreduce", p->opts.overlap_allreduce);
     cJSON *clj = cJSON_AddObjectToObject(root, "cluster");
     cJSON *lv = cJSON_AddArrayToObject(clj, "levels");
     for (int l = 0; l < p->cluster.n_levels; l++) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "workers", json_num(p->cluster.level[l].workers));
-        cJSON_AddItemToObject(o, "bandwidth", json_num(p->cluster.level[l].bandwidth));
-        cJSON_AddItemToObject(o, "latency", json_num(p->cluster.level[l].latency));
+        cJSON_AddItemToObject(o, "workers", pd_json_num(p->cluster.level[l].workers));
+        cJSON_AddItemToObject(o, "bandwidth", pd_json_num(p->cluster.level[l].bandwidth));
+        cJSON_AddItemToObject(o, "latency", pd_json_num(p->cluster.level[l].latency));
         cJSON_AddItemToArray(lv, o);
     }
-    cJSON_AddItemToObject(clj, "memory_per_worker", json_num(p->cluster.memory_per_worker));
-    cJSON_AddItemToObject(root, "n_workers", json_num(p->n_workers));
-    cJSON_AddItemToObject(root, "noam", json_num(p->noam));
+    cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(p->cluster.memory_per_worker));
+    cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
+    cJSON_AddItemToObject(root, "noam", pd_json_num(p->noam));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
-    cJSON_AddItemToObject(pr, "pipeline_s", json_num(p->pipeline_s));
-    cJSON_AddItemToObject(pr, "single_worker_s", json_num(p->single_s));
-    cJSON_AddItemToObject(pr, "data_parallel_s", json_num(p->dp_s));
-    cJSON_AddItemToObject(pr, "speedup_over_single", json_num(p->single_s / p->pipeline_s));
-    cJSON_AddItemToObject(pr, "speedup_over_data_parallel", json_num(p->dp_s / p->pipeline_s));
+    cJSON_AddItemToObject(pr, "pipeline_s", pd_json_num(p->pipeline_s));
+    cJSON_AddItemToObject(pr, "single_worker_s", pd_json_num(p->single_s));
+    cJSON_AddItemToObject(pr, "data_parallel_s", pd_json_num(p->dp_s));
+    cJSON_AddItemToObject(pr, "speedup_over_single", pd_json_num(p->single_s / p->pipeline_s));
+    cJSON_AddItemToObject(pr, "speedup_over_data_parallel", pd_json_num(p->dp_s / p->pipeline_s));
     cJSON *stages = cJSON_AddArrayToObject(root, "stages");
     for (int s = 0; s < p->n_stages; s++) {
         const PlanStage *st = &p->stages[s];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddItemToObject(o, "layers", cJSON_CreateIntArray(st->layers, st->n_layers));
-        cJSON_AddItemToObject(o, "replicas", json_num(st->replicas));
+        cJSON_AddItemToObject(o, "replicas", pd_json_num(st->replicas));
         cJSON_AddItemToObject(o, "ranks", cJSON_CreateIntArray(st->ranks, st->replicas));
-        cJSON_AddItemToObject(o, "compute_s", json_num(st->compute_s));
-        cJSON_AddItemToObject(o, "time_s", json_num(st->time_s));
+        cJSON_AddItemToObject(o, "compute_s", pd_json_num(st->compute_s));
+        cJSON_AddItemToObject(o, "time_s", pd_json_num(st->time_s));
         cJSON_AddItemToArray(stages, o);
     }
     if (p->n_edges > 0) {
         cJSON *edges = cJSON_AddArrayToObject(root, "edges");
         for (int e = 0; e < p->n_edges; e++) cJSON_AddItemToArray(edges, cJSON_CreateIntArray(p->edges[e], 2));
     }
-    char *text = cJSON_Print(root);
+    rc = pd_json_save(root, path, err);
     cJSON_Delete(root);
-    PD_ASSERT(text);
-    size_t n = strlen(text);
-    text = realloc(text, n + 2);
-    PD_ASSERT(text);
-    text[n] = '\n';
-    text[n + 1] = 0;
-    rc = pd_write_file_atomic(path, text, n + 1, err);
-    free(text);
     return rc;
 }
 
@@ -373,9 +354,8 @@ static int int_array(const cJSON *a, const char *ctx, const char *key, int **out
     PD_ASSERT(*out);
     int i = 0;
     for (const cJSON *c = a->child; c; c = c->next, i++) {
-        if (!cJSON_IsNumber(c) || c->valuedouble != floor(c->valuedouble) || fabs(c->valuedouble) > 1e9)
+        if (pd_json_int(c, &(*out)[i]))
             return err_set(err, PD_EINVAL, "%s: key \"%s\": element %d is not an integer", ctx, key, i);
-        (*out)[i] = (int)c->valuedouble;
     }
     return PD_OK;
 }
@@ -384,12 +364,9 @@ Plan *plan_load(const char *path, Err *err) {
     char *text;
     size_t len;
     if (pd_read_file(path, (size_t)64 << 20, &text, &len, err)) return NULL;
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = pd_json_parse(text, path, err);
     pd_free(text);
-    if (!root) {
-        err_set(err, PD_EINVAL, "%s: not valid JSON", path);
-        return NULL;
-    }
+    if (!root) return NULL;
     Plan *p = calloc(1, sizeof *p);
     PD_ASSERT(p);
     int rc;

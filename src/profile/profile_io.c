@@ -82,17 +82,6 @@ int profile_validate(const Profile *p, Err *err) {
 
 /* ---- our JSON -------------------------------------------------------------------- */
 
-/* A JSON number that reads back bit-exactly (cJSON's printer may drop the last digit):
- * the shortest of %.15g, %.16g, %.17g that round-trips. */
-static cJSON *json_num(double v) {
-    char buf[40];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    return cJSON_CreateRaw(buf);
-}
-
 static int copy_str(char *dst, size_t n, const char *src, const char *ctx, const char *key, Err *err) {
     if (strlen(src) >= n)
         return err_set(err, PD_EINVAL, "%s: key \"%s\": \"%s\" is longer than %zu characters", ctx, key, src, n - 1);
@@ -101,13 +90,8 @@ static int copy_str(char *dst, size_t n, const char *src, const char *ctx, const
 }
 
 static int parse_json(const char *text, const char *path, Profile *p, Err *err) {
-    cJSON *root = cJSON_Parse(text);
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        int line = 1;
-        for (const char *c = text; at && c < at && *c; c++) line += *c == '\n';
-        return err_set(err, PD_EINVAL, "%s:%d: not valid JSON", path, line);
-    }
+    cJSON *root = pd_json_parse(text, path, err);
+    if (!root) return PD_EINVAL;
     int rc;
     JObj j;
     const char *s;
@@ -173,41 +157,31 @@ int profile_save(const Profile *p, const char *path, Err *err) {
     if (rc) return err_prefix(err, "%s: refusing to write an invalid profile", path);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "pipedream-profile");
-    cJSON_AddItemToObject(root, "version", json_num(1));
+    cJSON_AddItemToObject(root, "version", pd_json_num(1));
     cJSON_AddStringToObject(root, "model", p->model);
-    cJSON_AddItemToObject(root, "minibatch", json_num(p->minibatch));
+    cJSON_AddItemToObject(root, "minibatch", pd_json_num(p->minibatch));
     cJSON_AddStringToObject(root, "measured_on", p->measured_on);
-    cJSON_AddItemToObject(root, "threads", json_num(p->threads));
-    cJSON_AddItemToObject(root, "iterations", json_num(p->iterations));
-    cJSON_AddItemToObject(root, "input_bytes", json_num(p->input_bytes));
+    cJSON_AddItemToObject(root, "threads", pd_json_num(p->threads));
+    cJSON_AddItemToObject(root, "iterations", pd_json_num(p->iterations));
+    cJSON_AddItemToObject(root, "input_bytes", pd_json_num(p->input_bytes));
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", l->name);
         cJSON_AddStringToObject(o, "type", l->type);
-        cJSON_AddItemToObject(o, "forward_s", json_num(l->fwd_s));
-        cJSON_AddItemToObject(o, "backward_s", json_num(l->bwd_s));
-        cJSON_AddItemToObject(o, "activation_bytes", json_num(l->act_bytes));
-        cJSON_AddItemToObject(o, "parameter_bytes", json_num(l->param_bytes));
+        cJSON_AddItemToObject(o, "forward_s", pd_json_num(l->fwd_s));
+        cJSON_AddItemToObject(o, "backward_s", pd_json_num(l->bwd_s));
+        cJSON_AddItemToObject(o, "activation_bytes", pd_json_num(l->act_bytes));
+        cJSON_AddItemToObject(o, "parameter_bytes", pd_json_num(l->param_bytes));
         cJSON_AddItemToArray(layers, o);
     }
     if (p->n_edges > 0 && !profile_is_chain(p)) {
         cJSON *edges = cJSON_AddArrayToObject(root, "edges");
         for (int e = 0; e < p->n_edges; e++) cJSON_AddItemToArray(edges, cJSON_CreateIntArray(p->edges[e], 2));
     }
-    char *text = cJSON_Print(root);
+    rc = pd_json_save(root, path, err);
     cJSON_Delete(root);
-    PD_ASSERT(text);
-    size_t n = strlen(text);
-    char *buf = malloc(n + 2);
-    PD_ASSERT(buf);
-    memcpy(buf, text, n);
-    buf[n] = '\n';
-    buf[n + 1] = 0;
-    free(text);
-    rc = pd_write_file_atomic(path, buf, n + 1, err);
-    free(buf);
     return rc;
 }
 
@@ -503,15 +477,11 @@ int profile_read_edges(const cJSON *edges, const char *path, int (**out)[2], int
     PD_ASSERT(ed);
     int e = 0;
     for (const cJSON *c = edges->child; c; c = c->next, e++) {
-        const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
-        if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-            a->valuedouble != floor(a->valuedouble) || b->valuedouble != floor(b->valuedouble) ||
-            fabs(a->valuedouble) > 1e9 || fabs(b->valuedouble) > 1e9) {
+        if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || pd_json_int(cJSON_GetArrayItem(c, 0), &ed[e][0]) ||
+            pd_json_int(cJSON_GetArrayItem(c, 1), &ed[e][1])) {
             free(ed);
             return err_set(err, PD_EINVAL, "%s: edge %d: expected a pair of layer indices [src, dst]", path, e);
         }
-        ed[e][0] = (int)a->valuedouble;
-        ed[e][1] = (int)b->valuedouble;
     }
     *out = ed;
     *n = m;
