@@ -33,6 +33,7 @@ int cmd_train(int argc, char **argv);
 /* Pipelined training over MPI or threads; cmd_train hands over when given --plan/--workers. */
 int cmd_train_pipelined(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);   /* cmd_eval.c: test loss of a weights file */
 int cmd_profile(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);

@@ -1,7 +1,10 @@
 /* cmd_train.c: `pipedream train MODEL.json`: one-worker training (no pipeline) on
- * Fashion-MNIST (or any IDX dataset): minibatch SGD/Adam, test-set evaluation after each
- * epoch, metrics as JSON lines, a one-line JSON summary on stdout. Pipelined training is the
- * runtime's; this is its single-worker reference and the quickest way to train a model. */
+ * Fashion-MNIST (or any IDX dataset) or, with --text, a plain-text file read as byte tokens
+ * (language models: the loss over every position, test_loss in nats per byte on the held-out
+ * tail): minibatch SGD/Adam, test-set evaluation after each epoch, metrics as JSON lines, a
+ * one-line JSON summary on stdout; --init starts from a weights file, --save writes one.
+ * Pipelined training is the runtime's; this is its single-worker reference and the quickest
+ * way to train a model. Data: train_data.c; weights files: weights.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,8 @@
 #include "data.h"
 #include "kernels.h"
 #include "nn.h"
+#include "train_data.h"
+#include "weights.h"
 
 static void help(void) {
     printf("usage: pipedream train MODEL.json [options]\n\n"
@@ -20,6 +25,9 @@ static void help(void) {
            "A progress line goes to stderr when it is a terminal.\n\n"
            "options:\n"
            "  --data DIR            IDX dataset directory (default %s)\n"
+           "  --text FILE           train a language model on FILE's bytes (the last 5%% held out)\n"
+           "  --init W.safetensors  start from these weights (tools/export_torch.py, --save, a checkpoint)\n"
+           "  --save W.safetensors  write the final weights (and batch-norm state)\n"
            "  --epochs N            passes over the training set (default 1)\n"
            "  --steps N             train exactly N minibatches instead of whole epochs\n"
            "  --minibatch B         samples per minibatch (default 64)\n"
@@ -35,7 +43,7 @@ static void help(void) {
 }
 
 typedef struct TrainOpts {
-    const char *model, *data, *metrics;
+    const char *model, *data, *metrics, *text, *init, *save;
     int epochs, steps, batch, threads, seed, log_every;
     double lr, momentum, wd;
     int opt;
@@ -57,12 +65,15 @@ static int parse(int argc, char **argv, TrainOpts *o) {
         if (!strcmp(a, "--data") || !strcmp(a, "--metrics") || !strcmp(a, "--optimizer") || !strcmp(a, "--epochs") ||
             !strcmp(a, "--steps") || !strcmp(a, "--minibatch") || !strcmp(a, "--lr") || !strcmp(a, "--momentum") ||
             !strcmp(a, "--weight-decay") || !strcmp(a, "--threads") || !strcmp(a, "--seed") ||
-            !strcmp(a, "--log-every")) {
+            !strcmp(a, "--log-every") || !strcmp(a, "--text") || !strcmp(a, "--init") || !strcmp(a, "--save")) {
             if (!(v = cli_value(c, argc, argv, &i))) return CLI_USAGE;
         } else {
             return cli_usage_error(c, "unknown option \"%s\"", a);
         }
         if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--text")) o->text = v;
+        else if (!strcmp(a, "--init")) o->init = v;
+        else if (!strcmp(a, "--save")) o->save = v;
         else if (!strcmp(a, "--metrics")) o->metrics = v;
         else if (!strcmp(a, "--optimizer")) {
             o->opt = optim_kind_parse(v);
@@ -85,21 +96,6 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     return CLI_OK;
 }
 
-/* Mean loss and accuracy of the whole dataset in eval mode, minibatches of t->n_max. */
-static void evaluate(Trainer *t, const Dataset *d, float *x, int32_t *y, double *loss, double *acc) {
-    double sl = 0;
-    long hits = 0;
-    for (size_t i = 0; i < d->n; i += (size_t)t->n_max) {
-        int cnt = (int)(d->n - i < (size_t)t->n_max ? d->n - i : (size_t)t->n_max);
-        int correct = 0;
-        data_batch(d, NULL, i, cnt, x, y);
-        sl += (double)trainer_eval(t, x, y, cnt, &correct) * cnt;
-        hits += correct;
-    }
-    *loss = sl / (double)d->n;
-    *acc = (double)hits / (double)d->n;
-}
-
 int cmd_train(int argc, char **argv) {
     /* Pipelined training (cmd_train_pipe.c): a plan, several workers, or under mpirun. */
     for (int i = 1; i < argc; i++)
@@ -114,48 +110,34 @@ int cmd_train(int argc, char **argv) {
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     Err err = {0};
-    Dataset tr = {0}, te = {0};
+    TrainData d = {0};
     Model *m = NULL;
     Trainer t = {0};
-    DataSampler s = {0};
     FILE *mf = NULL;
     float *x = NULL;
     int32_t *y = NULL;
     int ret = CLI_FAIL;
     kern_set_threads(o.threads);
     if (!(m = model_load(o.model, &err))) goto fail;
-    if (data_load_idx(o.data, "train", &tr, &err) || data_load_idx(o.data, "test", &te, &err)) goto fail;
-    data_normalize(&tr, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
-    data_normalize(&te, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
-    Shape in = model_input_shape(m), ds = shape3(tr.c, tr.h, tr.w);
-    if (!shape_eq(in, ds)) {
-        char a[64], b[64];
-        err_set(&err, PD_EINVAL, "%s: input %s does not match the data's samples %s", o.model,
-                shape_str(in, a, sizeof a), shape_str(ds, b, sizeof b));
-        goto fail;
-    }
+    if (train_data_open(&d, m, o.data, o.text, 1, o.batch, (uint64_t)o.seed, &err)) goto fail;
     OptConfig oc = optim_defaults((OptKind)o.opt, (float)o.lr);
     oc.momentum = (float)o.momentum;
     oc.weight_decay = (float)o.wd;
     if (trainer_init(&t, m, o.batch, &oc, (uint64_t)o.seed, &err)) goto fail;
-    if (t.classes < tr.n_classes) {
-        err_set(&err, PD_EINVAL, "%s: %d outputs for %d classes", o.model, t.classes, tr.n_classes);
-        goto fail;
-    }
-    if (data_sampler_init(&s, &tr, o.batch, (uint64_t)o.seed, 1, 0, &err)) goto fail;
+    if (o.init && weights_load(o.init, m, t.w, t.state, &err)) goto fail;
     if (o.metrics && !(mf = fopen(o.metrics, "w"))) {
         err_set(&err, PD_EIO, "%s: cannot open for writing", o.metrics);
         goto fail;
     }
-    x = pd_alloc_f32((size_t)o.batch * data_sample_numel(&tr));
-    y = pd_alloc((size_t)o.batch * sizeof(int32_t));
-    uint64_t nb = s.n_batches, total = o.steps ? (uint64_t)o.steps : (uint64_t)o.epochs * nb;
+    x = pd_alloc_f32((size_t)o.batch * d.in_numel);
+    y = pd_alloc((size_t)o.batch * d.targets * sizeof(int32_t));
+    uint64_t nb = d.n_batches, total = o.steps ? (uint64_t)o.steps : (uint64_t)o.epochs * nb;
     int tty = pd_stderr_is_tty();
     double t_train = 0, win_loss = 0, last_loss = NAN, test_loss = NAN, test_acc = NAN;
     long win_n = 0, samples = 0, win_hits = 0, win_samples = 0;
     int epochs_done = 0;
     for (uint64_t g = 0; g < total; g++) {
-        int cnt = data_sampler_get(&s, g, x, y), correct = 0;
+        int cnt = train_data_get(&d, g, x, y), correct = 0;
         double t0 = pd_now();
         float loss = trainer_step(&t, x, y, cnt, g, &correct);
         t_train += pd_now() - t0;
@@ -168,7 +150,7 @@ int cmd_train(int argc, char **argv) {
         win_loss += loss;
         win_n++;
         win_hits += correct;
-        win_samples += cnt;
+        win_samples += cnt * d.targets;
         uint64_t epoch = g / nb;
         int end_epoch = (g + 1) % nb == 0 || g + 1 == total;
         if ((g + 1) % (uint64_t)o.log_every == 0 || g + 1 == total) {
@@ -191,7 +173,7 @@ int cmd_train(int argc, char **argv) {
             win_hits = win_samples = 0;
         }
         if (end_epoch) {
-            evaluate(&t, &te, x, y, &test_loss, &test_acc);
+            train_data_evaluate(&d, &t, x, y, &test_loss, &test_acc);
             epochs_done += (g + 1) % nb == 0;
             if (mf)
                 fprintf(mf, "{\"type\": \"epoch\", \"epoch\": %llu, \"step\": %llu, \"test_loss\": %.6g, "
@@ -206,6 +188,7 @@ int cmd_train(int argc, char **argv) {
            "\"samples_per_s\": %.1f, \"train_time_s\": %.3f}\n",
            model_name(m), (unsigned long long)total, epochs_done, o.batch, o.threads, o.opt == OPT_SGD ? "sgd" : "adam",
            o.lr, last_loss, test_loss, test_acc, samples / t_train, t_train);
+    if (o.save && weights_save(o.save, m, t.w, t.state, &err)) goto fail;
     ret = CLI_OK;
     goto done;
 fail:
@@ -217,10 +200,8 @@ done:
     }
     pd_free(x);
     pd_free(y);
-    data_sampler_release(&s);
+    train_data_close(&d);
     trainer_release(&t);
     model_free(m);
-    data_release(&tr);
-    data_release(&te);
     return ret;
 }

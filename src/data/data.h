@@ -138,4 +138,54 @@ void data_sampler_release(DataSampler *s);
  * (< batch only for a kept last partial batch). */
 int  data_sampler_get(DataSampler *s, uint64_t g, float *x, int32_t *y);
 
+/* ==== text: byte-level language-model data (data_text.c) ===================================
+ * A plain-text file read as bytes; every byte is a token in [0, 256). The last
+ * `test_fraction` of the bytes (at least one sequence) is the held-out tail for evaluation,
+ * the rest the training text. A split of B bytes holds floor((B - 1) / T) sequences of context
+ * length T: sequence i is the inputs bytes[i*T .. i*T + T) and the targets shifted by one,
+ * bytes[i*T + 1 .. i*T + T + 1) (consecutive sequences share one byte). Inputs are written as
+ * floats (the model's input buffer: token ids for an "embed" layer), targets as int32 (T per
+ * sample: the loss is over every position, in nats per byte).
+ * Order: exactly the Dataset contract above (epoch permutations of the training sequences,
+ * global minibatch g, partial last batch kept), so the runtime can shard it the same way. */
+#define DATA_TEXT_TEST_FRACTION 0.05   /* the CLI's held-out tail */
+#define DATA_TEXT_MAX_BYTES (1u << 30)
+
+typedef struct TextData {
+    uint8_t *bytes;        /* the whole text, owned */
+    size_t n_bytes;
+    size_t split;          /* [0, split) training text, [split, n_bytes) held-out tail */
+    int ctx;               /* T: tokens per sequence */
+    size_t n_train, n_test;   /* sequences in each part */
+} TextData;
+
+/* Reads path (at most DATA_TEXT_MAX_BYTES) and splits it. Fails with PD_EIO naming the file,
+ * or PD_EINVAL if ctx < 1, test_fraction is outside (0, 1), or either part has no sequence.
+ * Caller owns *out (data_text_release). */
+int  data_text_load(const char *path, int ctx, double test_fraction, TextData *out, Err *err);
+/* The same from bytes in memory (copied); name is used in messages. */
+int  data_text_from_bytes(const void *bytes, size_t n, const char *name, int ctx, double test_fraction,
+                          TextData *out, Err *err);
+void data_text_release(TextData *d);   /* zeroed or NULL is fine */
+/* Copies sequences order[first .. first + count) of the training part (test = 0) or of the
+ * tail (test = 1) into x (count, T) floats and y (count, T) int32 (y may be NULL). order
+ * NULL = identity. */
+void data_text_batch(const TextData *d, int test, const uint32_t *order, size_t first, int count, float *x,
+                     int32_t *y);
+
+/* A cursor over the training sequences, as DataSampler (shuffled, last batch kept). */
+typedef struct TextSampler {
+    const TextData *d;     /* borrowed */
+    uint64_t seed;
+    int batch;
+    size_t n_batches;      /* per epoch */
+    uint64_t epoch;        /* of order; UINT64_MAX = none yet */
+    uint32_t *order;       /* (n_train), owned */
+} TextSampler;
+int  data_text_sampler_init(TextSampler *s, const TextData *d, int batch, uint64_t seed, Err *err);
+void data_text_sampler_release(TextSampler *s);
+/* Global minibatch g into x (batch, T), y (batch, T); returns its sequence count. */
+int  data_text_sampler_get(TextSampler *s, uint64_t g, float *x, int32_t *y);
+/* ==== end of text ============================================================================ */
+
 #endif

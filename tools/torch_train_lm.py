@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""torch_train_lm.py: PyTorch's side of the language-model comparison: trains the PyTorch twin
+of models/<model>.json (tools/torch_models.py) on a text file with pipedream's exact recipe and
+data (the same held-out tail, the same sequences in the same shuffled order: tools/pd_io.py
+ports pipedream's Philox streams), then evaluates the held-out tail in nats per byte.
+
+    /usr/bin/python3 tools/torch_train_lm.py --text kjv.txt --steps 200 --minibatch 32 --lr 1e-3 \\
+        --init-out /tmp/init.safetensors --pipedream build/pipedream
+
+Both start from the same weights: PyTorch's default init of the twin (seeded by --seed),
+written with --init-out in pipedream's names, or any weights file given by --init. With
+--pipedream, the script then runs `pipedream train MODEL.json --text ... --init W` (same steps,
+minibatch, Adam, lr, seed, threads) and prints both summaries and the difference of the final
+held-out losses. Output: JSON lines {"framework": "pytorch" | "pipedream", "test_loss",
+"test_accuracy", "final_loss", "samples_per_s", ...}, then {"compare": ...}.
+Throughput counts training steps only (forward, loss, backward, Adam), as pipedream's
+samples_per_s does."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+ap.add_argument('--text', required=True)
+ap.add_argument('--model', default='gpt-mini', help='gpt-mini or lstm-lm (models/<model>.json)')
+ap.add_argument('--steps', type=int, default=200)
+ap.add_argument('--minibatch', type=int, default=32)
+ap.add_argument('--lr', type=float, default=1e-3)
+ap.add_argument('--seed', type=int, default=1)
+ap.add_argument('--threads', type=int, default=1)
+ap.add_argument('--log-every', type=int, default=50)
+ap.add_argument('--init', help='start from this weights file instead of PyTorch\'s init')
+ap.add_argument('--init-out', help='write the initial weights here (pipedream names)')
+ap.add_argument('--pipedream', help='also run this pipedream executable with the same init and recipe')
+args = ap.parse_args()
+os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pd_io  # noqa: E402
+import torch_models as tm  # noqa: E402
+
+torch.set_num_threads(args.threads)
+model_json = os.path.join(HERE, '..', 'models', args.model + '.json')
+ctx = json.load(open(model_json))['input'][0]
+text = pd_io.Text(open(args.text, 'rb').read(), ctx)
+
+torch.manual_seed(args.seed)
+model = tm.LM_MODELS[args.model]()
+names = pd_io.param_names(model_json)
+if args.init:
+    w, _ = pd_io.read_safetensors(args.init)
+    with torch.no_grad():
+        for (name, shape), p in zip(names, model.parameters()):
+            p.copy_(torch.from_numpy(w[name]).reshape(p.shape))
+init_path = args.init
+if args.init_out:
+    pd_io.write_weights(args.init_out, model_json, [p.detach().numpy() for p in model.parameters()])
+    init_path = init_path or args.init_out
+
+opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+model.train()
+t_train, win, last_loss, samples = 0.0, [], float('nan'), 0
+for g in range(args.steps):
+    x, y = text.minibatch(g, args.minibatch, args.seed)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss = tm.lm_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    t_train += time.perf_counter() - t0
+    samples += x.shape[0]
+    win.append(loss.item())
+    if (g + 1) % args.log_every == 0 or g + 1 == args.steps:
+        last_loss = sum(win) / len(win)
+        print('step %d loss %.4f %.1f samples/s' % (g + 1, last_loss, samples / t_train), file=sys.stderr)
+        win = []
+
+model.eval()
+tot, hits = 0.0, 0
+with torch.no_grad():
+    for i in range(0, text.n_test, 256):
+        idx = np.arange(i, min(i + 256, text.n_test))
+        x, y = text.batch(1, idx)
+        logits = model(torch.from_numpy(x))
+        tot += tm.lm_loss(logits, torch.from_numpy(y)).item() * len(idx)
+        hits += (logits.argmax(-1) == torch.from_numpy(y)).sum().item()
+ours = {'framework': 'pytorch', 'torch': torch.__version__, 'model': args.model, 'steps': args.steps,
+        'minibatch': args.minibatch, 'threads': args.threads, 'lr': args.lr, 'final_loss': round(last_loss, 6),
+        'test_loss': round(tot / text.n_test, 6), 'test_accuracy': round(hits / (text.n_test * ctx), 4),
+        'samples_per_s': round(samples / t_train, 1), 'train_time_s': round(t_train, 3)}
+print(json.dumps(ours), flush=True)
+
+if args.pipedream:
+    if not init_path:
+        sys.exit('--pipedream needs --init or --init-out (both frameworks start from the same weights)')
+    cmd = [args.pipedream, 'train', model_json, '--text', args.text, '--init', init_path, '--steps', str(args.steps),
+           '--minibatch', str(args.minibatch), '--optimizer', 'adam', '--lr', str(args.lr), '--seed', str(args.seed),
+           '--threads', str(args.threads), '--log-every', str(args.log_every)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    pd = json.loads(out)
+    pd['framework'] = 'pipedream'
+    print(json.dumps(pd))
+    print(json.dumps({'compare': {'test_loss_diff': round(pd['test_loss'] - ours['test_loss'], 4),
+                                  'final_loss_diff': round(pd['final_loss'] - ours['final_loss'], 4),
+                                  'throughput_ratio': round(pd['samples_per_s'] / ours['samples_per_s'], 3)}}))
