@@ -1,9 +1,12 @@
 /* test_comm.c: the comm module over the threads transport: the shared checks of
  * tests/mpi/comm_checks.h (ping-pong with headers, out-of-order tags, receives posted before
  * sends, header mismatches named, deadline expiry, all-reduce bitwise equal to the serial
- * rank-order sum, agree, 1000 messages in flight, bad arguments) on 4 worker threads, plus
- * what only threads can show in one process: a worker that ends early or aborts does not
- * hang the others, collective deadlines, a single rank talking to itself.
+ * rank-order sum, agree, 1000 messages in flight, bad arguments; the control plane: byte
+ * round trips, channels, control vs data tags, oversize messages, timeouts naming the late
+ * rank, broadcast, gather, agree_t, recovery after a late rank, group lists) on 4 worker
+ * threads, plus what only threads can show in one process: a worker that ends early or
+ * aborts does not hang the others (data, control and collectives), collective deadlines, a
+ * single rank talking to itself, the tag layout for any tag space.
  * The same checks run over MPI in test_comm_mpi.c. */
 #include "testutil.h"
 
@@ -20,15 +23,28 @@ static void run_case(const ChkCase *k) {
     assert_int_equal(rc, PD_OK);
 }
 
-static void test_pingpong(void **s) { (void)s; run_case(&CHK_CASES[0]); }
-static void test_out_of_order(void **s) { (void)s; run_case(&CHK_CASES[1]); }
-static void test_posted_first(void **s) { (void)s; run_case(&CHK_CASES[2]); }
-static void test_mismatch(void **s) { (void)s; run_case(&CHK_CASES[3]); }
-static void test_deadline(void **s) { (void)s; run_case(&CHK_CASES[4]); }
-static void test_allreduce(void **s) { (void)s; run_case(&CHK_CASES[5]); }
-static void test_agree(void **s) { (void)s; run_case(&CHK_CASES[6]); }
-static void test_many(void **s) { (void)s; run_case(&CHK_CASES[7]); }
-static void test_bad_args(void **s) { (void)s; run_case(&CHK_CASES[8]); }
+#define SHARED(name) \
+    static void test_##name(void **s) { (void)s; run_case(chk_case(#name)); }
+SHARED(pingpong)
+SHARED(out_of_order)
+SHARED(posted_first)
+SHARED(mismatch)
+SHARED(deadline)
+SHARED(allreduce)
+SHARED(agree)
+SHARED(many)
+SHARED(bad_args)
+SHARED(ctrl_bytes)
+SHARED(ctrl_channels)
+SHARED(ctrl_vs_data)
+SHARED(ctrl_oversize)
+SHARED(ctrl_timeout)
+SHARED(bcast)
+SHARED(gather)
+SHARED(agree_t)
+SHARED(coll_timeout)
+SHARED(group_lists)
+SHARED(ctrl_bad_args)
 
 /* Rank 0 fails at once; rank 1 waits (no deadline) for a message from it, ranks 2 and 3
  * for a barrier it never joins: all fail with PD_ECOMM naming rank 0 instead of hanging. */
@@ -173,6 +189,21 @@ static int w_single(Comm *c, int rank, void *arg) {
     int rc = comm_group_allreduce(g, z, 3, COMM_MEAN, &err);
     comm_group_free(g);
     if (rc || z[0] != 0.1f || z[1] != -3.0f || z[2] != 7.5f) return PD_EINVAL;
+    /* the control plane on one rank: to itself, and collectives of one */
+    unsigned char m[5] = {1, 2, 3, 4, 5}, r[5] = {0};
+    size_t got = 0;
+    if (comm_ctrl_send(c, 0, 9, m, 5, 1, &err) || comm_ctrl_recv(c, 0, 9, r, 5, &got, 1, &err) || got != 5 ||
+        memcmp(m, r, 5))
+        return PD_EIO;
+    int64_t v = (int64_t)1 << 62, all[1] = {0};
+    void **parts;
+    size_t *sizes;
+    if (comm_bcast_i64(c, 0, &v, 1, 1, &err) || v != (int64_t)1 << 62 || comm_gather_i64(c, 0, &v, 1, all, 1, &err) ||
+        all[0] != v || comm_gather(c, 0, m, 0, &parts, &sizes, 1, &err) || sizes[0] != 0 || !parts[0])
+        return PD_EIO;
+    comm_parts_free(parts, sizes, 1);
+    int who = -3;
+    if (comm_agree_t(c, PD_EIO, 1, &who, &err) != PD_EIO || who != 0) return PD_EINVAL;
     return comm_agree(c, PD_EIO) == PD_EIO ? PD_OK : PD_EINVAL;
 }
 
@@ -183,6 +214,92 @@ static void test_single_rank(void **s) {
     Comm *eps[1];
     assert_int_equal(comm_threads_create(0, eps, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "0 endpoints"));
+}
+
+/* Rank 3 ends at once. Ranks 0-2, with no deadline, wait for it: a control receive, an
+ * agree (every one says who: 3), a gather to rank 0 and a broadcast from it; each fails
+ * with PD_ECOMM naming rank 3 instead of hanging. The agree's leftovers do not disturb the
+ * gather. */
+static int w_ctrl_gone(Comm *c, int rank, void *arg) {
+    char *msgs = arg;
+    Err err = {0};
+    if (rank == 3) return PD_EIO;
+    char *m = msgs + 2048 * rank;
+    unsigned char b[4];
+    int rc = comm_ctrl_recv(c, 3, 0, b, sizeof b, NULL, 0, &err);
+    snprintf(m, 512, "%d %.400s", rc, err.msg);
+    int who = -5;
+    rc = comm_agree_t(c, PD_OK, 0, &who, &err);
+    snprintf(m + 512, 512, "%d %d %.400s", rc, who, err.msg);
+    int64_t v = rank, all[4];
+    rc = comm_gather_i64(c, 0, &v, 1, all, 0, &err);
+    snprintf(m + 1024, 512, "%d %.400s", rc, err.msg);
+    rc = comm_bcast(c, 3, b, sizeof b, 0, &err);
+    snprintf(m + 1536, 512, "%d %.400s", rc, err.msg);
+    /* stay until all three are done (a rank that has ended is rightly named too) */
+    const int three[3] = {0, 1, 2};
+    CommGroup *g = NULL;
+    float one[1] = {1};
+    if ((rc = comm_group_new(c, three, 3, &g, &err))) return rc;
+    rc = comm_group_allreduce(g, one, 1, COMM_SUM, &err);
+    comm_group_free(g);
+    return rc;
+}
+
+static void test_ctrl_peer_gone(void **s) {
+    (void)s;
+    char msgs[CHK_NRANKS * 2048] = {0};
+    int rcs[CHK_NRANKS];
+    Err err = {0};
+    double t0 = pd_now();
+    comm_threads_run(CHK_NRANKS, w_ctrl_gone, msgs, rcs, &err);
+    assert_true(pd_now() - t0 < 30);
+    for (int r = 0; r < 3; r++) assert_int_equal(rcs[r], PD_OK);
+    for (int r = 0; r < 3; r++) {
+        const char *m = msgs + 2048 * r;
+        if (r == 0)
+            for (int i = 0; i < 4; i++) fprintf(stderr, "rank %d [%d]: %s\n", r, i, m + 512 * i);
+        char want[16];
+        snprintf(want, sizeof want, "%d ", PD_ECOMM);
+        assert_true(!strncmp(m, want, strlen(want)) && strstr(m, "rank 3 closed its endpoint") &&
+                    strstr(m, "control channel 0"));
+        snprintf(want, sizeof want, "%d 3 ", PD_ECOMM);   /* rc, who */
+        assert_true(!strncmp(m + 512, want, strlen(want)) && strstr(m + 512, "rank 3"));
+        if (r == 0) {   /* the root waits for rank 3; the others' parts went */
+            snprintf(want, sizeof want, "%d ", PD_ECOMM);
+            assert_true(!strncmp(m + 1024, want, strlen(want)) && strstr(m + 1024, "rank 3"));
+        } else {
+            assert_true(!strncmp(m + 1024, "0 ", 2));
+        }
+        snprintf(want, sizeof want, "%d ", PD_ECOMM);
+        assert_true(!strncmp(m + 1536, want, strlen(want)) && strstr(m + 1536, "rank 3"));
+    }
+}
+
+/* The tag layout for any tag space: data tags below the control range, the control range
+ * within MPI_TAG_UB, for the usual (2^31 - 1), the smallest MPI allows (32767) and the
+ * smallest that works. */
+static void test_tag_layout(void **s) {
+    (void)s;
+    const int64_t ubs[4] = {2147483647, 32767, 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT - 1, 100000};
+    assert_int_equal(comm_tag_window_for_ub(ubs[0]), 1 << 20);
+    assert_int_equal(comm_tag_window_for_ub(ubs[2]), 1);
+    assert_int_equal(comm_tag_window_for_ub(ubs[2] - 1), 0);
+    for (int u = 0; u < 4; u++) {
+        const int64_t w = comm_tag_window_for_ub(ubs[u]);
+        assert_true(w >= 1);
+        const int lo = comm_ctrl_tag(0, w), hi = comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, w);
+        assert_true(hi <= ubs[u]);
+        assert_true(comm_tag_window_for_ub(ubs[u]) == (int64_t)1 << 20 || hi + 2 * COMM_KIND_COUNT > ubs[u]);
+        const int64_t mbs[6] = {0, 1, w - 1, w, 7 * w + 3, (int64_t)1 << 53};
+        for (int k = 0; k < COMM_KIND_COUNT; k++)
+            for (int i = 0; i < 6; i++)
+                for (int part = 0; part < 2; part++) {
+                    int t = comm_tag((CommKind)k, mbs[i], part, w);
+                    assert_true(t >= 0 && t < lo);
+                }
+    }
+    assert_string_equal(comm_kind_name((CommKind)COMM_CTRL_BYTES), "control message");
 }
 
 /* The serial oracle itself: rank order matters, and MEAN divides the rank-order sum. */
@@ -213,6 +330,19 @@ int main(void) {
         cmocka_unit_test(test_agree),
         cmocka_unit_test(test_many),
         cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_tag_layout),
+        cmocka_unit_test(test_ctrl_bytes),
+        cmocka_unit_test(test_ctrl_channels),
+        cmocka_unit_test(test_ctrl_vs_data),
+        cmocka_unit_test(test_ctrl_oversize),
+        cmocka_unit_test(test_ctrl_timeout),
+        cmocka_unit_test(test_bcast),
+        cmocka_unit_test(test_gather),
+        cmocka_unit_test(test_agree_t),
+        cmocka_unit_test(test_coll_timeout),
+        cmocka_unit_test(test_group_lists),
+        cmocka_unit_test(test_ctrl_bad_args),
+        cmocka_unit_test(test_ctrl_peer_gone),
         cmocka_unit_test(test_early_exit_codes),
         cmocka_unit_test(test_abort_wakes_everyone),
         cmocka_unit_test(test_collective_deadline),

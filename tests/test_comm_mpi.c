@@ -3,8 +3,11 @@
  * (OMPI_COMM_WORLD_SIZE is set) each rank runs the checks of tests/mpi/comm_checks.h, the
  * same ones test_comm.c runs over threads (ping-pong, out-of-order tags, receives posted
  * first, mismatched headers, deadline expiry, all-reduce bitwise equal to the serial
- * rank-order sum, agree, 1000 messages in flight, bad arguments), and the ranks agree on the
- * outcome. Skips (exit 0, "SKIP" on stdout) if /usr/bin/mpirun is missing.
+ * rank-order sum, agree, 1000 messages in flight, bad arguments; the control plane: byte
+ * round trips, channels, control vs data tags, oversize messages, timeouts naming the late
+ * rank, broadcast, gather, agree_t, recovery after a late rank, group lists, bad
+ * arguments), all on one comm one after the other, and the ranks agree on the outcome.
+ * Skips (exit 0, "SKIP" on stdout) if /usr/bin/mpirun is missing.
  *
  * PD_COMM_BENCH=1 test_comm_mpi: ping-pong latency and bandwidth between 2 ranks for 4 KB,
  * 256 KB and 4 MB messages, through comm (header + payload) and through raw MPI_Send/Recv. */

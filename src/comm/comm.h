@@ -8,7 +8,9 @@
  * float payload) with non-blocking send/receive, receives posted ahead, waits with
  * deadlines; group all-reduce with a fixed summation order (bitwise equal on both
  * transports and to a serial sum in rank order); barrier; agree (all-reduce MAX of an error
- * code); abort. What it does not: schedule anything, own tensors, retry, or survive the loss
+ * code); abort; a typed control plane (byte messages on channels, and broadcast, gather and
+ * agree built on them) on a tag range of its own, every call with a deadline that names the
+ * late rank. What it does not: schedule anything, own tensors, retry, or survive the loss
  * of a rank (a dead peer becomes an error naming it, then the runtime aborts).
  * See docs/comm.md.
  *
@@ -47,6 +49,13 @@ typedef struct CommHeader {
     uint32_t crc;             /* CRC-32 of the bytes above */
     uint32_t pad;             /* zero */
 } CommHeader;
+
+/* CommHeader.kind of a control-plane message (comm_ctrl_*, comm_bcast, ...). Not a CommKind:
+ * comm_isend cannot send one. Its header reads differently: count = payload BYTES (exact),
+ * ndim = 0, dims[0] = channel, dims[1] = operation (0 message, 1 broadcast, 2 gather,
+ * 3 agree, 4 group set-up), dims[2] = root (or -1), mb = collective sequence number (0 for
+ * a plain message), version = 0. See docs/comm.md, "Control plane". */
+#define COMM_CTRL_BYTES 3
 
 typedef struct Comm Comm;
 typedef struct CommGroup CommGroup;
@@ -129,6 +138,60 @@ int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err);
  * NULL is fine. */
 void comm_cancel(Comm *c, CommReq **req);
 
+/* ---- control plane ----------------------------------------------------------------------
+ * Small typed messages between ranks, on a tag range reserved for them (disjoint from every
+ * (kind, minibatch) tag of comm_isend/comm_irecv, on both transports). A channel (0 ..
+ * COMM_CHANNELS-1) separates independent conversations; messages from one source on one
+ * channel arrive in send order. Every call is blocking and bounded: timeout_s > 0 is the
+ * deadline (0 = none); on expiry PD_ECOMM with a message naming the peer being waited for
+ * ("rank 0: timed out after 5 s waiting for rank 2 (control channel 3)"). A closed/aborted
+ * peer is PD_ECOMM naming it. Bad arguments (peer or root out of range, channel out of
+ * range, NULL buffer with n > 0, n > COMM_CTRL_MAX) are PD_EINVAL, checked before anything
+ * is sent (a collective then has not started on this rank).
+ *
+ * Sends are like MPI_Send: the data is copied at once (buf may be reused on return), and
+ * the call returns when the transport has the message for good. Threads: at once (eager).
+ * MPI: small messages at once; large ones (above Open MPI's eager limit, a few KB) when the
+ * peer has received them. So two ranks must not both send large control messages to each
+ * other before receiving (under MPI that is a timeout naming the other). A send that timed
+ * out stays queued and may still be delivered. Sending to oneself works (threads; MPI for
+ * small messages). */
+#define COMM_CHANNELS 64
+#define COMM_CTRL_MAX ((size_t)2147483647 - 64)   /* payload bytes of one control message */
+int comm_ctrl_send(Comm *c, int peer, int channel, const void *buf, size_t n, double timeout_s, Err *err);
+/* Receives one message from peer on channel into buf (cap bytes). *n_out = bytes received
+ * (optional). A message longer than cap fails with PD_ECOMM naming sizes (the message is
+ * consumed: the next receive gets the next message). */
+int comm_ctrl_recv(Comm *c, int peer, int channel, void *buf, size_t cap, size_t *n_out, double timeout_s, Err *err);
+/* Same, any length: *out is malloc'd (caller frees; non-NULL even for 0 bytes). */
+int comm_ctrl_recv_alloc(Comm *c, int peer, int channel, void **out, size_t *n_out, double timeout_s, Err *err);
+
+/* Collectives over all ranks of c (every rank calls, same root, same n where stated), on
+ * the control plane (their own internal channel, never one of the caller's). Every rank
+ * must call the same sequence of them (as in MPI); each carries a sequence number, so a
+ * rank that calls a different one fails with PD_ECOMM ("ranks called different
+ * collectives") instead of mixing data. The deadline covers the whole call. After one
+ * failed on some ranks (a timeout), the others may still call it late: the leftover
+ * messages of a failed collective are recognised by their sequence number and dropped by
+ * the next one, so the comm stays usable. Cost: broadcast and gather are flat (root sends
+ * to / receives from each rank); agree is all-to-all (size * (size - 1) tiny messages),
+ * which is what lets every rank name the late one. */
+int comm_bcast(Comm *c, int root, void *buf, size_t n, double timeout_s, Err *err);           /* same n everywhere */
+int comm_bcast_i64(Comm *c, int root, int64_t *v, int n, double timeout_s, Err *err);
+/* Each rank contributes n bytes (n may differ by rank). Root gets parts[r] (malloc'd, its
+ * own included) and sizes[r], arrays of comm_size entries (caller frees with comm_parts_free);
+ * elsewhere *parts = NULL, *sizes = NULL. */
+int comm_gather(Comm *c, int root, const void *mine, size_t n, void ***parts, size_t **sizes, double timeout_s, Err *err);
+void comm_parts_free(void **parts, size_t *sizes, int n);
+int comm_gather_i64(Comm *c, int root, const int64_t *mine, int n, int64_t *all /* root: size*n */, double timeout_s, Err *err);
+/* Agreement with a deadline: every rank returns the max of rc over ranks (codes >= 0); on
+ * failure (timeout, peer gone) returns PD_ECOMM with err naming the late rank. Also
+ * *who (optional) = the lowest rank that contributed the max code (-1 if all PD_OK), so
+ * that everyone can say which rank failed. On failure *who = the lowest rank this rank did
+ * not hear from (the late or gone one). err is only written on failure (on success a
+ * message already in it, say the caller's own, stays). */
+int comm_agree_t(Comm *c, int rc, double timeout_s, int *who, Err *err);
+
 /* ---- collectives ----------------------------------------------------------------- */
 /* Blocks until every rank has entered. PD_OK or PD_ECOMM. */
 int comm_barrier(Comm *c, Err *err);
@@ -148,8 +211,12 @@ void comm_abort(Comm *c, int code, const char *msg);
 /* A group of ranks (a replicated stage) for all-reduce. Called by every member of ranks
  * (only by them), with the same list in the same order; the order is the group's rank order
  * and so the summation order. ranks are distinct, in 0..size-1, and include the caller.
- * Create once and reuse (MPI: MPI_Comm_create_group). Returns PD_OK and *out (caller owns:
- * comm_group_free, before comm_free), or PD_EINVAL / PD_ECOMM. */
+ * Create once and reuse (MPI: MPI_Comm_create_group). The members first exchange their
+ * lists on the control plane within the collective deadline (comm_set_coll_timeout): a
+ * member that does not come is named, and members passing different lists all fail with
+ * PD_ECOMM ("rank 1 passed the list (1, 0), this rank (0, 1)") instead of hanging.
+ * Returns PD_OK and *out (caller owns: comm_group_free, before comm_free), or PD_EINVAL /
+ * PD_ECOMM. */
 int comm_group_new(Comm *c, const int *ranks, int n, CommGroup **out, Err *err);
 void comm_group_free(CommGroup *g);   /* NULL is fine; not collective under threads */
 int comm_group_rank(const CommGroup *g);   /* position of the caller in ranks */
@@ -173,7 +240,17 @@ const char *comm_kind_name(CommKind k);   /* "activation", "gradient", "control"
  * space is smaller); the header check still tells them apart. */
 int64_t comm_tag_window(const Comm *c);
 /* The MPI tag of (kind, mb, part) (part 0 = header, 1 = payload): see docs/comm.md.
- * window = how many consecutive minibatches get distinct tags. */
+ * window = how many consecutive minibatches get distinct tags. Always < 2 * COMM_KIND_COUNT
+ * * window. */
 int comm_tag(CommKind kind, int64_t mb, int part, int64_t window);
+/* The tag of control channel ch: 2 * COMM_KIND_COUNT * window + ch, above every comm_tag of
+ * that window. ch is 0 .. COMM_CHANNELS - 1 for callers; the comm's own collectives use
+ * COMM_CHANNELS and COMM_CHANNELS + 1 (COMM_CTRL_TAG_COUNT channels in all). */
+#define COMM_CTRL_TAG_COUNT (COMM_CHANNELS + 2)
+int comm_ctrl_tag(int channel, int64_t window);
+/* The tag window for a transport whose largest tag is tag_ub (MPI_TAG_UB): the largest
+ * window <= 2^20 with 2 * COMM_KIND_COUNT * window + COMM_CTRL_TAG_COUNT - 1 <= tag_ub, or 0
+ * if none (tag_ub < 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT - 1; MPI guarantees 32767). */
+int64_t comm_tag_window_for_ub(int64_t tag_ub);
 
 #endif

@@ -8,6 +8,11 @@
  * summation order is unspecified): a chain in group rank order (rank 0 sends its chunk to
  * rank 1, which adds its own and passes it on, ...; chunks pipelined) ends on the last rank
  * with exactly the serial rank-order sum, which MPI_Ibcast then copies to everyone.
+ * Control blocks (comm.c's control plane) are one MPI message each (header and payload
+ * packed, MPI_BYTE) on the channel's tag, above every data tag; a control receive matches
+ * with MPI_Improbe (source by source, so it can give up at a deadline without taking
+ * anything) and receives the matched message with MPI_Imrecv at its exact size. Sends in
+ * flight are kept (request and block) until they complete.
  * Error handler MPI_ERRORS_RETURN everywhere: MPI failures come back as PD_ECOMM.
  * What it does not: call MPI from more than one thread (MPI_THREAD_FUNNELED). */
 #include "comm_impl.h"
@@ -20,9 +25,17 @@
 #include <string.h>
 #include <time.h>
 
+typedef struct MPend {     /* a control block in flight */
+    MPI_Request rq;
+    void *blob;            /* malloc'd; freed when rq completes */
+    int peer, tag;         /* peer -1: a receive that gave up at its deadline mid-transfer */
+} MPend;
+
 typedef struct MComm {
     MPI_Comm comm;         /* duplicate of MPI_COMM_WORLD, errors return */
     int finalize;          /* we initialised MPI, so comm_free finalises it */
+    MPend *pend;           /* control blocks in flight */
+    int npend, cap;
 } MComm;
 
 typedef struct MReq {
@@ -107,12 +120,21 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
     m->finalize = finalize;
     MPI_Comm_rank(m->comm, &c->rank);
     MPI_Comm_size(m->comm, &c->size);
-    /* the tag space must hold 2 * COMM_KIND_COUNT tags per minibatch of the window */
+    /* the tag space must hold 2 * COMM_KIND_COUNT tags per minibatch of the window, then
+     * the control channels' tags (docs/comm.md, tag layout) */
     int *tag_ub = NULL, flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
     int64_t ub = flag && tag_ub ? (int64_t)*tag_ub : 32767;
-    int64_t window = (ub + 1) / (2 * COMM_KIND_COUNT);
-    c->tag_window = window < COMM_TAG_WINDOW ? window : COMM_TAG_WINDOW;
+    c->tag_window = comm_tag_window_for_ub(ub);
+    if (c->tag_window < 1) {
+        MPI_Comm_free(&m->comm);
+        free(m);
+        free(c);
+        if (finalize) MPI_Finalize();
+        return err_set(err, PD_ECOMM, "MPI_TAG_UB is %" PRId64 ": too small for the data and control tags", ub);
+    }
+    PD_ASSERT(comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, c->tag_window) <= ub &&
+              comm_tag(COMM_KIND_COUNT - 1, c->tag_window - 1, 1, c->tag_window) < comm_ctrl_tag(0, c->tag_window));
     c->ops = &MPI_OPS;
     c->ctx = m;
     *out = c;
@@ -124,9 +146,18 @@ static void m_free(Comm *c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin) {
+        /* control blocks still in flight (only after a timeout): a completed one is freed;
+         * one that is not is released to MPI and its block leaked on purpose (MPI may still
+         * read or write it; cancelling sends is unreliable) */
+        for (int i = 0; i < m->npend; i++) {
+            int done = 0;
+            if (MPI_Test(&m->pend[i].rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) free(m->pend[i].blob);
+            else if (m->pend[i].rq != MPI_REQUEST_NULL) MPI_Request_free(&m->pend[i].rq);
+        }
         MPI_Comm_free(&m->comm);
         if (m->finalize) MPI_Finalize();
     }
+    free(m->pend);
     free(m);
     free(c);
 }
@@ -227,6 +258,128 @@ static void m_req_free(Comm *c, CommReq *req) {
     free(req);
 }
 
+/* ---- control plane ---------------------------------------------------------------- */
+
+static void pend_push(MComm *m, MPI_Request rq, void *blob, int peer, int tag) {
+    if (m->npend == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 16;
+        m->pend = realloc(m->pend, (size_t)m->cap * sizeof *m->pend);
+        PD_ASSERT(m->pend);
+    }
+    m->pend[m->npend++] = (MPend){rq, blob, peer, tag};
+}
+
+/* Frees the blocks whose requests completed. PD_OK, or PD_ECOMM on an MPI error. */
+static int pend_reap(Comm *c, MComm *m, Err *err) {
+    for (int i = 0; i < m->npend;) {
+        int done = 0;
+        MPend *e = &m->pend[i];
+        int mrc = MPI_Test(&e->rq, &done, MPI_STATUS_IGNORE);
+        if (mrc != MPI_SUCCESS || done) {
+            int peer = e->peer;
+            free(e->blob);
+            *e = m->pend[--m->npend];
+            if (mrc != MPI_SUCCESS) {
+                char what[64];
+                snprintf(what, sizeof what, "a control message %s rank %d", peer >= 0 ? "to" : "from", peer);
+                return mpi_err(err, c->rank, mrc, what, NULL);
+            }
+            continue;
+        }
+        i++;
+    }
+    return PD_OK;
+}
+
+static int m_ctrl_post(Comm *c, int peer, int tag, void *blob, size_t len, Err *err) {
+    MComm *m = c->ctx;
+    if (len > (size_t)INT_MAX) {
+        free(blob);
+        return err_set(err, PD_EINVAL, "rank %d: control message of %zu bytes is too large for one MPI message",
+                       c->rank, len);
+    }
+    MPI_Request rq;
+    int mrc = MPI_Isend(blob, (int)len, MPI_BYTE, peer, tag, m->comm, &rq);
+    if (mrc != MPI_SUCCESS) {
+        free(blob);
+        return mpi_err(err, c->rank, mrc, "MPI_Isend (control message)", NULL);
+    }
+    pend_push(m, rq, blob, peer, tag);
+    return PD_OK;
+}
+
+static int m_ctrl_flush(Comm *c, int peer, int tag, double deadline, int *late, Err *err) {
+    MComm *m = c->ctx;
+    double t0 = pd_now();
+    for (;;) {
+        int rc = pend_reap(c, m, err);
+        if (rc) return -rc;
+        int first = -1;   /* the lowest peer still being sent to */
+        for (int i = 0; i < m->npend; i++) {
+            const MPend *e = &m->pend[i];
+            if (e->peer >= 0 && e->tag == tag && (peer < 0 || e->peer == peer) && (first < 0 || e->peer < first))
+                first = e->peer;
+        }
+        if (first < 0) return COMM_DONE;
+        if (deadline < 0 || (deadline > 0 && pd_now() >= deadline)) {
+            *late = first;
+            return COMM_PENDING;
+        }
+        backoff(t0);
+    }
+}
+
+static int m_ctrl_take(Comm *c, const int *peers, int np, int tag, double deadline, int *from, void **blob,
+                       size_t *len, Err *err) {
+    MComm *m = c->ctx;
+    double t0 = pd_now();
+    *from = -1;
+    for (;;) {
+        for (int i = 0; i < np; i++) {
+            int flag = 0, cnt = 0;
+            MPI_Message msg;
+            MPI_Status st;
+            int mrc = MPI_Improbe(peers[i], tag, m->comm, &flag, &msg, &st);
+            if (mrc == MPI_SUCCESS && !flag) continue;
+            if (mrc == MPI_SUCCESS) mrc = MPI_Get_count(&st, MPI_BYTE, &cnt);
+            *from = peers[i];
+            if (mrc != MPI_SUCCESS) return -mpi_err(err, c->rank, mrc, "MPI_Improbe (control message)", NULL);
+            void *buf = malloc(cnt > 0 ? (size_t)cnt : 1);
+            PD_ASSERT(buf);
+            MPI_Request rq;
+            mrc = MPI_Imrecv(buf, cnt, MPI_BYTE, &msg, &rq);
+            if (mrc != MPI_SUCCESS) {
+                free(buf);
+                return -mpi_err(err, c->rank, mrc, "MPI_Imrecv (control message)", NULL);
+            }
+            double t1 = pd_now();
+            for (;;) {   /* matched: the transfer runs (large messages take a while) */
+                int done = 0;
+                mrc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
+                if (mrc != MPI_SUCCESS) {
+                    free(buf);
+                    return -mpi_err(err, c->rank, mrc, "receiving a control message", NULL);
+                }
+                if (done) {
+                    *blob = buf;
+                    *len = (size_t)cnt;
+                    return COMM_DONE;
+                }
+                if (deadline > 0 && pd_now() >= deadline) {   /* the message is lost to us */
+                    pend_push(m, rq, buf, -1, tag);
+                    return COMM_PENDING;
+                }
+                backoff(t1);
+            }
+        }
+        if (deadline < 0 || (deadline > 0 && pd_now() >= deadline)) {
+            *from = np > 0 ? peers[0] : -1;
+            return COMM_PENDING;
+        }
+        backoff(t0);
+    }
+}
+
 /* ---- collectives ------------------------------------------------------------------ */
 
 static int m_barrier(Comm *c, Err *err) {
@@ -253,12 +406,16 @@ static void m_abort(Comm *c, int code, const char *msg) {
     abort();   /* MPI_Abort does not return; if it did, still never continue */
 }
 
-static int m_group_new(Comm *c, const int *ranks, int n, int me, CommGroup **out, Err *err) {
+static int m_group_new(CommGroup *g, Err *err) {
+    Comm *c = g->comm;
     MComm *m = c->ctx;
     MPI_Group world = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
     MPI_Comm gc = MPI_COMM_NULL;
+    g->ctx = NULL;
+    /* the members have all arrived (comm.c exchanged the lists within the deadline), so
+     * this blocking call does not wait for a missing one */
     int mrc = MPI_Comm_group(m->comm, &world);
-    if (mrc == MPI_SUCCESS) mrc = MPI_Group_incl(world, n, ranks, &sub);   /* list order = group rank order */
+    if (mrc == MPI_SUCCESS) mrc = MPI_Group_incl(world, g->size, g->ranks, &sub);   /* list order = group rank order */
     if (mrc == MPI_SUCCESS) mrc = MPI_Comm_create_group(m->comm, sub, 0, &gc);
     if (sub != MPI_GROUP_NULL) MPI_Group_free(&sub);
     if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
@@ -266,19 +423,11 @@ static int m_group_new(Comm *c, const int *ranks, int n, int me, CommGroup **out
     MPI_Comm_set_errhandler(gc, MPI_ERRORS_RETURN);
     int grank = -1;
     MPI_Comm_rank(gc, &grank);
-    PD_ASSERTF(grank == me, "group rank %d, position in list %d", grank, me);
-    CommGroup *g = calloc(1, sizeof *g);
+    PD_ASSERTF(grank == g->rank, "group rank %d, position in list %d", grank, g->rank);
     MGroup *mg = calloc(1, sizeof *mg);
-    PD_ASSERT(g && mg);
+    PD_ASSERT(mg);
     mg->comm = gc;
-    g->comm = c;
-    g->rank = me;
-    g->size = n;
-    g->ranks = malloc((size_t)n * sizeof(int));
-    PD_ASSERT(g->ranks);
-    memcpy(g->ranks, ranks, (size_t)n * sizeof(int));
     g->ctx = mg;
-    *out = g;
     return PD_OK;
 }
 
@@ -290,8 +439,6 @@ static void m_group_free(CommGroup *g) {
     pd_free(mg->tmp[0]);
     pd_free(mg->tmp[1]);
     free(mg);
-    free(g->ranks);
-    free(g);
 }
 
 /* The chain: group rank k receives the partial sum of ranks 0..k-1 chunk by chunk, adds
@@ -377,6 +524,9 @@ static const CommOps MPI_OPS = {
     .wait = m_wait,
     .cancel = m_cancel,
     .req_free = m_req_free,
+    .ctrl_post = m_ctrl_post,
+    .ctrl_flush = m_ctrl_flush,
+    .ctrl_take = m_ctrl_take,
     .barrier = m_barrier,
     .agree = m_agree,
     .abort = m_abort,

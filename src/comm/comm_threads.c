@@ -6,6 +6,9 @@
  * eager: the payload is copied into the mailbox (or straight into a posted receive's
  * buffer), so a send completes at once. Collectives run in rounds on a shared group state
  * (arrive, the last arrival acts, everyone leaves); all-reduce sums in group rank order.
+ * Control blocks (comm.c's control plane) go through the same per-destination FIFO of
+ * unexpected messages, on their own tags; a control receive takes the first one from any of
+ * its peers, waiting on the endpoint's condition variable.
  * What it does not: flow control (an unmatched send holds its copy until received).
  * Aborts and closed endpoints wake every waiter, so a failed worker never hangs the others. */
 #include "comm_impl.h"
@@ -20,8 +23,10 @@
 typedef struct TMsg {          /* a sent message nobody has received yet */
     struct TMsg *next;
     int src, tag;
+    int ctrl;                  /* a control block: data is it (malloc'd), len bytes; hdr unused */
     CommHeader hdr;
-    float *data;               /* copy of hdr.count floats (owned), NULL if 0 */
+    void *data;                /* data message: copy of hdr.count floats (pd_alloc'd), NULL if 0 */
+    size_t len;
 } TMsg;
 
 typedef struct TReq {
@@ -106,10 +111,16 @@ static int aborted_err(const TBox *b, int me, Err *err) {
 
 /* Delivers message (hdr, data) into posted receive r: copies the payload only if it fits
  * exactly (otherwise the header check in comm.c reports the mismatch). */
-static void deliver(TReq *r, const CommHeader *hdr, const float *data) {
+static void deliver(TReq *r, const CommHeader *hdr, const void *data) {
     r->base.hdr = *hdr;
     if (hdr->count == r->cap && hdr->count > 0) memcpy(r->base.buf, data, hdr->count * sizeof(float));
     r->done = 1;
+}
+
+static void msg_free(TMsg *m) {
+    if (m->ctrl) free(m->data);
+    else pd_free(m->data);
+    free(m);
 }
 
 static void group_state_free(TGroupState *gs) {
@@ -143,8 +154,7 @@ static void box_free(TBox *b) {
     for (int i = 0; i < b->n; i++) {
         for (TMsg *m = b->ep[i].unexp_head, *nx; m; m = nx) {
             nx = m->next;
-            pd_free(m->data);
-            free(m);
+            msg_free(m);
         }
         pthread_cond_destroy(&b->ep[i].cv);
     }
@@ -293,7 +303,7 @@ static int t_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
     }
     TEndpoint *me = &b->ep[c->rank];
     TMsg *prev = NULL, *m = me->unexp_head;
-    while (m && !(m->src == req->peer && m->tag == req->tag)) {
+    while (m && !(!m->ctrl && m->src == req->peer && m->tag == req->tag)) {
         prev = m;
         m = m->next;
     }
@@ -302,8 +312,7 @@ static int t_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
         else me->unexp_head = m->next;
         if (me->unexp_tail == m) me->unexp_tail = prev;
         deliver(r, &m->hdr, m->data);
-        pd_free(m->data);
-        free(m);
+        msg_free(m);
     } else {
         r->posted = 1;
         if (me->posted_tail) me->posted_tail->next = r;
@@ -371,6 +380,103 @@ static void t_cancel(Comm *c, CommReq *req) {
 static void t_req_free(Comm *c, CommReq *req) {
     t_cancel(c, req);
     free(req);
+}
+
+/* ---- control plane ---------------------------------------------------------------- */
+
+/* Appends a block to peer's unexpected messages (eager, like data sends) and wakes it. */
+static int t_ctrl_post(Comm *c, int peer, int tag, void *blob, size_t len, Err *err) {
+    TBox *b = ((TComm *)c->ctx)->box;
+    int rc = PD_OK;
+    pthread_mutex_lock(&b->mu);
+    if (b->aborted) {
+        rc = aborted_err(b, c->rank, err);
+    } else if (b->ep[peer].closed) {
+        rc = err_set(err, PD_ECOMM, "rank %d: sending to rank %d: its endpoint is closed (its worker ended)", c->rank,
+                     peer);
+    } else {
+        TMsg *m = calloc(1, sizeof *m);
+        PD_ASSERT(m);
+        m->src = c->rank;
+        m->tag = tag;
+        m->ctrl = 1;
+        m->data = blob;
+        m->len = len;
+        TEndpoint *d = &b->ep[peer];
+        if (d->unexp_tail) d->unexp_tail->next = m;
+        else d->unexp_head = m;
+        d->unexp_tail = m;
+        blob = NULL;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    free(blob);
+    return rc;
+}
+
+/* Eager: a posted block is already the peer's. */
+static int t_ctrl_flush(Comm *c, int peer, int tag, double deadline, int *late, Err *err) {
+    (void)c, (void)peer, (void)tag, (void)deadline, (void)late, (void)err;
+    return COMM_DONE;
+}
+
+/* The earliest control block on tag from any of peers in me's unexpected messages. */
+static TMsg *find_ctrl(TEndpoint *me, const int *peers, int np, int tag, TMsg **prev_out) {
+    TMsg *prev = NULL;
+    for (TMsg *m = me->unexp_head; m; prev = m, m = m->next) {
+        if (!m->ctrl || m->tag != tag) continue;
+        for (int i = 0; i < np; i++)
+            if (peers[i] == m->src) {
+                *prev_out = prev;
+                return m;
+            }
+    }
+    return NULL;
+}
+
+static int t_ctrl_take(Comm *c, const int *peers, int np, int tag, double deadline, int *from, void **blob,
+                       size_t *len, Err *err) {
+    TBox *b = ((TComm *)c->ctx)->box;
+    TEndpoint *me = &b->ep[c->rank];
+    int st, timed_out = 0;
+    *from = -1;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        TMsg *prev = NULL, *m = find_ctrl(me, peers, np, tag, &prev);
+        if (m) {
+            if (prev) prev->next = m->next;
+            else me->unexp_head = m->next;
+            if (me->unexp_tail == m) me->unexp_tail = prev;
+            *from = m->src;
+            *blob = m->data;
+            *len = m->len;
+            free(m);
+            st = COMM_DONE;
+            break;
+        }
+        if (b->aborted) {
+            st = -aborted_err(b, c->rank, err);
+            break;
+        }
+        int gone = -1;
+        for (int i = 0; i < np && gone < 0; i++)
+            if (b->ep[peers[i]].closed) gone = peers[i];
+        if (gone >= 0) {   /* it sent nothing we wait for, and never will */
+            *from = gone;
+            st = -err_set(err, PD_ECOMM, "rank %d: rank %d closed its endpoint (its worker ended) without sending",
+                          c->rank, gone);
+            break;
+        }
+        if (timed_out || deadline < 0) {
+            *from = peers[0];
+            st = COMM_PENDING;
+            break;
+        }
+        /* on expiry, one more pass looks for a block that came with the deadline */
+        timed_out = timed_wait(&me->cv, &b->mu, deadline) == ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return st;
 }
 
 /* ---- collectives: rounds on a group state ----------------------------------------- */
@@ -468,42 +574,6 @@ static void t_abort(Comm *c, int code, const char *msg) {
     pthread_mutex_unlock(&b->mu);
 }
 
-static int t_group_new(Comm *c, const int *ranks, int n, int me, CommGroup **out, Err *err) {
-    TBox *b = ((TComm *)c->ctx)->box;
-    pthread_mutex_lock(&b->mu);
-    TGroupState *gs = b->groups;
-    for (; gs; gs = gs->next)
-        if (gs->n == n && !memcmp(gs->ranks, ranks, (size_t)n * sizeof(int)) && !gs->joined[me]) break;
-    if (!gs) {
-        gs = group_state_new(ranks, n);
-        gs->next = b->groups;
-        b->groups = gs;
-    }
-    gs->joined[me] = 1;
-    gs->refs++;
-    pthread_mutex_unlock(&b->mu);
-
-    CommGroup *g = calloc(1, sizeof *g);
-    TGroup *tg = calloc(1, sizeof *tg);
-    PD_ASSERT(g && tg);
-    tg->gs = gs;
-    g->comm = c;
-    g->rank = me;
-    g->size = n;
-    g->ranks = malloc((size_t)n * sizeof(int));
-    PD_ASSERT(g->ranks);
-    memcpy(g->ranks, ranks, (size_t)n * sizeof(int));
-    g->ctx = tg;
-    /* collective, as under MPI: everyone has joined when anyone returns */
-    int rc = round_sync(b, gs, c->rank, comm_coll_deadline(c), NULL, err);
-    if (rc) {
-        comm_group_free(g);
-        return err_prefix(err, "creating a group of %d ranks", n);
-    }
-    *out = g;
-    return PD_OK;
-}
-
 static void t_group_free(CommGroup *g) {
     TBox *b = ((TComm *)g->comm->ctx)->box;
     TGroupState *gs = ((TGroup *)g->ctx)->gs;
@@ -515,9 +585,39 @@ static void t_group_free(CommGroup *g) {
         group_state_free(gs);
     }
     pthread_mutex_unlock(&b->mu);
-    free(g->ranks);
     free(g->ctx);
-    free(g);
+}
+
+/* Joins (or starts) the shared state of the group with this list that this member has
+ * not joined yet. */
+static int t_group_new(CommGroup *g, Err *err) {
+    Comm *c = g->comm;
+    TBox *b = ((TComm *)c->ctx)->box;
+    const int n = g->size, me = g->rank;
+    pthread_mutex_lock(&b->mu);
+    TGroupState *gs = b->groups;
+    for (; gs; gs = gs->next)
+        if (gs->n == n && !memcmp(gs->ranks, g->ranks, (size_t)n * sizeof(int)) && !gs->joined[me]) break;
+    if (!gs) {
+        gs = group_state_new(g->ranks, n);
+        gs->next = b->groups;
+        b->groups = gs;
+    }
+    gs->joined[me] = 1;
+    gs->refs++;
+    pthread_mutex_unlock(&b->mu);
+
+    TGroup *tg = calloc(1, sizeof *tg);
+    PD_ASSERT(tg);
+    tg->gs = gs;
+    g->ctx = tg;
+    /* collective, as under MPI: everyone has joined when anyone returns */
+    int rc = round_sync(b, gs, c->rank, comm_coll_deadline(c), NULL, err);
+    if (rc) {
+        t_group_free(g);
+        g->ctx = NULL;
+    }
+    return rc;
 }
 
 static void allreduce_last(TGroupState *gs) {
@@ -576,6 +676,9 @@ static const CommOps THREADS_OPS = {
     .wait = t_wait,
     .cancel = t_cancel,
     .req_free = t_req_free,
+    .ctrl_post = t_ctrl_post,
+    .ctrl_flush = t_ctrl_flush,
+    .ctrl_take = t_ctrl_take,
     .barrier = t_barrier,
     .agree = t_agree,
     .abort = t_abort,

@@ -3,7 +3,10 @@
  * rank of either transport, so both are held to the same semantics. Each check is a
  * CommWorkerFn: it returns PD_OK, or prints "rank R: <check>: <what>" on stderr and returns
  * PD_EINVAL. They need 4 ranks. Oracles: payloads are a pure function of (source, kind, mb,
- * index); all-reduce is compared bitwise with comm_sum_serial in group rank order. */
+ * index); all-reduce is compared bitwise with comm_sum_serial in group rank order; control
+ * payloads are a pure function of (source, channel, message, index).
+ * Checks leave the comm clean (every message sent is received, collectives line up), since
+ * under MPI they all run one after the other on one comm. */
 #ifndef PD_COMM_CHECKS_H
 #define PD_COMM_CHECKS_H
 
@@ -377,6 +380,488 @@ static int chk_bad_args(Comm *c, int rank, void *arg) {
     return PD_OK;
 }
 
+/* ---- control plane ---------------------------------------------------------------- */
+
+static inline unsigned char chk_byte(int src, int ch, int k, size_t i) {
+    return (unsigned char)(src * 31 + ch * 7 + k * 13 + (int)(i % 251) * 11 + (int)(i >> 8) * 3 + 1);
+}
+
+static inline void chk_bytes(unsigned char *x, size_t n, int src, int ch, int k) {
+    for (size_t i = 0; i < n; i++) x[i] = chk_byte(src, ch, k, i);
+}
+
+/* Index of the first byte that is not (src, ch, k)'s, or -1. */
+static inline long chk_bytes_bad(const unsigned char *x, size_t n, int src, int ch, int k) {
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != chk_byte(src, ch, k, i)) return (long)i;
+    return -1;
+}
+
+/* Byte round trips in pairs (0,1), (2,3) of odd lengths, 0 and more than 1 MiB included:
+ * the odd rank receives (into a buffer of exactly the size, a larger one, or an allocated
+ * one, in turn), checks, and echoes a transformed copy that the even rank checks. */
+static int chk_ctrl_bytes(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const size_t lens[] = {0, 1, 3, 63, 64, 65, 1000, 4097, 65537, ((size_t)1 << 20) + 7};
+    enum { NL = sizeof lens / sizeof lens[0] };
+    const size_t maxn = lens[NL - 1] + 16;
+    const int peer = rank ^ 1, even = !(rank & 1), ch = 3 + rank / 2;
+    unsigned char *x = malloc(maxn), *y = malloc(maxn);
+    PD_ASSERT(x && y);
+    for (int li = 0; li < NL; li++) {
+        const size_t n = lens[li];
+        size_t got = 12345;
+        unsigned char *in = y;
+        void *alloc = NULL;
+        const int from = even ? rank : peer;
+        if (even) {
+            chk_bytes(x, n, rank, ch, li);
+            CHECK_OK(comm_ctrl_send(c, peer, ch, x, n, 30, &err), err);
+        }
+        if (li % 3 == 0) {
+            CHECK_OK(comm_ctrl_recv(c, peer, ch, y, n, &got, 30, &err), err);
+        } else if (li % 3 == 1) {
+            CHECK_OK(comm_ctrl_recv(c, peer, ch, y, n + 16, &got, 30, &err), err);
+        } else {
+            CHECK_OK(comm_ctrl_recv_alloc(c, peer, ch, &alloc, &got, 30, &err), err);
+            CHECK(alloc != NULL, "recv_alloc of %zu bytes gave NULL", n);
+            in = alloc;
+        }
+        CHECK(got == n, "length %zu: received %zu bytes", n, got);
+        if (even) {   /* the echo: every byte xor 0x5a */
+            for (size_t i = 0; i < n; i++) CHECK(in[i] == (x[i] ^ 0x5a), "echo of %zu bytes: byte %zu", n, i);
+        } else {
+            long bad = chk_bytes_bad(in, n, from, ch, li);
+            CHECK(bad < 0, "%zu bytes from rank %d: byte %ld wrong", n, peer, bad);
+            for (size_t i = 0; i < n; i++) x[i] = in[i] ^ 0x5a;
+            CHECK_OK(comm_ctrl_send(c, peer, ch, x, n, 30, &err), err);
+        }
+        free(alloc);
+    }
+    free(x);
+    free(y);
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* Channels and sources keep conversations apart and each in order: rank 0 sends messages
+ * 0..9 on channels 0, 1, 17 and 63 interleaved, ranks 2 and 3 send 0..9 on channel 0; rank 1
+ * reads them channel by channel and source by source, in an order unlike the sending one. */
+static int chk_ctrl_channels(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    enum { NK = 10 };
+    const int chans[4] = {0, 1, 17, 63};
+    if (rank == 0) {
+        for (int k = 0; k < NK; k++)
+            for (int j = 0; j < 4; j++) {
+                unsigned char x[64];
+                chk_bytes(x, (size_t)k + 5, 0, chans[j], k);
+                CHECK_OK(comm_ctrl_send(c, 1, chans[j], x, (size_t)k + 5, 10, &err), err);
+            }
+    } else if (rank >= 2) {
+        for (int k = 0; k < NK; k++) {
+            unsigned char x[64];
+            chk_bytes(x, (size_t)k + 5, rank, 0, k);
+            CHECK_OK(comm_ctrl_send(c, 1, 0, x, (size_t)k + 5, 10, &err), err);
+        }
+    } else {
+        const int order[6][2] = {{0, 63}, {3, 0}, {0, 17}, {2, 0}, {0, 1}, {0, 0}};   /* (source, channel) */
+        for (int o = 0; o < 6; o++)
+            for (int k = 0; k < NK; k++) {
+                unsigned char y[64];
+                size_t got = 0;
+                const int src = order[o][0], ch = order[o][1];
+                CHECK_OK(comm_ctrl_recv(c, src, ch, y, sizeof y, &got, 10, &err), err);
+                long bad = chk_bytes_bad(y, got, src, ch, k);
+                CHECK(got == (size_t)k + 5 && bad < 0, "rank %d channel %d message %d: %zu bytes, byte %ld wrong "
+                      "(another channel's, source's or message's)", src, ch, k, got, bad);
+            }
+    }
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* Control messages never meet data messages, whatever the minibatch: the tag ranges are
+ * disjoint (checked for minibatch 0, window multiples and the old hand-picked ids), and on
+ * the wire rank 1's receives posted for (kind, mb) stay empty while control messages
+ * (plain and a broadcast) and a data message go by; then each gets its own. */
+static int chk_ctrl_vs_data(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int64_t w = comm_tag_window(c);
+    const int64_t mbs[] = {0, w, 2 * w, 5 * w, (int64_t)1 << 40, (int64_t)1 << 50, (int64_t)1 << 52};
+    enum { NMB = sizeof mbs / sizeof mbs[0], NR = NMB * COMM_KIND_COUNT };
+    const int ctrl0 = comm_ctrl_tag(0, w);
+    CHECK(ctrl0 == 2 * COMM_KIND_COUNT * w, "control tags start at %d", ctrl0);
+    for (int k = 0; k < COMM_KIND_COUNT; k++)
+        for (int i = 0; i < NMB; i++)
+            for (int part = 0; part < 2; part++) {
+                const int64_t ms[3] = {mbs[i], mbs[i] + w - 1, mbs[i] + 1};
+                for (int j = 0; j < 3; j++) {
+                    int t = comm_tag((CommKind)k, ms[j], part, w);
+                    CHECK(t >= 0 && t < ctrl0, "tag %d of (%s, mb %" PRId64 ") meets the control range", t,
+                          comm_kind_name((CommKind)k), ms[j]);
+                }
+            }
+    CHECK(comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, w) - ctrl0 == COMM_CTRL_TAG_COUNT - 1, "one tag per channel");
+
+    float in[NR][4], extra[4];
+    CommReq *rq[NR] = {0}, *xq = NULL;
+    const unsigned char msg[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    const int chans[3] = {0, 1, COMM_CHANNELS - 1};
+    if (rank == 1)   /* posted in the order rank 0 will send: mbs sharing a tag match in order */
+        for (int i = 0; i < NMB; i++)
+            for (int k = 0; k < COMM_KIND_COUNT; k++)
+                CHECK_OK(comm_irecv(c, 0, (CommKind)k, mbs[i], shape1(4), in[i * COMM_KIND_COUNT + k],
+                                    &rq[i * COMM_KIND_COUNT + k], &err), err);
+    CHECK_OK(comm_barrier(c, &err), err);
+    unsigned char b[16] = {0};
+    if (rank == 0) {
+        float x[4];
+        chk_fill(x, 4, 0, COMM_CTRL, 7);
+        CHECK_OK(comm_isend(c, 1, COMM_CTRL, 7, 0, shape1(4), x, &xq, &err), err);   /* a data message first */
+        CHECK_OK(comm_wait(c, &xq, 10, NULL, &err), err);
+        for (int j = 0; j < 3; j++) CHECK_OK(comm_ctrl_send(c, 1, chans[j], msg, sizeof msg, 10, &err), err);
+        memcpy(b, msg, sizeof b);
+    }
+    CHECK_OK(comm_bcast(c, 0, b, sizeof b, 10, &err), err);
+    CHECK(!memcmp(b, msg, sizeof b), "broadcast payload");
+    if (rank == 1) {
+        for (int j = 0; j < 3; j++) {
+            unsigned char y[16];
+            size_t got = 0;
+            CHECK_OK(comm_ctrl_recv(c, 0, chans[j], y, sizeof y, &got, 10, &err), err);
+            CHECK(got == sizeof msg && !memcmp(y, msg, sizeof msg), "channel %d: not the control message", chans[j]);
+        }
+        for (int r = 0; r < NR; r++) {   /* the control messages have all arrived: none matched */
+            int done = 1;
+            CHECK_OK(comm_test(c, &rq[r], &done, NULL, &err), err);
+            CHECK(!done, "receive of (%s, mb %" PRId64 ") matched a control message",
+                  comm_kind_name((CommKind)(r % COMM_KIND_COUNT)), mbs[r / COMM_KIND_COUNT]);
+        }
+        CHECK_OK(comm_irecv(c, 0, COMM_CTRL, 7, shape1(4), extra, &xq, &err), err);
+        CHECK_OK(comm_wait(c, &xq, 10, NULL, &err), err);
+        CHECK(chk_bad(extra, 4, 0, COMM_CTRL, 7) < 0, "the data message got lost among control ones");
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == 0) {
+        for (int i = 0; i < NMB; i++)
+            for (int k = 0; k < COMM_KIND_COUNT; k++) {
+                float x[4];
+                chk_fill(x, 4, 0, k, mbs[i]);
+                CHECK_OK(comm_isend(c, 1, (CommKind)k, mbs[i], 0, shape1(4), x, &xq, &err), err);
+                CHECK_OK(comm_wait(c, &xq, 10, NULL, &err), err);
+            }
+    } else if (rank == 1) {
+        for (int r = 0; r < NR; r++) {
+            CommHeader h;
+            CHECK_OK(comm_wait(c, &rq[r], 10, &h, &err), err);
+            const int k = r % COMM_KIND_COUNT;
+            const int64_t mb = mbs[r / COMM_KIND_COUNT];
+            CHECK(h.kind == k && h.mb == mb && chk_bad(in[r], 4, 0, k, mb) < 0, "(%s, mb %" PRId64 ") payload",
+                  comm_kind_name((CommKind)k), mb);
+        }
+    }
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* A message longer than the receive buffer fails naming both sizes; it is consumed, and
+ * the next message on the channel arrives normally. */
+static int chk_ctrl_oversize(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    unsigned char x[100], y[99];
+    if (rank == 0) {
+        chk_bytes(x, 100, 0, 2, 0);
+        CHECK_OK(comm_ctrl_send(c, 1, 2, x, 100, 10, &err), err);
+        chk_bytes(x, 10, 0, 2, 1);
+        CHECK_OK(comm_ctrl_send(c, 1, 2, x, 10, 10, &err), err);
+    } else if (rank == 1) {
+        size_t got = 7;
+        int rc = comm_ctrl_recv(c, 0, 2, y, sizeof y, &got, 10, &err);
+        CHECK(rc == PD_ECOMM && got == 0, "rc %d got %zu", rc, got);
+        CHECK(strstr(err.msg, "100 bytes") && strstr(err.msg, "99") && strstr(err.msg, "rank 0") &&
+                  strstr(err.msg, "control channel 2"),
+              "message: %s", err.msg);
+        CHECK_OK(comm_ctrl_recv(c, 0, 2, y, sizeof y, &got, 10, &err), err);
+        CHECK(got == 10 && chk_bytes_bad(y, 10, 0, 2, 1) < 0, "the next message: %zu bytes", got);
+    }
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* A receive from a rank that does not send times out at its deadline naming that rank and
+ * the channel; the message sent later is then received normally. A 2 MiB send to a rank
+ * that is busy elsewhere either completes at once (threads: eager) or times out naming the
+ * receiver (MPI: the peer must receive it), and arrives all the same. */
+static int chk_ctrl_timeout(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const size_t big = (size_t)2 << 20;
+    unsigned char y[8];
+    if (rank == 1) {
+        double t0 = pd_now();
+        int rc = comm_ctrl_recv(c, 2, 5, y, sizeof y, NULL, 0.3, &err);
+        double dt = pd_now() - t0;
+        CHECK(rc == PD_ECOMM, "rc %d", rc);
+        CHECK(dt >= 0.3 && dt < 30, "returned after %.3f s for a 0.3 s deadline", dt);
+        CHECK(strstr(err.msg, "rank 1: timed out") && strstr(err.msg, "waiting for rank 2") &&
+                  strstr(err.msg, "control channel 5"),
+              "message: %s", err.msg);
+    } else if (rank == 0) {
+        unsigned char *x = malloc(big);
+        PD_ASSERT(x);
+        chk_bytes(x, big, 0, 7, 0);
+        int rc = comm_ctrl_send(c, 3, 7, x, big, 0.3, &err);
+        free(x);   /* the send copied it */
+        CHECK(rc == PD_OK || (rc == PD_ECOMM && strstr(err.msg, "sending to rank 3") &&
+                              strstr(err.msg, "control channel 7")),
+              "rc %d: %s", rc, err.msg);
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == 2) {
+        unsigned char x[8];
+        chk_bytes(x, 8, 2, 5, 0);
+        CHECK_OK(comm_ctrl_send(c, 1, 5, x, 8, 10, &err), err);
+    } else if (rank == 1) {
+        size_t got = 0;
+        CHECK_OK(comm_ctrl_recv(c, 2, 5, y, sizeof y, &got, 10, &err), err);
+        CHECK(got == 8 && chk_bytes_bad(y, 8, 2, 5, 0) < 0, "late message: %zu bytes", got);
+    } else if (rank == 3) {
+        void *p = NULL;
+        size_t got = 0;
+        CHECK_OK(comm_ctrl_recv_alloc(c, 0, 7, &p, &got, 30, &err), err);
+        long bad = chk_bytes_bad(p, got, 0, 7, 0);
+        free(p);
+        CHECK(got == big && bad < 0, "2 MiB message: %zu bytes, byte %ld wrong", got, bad);
+    }
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+static const int64_t CHK_I64[5] = {((int64_t)1 << 53) + 1, INT64_MAX, INT64_MIN, -(((int64_t)1 << 60) + 3),
+                                   (int64_t)0x0123456789abcdefLL};
+
+/* Broadcast from every root, sizes 0 to over 1 MiB; int64 values above 2^53 exact; a rank
+ * that expects another size fails naming both, the others do not. */
+static int chk_bcast(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const size_t sizes[4] = {0, 5, 4097, ((size_t)1 << 20) + 3};
+    unsigned char *buf = malloc(sizes[3]);
+    PD_ASSERT(buf);
+    for (int root = 0; root < CHK_NRANKS; root++)
+        for (int s = 0; s < 4; s++) {
+            if (rank == root) chk_bytes(buf, sizes[s], root, 99, s);
+            else memset(buf, 0xee, sizes[s]);
+            CHECK_OK(comm_bcast(c, root, buf, sizes[s], 30, &err), err);
+            long bad = chk_bytes_bad(buf, sizes[s], root, 99, s);
+            CHECK(bad < 0, "broadcast of %zu bytes from rank %d: byte %ld wrong", sizes[s], root, bad);
+        }
+    free(buf);
+    int64_t v[5] = {0};
+    if (rank == 2) memcpy(v, CHK_I64, sizeof v);
+    CHECK_OK(comm_bcast_i64(c, 2, v, 5, 10, &err), err);
+    for (int i = 0; i < 5; i++) CHECK(v[i] == CHK_I64[i], "int64 %d: %" PRId64 " != %" PRId64, i, v[i], CHK_I64[i]);
+    unsigned char m[16] = {0};
+    int rc = comm_bcast(c, 1, m, rank == 3 ? 8 : 16, 10, &err);
+    if (rank == 3)
+        CHECK(rc == PD_ECOMM && strstr(err.msg, "16 bytes") && strstr(err.msg, "expected 8") &&
+                  strstr(err.msg, "rank 1"),
+              "rc %d: %s", rc, err.msg);
+    else
+        CHECK(rc == PD_OK, "rc %d: %s", rc, err.msg);
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* Gather to roots 0 and 3 of sizes that differ by rank (0 and over 1 MiB included); int64
+ * values above 2^53 exact. */
+static int chk_gather(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    for (int t = 0; t < 3; t++) {
+        const int root = t == 0 ? 0 : t == 1 ? 3 : 1;
+        size_t n_of[CHK_NRANKS];
+        for (int r = 0; r < CHK_NRANKS; r++) n_of[r] = t == 0 ? (size_t)r * 1000 + 3 : t == 1 ? (size_t)(r != 1) * 77
+                                                                                        : (r == 2 ? ((size_t)1 << 20) + 1 : 9);
+        unsigned char *mine = malloc(n_of[rank] + 1);
+        PD_ASSERT(mine);
+        chk_bytes(mine, n_of[rank], rank, 40 + t, root);
+        void **parts = (void **)1;
+        size_t *sizes = (size_t *)1;
+        CHECK_OK(comm_gather(c, root, mine, n_of[rank], &parts, &sizes, 30, &err), err);
+        free(mine);
+        if (rank != root) {
+            CHECK(parts == NULL && sizes == NULL, "non-root gets NULL");
+            continue;
+        }
+        for (int r = 0; r < CHK_NRANKS; r++) {
+            CHECK(parts[r] != NULL && sizes[r] == n_of[r], "part of rank %d: %zu bytes, want %zu", r, sizes[r], n_of[r]);
+            long bad = chk_bytes_bad(parts[r], sizes[r], r, 40 + t, root);
+            CHECK(bad < 0, "part of rank %d: byte %ld wrong", r, bad);
+        }
+        comm_parts_free(parts, sizes, CHK_NRANKS);
+    }
+    int64_t mine[3] = {CHK_I64[0] + 2 * rank, INT64_MIN + rank, INT64_MAX - rank}, all[CHK_NRANKS * 3];
+    memset(all, 0, sizeof all);
+    CHECK_OK(comm_gather_i64(c, 2, mine, 3, rank == 2 ? all : NULL, 10, &err), err);
+    if (rank == 2)
+        for (int r = 0; r < CHK_NRANKS; r++) {
+            const int64_t want[3] = {CHK_I64[0] + 2 * r, INT64_MIN + r, INT64_MAX - r};
+            for (int i = 0; i < 3; i++)
+                CHECK(all[r * 3 + i] == want[i], "rank %d value %d: %" PRId64 " != %" PRId64, r, i, all[r * 3 + i],
+                      want[i]);
+        }
+    return PD_OK;
+}
+
+/* agree_t: the largest code and the lowest rank that brought it, on every rank; the
+ * caller's err stays as it was on success; many in a row stay in step. */
+static int chk_agree_t(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    int who = 7;
+    int a = comm_agree_t(c, PD_OK, 10, &who, &err);
+    CHECK(a == PD_OK && who == -1, "all OK: agreed %d, who %d: %s", a, who, err.msg);
+    err_set(&err, PD_EIO, "my own error");
+    a = comm_agree_t(c, rank == 2 ? PD_EIO : rank == 3 ? PD_EINVAL : PD_OK, 10, &who, &err);
+    CHECK(a == PD_EIO && who == 2, "agreed %d who %d, want %d who 2", a, who, PD_EIO);
+    CHECK(err.code == PD_EIO && !strcmp(err.msg, "my own error"), "err overwritten: %s", err.msg);
+    a = comm_agree_t(c, (rank == 1 || rank == 3) ? PD_ECOMM : PD_OK, 10, &who, &err);
+    CHECK(a == PD_ECOMM && who == 1, "agreed %d who %d, want %d who 1", a, who, PD_ECOMM);
+    for (int k = 0; k < 200; k++) {
+        /* rank k % 4 brings k % 5, rank (k + 1) % 4 brings 1 when k is even */
+        int codes[CHK_NRANKS] = {0}, want = 0, wwho = -1;
+        codes[(k + 1) % CHK_NRANKS] = k % 2 == 0 ? 1 : 0;
+        codes[k % CHK_NRANKS] = k % 5;
+        for (int r = 0; r < CHK_NRANKS; r++)
+            if (codes[r] > want) want = codes[r], wwho = r;
+        const int code = codes[rank];
+        a = comm_agree_t(c, code, 10, &who, &err);
+        CHECK(a == want && who == wwho, "round %d: agreed %d who %d, want %d who %d", k, a, who, want, wwho);
+    }
+    a = comm_agree_t(c, PD_OK, 0, NULL, &err);   /* no deadline, no who */
+    CHECK(a == PD_OK, "agreed %d", a);
+    return PD_OK;
+}
+
+/* A late rank is named by the ranks that wait for it, within a bounded time; the late rank
+ * may then catch up, and the comm is usable again (the failed collectives' leftovers are
+ * dropped). Rank 3 is late for a gather (root 0), an agree and a broadcast (its own). */
+static int chk_coll_timeout(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const double T = 1.5;
+    int64_t v = rank, all[CHK_NRANKS];
+    int who = 9;
+    /* gather: the root names rank 3; the others' part is done */
+    if (rank != 3) {
+        double t0 = pd_now();
+        int rc = comm_gather_i64(c, 0, &v, 1, all, T, &err);
+        double dt = pd_now() - t0;
+        if (rank == 0) {
+            CHECK(rc == PD_ECOMM && strstr(err.msg, "timed out") && strstr(err.msg, "waiting for rank 3") &&
+                      strstr(err.msg, "gather"),
+                  "rc %d: %s", rc, err.msg);
+            CHECK(dt >= T && dt < 30, "root returned after %.3f s for a %g s deadline", dt, T);
+        } else {
+            CHECK(rc == PD_OK, "rc %d: %s", rc, err.msg);
+        }
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == 3) CHECK_OK(comm_gather_i64(c, 0, &v, 1, NULL, T, &err), err);   /* late; its part goes */
+    /* agree: everyone names rank 3 */
+    if (rank != 3) {
+        double t0 = pd_now();
+        int rc = comm_agree_t(c, PD_OK, T, &who, &err);
+        double dt = pd_now() - t0;
+        CHECK(rc == PD_ECOMM && who == 3 && strstr(err.msg, "waiting for rank 3") && strstr(err.msg, "agree"),
+              "rc %d who %d: %s", rc, who, err.msg);
+        CHECK(dt >= T && dt < 30, "returned after %.3f s for a %g s deadline", dt, T);
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == 3) {   /* late, it still hears everyone (their contributions were sent) */
+        int rc = comm_agree_t(c, PD_EIO, 10, &who, &err);
+        CHECK(rc == PD_EIO && who == 3, "late agree: %d who %d: %s", rc, who, err.msg);
+    }
+    /* broadcast from a late root */
+    unsigned char b[8] = {0};
+    if (rank != 3) {
+        int rc = comm_bcast(c, 3, b, sizeof b, T, &err);
+        CHECK(rc == PD_ECOMM && strstr(err.msg, "waiting for rank 3") && strstr(err.msg, "broadcast"), "rc %d: %s",
+              rc, err.msg);
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == 3) CHECK_OK(comm_bcast(c, 3, b, sizeof b, T, &err), err);
+    /* in step again: leftovers are dropped, results are right */
+    int a = comm_agree_t(c, rank == 1 ? PD_EIO : PD_OK, 10, &who, &err);
+    CHECK(a == PD_EIO && who == 1, "after recovery: agreed %d who %d: %s", a, who, err.msg);
+    v = 1000 + rank;
+    CHECK_OK(comm_gather_i64(c, 0, &v, 1, rank == 0 ? all : NULL, 10, &err), err);
+    if (rank == 0)
+        for (int r = 0; r < CHK_NRANKS; r++) CHECK(all[r] == 1000 + r, "gather after recovery: [%d] = %" PRId64, r, all[r]);
+    if (rank == 3) memcpy(b, "recover", 8);
+    CHECK_OK(comm_bcast(c, 3, b, sizeof b, 10, &err), err);
+    CHECK(!memcmp(b, "recover", 8), "broadcast after recovery");
+    return PD_OK;
+}
+
+/* Members passing different lists to comm_group_new all fail (nobody hangs); then the right
+ * lists work. */
+static int chk_group_lists(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    CommGroup *g = (CommGroup *)1;
+    if (rank < 2) {
+        const int l0[2] = {0, 1}, l1[2] = {1, 0};
+        int rc = comm_group_new(c, rank == 0 ? l0 : l1, 2, &g, &err);
+        const char *theirs = rank == 0 ? "rank 1 passed the list (1, 0), this rank (0, 1)"
+                                       : "rank 0 passed the list (0, 1), this rank (1, 0)";
+        CHECK(rc == PD_ECOMM && g == NULL && strstr(err.msg, theirs), "rc %d: %s", rc, err.msg);
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    const int pa[2] = {0, 1}, pb[2] = {3, 2};
+    CHECK_OK(comm_group_new(c, rank < 2 ? pa : pb, 2, &g, &err), err);
+    CHECK(comm_group_rank(g) == (rank < 2 ? rank : 3 - rank) && comm_group_size(g) == 2, "group rank");
+    float x[3] = {(float)rank, 1, 2};
+    int rc = comm_group_allreduce(g, x, 3, COMM_SUM, &err);
+    comm_group_free(g);
+    CHECK(rc == PD_OK && x[0] == (rank < 2 ? 1.0f : 5.0f) && x[1] == 2.0f, "rc %d x0 %g", rc, x[0]);
+    return PD_OK;
+}
+
+/* Bad arguments to the control plane are PD_EINVAL before anything is sent (collectives
+ * stay in step: an agree afterwards works). */
+static int chk_ctrl_bad_args(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    unsigned char x[8] = {0};
+    void *p = (void *)1, **parts = (void **)1;
+    size_t *sizes = (size_t *)1, got = 5;
+    int rc = comm_ctrl_send(c, CHK_NRANKS, 0, x, 8, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "peer 4"), "rc %d: %s", rc, err.msg);
+    rc = comm_ctrl_send(c, 0, COMM_CHANNELS, x, 8, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "channel 64"), "rc %d: %s", rc, err.msg);
+    rc = comm_ctrl_send(c, 0, -1, x, 8, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "channel -1"), "rc %d: %s", rc, err.msg);
+    rc = comm_ctrl_send(c, 0, 0, NULL, 8, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "NULL"), "rc %d: %s", rc, err.msg);
+    rc = comm_ctrl_recv(c, 0, 0, NULL, 8, &got, 1, &err);
+    CHECK(rc == PD_EINVAL && got == 0 && strstr(err.msg, "NULL"), "rc %d: %s", rc, err.msg);
+    rc = comm_ctrl_recv_alloc(c, -1, 0, &p, NULL, 1, &err);
+    CHECK(rc == PD_EINVAL && p == NULL && strstr(err.msg, "peer -1"), "rc %d: %s", rc, err.msg);
+    rc = comm_bcast(c, CHK_NRANKS, x, 8, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "root 4"), "rc %d: %s", rc, err.msg);
+    rc = comm_gather(c, -1, x, 8, &parts, &sizes, 1, &err);
+    CHECK(rc == PD_EINVAL && parts == NULL && sizes == NULL && strstr(err.msg, "root -1"), "rc %d: %s", rc, err.msg);
+    rc = comm_gather_i64(c, 0, NULL, -1, NULL, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "-1 int64"), "rc %d: %s", rc, err.msg);
+    rc = comm_bcast_i64(c, 0, NULL, -2, 1, &err);
+    CHECK(rc == PD_EINVAL && strstr(err.msg, "-2 int64"), "rc %d: %s", rc, err.msg);
+    int who = 0;
+    rc = comm_agree_t(c, PD_OK, 10, &who, &err);
+    CHECK(rc == PD_OK && who == -1, "agree after bad arguments: %d: %s", rc, err.msg);
+    return PD_OK;
+}
+
 typedef struct ChkCase {
     const char *name;
     CommWorkerFn fn;
@@ -386,7 +871,19 @@ static const ChkCase CHK_CASES[] = {
     {"pingpong", chk_pingpong},       {"out_of_order", chk_out_of_order}, {"posted_first", chk_posted_first},
     {"mismatch", chk_mismatch},       {"deadline", chk_deadline},         {"allreduce", chk_allreduce},
     {"agree", chk_agree},             {"many", chk_many},                 {"bad_args", chk_bad_args},
+    {"ctrl_bytes", chk_ctrl_bytes},   {"ctrl_channels", chk_ctrl_channels}, {"ctrl_vs_data", chk_ctrl_vs_data},
+    {"ctrl_oversize", chk_ctrl_oversize}, {"ctrl_timeout", chk_ctrl_timeout}, {"bcast", chk_bcast},
+    {"gather", chk_gather},           {"agree_t", chk_agree_t},           {"coll_timeout", chk_coll_timeout},
+    {"group_lists", chk_group_lists}, {"ctrl_bad_args", chk_ctrl_bad_args},
 };
 enum { CHK_NCASES = sizeof CHK_CASES / sizeof CHK_CASES[0] };
+
+/* The case called name (tests refer to cases by name). */
+static inline const ChkCase *chk_case(const char *name) {
+    for (int i = 0; i < CHK_NCASES; i++)
+        if (!strcmp(CHK_CASES[i].name, name)) return &CHK_CASES[i];
+    PD_ASSERTF(0, "no check called %s", name);
+    return NULL;
+}
 
 #endif
