@@ -139,4 +139,14 @@ typedef struct RtProfileOpts {
  * bytes for a minibatch. Returns PD_OK or an error naming the model file. */
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err);
 
+/* The timing rt_profile records (and `pipedream bench --layers` prints): each top-level layer
+ * of m, built for B samples with a vector of logits as output, runs as its own range [i, i+1)
+ * on input x (B samples) and labels: forwards in order, the loss, backwards in reverse order,
+ * each followed by the layer's share of an SGD step (lr 0.01, momentum 0.9), timed with the
+ * backward. w and st are the whole model's parameters (updated) and state. warmup untimed
+ * rounds, then iterations timed ones; fwd_s[i], bwd_s[i] get the median seconds. progress: a
+ * progress line on stderr. */
+void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
+                    int iterations, int progress, double *fwd_s, double *bwd_s);
+
 #endif
