@@ -12,7 +12,8 @@
  *    micro-batches), whose rounding error after 20 steps of lr 0.05 is far below that
  *    bound, while a wrong version, a lost or doubled micro-batch or a wrong scale moves
  *    weights by more than 1e-3 relative.
- * The MPI transport is checked by tests/cli/runtime_mpi.sh. */
+ * And the profiler's output for a small MLP. The MPI transport is checked by
+ * tests/cli/runtime_mpi.sh. */
 #include "testutil.h"
 
 #include <math.h>
@@ -435,12 +436,43 @@ static void test_bad_launch(void **state) {
     sched_release(&s);
 }
 
+/* The profiler (rt_profile; its timing, rt_time_layers, is also what `bench --layers` prints):
+ * one entry per top-level layer with the model's byte counts, times that are finite and
+ * positive where a layer computes, a profile that validates; bad options are refused. */
+static void test_profiler(void **state) {
+    (void)state;
+    RtProfileOpts o = {.minibatch = 8, .warmup = 1, .iterations = 3, .measured_on = "test"};
+    Profile p;
+    Err err = {0};
+    if (rt_profile(mlp_path, &o, &p, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(p.model, "tiny-mlp");
+    assert_int_equal(p.minibatch, 8);
+    assert_int_equal(p.iterations, 3);
+    assert_true(p.input_bytes == 4.0 * 8 * 784);
+    assert_int_equal(p.n_layers, 5);
+    static const double act[5] = {784, 24, 24, 16, 10};
+    static const double par[5] = {0, 784 * 24 + 24, 24 * 24 + 24, 24 * 16 + 16, 16 * 10 + 10};
+    for (int i = 0; i < 5; i++) {
+        const ProfileLayer *l = &p.layers[i];
+        assert_string_equal(l->type, i ? "linear" : "flatten");
+        assert_true(l->act_bytes == 4.0 * 8 * act[i]);
+        assert_true(l->param_bytes == 4.0 * par[i]);
+        assert_true(isfinite(l->fwd_s) && isfinite(l->bwd_s) && l->fwd_s >= 0 && l->bwd_s >= 0);
+        if (i) assert_true(l->fwd_s > 0 && l->bwd_s > 0);
+    }
+    assert_int_equal(profile_validate(&p, &err), PD_OK);
+    profile_release(&p);
+    o.iterations = 0;
+    assert_int_equal(rt_profile(mlp_path, &o, &p, &err), PD_EINVAL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_emulation),
         cmocka_unit_test(test_sync_equals_sequential),
         cmocka_unit_test(test_1f1b_oracle),
         cmocka_unit_test(test_bad_launch),
+        cmocka_unit_test(test_profiler),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,8 +2,8 @@
  * loss, backward, SGD update) on synthetic data, after warm-up; one JSON line with the
  * median samples/s over repetitions and the achieved GFLOP/s (3x the analytic forward FLOPs
  * of the model's layers). --layers adds each top-level layer's forward and backward time
- * (run as one-layer ranges), to find where time goes. Not a profiler for planning (see
- * `pipedream profile`). */
+ * (rt_time_layers, as the profiler measures them: one-layer ranges, the layer's SGD update in
+ * its backward), to find where time goes. Not a profiler for planning (see `pipedream profile`). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +11,7 @@
 #include "data.h"
 #include "kernels.h"
 #include "nn.h"
+#include "runtime.h"
 
 static void help(void) {
     printf("usage: pipedream bench MODEL.json [options]\n\n"
@@ -21,63 +22,13 @@ static void help(void) {
            "  --steps N       steps per repetition (default 10)\n"
            "  --reps R        repetitions; the median is reported (default 5)\n"
            "  --warmup N      untimed steps first (default 3)\n"
-           "  --layers        also time each top-level layer's forward and backward\n");
+           "  --layers        also time each top-level layer's forward and backward\n"
+           "                  (with its SGD update, as `pipedream profile` does)\n");
 }
 
 static int cmp_dbl(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* Per-layer forward/backward seconds (median of reps) with one-layer ranges chained. */
-static int time_layers(Model *m, const Trainer *t, const float *x, const int32_t *lab, int n, int reps, double *fw,
-                       double *bw) {
-    int nl = model_n_layers(m);
-    NnCtx **c = calloc((size_t)nl, sizeof *c);
-    float **g = calloc((size_t)nl + 1, sizeof *g);
-    double *tf = calloc((size_t)reps * nl, sizeof *tf), *tb = calloc((size_t)reps * nl, sizeof *tb);
-    for (int i = 0; i < nl; i++) {
-        c[i] = nnctx_new(m, i, i + 1, n);
-        g[i] = pd_alloc_f32((size_t)n * shape_numel(model_layer_in_shape(m, i)));
-    }
-    g[nl] = pd_alloc_f32((size_t)n * t->classes);
-    for (int r = 0; r < reps + 1; r++) {   // first round is warm-up
-        const float *in = x;
-        for (int i = 0; i < nl; i++) {
-            NnRun run = {.n = n, .train = 1, .seed = 1, .minibatch = (uint64_t)r};
-            double t0 = pd_now();
-            in = model_forward(m, c[i], t->w + model_param_offset(m, i), t->state + model_state_offset(m, i), in, &run);
-            if (r) tf[(r - 1) * nl + i] = pd_now() - t0;
-        }
-        memset(g[nl], 0, (size_t)n * t->classes * sizeof(float));
-        kern_xent_fwd_bwd(in, lab, g[nl], n, t->classes, 1.0f, NULL);
-        for (int i = nl - 1; i >= 0; i--) {
-            if (i) memset(g[i], 0, (size_t)n * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
-            double t0 = pd_now();
-            model_backward(m, c[i], t->w + model_param_offset(m, i), g[i + 1], i ? g[i] : NULL,
-                           t->dw + model_param_offset(m, i));
-            if (r) tb[(r - 1) * nl + i] = pd_now() - t0;
-        }
-    }
-    double *col = calloc((size_t)reps, sizeof *col);
-    for (int i = 0; i < nl; i++) {
-        for (int r = 0; r < reps; r++) col[r] = tf[r * nl + i];
-        qsort(col, (size_t)reps, sizeof *col, cmp_dbl);
-        fw[i] = col[reps / 2];
-        for (int r = 0; r < reps; r++) col[r] = tb[r * nl + i];
-        qsort(col, (size_t)reps, sizeof *col, cmp_dbl);
-        bw[i] = col[reps / 2];
-    }
-    for (int i = 0; i <= nl; i++) {
-        if (i < nl) nnctx_free(c[i]);
-        pd_free(g[i]);
-    }
-    free(c);
-    free(g);
-    free(tf);
-    free(tb);
-    free(col);
-    return PD_OK;
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -155,7 +106,7 @@ int cmd_bench(int argc, char **argv) {
     if (layers) {
         int nl = model_n_layers(m);
         double *fw = calloc((size_t)nl, sizeof *fw), *bw = calloc((size_t)nl, sizeof *bw);
-        time_layers(m, &t, d.x, d.y, batch, reps, fw, bw);
+        rt_time_layers(m, t.w, t.state, d.x, d.y, batch, 1, reps, 0, fw, bw);
         printf(", \"layers\": [");
         for (int i = 0; i < nl; i++)
             printf("%s{\"layer\": %d, \"type\": \"%s\", \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwd_mflops\": %.2f}",

@@ -2,8 +2,9 @@
  * per top-level layer, the median forward and backward time and the byte counts the planner
  * needs. Each top-level layer runs as its own range [i, i+1) with its own context, so its
  * forward and backward are timed separately (the same calls the pipeline makes at a stage
- * boundary). It lives in the runtime module, not in profile/, so that the profile and plan
- * modules build without the training engine. */
+ * boundary); rt_time_layers does that timing, for `pipedream bench --layers` too. It lives
+ * in the runtime module, not in profile/, so that the profile and plan modules build without
+ * the training engine. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,78 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
+                    int iterations, int progress, double *fwd_s, double *bwd_s) {
+    int nl = model_n_layers(m);
+    Shape outs = model_layer_out_shape(m, nl - 1);
+    PD_ASSERT(outs.ndim == 1 && B >= 1 && warmup >= 0 && iterations >= 1);
+    int classes = outs.d[0];
+    size_t np = model_param_count(m, 0, nl);
+    float *dw = pd_alloc_f32(np ? np : 1);
+    /* Each layer's share of the optimizer step is timed too and counted in its backward time:
+     * a stage pays for the update of its weights after every backward, so the planner and the
+     * simulator must see it (SGD with momentum, the training default). */
+    Optim *opts = calloc((size_t)nl, sizeof *opts);
+    OptConfig oc = optim_defaults(OPT_SGD, 0.01f);
+    oc.momentum = 0.9f;
+    NnCtx **ctx = calloc((size_t)nl, sizeof *ctx);
+    float **grad = calloc((size_t)nl + 1, sizeof *grad);   /* grad[i]: dL/d(input of layer i) */
+    double *tf = calloc((size_t)nl * (size_t)iterations, sizeof(double));
+    double *tb = calloc((size_t)nl * (size_t)iterations, sizeof(double));
+    PD_ASSERT(opts && ctx && grad && tf && tb);
+    for (int i = 0; i < nl; i++) {
+        optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
+        ctx[i] = nnctx_new(m, i, i + 1, B);
+        grad[i] = pd_alloc_f32((size_t)B * shape_numel(model_layer_in_shape(m, i)));
+    }
+    grad[nl] = pd_alloc_f32((size_t)B * (size_t)classes);
+    int total = warmup + iterations;
+    double t_start = pd_now();
+    for (int it = 0; it < total; it++) {
+        NnRun run = {.n = B, .train = 1, .seed = 1, .minibatch = (uint64_t)it};
+        const float *y = x;
+        for (int i = 0; i < nl; i++) {
+            size_t lo = (size_t)i * (size_t)iterations;
+            size_t off = model_param_offset(m, i), soff = model_state_offset(m, i);
+            double t0 = pd_now();
+            y = model_forward(m, ctx[i], w + off, st + soff, y, &run);
+            if (it >= warmup) tf[lo + (size_t)(it - warmup)] = pd_now() - t0;
+        }
+        memset(grad[nl], 0, (size_t)B * (size_t)classes * sizeof(float));
+        kern_xent_fwd_bwd(y, labels, grad[nl], B, classes, 1.0f, NULL);
+        for (int i = nl - 1; i >= 0; i--) {
+            size_t lo = (size_t)i * (size_t)iterations;
+            size_t off = model_param_offset(m, i);
+            float *dx = i ? grad[i] : NULL;
+            if (dx) memset(dx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
+            double t0 = pd_now();
+            model_backward(m, ctx[i], w + off, grad[i + 1], dx, dw + off);
+            if (opts[i].n) optim_step(&opts[i], w + off, dw + off);
+            if (it >= warmup) tb[lo + (size_t)(it - warmup)] = pd_now() - t0;
+            if (opts[i].n) memset(dw + off, 0, opts[i].n * sizeof(float));
+        }
+        if (progress) {
+            double el = pd_now() - t_start;
+            fprintf(stderr, "\rprofiling %s: iteration %d/%d, %.1f s, ETA %.1f s   ", model_name(m), it + 1, total, el,
+                    el / (it + 1) * (total - it - 1));
+            if (it + 1 == total) fputc('\n', stderr);
+        }
+    }
+    for (int i = 0; i < nl; i++) {
+        fwd_s[i] = median(tf + (size_t)i * (size_t)iterations, iterations);
+        bwd_s[i] = median(tb + (size_t)i * (size_t)iterations, iterations);
+        optim_release(&opts[i]);
+        nnctx_free(ctx[i]);
+    }
+    for (int i = 0; i <= nl; i++) pd_free(grad[i]);
+    free(opts);
+    free(ctx);
+    free(grad);
+    free(tf);
+    free(tb);
+    pd_free(dw);
 }
 
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err) {
@@ -37,66 +110,17 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         model_free(m);
         return err_set(err, PD_EINVAL, "%s: the last layer's output is not a vector of logits", model_path);
     }
-    int classes = outs.d[0];
     size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
-    float *w = pd_alloc_f32(np), *dw = pd_alloc_f32(np), *st = pd_alloc_f32(ns ? ns : 1);
+    float *w = pd_alloc_f32(np ? np : 1), *st = pd_alloc_f32(ns ? ns : 1);
     model_init_params(m, 0, nl, 1, w);
     model_init_state(m, 0, nl, st);
-    /* Each layer's share of the optimizer step is timed too and counted in its backward time:
-     * a stage pays for the update of its weights after every backward, so the planner and the
-     * simulator must see it (SGD with momentum, the training default). */
-    Optim *opts = calloc((size_t)nl, sizeof *opts);
-    OptConfig oc = optim_defaults(OPT_SGD, 0.01f);
-    oc.momentum = 0.9f;
-    NnCtx **ctx = calloc((size_t)nl, sizeof *ctx);
-    float **grad = calloc((size_t)nl + 1, sizeof *grad);   /* grad[i]: dL/d(input of layer i) */
-    double *tf = calloc((size_t)nl * (size_t)o->iterations, sizeof(double));
-    double *tb = calloc((size_t)nl * (size_t)o->iterations, sizeof(double));
-    int32_t *labels = calloc((size_t)B, sizeof(int32_t));
-    PD_ASSERT(opts && ctx && grad && tf && tb && labels);
-    for (int i = 0; i < nl; i++) {
-        optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
-        ctx[i] = nnctx_new(m, i, i + 1, B);
-        grad[i] = pd_alloc_f32((size_t)B * shape_numel(model_layer_in_shape(m, i)));
-    }
-    grad[nl] = pd_alloc_f32((size_t)B * (size_t)classes);
     Dataset syn;
     Shape in = model_input_shape(m);
     int c = in.ndim == 3 ? in.d[0] : 1, h = in.ndim >= 2 ? in.d[in.ndim - 2] : 1, wd = in.d[in.ndim - 1];
-    if ((rc = data_synthetic((size_t)B, c, h, wd, classes, 5, &syn, err))) goto out;
-    memcpy(labels, syn.y, (size_t)B * sizeof(int32_t));
-    int total = o->warmup + o->iterations;
-    double t_start = pd_now();
-    for (int it = 0; it < total; it++) {
-        NnRun run = {.n = B, .train = 1, .seed = 1, .minibatch = (uint64_t)it};
-        const float *x = syn.x;
-        for (int i = 0; i < nl; i++) {
-            size_t lo = (size_t)i * (size_t)o->iterations;
-            size_t off = model_param_offset(m, i), soff = model_state_offset(m, i);
-            double t0 = pd_now();
-            x = model_forward(m, ctx[i], w + off, st + soff, x, &run);
-            if (it >= o->warmup) tf[lo + (size_t)(it - o->warmup)] = pd_now() - t0;
-        }
-        memset(grad[nl], 0, (size_t)B * (size_t)classes * sizeof(float));
-        kern_xent_fwd_bwd(x, labels, grad[nl], B, classes, 1.0f, NULL);
-        for (int i = nl - 1; i >= 0; i--) {
-            size_t lo = (size_t)i * (size_t)o->iterations;
-            size_t off = model_param_offset(m, i);
-            float *dx = i ? grad[i] : NULL;
-            if (dx) memset(dx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
-            double t0 = pd_now();
-            model_backward(m, ctx[i], w + off, grad[i + 1], dx, dw + off);
-            if (opts[i].n) optim_step(&opts[i], w + off, dw + off);
-            if (it >= o->warmup) tb[lo + (size_t)(it - o->warmup)] = pd_now() - t0;
-            if (opts[i].n) memset(dw + off, 0, opts[i].n * sizeof(float));
-        }
-        if (o->progress) {
-            double el = pd_now() - t_start;
-            fprintf(stderr, "\rprofiling %s: iteration %d/%d, %.1f s, ETA %.1f s   ", model_name(m), it + 1, total, el,
-                    el / (it + 1) * (total - it - 1));
-            if (it + 1 == total) fputc('\n', stderr);
-        }
-    }
+    if ((rc = data_synthetic((size_t)B, c, h, wd, outs.d[0], 5, &syn, err))) goto out;
+    double *fwd = calloc((size_t)nl, sizeof *fwd), *bwd = calloc((size_t)nl, sizeof *bwd);
+    PD_ASSERT(fwd && bwd);
+    rt_time_layers(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, fwd, bwd);
     /* the profile */
     snprintf(out->model, sizeof out->model, "%s", model_name(m));
     out->minibatch = B;
@@ -112,27 +136,16 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         ProfileLayer *L = &out->layers[i];
         snprintf(L->name, sizeof L->name, "layers.%d", i);
         snprintf(L->type, sizeof L->type, "%s", model_layer_type(m, i));
-        L->fwd_s = median(tf + (size_t)i * (size_t)o->iterations, o->iterations);
-        L->bwd_s = median(tb + (size_t)i * (size_t)o->iterations, o->iterations);
+        L->fwd_s = fwd[i];
+        L->bwd_s = bwd[i];
         L->act_bytes = 4.0 * B * (double)shape_numel(model_layer_out_shape(m, i));
         L->param_bytes = 4.0 * (double)model_param_count(m, i, i + 1);
     }
+    free(fwd);
+    free(bwd);
     data_release(&syn);
 out:
-    for (int i = 0; i < nl; i++) {
-        optim_release(&opts[i]);
-        nnctx_free(ctx[i]);
-        pd_free(grad[i]);
-    }
-    pd_free(grad[nl]);
-    free(opts);
-    free(ctx);
-    free(grad);
-    free(tf);
-    free(tb);
-    free(labels);
     pd_free(w);
-    pd_free(dw);
     pd_free(st);
     model_free(m);
     return rc;
