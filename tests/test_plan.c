@@ -504,14 +504,19 @@ static void test_plan_json_round_trip(void **state) {
     unlink(path);
 }
 
+/* A chain of n layers, layer i taking fwd_s * (i + 1) seconds forward and backward. */
+static void small_chain(Profile *prof, int n, double fwd_s) {
+    memset(prof, 0, sizeof *prof);
+    prof->n_layers = n;
+    prof->layers = calloc((size_t)n, sizeof *prof->layers);
+    for (int i = 0; i < n; i++) prof->layers[i].fwd_s = prof->layers[i].bwd_s = fwd_s * (i + 1);
+}
+
 /* plan_validate catches each broken invariant, naming it. */
 static void test_validate(void **state) {
     (void)state;
     Profile prof;
-    memset(&prof, 0, sizeof prof);
-    prof.n_layers = 4;
-    prof.layers = calloc(4, sizeof *prof.layers);
-    for (int i = 0; i < 4; i++) prof.layers[i].fwd_s = prof.layers[i].bwd_s = 0.01 * (i + 1);
+    small_chain(&prof, 4, 0.01);
     Cluster cl = {.n_levels = 1, .level = {{4, 1e9, 0}}};
     PlanOpts o = {0};
     o.straight = 1;
@@ -564,10 +569,7 @@ static void test_validate(void **state) {
 static void test_bad_cluster(void **state) {
     (void)state;
     Profile prof;
-    memset(&prof, 0, sizeof prof);
-    prof.n_layers = 2;
-    prof.layers = calloc(2, sizeof *prof.layers);
-    prof.layers[0].fwd_s = prof.layers[1].fwd_s = 1;
+    small_chain(&prof, 2, 1);
     PlanOpts o = {0};
     Err err = {0};
     Cluster cl = {.n_levels = 1, .level = {{4, 0, 0}}};

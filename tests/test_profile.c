@@ -157,10 +157,15 @@ static void test_graph_txt(void **state) {
     profile_release(&p);
 }
 
+/* A valid node's metadata, and a head and a layer of a valid JSON profile. */
+#define OK_META "forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, parameter_size=0.0"
+#define JSON_HEAD "{\"format\": \"pipedream-profile\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, "
+#define JSON_LAYER                                                                                                   \
+    "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, " \
+    "\"parameter_bytes\": 8}"
+
 static void test_bad_graph_txt(void **state) {
     (void)state;
-    const char *ok_meta = "forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, parameter_size=0.0";
-    char buf[1024];
     expect_error("", "empty graph");
     expect_error("\n\n", "empty graph");
     expect_error("node1 -- Conv\n", "malformed node line");
@@ -177,47 +182,31 @@ static void test_bad_graph_txt(void **state) {
     expect_error("node1 -- Conv -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=[4.0; x], "
                  "parameter_size=0.0\n",
                  "malformed node metadata");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1 -- node9\n", ok_meta);
-    expect_error(buf, "unknown node \"node9\"");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode2 -- B -- %s\n\tnode1 -- node2\n\tnode2 -- node1\n", ok_meta,
-             ok_meta);
-    expect_error(buf, "cycle");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1 -- node1\n", ok_meta);
-    expect_error(buf, "cycle");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode1 -- B -- %s\n", ok_meta, ok_meta);
-    expect_error(buf, "duplicate node id");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\nnode2 -- B -- %s\n\tnode1 -- node2\n\tnode1 -- node2\n", ok_meta,
-             ok_meta);
-    expect_error(buf, "duplicate edge");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s\n\tnode1\n", ok_meta);
-    expect_error(buf, "malformed edge line");
-    snprintf(buf, sizeof buf, "node1 -- A -- %s -- stage=x\n", ok_meta);
-    expect_error(buf, "malformed stage_id");
+    expect_error("node1 -- A -- " OK_META "\n\tnode1 -- node9\n", "unknown node \"node9\"");
+    expect_error("node1 -- A -- " OK_META "\nnode2 -- B -- " OK_META "\n\tnode1 -- node2\n\tnode2 -- node1\n", "cycle");
+    expect_error("node1 -- A -- " OK_META "\n\tnode1 -- node1\n", "cycle");
+    expect_error("node1 -- A -- " OK_META "\nnode1 -- B -- " OK_META "\n", "duplicate node id");
+    expect_error("node1 -- A -- " OK_META "\nnode2 -- B -- " OK_META "\n\tnode1 -- node2\n\tnode1 -- node2\n",
+                 "duplicate edge");
+    expect_error("node1 -- A -- " OK_META "\n\tnode1\n", "malformed edge line");
+    expect_error("node1 -- A -- " OK_META " -- stage=x\n", "malformed stage_id");
 }
 
 static void test_bad_json(void **state) {
     (void)state;
-    const char *head = "{\"format\": \"pipedream-profile\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, ";
-    const char *layer = "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
-                        "\"activation_bytes\": 4, \"parameter_bytes\": 8}";
-    char buf[2048];
     expect_error("{\"format\": \"pipedream-profile\", ", "not valid JSON");
-    snprintf(buf, sizeof buf, "%s\"layers\": []}", head);
-    expect_error(buf, "no layers");
-    snprintf(buf, sizeof buf, "%s\"layers\": [%s], \"colour\": 1}", head, layer);
-    expect_error(buf, "colour");
-    snprintf(buf, sizeof buf, "%s\"layers\": [{\"name\": \"a\", \"type\": \"t\", \"forward_s\": -1, \"backward_s\": 2, "
-             "\"activation_bytes\": 4, \"parameter_bytes\": 8}]}", head);
-    expect_error(buf, "forward_s");
-    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[0, 5]]}", head, layer, layer);
-    expect_error(buf, "unknown layer");
-    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[1, 0]]}", head, layer, layer);
-    expect_error(buf, "topological order");
-    snprintf(buf, sizeof buf, "%s\"layers\": [%s, %s], \"edges\": [[0, 0]]}", head, layer, layer);
-    expect_error(buf, "cycle");
-    snprintf(buf, sizeof buf, "{\"format\": \"other\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [%s]}",
-             layer);
-    expect_error(buf, "pipedream-profile");
+    expect_error(JSON_HEAD "\"layers\": []}", "no layers");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER "], \"colour\": 1}", "colour");
+    expect_error(JSON_HEAD "\"layers\": [{\"name\": \"a\", \"type\": \"t\", \"forward_s\": -1, \"backward_s\": 2, "
+                 "\"activation_bytes\": 4, \"parameter_bytes\": 8}]}",
+                 "forward_s");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 5]]}", "unknown layer");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[1, 0]]}", "topological order");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 0]]}", "cycle");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 1.5]]}", "edge 0");
+    expect_error("{\"format\": \"other\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [" JSON_LAYER
+                 "]}",
+                 "pipedream-profile");
 }
 
 /* Every profile in tests/data/pipedream-profiles loads, with as many layers as node lines

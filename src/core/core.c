@@ -175,7 +175,8 @@ int pd_atomic_open(PdAtomicFile *f, const char *path, Err *err) {
                          atomic_fetch_add(&counter, 1)) >= sizeof f->tmp)
         return err_set(err, PD_EINVAL, "%s: path too long", path);
     f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (f->fd < 0) return err_set(err, PD_EIO, "%s: cannot create temporary file %s: %s", path, f->tmp, strerror(errno));
+    if (f->fd < 0)
+        return err_set(err, PD_EIO, "%s: cannot create temporary file %s: %s", path, f->tmp, strerror(errno));
     return PD_OK;
 }
 
