@@ -29,6 +29,9 @@ int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo,
 /* Returns argv[++*i] or NULL (after printing a usage error) if the option has no value. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 
+/* True when this process was started by mpirun (Open MPI, MPICH/PMI, PMIx). */
+int cli_under_mpirun(void);
+
 int cmd_train(int argc, char **argv);
 /* Pipelined training over MPI or threads; cmd_train hands over when given --plan/--workers. */
 int cmd_train_pipelined(int argc, char **argv);

@@ -101,7 +101,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--plan") || !strcmp(argv[i], "--workers") || !strcmp(argv[i], "--schedule"))
             return cmd_train_pipelined(argc, argv);
-    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE")) return cmd_train_pipelined(argc, argv);
+    if (cli_under_mpirun()) return cmd_train_pipelined(argc, argv);
     if (cli_wants_help(argc, argv)) {
         help();
         return CLI_OK;

@@ -6,7 +6,8 @@
 #include "kernels.h"
 #include "rt_impl.h"
 
-#define EVAL_MB_BASE ((int64_t)1 << 40)   /* minibatch ids of eval messages: apart from training's */
+/* Evaluation batch b travels as minibatch id unit_base + n_units + b: the ids after the
+ * list's last unit, which no training message of this list uses. */
 
 int rt_eval(Worker *w, Err *err) {
     const Schedule *s = w->s;
@@ -24,7 +25,7 @@ int rt_eval(Worker *w, Err *err) {
     size_t nb = (test->n + (size_t)B - 1) / (size_t)B;
     for (size_t b = 0; b < nb && !rc; b++) {
         int n = (size_t)B * (b + 1) <= test->n ? B : (int)(test->n - (size_t)B * b);
-        int64_t mb = EVAL_MB_BASE + (int64_t)b;
+        int64_t mb = (int64_t)w->cfg->unit_base + w->s->n_units + (int64_t)b;
         Shape in = w->in_shape, out = w->out_shape;
         in.d[0] = n;
         out.d[0] = n;

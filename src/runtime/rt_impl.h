@@ -32,6 +32,7 @@ typedef struct Worker {
     int is_input, is_last, classes;
     Shape in_shape, out_shape;   /* with the batch dimension */
     Model *m;
+    int m_borrowed;           /* m is cfg->model: not freed here */
     size_t np, nst;
     float *state, *dw;
     Optim opt;
@@ -53,10 +54,21 @@ typedef struct Worker {
 
 int  rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err);
 void rt_worker_release(Worker *w);
+/* Binds an initialised worker whose previous list has finished (sends drained) to cfg's
+ * schedule (same plan and kind, any length): its newest weights become version 0, the
+ * optimizer state, running statistics, slots and models stay. res is the new list's result. */
+int  rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err);
+/* Completes every slot's pending sends (so that buffers may be reused or freed). */
+int  rt_worker_drain(Worker *w, Err *err);
 void rt_worker_finish(Worker *w);
 int  rt_exec(Worker *w, int blocking, Err *err);
 /* Forward-only pass of cfg->test through replica 0 of every stage; the last stage counts
  * correct answers into w->res. Collective over the workers of replica 0. */
 int  rt_eval(Worker *w, Err *err);
+
+/* rt_fail.c (MPI only; no-ops under threads): every rank learns every rank's pid, then a
+ * SIGTERM/SIGINT handler names the lost ranks and the last checkpoint before exiting 1. */
+int  rt_fail_setup(Comm *c, const Schedule *s, double timeout_s, Err *err);
+void rt_fail_set_checkpoint(const char *path);   /* "" or "none": none yet */
 
 #endif

@@ -442,8 +442,12 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         if (st->layers[i] != st->layers[i - 1] + 1)
             return err_set(err, PD_EINVAL, "stage %d: layers are not contiguous (%d after %d)", w->stage,
                            st->layers[i], st->layers[i - 1]);
-    w->m = model_load(cfg->model_path, err);
-    if (!w->m) return err->code;
+    if (cfg->model) {
+        w->m = cfg->model;
+        w->m_borrowed = 1;
+    } else if (!(w->m = model_load(cfg->model_path, err))) {
+        return err->code;
+    }
     int nl = model_n_layers(w->m);
     if (w->last > nl)
         return err_set(err, PD_EINVAL, "%s: the plan's stage %d runs layer %d, the model has %d layers",
@@ -577,7 +581,7 @@ void rt_worker_release(Worker *w) {
     optim_release(&w->opt);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
-    model_free(w->m);
+    if (!w->m_borrowed) model_free(w->m);
     memset(w, 0, sizeof *w);
 }
 
@@ -601,6 +605,74 @@ void rt_worker_finish(Worker *w) {
         memcpy(r->final.opt_v, w->opt.v, w->np * sizeof(float));
     }
     r->final.opt_step = w->opt.step;
+}
+
+int rt_worker_drain(Worker *w, Err *err) {
+    int rc = PD_OK;
+    for (int k = 0; k < w->n_slots && !rc; k++) rc = slot_drain(w, &w->slots[k], err);
+    return rc;
+}
+
+/* Units in flight the list of sw needs at most (slots are that plus those received ahead). */
+static int most_in_flight(const SchedWorker *sw) {
+    int inflight = 0, most = 0;
+    for (int i = 0; i < sw->n; i++) {
+        if (sw->ins[i].op == OP_FORWARD) inflight++;
+        if (sw->ins[i].op == OP_BACKWARD) inflight--;
+        if (inflight > most) most = inflight;
+    }
+    return most;
+}
+
+int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    const Schedule *s = cfg->sched;
+    PD_ASSERT(w->rank < s->n_ranks && s->workers[w->rank].stage == w->stage);
+    memset(res, 0, sizeof *res);
+    res->rank = w->rank;
+    res->stage = w->stage;
+    res->replica = s->workers[w->rank].replica;
+    w->cfg = cfg;
+    w->s = s;
+    w->sw = &s->workers[w->rank];
+    w->res = res;
+    w->pc = 0;
+    w->events_cap = 0;
+    w->mb_loss_sum = 0;
+    w->mb_loss_n = 0;
+    w->t_start = pd_now();
+    if (w->stage < 0) return PD_OK;
+    for (int k = 0; k < w->n_slots; k++)
+        PD_ASSERTF(w->slots[k].unit < 0 && !w->slots[k].s_act && !w->slots[k].s_grad && !w->slots[k].s_lab,
+                   "rank %d: bound to a new list with unit %d in flight", w->rank, w->slots[k].unit);
+    /* the newest weights become version 0 of the new list */
+    int keep = vstore_slot_of(w, w->newest);
+    PD_ASSERT(keep >= 0);
+    for (int k = 0; k < w->n_vslots; k++) w->vver[k] = -1;
+    w->vver[keep] = 0;
+    w->newest = 0;
+    int have = w->n_vslots;
+    free(w->last_read);
+    w->last_read = NULL;
+    vstore_plan(w);
+    if (w->n_vslots > have) {   /* a longer list than the first: grow the store */
+        float **nb = realloc(w->vbuf, (size_t)w->n_vslots * sizeof *nb);
+        int *nv = realloc(w->vver, (size_t)w->n_vslots * sizeof *nv);
+        PD_ASSERT(nb && nv);
+        w->vbuf = nb, w->vver = nv;
+        for (int k = have; k < w->n_vslots; k++) w->vbuf[k] = pd_alloc_f32(w->np), w->vver[k] = -1;
+    } else {
+        w->n_vslots = have;
+    }
+    if (most_in_flight(w->sw) + 2 > w->n_slots)
+        return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation slots, %d were made", w->rank,
+                       most_in_flight(w->sw) + 2, w->n_slots);
+    if (w->is_last) {
+        int nf = 0;
+        for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
+        res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
+        PD_ASSERT(res->hist);
+    }
+    return PD_OK;
 }
 
 void rt_result_release(RtWorkerResult *r) {

@@ -38,7 +38,9 @@ typedef struct RtStageState {
 } RtStageState;
 
 typedef struct RtConfig {
-    const char *model_path;   /* model JSON; every worker reads it */
+    const char *model_path;   /* model JSON; every worker reads it (unless model is given) */
+    Model *model;             /* borrowed, may be NULL: this worker's model, loaded and not yet built
+                               * (one process, one worker: the session parses the JSON once) */
     const Schedule *sched;    /* borrowed: the instruction lists (and stages) to run */
     int unit_batch;           /* samples per unit (micro-batch) */
     OptConfig opt;
@@ -148,5 +150,70 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
  * progress line on stderr. */
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s);
+
+/* ---- training sessions (rt_session.c) -------------------------------------------------------
+ * A whole training run: set-up checks on every rank (model, plan, data, checkpoint directory,
+ * resume file) agreed before the first step, the schedule run as segments of
+ * checkpoint_every minibatches by workers that persist across segments, a checkpoint after
+ * each segment (gathered on rank 0 over the control plane, written atomically, its success
+ * agreed by every rank before any rank calls it "the last checkpoint"), evaluation, and the
+ * figures of every worker gathered on rank 0. Every wait is bounded by timeout_s.
+ *
+ * Failures: before the first step, every rank returns the failing rank's error ("rank R
+ * (stage S): cause"). During a segment, the rank that fails ends the job (comm_abort: MPI
+ * aborts every rank; threads: every peer unwinds) with a message naming its rank, stage,
+ * cause and the last checkpoint that was written and agreed (or "none"). A rank lost to a
+ * signal is named by the others (rt_fail.c). */
+typedef struct RtTrainSpec {
+    const char *model_path;
+    const Plan *plan;            /* borrowed; checked against the model */
+    SchedKind kind;
+    int n_micro;                 /* units per minibatch (1 unless a micro-batch kind) */
+    int vertical_sync;
+    int epochs;                  /* training length, when steps == 0 */
+    int steps;                   /* minibatches (optimizer steps); 0: from epochs */
+    int minibatch;               /* samples per minibatch (n_micro units) */
+    OptConfig opt;
+    uint64_t seed;
+    const char *data_dir;        /* IDX directory (NULL: DATA_DEFAULT_IDX_DIR) */
+    int threads;                 /* kernel threads per worker */
+    double timeout_s;            /* deadline of every wait: messages, control, collectives */
+    int checkpoint_every;        /* minibatches per segment; 0 = one segment, no checkpoints */
+    const char *checkpoint_dir;  /* created if missing (mkdir -p) */
+    const char *resume;          /* directory: continue from its newest valid checkpoint */
+    int trace;                   /* record every instruction (timelines) */
+    int progress;                /* see RtConfig.progress */
+    int nan_check;               /* RT_NAN_* */
+    const Profile *profile;      /* optional: the simulator's prediction for the same run */
+} RtTrainSpec;
+
+typedef struct RtStageSummary {
+    int replicas;
+    double measured_ms;          /* mean forward+backward compute per unit over replicas */
+    double predicted_ms;         /* the simulator's (NAN without a profile) */
+    double busy;                 /* compute / wall, mean over replicas */
+    int versions;                /* most weight versions alive at a replica */
+    uint32_t weights_crc;        /* CRC-32 of replica 0's final weights */
+} RtStageSummary;
+
+typedef struct RtTrainSummary {
+    char model[64], schedule[32], transport[16];
+    int workers, stages, steps, units, unit_batch;
+    double final_loss;           /* mean loss of the last minibatch (NAN if none) */
+    double mean_loss;            /* mean over the run's units */
+    double test_accuracy;        /* NAN without a test set */
+    double samples_per_s, time_per_unit_ms, predicted_time_per_unit_ms, overhead_pct, wall_s;
+    uint64_t resumed_from;       /* minibatches done by the checkpoint resumed from (0: fresh) */
+    int checkpoints;             /* written by this run */
+    char last_checkpoint[4096];  /* path of the newest agreed checkpoint, "" if none */
+    RtStageSummary *stage;       /* stages entries, owned */
+    RtWorkerResult *res;         /* workers entries (figures, events, loss history), owned */
+} RtTrainSummary;
+
+/* Runs the session described by spec. c: this process's MPI endpoint (every rank calls, the
+ * summary is filled on rank 0 only), or NULL: one thread per worker of the plan in this
+ * process. Returns PD_OK or an error (err as described above). */
+int  rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err);
+void rt_train_summary_release(RtTrainSummary *s);
 
 #endif

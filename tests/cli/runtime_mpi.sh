@@ -50,7 +50,7 @@ done
 # Bad launches: every rank exits non-zero with a message, quickly.
 start=$(date +%s)
 $MPIRUN -np 2 "$PD" train "$MODEL" --plan "$tmp/plan.json" --steps 4 >"$tmp/out" 2>"$tmp/err" && fail "np 2 for a 3-rank plan succeeded"
-grep -q "needs 3 ranks but mpirun started 2" "$tmp/err" || fail "np mismatch message: $(cat "$tmp/err")"
+grep -q "rank 0 (stage 0): the plan needs 3 workers but 2 were started" "$tmp/err" || fail "np mismatch message: $(cat "$tmp/err")"
 $MPIRUN -np 3 "$PD" train "$SRC/models/lenet5.json" --plan "$tmp/plan.json" --steps 4 >"$tmp/out" 2>"$tmp/err" && fail "plan for another model succeeded"
 grep -q "made for a model of 4 layers" "$tmp/err" || fail "model mismatch message: $(cat "$tmp/err")"
 $MPIRUN -np 2 "$PD" train "$MODEL" --steps 4 >"$tmp/out" 2>"$tmp/err"

@@ -1,0 +1,144 @@
+/* train_report.c: printing a training session's summary (train_report.h). */
+#include "train_report.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "curve.h"
+#include "sim.h"
+
+static void num(cJSON *o, const char *k, double v) {
+    if (isfinite(v)) cJSON_AddNumberToObject(o, k, v);
+    else cJSON_AddNullToObject(o, k);
+}
+
+static char *print_free(cJSON *o) {
+    char *t = cJSON_PrintUnformatted(o);
+    PD_ASSERT(t);
+    cJSON_Delete(o);
+    return t;
+}
+
+char *train_summary_json(const RtTrainSummary *s) {
+    cJSON *o = cJSON_CreateObject();
+    PD_ASSERT(o);
+    cJSON_AddStringToObject(o, "model", s->model);
+    cJSON_AddStringToObject(o, "schedule", s->schedule);
+    cJSON_AddStringToObject(o, "transport", s->transport);
+    num(o, "workers", s->workers);
+    num(o, "stages", s->stages);
+    num(o, "steps", s->steps);
+    num(o, "units", s->units);
+    num(o, "unit_batch", s->unit_batch);
+    num(o, "final_loss", s->final_loss);
+    num(o, "mean_loss", s->mean_loss);
+    num(o, "test_accuracy", s->test_accuracy);
+    num(o, "samples_per_s", s->samples_per_s);
+    num(o, "time_per_unit_ms", s->time_per_unit_ms);
+    num(o, "predicted_time_per_unit_ms", s->predicted_time_per_unit_ms);
+    num(o, "overhead_pct", s->overhead_pct);
+    num(o, "wall_s", s->wall_s);
+    num(o, "resumed_from", (double)s->resumed_from);
+    if (s->last_checkpoint[0]) cJSON_AddStringToObject(o, "last_checkpoint", s->last_checkpoint);
+    else cJSON_AddNullToObject(o, "last_checkpoint");
+    cJSON *crcs = cJSON_AddArrayToObject(o, "weights_crc");
+    for (int i = 0; i < s->stages; i++) {
+        char h[16];
+        snprintf(h, sizeof h, "%08x", s->stage[i].weights_crc);
+        cJSON_AddItemToArray(crcs, cJSON_CreateString(h));
+    }
+    return print_free(o);
+}
+
+char *train_stage_json(const RtTrainSummary *s, int i) {
+    const RtStageSummary *g = &s->stage[i];
+    cJSON *o = cJSON_CreateObject();
+    PD_ASSERT(o);
+    num(o, "stage", i);
+    num(o, "replicas", g->replicas);
+    num(o, "measured_ms_per_unit", g->measured_ms);
+    num(o, "predicted_ms_per_unit", g->predicted_ms);
+    num(o, "busy", g->busy);
+    num(o, "versions", g->versions);
+    return print_free(o);
+}
+
+/* Measured events as the simulator's timeline events. */
+static int write_pictures(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
+    int n = 0;
+    for (int r = 0; r < s->workers; r++) n += s->res[r].n_events;
+    TraceEvent *ev = malloc(((size_t)n + 1) * sizeof *ev);
+    PD_ASSERT(ev);
+    int k = 0;
+    for (int r = 0; r < s->workers; r++)
+        for (int i = 0; i < s->res[r].n_events; i++) {
+            const RtEvent *e = &s->res[r].events[i];
+            int kind = sim_trace_kind(e->op);
+            if (kind < 0 || e->t1 <= e->t0) continue;
+            ev[k++] = (TraceEvent){r, kind, e->mb, -1, e->t0, e->t1};
+        }
+    int rc = PD_OK;
+    char title[160];
+    snprintf(title, sizeof title, "measured: %s, %d workers", s->schedule, s->workers);
+    SvgOpts so = {.title = title, .show_comm = 1};
+    if (o->svg) rc = sim_svg_write(o->svg, ev, k, s->workers, &so, err);
+    if (!rc && o->trace) rc = sim_trace_write(o->trace, ev, k, err);
+    free(ev);
+    return rc;
+}
+
+/* Loss and training accuracy per unit from the last stage's replicas, and test accuracy. */
+static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
+    int n = 0;
+    for (int r = 0; r < s->workers; r++)
+        for (int k = 0; k < s->res[r].n_hist; k++)
+            if ((int)s->res[r].hist[3 * k] + 1 > n) n = (int)s->res[r].hist[3 * k] + 1;
+    float *loss = malloc(((size_t)n + 1) * sizeof(float)), *acc = malloc(((size_t)n + 1) * sizeof(float));
+    PD_ASSERT(loss && acc);
+    for (int i = 0; i < n; i++) loss[i] = acc[i] = NAN;
+    for (int r = 0; r < s->workers; r++)
+        for (int k = 0; k < s->res[r].n_hist; k++) {
+            int u = (int)s->res[r].hist[3 * k];
+            if (u >= 0 && u < n) loss[u] = s->res[r].hist[3 * k + 1], acc[u] = s->res[r].hist[3 * k + 2];
+        }
+    char title[160];
+    snprintf(title, sizeof title, "%s, %d workers: training loss and accuracy", s->schedule, s->workers);
+    int rc = curve_svg_write(path, loss, acc, n, s->test_accuracy, title, err);
+    free(loss);
+    free(acc);
+    return rc;
+}
+
+int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
+    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %8s\n", "stage", "replicas", "measured F+B ms/unit",
+            "predicted F+B ms/unit", "busy %", "versions");
+    for (int i = 0; i < s->stages; i++)
+        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %8d\n", i, s->stage[i].replicas, s->stage[i].measured_ms,
+                s->stage[i].predicted_ms, 100 * s->stage[i].busy, s->stage[i].versions);
+    fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", s->time_per_unit_ms,
+            s->predicted_time_per_unit_ms, isfinite(s->predicted_time_per_unit_ms) ? "same plan and profile"
+                                                                                     : "no profile given");
+    char *line = train_summary_json(s);
+    puts(line);
+    fflush(stdout);
+    int rc = PD_OK;
+    if (o->metrics) {
+        FILE *f = fopen(o->metrics, "w");
+        if (!f) rc = err_set(err, PD_EIO, "%s: cannot open for writing", o->metrics);
+        else {
+            fprintf(f, "%s\n", line);
+            for (int i = 0; i < s->stages; i++) {
+                char *t = train_stage_json(s, i);
+                fprintf(f, "%s\n", t);
+                free(t);
+            }
+            if (fclose(f) != 0) rc = err_set(err, PD_EIO, "%s: write failed", o->metrics);
+        }
+    }
+    free(line);
+    if (!rc && (o->svg || o->trace)) rc = write_pictures(s, o, err);
+    if (!rc && o->curve) rc = write_curve(s, o->curve, err);
+    return rc;
+}
