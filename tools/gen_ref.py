@@ -2,7 +2,7 @@
 of tests/testutil.h (magic "PDREF1\\0\\0", uint32 count, records of name, shape, float32 data).
 
 Run once, from the repository root, and commit the output (the build never needs torch):
-    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tools/gen_ref.py [classic] [transformer]
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 tools/gen_ref.py [classic] [transformer] [export]
 (no argument: both groups; the classic files are unchanged by regenerating them).
 
 tests/ref/nn_layers.bin: one case per layer kind, names "<case>.<what>":
@@ -19,7 +19,10 @@ tests/ref/nn_model_<name>.bin: the model of tools/torch_models.py with hash_fill
     (dropout = identity, tested separately by mask); the others in training mode.
 tests/ref/nn_transformer.bin: the transformer layer kinds (embed, layernorm, gelu, dense,
     attention, block), same record names as nn_layers.bin (embed: x are token ids, no dx).
-tests/ref/nn_model_gpt-mini.bin, nn_model_lstm-lm.bin: the language models (gen_lm_model)."""
+tests/ref/nn_model_gpt-mini.bin, nn_model_lstm-lm.bin: the language models (gen_lm_model).
+tests/ref/export_<case>.json + .bin: PyTorch modules exported by tools/export_torch.py (the CNN of
+    tests/cli/export_cnn.py in eval and train mode, a small GPT, an LSTM language model) and
+    PyTorch's forward, loss and gradients for their weights (gen_export_case)."""
 import os
 import struct
 import sys
@@ -256,10 +259,70 @@ def gen_lm_model(name, batch=2, steps=5, lr=1e-3):
     write_ref(os.path.join(OUT, 'nn_model_%s.bin' % name), R)
 
 
+# ---- export round trips (tests/test_nn_export.c) ---------------------------------------------------
+def gen_export_case(name, module, shape, train, tokens=0, vocab=0, batch=4):
+    """Exports module with tools/export_torch.py to tests/ref/export_<name>.json and writes
+    tests/ref/export_<name>.bin: x, targets, train (1/0), w.<k> and grad.<k> (pipedream's
+    order), state0 / state (batch-norm statistics before / after), logits, loss, dx."""
+    import export_torch as ex
+    model, params, states = ex.export(module, shape, name)
+    with open(os.path.join(OUT, 'export_%s.json' % name), 'w') as f:
+        f.write(ex.dumps(model))
+    module.train(train)
+    if tokens:
+        x = torch.randint(0, vocab, (batch,) + tuple(shape))
+        xin = x.float()
+    else:
+        x = torch.randn((batch,) + tuple(shape)).requires_grad_(True)
+        xin = x
+    R = [('x', np_(xin)), ('train', np.array([1.0 if train else 0.0], np.float32))]
+    if states:
+        R.append(('state0', np.concatenate(states)))
+    for k, p in enumerate(params):
+        R.append(('w.%d' % k, np_(p)))
+    out = module(x)
+    if tokens:
+        targets = torch.randint(0, out.shape[-1], out.shape[:-1])
+        loss = tm.lm_loss(out, targets)
+    else:
+        targets = torch.randint(0, out.shape[-1], (batch,))
+        loss = nn.functional.cross_entropy(out, targets)
+    loss.backward()
+    R += [('targets', np_(targets.float())), ('logits', np_(out)), ('loss', np_(loss))]
+    if not tokens:
+        R.append(('dx', np_(x.grad)))
+    for k, p in enumerate(params):
+        R.append(('grad.%d' % k, np_(p.grad)))
+    if states:
+        R.append(('state', np.concatenate([np_(t).reshape(-1) for m in module.modules()
+                                           if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm1d))
+                                           for t in (m.running_mean, m.running_var)])))
+    write_ref(os.path.join(OUT, 'export_%s.bin' % name), R)
+
+
+def gen_export():
+    import export_torch as ex
+    net = ex.load_factory(os.path.join(os.path.dirname(OUT), 'cli', 'export_cnn.py') + ':Net')
+    torch.manual_seed(777)
+    m = net(c=6, hidden=16)   # small: the reference stores weights and gradients
+    for b in m.modules():   # non-trivial batch-norm parameters and statistics
+        if isinstance(b, nn.BatchNorm2d):
+            with torch.no_grad():
+                b.weight.uniform_(0.5, 1.5)
+                b.bias.uniform_(-0.5, 0.5)
+                b.running_mean.uniform_(-0.5, 0.5)
+                b.running_var.uniform_(0.5, 1.5)
+    gen_export_case('cnn_eval', m, (1, 28, 28), train=False)
+    gen_export_case('cnn_train', net(dropout=0.0, c=6, hidden=16), (1, 28, 28), train=True)
+    gen_export_case('gpt', tm.gpt(vocab=32, ctx=8, dim=16, layers=2, heads=2, hidden=64), (8,), train=True,
+                    tokens=1, vocab=32)
+    gen_export_case('lstm_lm', tm.LstmLm(vocab=32, dim=12, hidden=10), (6,), train=True, tokens=1, vocab=32)
+
+
 if __name__ == '__main__':
     os.makedirs(OUT, exist_ok=True)
     torch.set_num_threads(1)
-    which = sys.argv[1:] or ['classic', 'transformer']
+    which = sys.argv[1:] or ['classic', 'transformer', 'export']
     if 'classic' in which:
         gen_layers()
         for n in sorted(tm.MODELS):
@@ -268,3 +331,5 @@ if __name__ == '__main__':
         gen_transformer_layers()
         for n in sorted(tm.LM_MODELS):
             gen_lm_model(n)
+    if 'export' in which:
+        gen_export()
