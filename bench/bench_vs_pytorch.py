@@ -1,15 +1,34 @@
-"""bench_vs_pytorch.py: training throughput of pipedream vs PyTorch on the five reference
-models (run by hand, not in CI):
+"""bench_vs_pytorch.py: training throughput and memory of pipedream against PyTorch, side by
+side, on the five reference models (run by hand, not in CI):
 
-    /usr/bin/python3 bench/bench_vs_pytorch.py [--pd build/pipedream] [--threads 1,2]
-        [--minibatch 64] [--models mlp,lenet5,...] [--steps 10] [--reps 5]
+    /usr/bin/python3 bench/bench_vs_pytorch.py [--pd build/pipedream] [--base OLD_PIPEDREAM]
+        [--threads 1,2] [--minibatch 64] [--models mlp,lenet5,vgg16,resnet20,lstm]
+        [--steps 10] [--reps 5] [--warmup 3] [--layers auto|always|never] [--md FILE]
 
-For each model and thread count: `pipedream bench` (full training steps on synthetic data,
-median samples/s of --reps repetitions of --steps steps after warm-up), then the same model
-(tools/torch_models.py) in PyTorch in a fresh process whose thread env vars are set before
-torch is imported: forward, cross-entropy, backward, SGD momentum step; same warm-up,
-repetitions and median. The two run one after the other, never at the same time. Prints a
-table of samples/s and the ratio pipedream / PyTorch."""
+For each model and thread count, --reps rounds; in each round every side runs once, in a
+fresh process, one after the other (never at the same time), the order rotating from round
+to round so that drifts in the machine's load hit all sides alike:
+  - pipedream: `pipedream bench MODEL --reps 1 --steps S --warmup W --threads T` (full
+    training steps: forward, cross-entropy, backward, SGD momentum update, on synthetic data);
+  - PyTorch 1.13 (tools/torch_models.py, the same modules): thread variables set before torch
+    is imported, torch.set_num_threads(T), the same steps, warm-up and timing;
+  - with --base, a second pipedream binary (e.g. the build before a change) likewise.
+Each process reports samples/s over its S timed steps and its resident memory: before the
+model is built (the runtime alone: `base`) and the high-water mark after the steps (`peak`,
+/proc/self/status VmHWM). The table gives medians over the rounds of samples/s, the ratio of
+medians pipedream / PyTorch, and memory as peak - base (what the model's training step adds:
+parameters, gradients, optimizer state, activations, workspaces; PyTorch's own library
+footprint, ~300 MB more than ours, excluded) with the total peak in parentheses.
+
+Per-layer breakdown (--layers auto: for every row where pipedream is below 1.25x PyTorch):
+pipedream's `bench --layers` times each top-level layer's forward and backward as a one-layer
+range; the PyTorch child times the same groups of modules the same way (each group run on its
+own input, forward, then backward from a random output gradient; a pipedream layer with a
+fused relu is its module plus the following nn.ReLU; gap is AdaptiveAvgPool2d + Flatten).
+Medians of --reps rounds, in ms.
+
+Set OPENBLAS_CORETYPE etc. as you like: both sides run under the same environment (only the
+thread variables are set per run)."""
 import argparse
 import json
 import os
@@ -20,13 +39,22 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TORCH_CHILD = r'''
-import os, sys, time, json, statistics
+import os, sys, time, json
+def kb(key):
+    for line in open('/proc/self/status'):
+        if line.startswith(key):
+            return int(line.split()[1])
+    return 0
 sys.path.insert(0, os.path.join(sys.argv[1], 'tools'))
 import torch, torch.nn as nn
 import torch_models as tm
-name, batch, steps, reps, warmup, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+name, batch, steps, warmup, threads, layers = (sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+                                               int(sys.argv[6]), sys.argv[7])
 torch.set_num_threads(threads)
 torch.manual_seed(1)
+x0 = torch.rand(1, 1, 28, 28)  # touch the allocator and the thread pool before the baseline
+(x0 * 2).sum()
+rss_start = kb('VmRSS:')
 m = tm.MODELS[name]()
 m.train()
 opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
@@ -40,49 +68,140 @@ def step(i):
     opt.step()
 for i in range(warmup):
     step(i)
-sps = []
-for r in range(reps):
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    sps.append(steps * batch / (time.perf_counter() - t0))
-print(json.dumps({"samples_per_s": statistics.median(sps)}))
+t0 = time.perf_counter()
+for i in range(steps):
+    step(i)
+sps = steps * batch / (time.perf_counter() - t0)
+out = {"samples_per_s": sps, "rss_start_kb": rss_start, "peak_rss_kb": kb('VmHWM:')}
+if layers != '-':
+    # groups of top-level modules matching pipedream's top-level layers
+    spec = json.loads(layers)
+    mods = list(m.children())
+    groups, k = [], 0
+    for lay in spec:
+        g = [mods[k]]
+        k += 1
+        if lay.get('relu') and k < len(mods) and isinstance(mods[k], nn.ReLU):
+            g.append(mods[k]); k += 1
+        if lay['type'] == 'gap' and k < len(mods) and isinstance(mods[k], nn.Flatten):
+            g.append(mods[k]); k += 1
+        groups.append(nn.Sequential(*g))
+    assert k == len(mods), "module grouping: %d of %d modules used" % (k, len(mods))
+    fw = [[] for _ in groups]
+    bw = [[] for _ in groups]
+    for r in range(warmup + 3):
+        x = xs[r % 4]
+        for i, g in enumerate(groups):
+            xi = x.detach().requires_grad_(i > 0 or not any(True for _ in g.parameters()))
+            t0 = time.perf_counter()
+            y = g(xi)
+            t1 = time.perf_counter()
+            dy = torch.rand_like(y)
+            t2 = time.perf_counter()
+            y.backward(dy)
+            t3 = time.perf_counter()
+            if r >= warmup:
+                fw[i].append(t1 - t0)
+                bw[i].append(t3 - t2)
+            x = y.detach()
+    med = lambda v: sorted(v)[len(v) // 2]
+    out["layers"] = [{"fwd_ms": 1e3 * med(f), "bwd_ms": 1e3 * med(b)} for f, b in zip(fw, bw)]
+print(json.dumps(out))
 '''
 
 
-def run_pd(pd, model, batch, threads, steps, reps, warmup):
-    out = subprocess.run([pd, 'bench', os.path.join(ROOT, 'models', model + '.json'), '--minibatch', str(batch),
-                          '--threads', str(threads), '--steps', str(steps), '--reps', str(reps), '--warmup',
-                          str(warmup)], check=True, capture_output=True, text=True).stdout
+def run_pd(pd, model, batch, threads, steps, warmup, layers=False, reps=1):
+    cmd = [pd, 'bench', os.path.join(ROOT, 'models', model + '.json'), '--minibatch', str(batch), '--threads',
+           str(threads), '--steps', str(steps), '--reps', str(reps), '--warmup', str(warmup)]
+    if layers:
+        cmd.append('--layers')
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
-def run_torch(model, batch, threads, steps, reps, warmup):
+def run_torch(model, batch, threads, steps, warmup, layers='-'):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
-    out = subprocess.run(['/usr/bin/python3', '-c', TORCH_CHILD, ROOT, model, str(batch), str(steps), str(reps),
-                          str(warmup), str(threads)], check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(['/usr/bin/python3', '-c', TORCH_CHILD, ROOT, model, str(batch), str(steps), str(warmup),
+                          str(threads), layers], check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def med(v):
+    return statistics.median(v)
+
+
+def mem_mb(r):
+    return (r['peak_rss_kb'] - r['rss_start_kb']) / 1024.0, r['peak_rss_kb'] / 1024.0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--pd', default=os.path.join(ROOT, 'build', 'pipedream'))
+    ap.add_argument('--base', default=None, help='a second pipedream binary to compare (before/after)')
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--minibatch', type=int, default=64)
     ap.add_argument('--models', default='mlp,lenet5,vgg16,resnet20,lstm')
     ap.add_argument('--steps', type=int, default=10)
     ap.add_argument('--reps', type=int, default=5)
     ap.add_argument('--warmup', type=int, default=3)
+    ap.add_argument('--layers', default='auto', choices=['auto', 'always', 'never'])
+    ap.add_argument('--md', default=None, help='also append the tables (markdown) to this file')
     a = ap.parse_args()
-    print('%-9s %7s %14s %14s %7s %9s' % ('model', 'threads', 'pipedream/s', 'pytorch/s', 'ratio', 'pd GF/s'))
+    md = []
+    head = '| model | threads | pipedream samples/s | PyTorch samples/s | ratio |%s pd GFLOP/s | pd memory MB | PyTorch memory MB |' % (
+        ' base samples/s | after/base |' if a.base else '')
+    sep = '|' + '---|' * (head.count('|') - 1)
+    print(head)
+    print(sep, flush=True)
+    md += [head, sep]
+    losers = []
     for model in a.models.split(','):
         for t in [int(x) for x in a.threads.split(',')]:
-            pd = run_pd(a.pd, model, a.minibatch, t, a.steps, a.reps, a.warmup)
-            pt = run_torch(model, a.minibatch, t, a.steps, a.reps, a.warmup)
-            print('%-9s %7d %14.1f %14.1f %6.2fx %9.2f' % (model, t, pd['samples_per_s'], pt['samples_per_s'],
-                                                          pd['samples_per_s'] / pt['samples_per_s'], pd['gflops']),
-                  flush=True)
+            sides = ['pd', 'torch'] + (['base'] if a.base else [])
+            res = {s: [] for s in sides}
+            for r in range(a.reps):
+                order = sides[r % len(sides):] + sides[:r % len(sides)]
+                for s in order:
+                    if s == 'pd':
+                        res[s].append(run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup))
+                    elif s == 'base':
+                        res[s].append(run_pd(a.base, model, a.minibatch, t, a.steps, a.warmup))
+                    else:
+                        res[s].append(run_torch(model, a.minibatch, t, a.steps, a.warmup))
+            sps = {s: med([x['samples_per_s'] for x in res[s]]) for s in sides}
+            mem = {s: (med([mem_mb(x)[0] for x in res[s]]), med([mem_mb(x)[1] for x in res[s]])) for s in sides}
+            ratio = sps['pd'] / sps['torch']
+            row = '| %s | %d | %.1f | %.1f | %.2fx |' % (model, t, sps['pd'], sps['torch'], ratio)
+            if a.base:
+                row += ' %.1f | %.2fx |' % (sps['base'], sps['pd'] / sps['base'])
+            row += ' %.1f | %.0f (%.0f) | %.0f (%.0f) |' % (res['pd'][0]['gflops'] * sps['pd'] / res['pd'][0]['samples_per_s'],
+                                                          mem['pd'][0], mem['pd'][1], mem['torch'][0], mem['torch'][1])
+            print(row, flush=True)
+            md.append(row)
+            if a.layers == 'always' or (a.layers == 'auto' and ratio < 1.25):
+                losers.append((model, t))
+    for model, t in losers:
+        spec = json.load(open(os.path.join(ROOT, 'models', model + '.json')))['layers']
+        pl = run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup, layers=True, reps=a.reps)['layers']
+        tl = [run_torch(model, a.minibatch, t, 1, a.warmup, json.dumps(spec))['layers'] for _ in range(a.reps)]
+        lines = ['', '%s, %d thread(s): per top-level layer, ms (median of %d)' % (model, t, a.reps), '',
+                 '| # | layer | pd fwd | PyTorch fwd | pd bwd | PyTorch bwd |', '|---|---|---|---|---|---|']
+        for i, lay in enumerate(spec):
+            tf = med([x[i]['fwd_ms'] for x in tl])
+            tb = med([x[i]['bwd_ms'] for x in tl])
+            name = lay['type'] + (' ' + '%s->%s' % (lay.get('in', ''), lay.get('out', lay.get('hidden', ''))) if 'in' in lay else '')
+            if lay['type'] == 'residual':
+                name += ' ' + '/'.join(str(s.get('out', '')) for s in lay['body'] if s['type'] == 'conv2d')
+            lines.append('| %d | %s | %.2f | %.2f | %.2f | %.2f |' % (i, name, pl[i]['fwd_ms'], tf, pl[i]['bwd_ms'], tb))
+        lines.append('| | total | %.2f | %.2f | %.2f | %.2f |' % (
+            sum(x['fwd_ms'] for x in pl), sum(med([x[i]['fwd_ms'] for x in tl]) for i in range(len(spec))),
+            sum(x['bwd_ms'] for x in pl), sum(med([x[i]['bwd_ms'] for x in tl]) for i in range(len(spec)))))
+        print('\n'.join(lines), flush=True)
+        md += lines
+    if a.md:
+        with open(a.md, 'a') as f:
+            f.write('\n'.join(md) + '\n')
 
 
 if __name__ == '__main__':

@@ -1,8 +1,10 @@
 /* cmd_bench.c: `pipedream bench MODEL.json`: throughput of full training steps (forward,
  * loss, backward, SGD update) on synthetic data, after warm-up; one JSON line with the
  * median samples/s over repetitions and the achieved GFLOP/s (3x the analytic forward FLOPs
- * of the model's layers). --layers adds each top-level layer's forward and backward time
- * (rt_time_layers, as the profiler measures them: one-layer ranges, the layer's SGD update in
+ * of the model's layers), and the resident memory before the model was loaded and its
+ * high-water mark after the timed steps (/proc/self/status). --layers adds each top-level
+ * layer's forward and backward time (rt_time_layers, as the profiler measures them:
+ * one-layer ranges, the layer's SGD update in
  * its backward), to find where time goes. Not a profiler for planning (see `pipedream profile`). */
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,18 @@ static void help(void) {
            "  --warmup N      untimed steps first (default 3)\n"
            "  --layers        also time each top-level layer's forward and backward\n"
            "                  (with its SGD update, as `pipedream profile` does)\n");
+}
+
+/* A "VmRSS:" / "VmHWM:" line of /proc/self/status in KiB (0 where there is none). */
+static long status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = 0;
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl)) v = strtol(line + kl, NULL, 10);
+    if (f) fclose(f);
+    return v;
 }
 
 static int cmp_dbl(const void *a, const void *b) {
@@ -64,6 +78,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!path) return cli_usage_error(cmd, "missing MODEL.json");
     kern_set_threads(threads);
+    const long rss_start = status_kb("VmRSS:");   /* before the model: the program alone */
     Err err = {0};
     Model *m = model_load(path, &err);
     if (!m) return cli_fail(&err);
@@ -94,14 +109,15 @@ int cmd_bench(int argc, char **argv) {
             trainer_step(&t, d.x + (size_t)(g % 4) * per, d.y + (g % 4) * batch, batch, g, NULL);
         sps[r] = (double)steps * batch / (pd_now() - t0);
     }
+    const long peak_rss = status_kb("VmHWM:");   /* high-water mark: build, warm-up, steps */
     qsort(sps, (size_t)reps, sizeof *sps, cmp_dbl);
     double med = reps % 2 ? sps[reps / 2] : 0.5 * (sps[reps / 2 - 1] + sps[reps / 2]);
     double fps = model_flops(m);
     printf("{\"model\": \"%s\", \"minibatch\": %d, \"threads\": %d, \"steps\": %d, \"reps\": %d, "
            "\"samples_per_s\": %.1f, \"min_samples_per_s\": %.1f, \"max_samples_per_s\": %.1f, \"step_ms\": %.3f, "
-           "\"fwd_flops_per_sample\": %.0f, \"gflops\": %.2f",
+           "\"fwd_flops_per_sample\": %.0f, \"gflops\": %.2f, \"rss_start_kb\": %ld, \"peak_rss_kb\": %ld",
            model_name(m), batch, threads, steps, reps, med, sps[0], sps[reps - 1], 1e3 * batch / med, fps,
-           3.0 * fps * med / 1e9);
+           3.0 * fps * med / 1e9, rss_start, peak_rss);
     free(sps);
     if (layers) {
         int nl = model_n_layers(m);

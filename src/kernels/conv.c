@@ -43,7 +43,6 @@
  * allocated in kern_conv2d_init; nothing per call.
  *
  * What it does not do: groups, dilation, asymmetric stride/padding. */
-#include <cblas.h>
 #include <string.h>
 
 #include "conv_impl.h"
@@ -200,7 +199,7 @@ void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const flo
         }
         const int cols = (int)(nb * P);
         float *out = nb == 1 ? y + s0 * K * P : im->tmp;   // (K, nb*P)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, cols, CRS, 1.0f, w, CRS, col, cols, 0.0f, out,
+        kern_sgemm('N', 'N', K, cols, CRS, 1.0f, w, CRS, col, cols, 0.0f, out,
                     cols);
         for (int s = 0; s < nb; s++)
             for (int k = 0; k < K; k++) {
@@ -261,15 +260,15 @@ void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const flo
                 col = im->col;
             }
             // dW (K, CRS) += g (K, cols) col^T (cols, CRS)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, K, CRS, cols, 1.0f, g, cols, col, cols, 1.0f, dw,
+            kern_sgemm('N', 'T', K, CRS, cols, 1.0f, g, cols, col, cols, 1.0f, dw,
                         CRS);
         }
         if (dx) {
             if (im->direct) {   // dx (C, P) += W^T g directly
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, cols, K, 1.0f, w, CRS, g, cols, 1.0f,
+                kern_sgemm('T', 'N', CRS, cols, K, 1.0f, w, CRS, g, cols, 1.0f,
                             dx + s0 * X, cols);
             } else {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, CRS, cols, K, 1.0f, w, CRS, g, cols, 0.0f,
+                kern_sgemm('T', 'N', CRS, cols, K, 1.0f, w, CRS, g, cols, 0.0f,
                             im->col, cols);
                 col2im_add(cv, im->col, nb, dx + s0 * X);
             }

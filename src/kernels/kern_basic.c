@@ -1,42 +1,132 @@
-/* kern_basic.c: the fast versions of the small kernels: linear (OpenBLAS sgemm), relu,
- * max pool, global average pool, dropout, zero-pad/crop, softmax cross-entropy, and the
- * thread setting. Convolution is in conv.c, LSTM in lstm.c, batch norm in bn.c.
+/* kern_basic.c: the fast versions of the small kernels: linear, relu, max pool, global
+ * average pool, dropout, zero-pad/crop, softmax cross-entropy; and the shared machinery:
+ * the thread setting, kern_parallel_for and kern_sgemm. Convolution is in conv.c, LSTM in
+ * lstm.c, batch norm in bn.c.
  *
- * The element-wise and pooling kernels are memory-bound: plain C loops written so that
- * gcc -O2 -march=native vectorises the inner loop (restrict pointers, unit stride, no
- * branches where a select will do). They are not threaded: at the reference models'
- * sizes (at most 64x16x32x32 floats = 4 MiB) a parallel region costs more than it saves,
- * and pipeline workers are already one process per core.
+ * Threads. Debian's libdnnl 2.6 is built with OpenMP (it links libgomp), so its thread count
+ * is OpenMP's nthreads-var ICV, which is per calling thread. We do not link -fopenmp
+ * ourselves; instead we look up the few libgomp entry points we need (omp_set_num_threads,
+ * omp_get_max_threads, omp_get_thread_num, omp_get_num_threads and GOMP_parallel, the call
+ * `#pragma omp parallel` compiles to) in the libgomp that libdnnl already loaded. So every
+ * kernel runs on ONE team of threads, oneDNN's: kern_parallel_for hands our element-wise
+ * loops to that team, and kern_sgemm is oneDNN's sgemm (which also uses it). OpenBLAS (the
+ * pthread build, its own pool) is still set for the code outside this module that calls
+ * cblas directly. A program that runs kernels on several threads calls kern_set_threads on
+ * each (threads it creates afterwards inherit the setting).
  *
- * Threads: OpenBLAS (the pthread build) is set with openblas_set_num_threads. Debian's
- * libdnnl 2.6 is built with OpenMP (it links libgomp), so its thread count is OpenMP's
- * nthreads-var ICV. We do not link -fopenmp ourselves (it would add a second, direct
- * dependency on libgomp and change nothing else); instead kern_set_threads looks up
- * omp_set_num_threads in the libgomp that libdnnl already loaded (dlopen of an already
- * loaded library just returns its handle). nthreads-var is per thread in OpenMP, so the
- * setting applies to oneDNN calls made from the calling thread (and threads it creates
- * afterwards inherit it); a program that runs kernels on several threads calls
- * kern_set_threads on each. */
+ * GEMM. oneDNN's sgemm JIT-compiles for the CPU it finds (AVX-512 here) while OpenBLAS runs
+ * the kernel the environment's OPENBLAS_CORETYPE names (Haswell, AVX2, on the development
+ * machines): measured 1 thread, best of 10, GFLOP/s (M, N, K):
+ *     (1024, 1024, 1024) OpenBLAS 107, oneDNN 201;  (64, 1024, 784) 105 vs 188;
+ *     (1792, 1024, 256) 88 vs 211;  (64, 1024, 256) 108 vs 206.
+ *
+ * The element-wise and pooling loops are memory-bound: plain C written so that gcc -O2
+ * -march=native vectorises the inner loop (restrict pointers, unit stride, selects), split
+ * over the threads in chunks of >= KB_GRAIN elements. Every element (or, for reductions,
+ * every plane / sample) is computed by one thread in a fixed order, so results do not depend
+ * on the thread count. */
 #include <cblas.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels.h"
 
+/* Elements below which a loop stays on the calling thread: a parallel region costs a few
+ * microseconds, about what one core needs for 32K floats of an element-wise pass. */
+enum { KB_GRAIN = 32768 };
+
+typedef struct Gomp {
+    void (*set_num)(int);
+    int (*max_threads)(void);
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+    void (*parallel)(void (*fn)(void *), void *data, unsigned n, unsigned flags);
+} Gomp;
+static Gomp g_omp;
+static pthread_once_t g_omp_once = PTHREAD_ONCE_INIT;
+
+static void omp_lookup(void) {
+    void *h = dlopen("libgomp.so.1", RTLD_LAZY);   /* already loaded by libdnnl: just a handle */
+    if (!h) return;                                /* kept open: the pointers must stay valid */
+    *(void **)&g_omp.set_num = dlsym(h, "omp_set_num_threads");
+    *(void **)&g_omp.max_threads = dlsym(h, "omp_get_max_threads");
+    *(void **)&g_omp.thread_num = dlsym(h, "omp_get_thread_num");
+    *(void **)&g_omp.num_threads = dlsym(h, "omp_get_num_threads");
+    *(void **)&g_omp.parallel = dlsym(h, "GOMP_parallel");
+    if (!g_omp.max_threads || !g_omp.thread_num || !g_omp.num_threads || !g_omp.parallel)
+        g_omp.parallel = NULL;   /* kern_parallel_for runs serially then */
+}
+
+static const Gomp *omp(void) {
+    pthread_once(&g_omp_once, omp_lookup);
+    return &g_omp;
+}
+
 void kern_set_threads(int n) {
     PD_ASSERT(n >= 1);
     openblas_set_num_threads(n);
-    void *h = dlopen("libgomp.so.1", RTLD_LAZY);
-    if (h) {
-        void (*set)(int);
-        *(void **)&set = dlsym(h, "omp_set_num_threads");
-        if (set) set(n);
-        dlclose(h);   /* drops our reference only; libdnnl keeps it loaded */
+    if (omp()->set_num) omp()->set_num(n);
+}
+
+int kern_threads(void) { return omp()->max_threads ? omp()->max_threads() : 1; }
+
+typedef struct ParJob {
+    size_t n, align;
+    KernRangeFn fn;
+    void *ctx;
+} ParJob;
+
+static void par_body(void *p) {
+    const ParJob *j = p;
+    const size_t t = (size_t)g_omp.thread_num(), nt = (size_t)g_omp.num_threads();
+    const size_t units = (j->n + j->align - 1) / j->align;   // split in whole align-blocks
+    size_t b = units * t / nt * j->align, e = units * (t + 1) / nt * j->align;
+    if (e > j->n) e = j->n;
+    if (b < e) j->fn(j->ctx, b, e);
+}
+
+void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn, void *ctx) {
+    if (n == 0) return;
+    if (align < 1) align = 1;
+    if (min_chunk < 1) min_chunk = 1;
+    const Gomp *g = omp();
+    size_t nt = g->parallel ? (size_t)g->max_threads() : 1, by_size = n / min_chunk;
+    if (nt > by_size) nt = by_size;
+    if (nt > (n + align - 1) / align) nt = (n + align - 1) / align;
+    if (nt <= 1) {
+        fn(ctx, 0, n);
+        return;
     }
+    ParJob j = {n, align, fn, ctx};
+    g->parallel(par_body, &j, (unsigned)nt, 0);
+}
+
+void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    dnnl_status_t s = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    PD_ASSERTF(s == dnnl_success, "dnnl_sgemm(%c, %c, %d, %d, %d): status %d", ta, tb, m, n, k, (int)s);
 }
 
 /* ---- linear -------------------------------------------------------------------------- */
+typedef struct BiasJob {
+    const float *dy;
+    float *db;
+    int n, out;
+} BiasJob;
+
+static void bias_cols(void *p, size_t b, size_t e) {   // db[o] += sum_i dy[i, o], o in [b, e)
+    const BiasJob *j = p;
+    for (int i = 0; i < j->n; i++) {
+        const float *restrict g = j->dy + (size_t)i * j->out;
+        float *restrict d = j->db;
+        for (size_t o = b; o < e; o++) d[o] += g[o];
+    }
+}
+
 void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, int n, int in, int out) {
     if (n == 0 || out == 0) return;
     float beta = 0.0f;
@@ -44,40 +134,99 @@ void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, i
         for (int i = 0; i < n; i++) memcpy(y + (size_t)i * out, b, sizeof(float) * out);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y, out);
+    kern_sgemm('N', 'T', n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
 void kern_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
                      int in, int out) {
     if (n == 0) return;
     if (dx)   // dx (N,I) += dy (N,O) W (O,I)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.0f, dy, out, w, in, 1.0f, dx, in);
+        kern_sgemm('N', 'N', n, in, out, 1.0f, dy, out, w, in, 1.0f, dx, in);
     if (dw)   // dW (O,I) += dy^T x
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    if (db)
-        for (int i = 0; i < n; i++) {
-            const float *restrict g = dy + (size_t)i * out;
-            float *restrict d = db;
-            for (int o = 0; o < out; o++) d[o] += g[o];
-        }
+        kern_sgemm('T', 'N', out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (db) {
+        BiasJob j = {dy, db, n, out};
+        kern_parallel_for((size_t)out, KB_GRAIN / (n > 0 ? (size_t)n : 1) + 1, 16, bias_cols, &j);
+    }
 }
 
-/* ---- relu ---------------------------------------------------------------------------- */
-void kern_relu_fwd(const float *restrict x, float *restrict y, size_t count) {
-    for (size_t i = 0; i < count; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
+/* ---- relu and the other element-wise passes ---------------------------------------------- */
+typedef struct EwJob {
+    const float *a, *b;
+    float *y;
+} EwJob;
+
+static void relu_fwd_r(void *p, size_t b, size_t e) {
+    const EwJob *j = p;
+    const float *restrict x = j->a;
+    float *restrict y = j->y;
+    for (size_t i = b; i < e; i++) y[i] = x[i] > 0 ? x[i] : 0.0f;
 }
 
-void kern_relu_bwd(const float *restrict y, const float *restrict dy, float *restrict dx, size_t count) {
-    for (size_t i = 0; i < count; i++) dx[i] += y[i] > 0 ? dy[i] : 0.0f;
+static void relu_inplace_r(void *p, size_t b, size_t e) {
+    float *y = ((const EwJob *)p)->y;
+    for (size_t i = b; i < e; i++) y[i] = y[i] > 0 ? y[i] : 0.0f;
 }
+
+static void relu_bwd_r(void *p, size_t b, size_t e) {   // a = y, b = dy; y = dx (+=)
+    const EwJob *j = p;
+    const float *restrict yv = j->a, *restrict g = j->b;
+    float *restrict d = j->y;
+    for (size_t i = b; i < e; i++) d[i] += yv[i] > 0 ? g[i] : 0.0f;
+}
+
+static void relu_mask_r(void *p, size_t b, size_t e) {   // y = b * (a > 0)
+    const EwJob *j = p;
+    const float *restrict yv = j->a, *restrict g = j->b;
+    float *restrict d = j->y;
+    for (size_t i = b; i < e; i++) d[i] = yv[i] > 0 ? g[i] : 0.0f;
+}
+
+static void add_relu_r(void *p, size_t b, size_t e) {
+    const EwJob *j = p;
+    const float *restrict u = j->a, *restrict v = j->b;
+    float *restrict y = j->y;
+    for (size_t i = b; i < e; i++) {
+        float s = u[i] + v[i];
+        y[i] = s > 0 ? s : 0.0f;
+    }
+}
+
+static void acc_r(void *p, size_t b, size_t e) {
+    const EwJob *j = p;
+    const float *restrict u = j->a;
+    float *restrict y = j->y;
+    for (size_t i = b; i < e; i++) y[i] += u[i];
+}
+
+static void ew(KernRangeFn fn, const float *a, const float *b, float *y, size_t count) {
+    EwJob j = {a, b, y};
+    kern_parallel_for(count, KB_GRAIN, 16, fn, &j);
+}
+
+void kern_relu_fwd(const float *x, float *y, size_t count) { ew(relu_fwd_r, x, NULL, y, count); }
+void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count) { ew(relu_bwd_r, y, dy, dx, count); }
+void kern_relu_inplace(float *y, size_t count) { ew(relu_inplace_r, NULL, NULL, y, count); }
+void kern_relu_mask(const float *y, const float *dy, float *g, size_t count) { ew(relu_mask_r, y, dy, g, count); }
+void kern_add_relu(const float *a, const float *b, float *y, size_t count) { ew(add_relu_r, a, b, y, count); }
+void kern_accumulate(float *y, const float *x, size_t count) { ew(acc_r, x, NULL, y, count); }
 
 /* ---- max pool ------------------------------------------------------------------------ */
-void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride) {
-    const int oh = (h - k) / stride + 1, ow = (w - k) / stride + 1;
-    for (size_t p = 0; p < (size_t)n * c; p++) {
-        const float *xp = x + p * h * w;
-        float *yp = y + p * oh * ow;
-        int32_t *ap = argmax + p * oh * ow;
+typedef struct PoolJob {
+    const float *x, *dy;
+    float *y, *dx;
+    int32_t *am;
+    const int32_t *cam;
+    int h, w, k, stride, oh, ow;
+} PoolJob;
+
+static void pool_fwd_r(void *p, size_t p0, size_t p1) {   // planes [p0, p1)
+    const PoolJob *j = p;
+    const int h = j->h, w = j->w, k = j->k, stride = j->stride, oh = j->oh, ow = j->ow;
+    for (size_t q = p0; q < p1; q++) {
+        const float *xp = j->x + q * h * w;
+        float *yp = j->y + q * oh * ow;
+        int32_t *ap = j->am + q * oh * ow;
         if (k == 2 && stride == 2) {   // the reference models' pool: unrolled, same tie rule (first max)
             for (int oy = 0; oy < oh; oy++) {
                 const float *r0 = xp + 2 * oy * w, *r1 = r0 + w;
@@ -100,8 +249,8 @@ void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, i
                 float m = xp[best];
                 for (int r = 0; r < k; r++) {
                     const float *row = xp + (oy * stride + r) * w + ox * stride;
-                    for (int q = 0; q < k; q++)
-                        if (row[q] > m) m = row[q], best = (oy * stride + r) * w + ox * stride + q;
+                    for (int q2 = 0; q2 < k; q2++)
+                        if (row[q2] > m) m = row[q2], best = (oy * stride + r) * w + ox * stride + q2;
                 }
                 yp[oy * ow + ox] = m;
                 ap[oy * ow + ox] = best;
@@ -109,59 +258,129 @@ void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, i
     }
 }
 
-void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                      int stride) {
-    const size_t o = (size_t)((h - k) / stride + 1) * ((w - k) / stride + 1), hw = (size_t)h * w;
-    for (size_t p = 0; p < (size_t)n * c; p++) {
-        const float *g = dy + p * o;
-        const int32_t *a = argmax + p * o;
-        float *d = dx + p * hw;
+static void pool_bwd_r(void *p, size_t p0, size_t p1) {
+    const PoolJob *j = p;
+    const size_t o = (size_t)j->oh * j->ow, hw = (size_t)j->h * j->w;
+    for (size_t q = p0; q < p1; q++) {
+        const float *g = j->dy + q * o;
+        const int32_t *a = j->cam + q * o;
+        float *d = j->dx + q * hw;
         for (size_t i = 0; i < o; i++) d[a[i]] += g[i];
     }
 }
 
+static size_t plane_grain(size_t plane) { return KB_GRAIN / (plane ? plane : 1) + 1; }
+
+void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride) {
+    PoolJob j = {.x = x, .y = y, .am = argmax, .h = h, .w = w, .k = k, .stride = stride,
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)h * w), 1, pool_fwd_r, &j);
+}
+
+void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                      int stride) {
+    PoolJob j = {.dy = dy, .dx = dx, .cam = argmax, .h = h, .w = w, .k = k, .stride = stride,
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)h * w), 1, pool_bwd_r, &j);
+}
+
 /* ---- global average pool --------------------------------------------------------------- */
-void kern_gap_fwd(const float *x, float *y, int n, int c, int hw) {
-    const float inv = 1.0f / (float)hw;
-    for (size_t p = 0; p < (size_t)n * c; p++) {
-        const float *restrict xp = x + p * hw;
+typedef struct GapJob {
+    const float *x;
+    float *y;
+    int hw;
+} GapJob;
+
+static void gap_fwd_r(void *p, size_t p0, size_t p1) {
+    const GapJob *j = p;
+    const float inv = 1.0f / (float)j->hw;
+    for (size_t q = p0; q < p1; q++) {
+        const float *restrict xp = j->x + q * j->hw;
         float s = 0;
-        for (int i = 0; i < hw; i++) s += xp[i];
-        y[p] = s * inv;
+        for (int i = 0; i < j->hw; i++) s += xp[i];
+        j->y[q] = s * inv;
     }
+}
+
+static void gap_bwd_r(void *p, size_t p0, size_t p1) {   // x = dy (per plane), y = dx
+    const GapJob *j = p;
+    const float inv = 1.0f / (float)j->hw;
+    for (size_t q = p0; q < p1; q++) {
+        float g = j->x[q] * inv;
+        float *restrict d = j->y + q * j->hw;
+        for (int i = 0; i < j->hw; i++) d[i] += g;
+    }
+}
+
+void kern_gap_fwd(const float *x, float *y, int n, int c, int hw) {
+    GapJob j = {x, y, hw};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)hw), 1, gap_fwd_r, &j);
 }
 
 void kern_gap_bwd(const float *dy, float *dx, int n, int c, int hw) {
-    const float inv = 1.0f / (float)hw;
-    for (size_t p = 0; p < (size_t)n * c; p++) {
-        float g = dy[p] * inv;
-        float *restrict d = dx + p * hw;
-        for (int i = 0; i < hw; i++) d[i] += g;
-    }
+    GapJob j = {dy, dx, hw};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)hw), 1, gap_bwd_r, &j);
 }
 
 /* ---- dropout ------------------------------------------------------------------------- */
-void kern_dropout_fwd(const float *restrict x, float *restrict y, uint8_t *restrict mask, size_t count, float p,
-                      uint64_t seed, uint64_t stream, uint64_t substream) {
+typedef struct DropJob {
+    const float *x;
+    float *y;
+    uint8_t *mask;
+    const uint8_t *cmask;
+    float p, scale;
+    uint64_t seed, stream, substream;
+} DropJob;
+
+/* Element i's uniform is word i % 4 of Philox block i / 4 of the stream: a chunk starting at
+ * a multiple of 4 positions its own copy of the stream there (rng.c's counter layout). */
+static void drop_fwd_r(void *p, size_t b, size_t e) {
+    const DropJob *j = p;
     Rng r;
-    rng_init(&r, seed, stream, substream);
-    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (size_t i = 0; i < count; i++) mask[i] = rng_uniform(&r) >= p;   // the RNG is the cost here
-    for (size_t i = 0; i < count; i++) y[i] = mask[i] ? x[i] * scale : 0.0f;
+    rng_init(&r, j->seed, j->stream, j->substream);
+    const uint64_t blk = b / 4;
+    r.ctr[0] = (uint32_t)blk;
+    r.ctr[1] = (uint32_t)(blk >> 32);
+    uint8_t *restrict m = j->mask;
+    const float *restrict x = j->x;
+    float *restrict y = j->y;
+    for (size_t i = b; i < e; i++) m[i] = rng_uniform(&r) >= j->p;   // the RNG is the cost here
+    for (size_t i = b; i < e; i++) y[i] = m[i] ? x[i] * j->scale : 0.0f;
 }
 
-void kern_dropout_bwd(const float *restrict dy, const uint8_t *restrict mask, float *restrict dx, size_t count,
-                      float p) {
-    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    for (size_t i = 0; i < count; i++) dx[i] += mask[i] ? dy[i] * scale : 0.0f;
+static void drop_bwd_r(void *p, size_t b, size_t e) {   // x = dy, y = dx
+    const DropJob *j = p;
+    const float *restrict g = j->x;
+    const uint8_t *restrict m = j->cmask;
+    float *restrict d = j->y;
+    for (size_t i = b; i < e; i++) d[i] += m[i] ? g[i] * j->scale : 0.0f;
+}
+
+void kern_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t count, float p, uint64_t seed, uint64_t stream,
+                      uint64_t substream) {
+    DropJob j = {.x = x, .y = y, .mask = mask, .p = p, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, .seed = seed,
+                 .stream = stream, .substream = substream};
+    kern_parallel_for(count, KB_GRAIN / 8, 64, drop_fwd_r, &j);
+}
+
+void kern_dropout_bwd(const float *dy, const uint8_t *mask, float *dx, size_t count, float p) {
+    DropJob j = {.x = dy, .y = dx, .cmask = mask, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f};
+    kern_parallel_for(count, KB_GRAIN, 64, drop_bwd_r, &j);
 }
 
 /* ---- pad / crop ---------------------------------------------------------------------- */
-void kern_pad_fwd(const float *x, float *y, int n, int c, int h, int w, int p) {
-    const int ph = h + 2 * p, pw = w + 2 * p;
-    for (size_t q = 0; q < (size_t)n * c; q++) {
-        float *yp = y + q * ph * pw;
-        const float *xp = x + q * h * w;
+typedef struct PadJob {
+    const float *x;
+    float *y;
+    int h, w, p;
+} PadJob;
+
+static void pad_fwd_r(void *a, size_t q0, size_t q1) {
+    const PadJob *j = a;
+    const int h = j->h, w = j->w, p = j->p, ph = h + 2 * p, pw = w + 2 * p;
+    for (size_t q = q0; q < q1; q++) {
+        float *yp = j->y + q * ph * pw;
+        const float *xp = j->x + q * h * w;
         memset(yp, 0, sizeof(float) * (size_t)p * pw);
         for (int i = 0; i < h; i++) {
             float *row = yp + (size_t)(i + p) * pw;
@@ -173,39 +392,86 @@ void kern_pad_fwd(const float *x, float *y, int n, int c, int h, int w, int p) {
     }
 }
 
-void kern_pad_bwd(const float *dy, float *dx, int n, int c, int h, int w, int p) {
-    const int ph = h + 2 * p, pw = w + 2 * p;
-    for (size_t q = 0; q < (size_t)n * c; q++)
+static void pad_bwd_r(void *a, size_t q0, size_t q1) {   // x = dy (padded), y = dx
+    const PadJob *j = a;
+    const int h = j->h, w = j->w, p = j->p, ph = h + 2 * p, pw = w + 2 * p;
+    for (size_t q = q0; q < q1; q++)
         for (int i = 0; i < h; i++) {
-            const float *restrict g = dy + (q * ph + i + p) * pw + p;
-            float *restrict d = dx + (q * h + i) * w;
-            for (int j = 0; j < w; j++) d[j] += g[j];
+            const float *restrict g = j->x + (q * ph + i + p) * pw + p;
+            float *restrict d = j->y + (q * h + i) * w;
+            for (int k = 0; k < w; k++) d[k] += g[k];
         }
 }
 
+void kern_pad_fwd(const float *x, float *y, int n, int c, int h, int w, int p) {
+    PadJob j = {x, y, h, w, p};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)(h + 2 * p) * (w + 2 * p)), 1, pad_fwd_r, &j);
+}
+
+void kern_pad_bwd(const float *dy, float *dx, int n, int c, int h, int w, int p) {
+    PadJob j = {dy, dx, h, w, p};
+    kern_parallel_for((size_t)n * c, plane_grain((size_t)(h + 2 * p) * (w + 2 * p)), 1, pad_bwd_r, &j);
+}
+
 /* ---- softmax cross-entropy ----------------------------------------------------------- */
+/* Samples are split into at most XENT_BLOCKS blocks whose size depends on n alone; each
+ * block's loss is summed in sample order (in double) by one thread, then the blocks in block
+ * order: the same bits for every thread count (for n <= XENT_BLOCKS, the plain serial sum). */
+enum { XENT_BLOCKS = 64 };
+
+typedef struct XentJob {
+    const float *logits;
+    const int32_t *labels;
+    float *dlogits;
+    int n, k, bs;
+    float f;
+    double loss[XENT_BLOCKS];
+    int hits[XENT_BLOCKS];
+} XentJob;
+
+static void xent_r(void *p, size_t b0, size_t b1) {
+    XentJob *j = p;
+    const int k = j->k;
+    for (size_t blk = b0; blk < b1; blk++) {
+        double loss = 0;
+        int hits = 0;
+        int i1 = (int)(blk + 1) * j->bs < j->n ? (int)(blk + 1) * j->bs : j->n;
+        for (int i = (int)blk * j->bs; i < i1; i++) {
+            const float *z = j->logits + (size_t)i * k;
+            const int32_t lab = j->labels[i];
+            PD_ASSERTF(lab >= 0 && lab < k, "label %d of sample %d not in [0, %d)", lab, i, k);
+            int am = 0;
+            for (int c = 1; c < k; c++)
+                if (z[c] > z[am]) am = c;
+            hits += am == lab;
+            const float m = z[am];
+            float s = 0;
+            for (int c = 0; c < k; c++) s += expf(z[c] - m);
+            loss += (double)logf(s) + m - z[lab];
+            if (j->dlogits) {
+                float *d = j->dlogits + (size_t)i * k;
+                const float inv = j->f / s;
+                for (int c = 0; c < k; c++) d[c] += expf(z[c] - m) * inv;
+                d[lab] -= j->f;
+            }
+        }
+        j->loss[blk] = loss;
+        j->hits[blk] = hits;
+    }
+}
+
 float kern_xent_fwd_bwd(const float *logits, const int32_t *labels, float *dlogits, int n, int k, float scale,
                         int *correct) {
+    XentJob j = {.logits = logits, .labels = labels, .dlogits = dlogits, .n = n, .k = k,
+                 .bs = (n + XENT_BLOCKS - 1) / XENT_BLOCKS, .f = scale / (float)n};
+    if (j.bs < 1) j.bs = 1;
+    const int nblk = (n + j.bs - 1) / j.bs;
+    kern_parallel_for((size_t)nblk, (size_t)(8192 / ((size_t)j.bs * k + 1)) + 1, 1, xent_r, &j);
     double loss = 0;   // sum over the minibatch in double: n terms of very different size
     int hits = 0;
-    const float f = scale / (float)n;
-    for (int i = 0; i < n; i++) {
-        const float *z = logits + (size_t)i * k;
-        PD_ASSERTF(labels[i] >= 0 && labels[i] < k, "label %d of sample %d not in [0, %d)", labels[i], i, k);
-        int am = 0;
-        for (int j = 1; j < k; j++)
-            if (z[j] > z[am]) am = j;
-        hits += am == labels[i];
-        const float m = z[am];
-        float s = 0;
-        for (int j = 0; j < k; j++) s += expf(z[j] - m);
-        loss += (double)logf(s) + m - z[labels[i]];
-        if (dlogits) {
-            float *d = dlogits + (size_t)i * k;
-            const float inv = f / s;
-            for (int j = 0; j < k; j++) d[j] += expf(z[j] - m) * inv;
-            d[labels[i]] -= f;
-        }
+    for (int b = 0; b < nblk; b++) {
+        loss += j.loss[b];
+        hits += j.hits[b];
     }
     if (correct) *correct = hits;
     return (float)(loss / n);

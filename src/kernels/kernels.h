@@ -8,7 +8,9 @@
  *     created once in *_init; per-minibatch saved state (pool argmax, bn statistics, lstm
  *     gates) lives in caller-owned buffers whose sizes the *_saved_floats functions give;
  *   - kernels are not thread-safe on one descriptor (a worker runs one thing at a time);
- *   - kern_set_threads sets the threads used by OpenBLAS and oneDNN for this process.
+ *   - kern_set_threads sets the threads used by OpenBLAS, oneDNN and kern_parallel_for for
+ *     the calling thread; every fast kernel runs on them (results are bitwise the same for a
+ *     given thread count; the element-wise ones also across thread counts).
  * Descriptors with _init return PD_OK or an error (e.g. a shape oneDNN rejects); they are
  * released with _release (safe on a zeroed or failed descriptor). */
 #ifndef PD_KERNELS_H
@@ -19,6 +21,19 @@
 #include "core.h"
 
 void kern_set_threads(int n);
+/* The thread count kern_set_threads set for the calling thread (1 if never set). */
+int  kern_threads(void);
+/* Parallel loop on the calling thread's kernel threads (the OpenMP team oneDNN uses, so no
+ * second pool competes for the cores): fn(ctx, begin, end) is called on disjoint ranges that
+ * cover [0, n), at most one per thread, each at least min_chunk long (so small loops stay on
+ * the calling thread); every boundary is a multiple of align (>= 1). Each element's result
+ * must depend on that element alone for results to be independent of the thread count. */
+typedef void (*KernRangeFn)(void *ctx, size_t begin, size_t end);
+void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn, void *ctx);
+/* Row-major C (m, n) = alpha op(A) op(B) + beta C, op = transpose when ta/tb is 'T': oneDNN's
+ * sgemm (it picks AVX-512 where the CPU has it; deterministic for a given thread count). */
+void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                float beta, float *c, int ldc);
 
 /* ---- linear: y(N,O) = x(N,I) · W(O,I)^T + b(O) --------------------------------------- */
 void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, int n, int in, int out);
@@ -76,6 +91,12 @@ void kern_gap_bwd_ref(const float *dy, float *dx, int n, int c, int hw);
 void kern_relu_fwd(const float *x, float *y, size_t count);
 /* dx += dy * (y > 0); y is the forward output. */
 void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count);
+/* Fused-relu helpers for the layers (threaded like every element-wise pass): y = max(y, 0)
+ * in place; g = dy * (y > 0), overwriting g; y = max(a + b, 0); y += x. */
+void kern_relu_inplace(float *y, size_t count);
+void kern_relu_mask(const float *y, const float *dy, float *g, size_t count);
+void kern_add_relu(const float *a, const float *b, float *y, size_t count);
+void kern_accumulate(float *y, const float *x, size_t count);
 void kern_relu_fwd_ref(const float *x, float *y, size_t count);
 void kern_relu_bwd_ref(const float *y, const float *dy, float *dx, size_t count);
 

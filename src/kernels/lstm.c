@@ -12,7 +12,6 @@
  *
  * saved layout (shared with kern_ref.c), for the n of the call:
  *   gates (T, N, 4H) after activation, then cells (T, N, H). */
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -66,13 +65,13 @@ void kern_lstm_fwd(KLstm *l, int n, const float *x, const float *w_ih, const flo
     for (int j = 0; j < G; j++) im->bsum[j] = b_ih[j] + b_hh[j];
     for (size_t row = 0; row < (size_t)T * n; row++) memcpy(gates + row * G, im->bsum, sizeof(float) * G);
     // gates (T*N, 4H) += x (T*N, I) W_ih^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T * n, G, IN, 1.0f, x, IN, w_ih, IN, 1.0f, gates, G);
+    kern_sgemm('N', 'T', T * n, G, IN, 1.0f, x, IN, w_ih, IN, 1.0f, gates, G);
     for (int t = 0; t < T; t++) {
         float *gt = gates + (size_t)t * n * G;
         float *ct = cells + (size_t)t * n * H, *ht = y + (size_t)t * n * H;
         const float *cp = t ? ct - (size_t)n * H : NULL;
         if (t)   // gates_t (N, 4H) += h_{t-1} (N, H) W_hh^T
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, G, H, 1.0f, ht - (size_t)n * H, H, w_hh, H,
+            kern_sgemm('N', 'T', n, G, H, 1.0f, ht - (size_t)n * H, H, w_hh, H,
                         1.0f, gt, G);
         for (int b = 0; b < n; b++) {
             float *restrict g = gt + (size_t)b * G;
@@ -107,7 +106,7 @@ void kern_lstm_bwd(KLstm *l, int n, const float *x, const float *w_ih, const flo
         // dh (N, H) = dy_t + dA_{t+1} (N, 4H) W_hh (4H, H)
         memcpy(dh, dy + (size_t)t * n * H, sizeof(float) * (size_t)n * H);
         if (t < T - 1)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, G, 1.0f, da + (size_t)(t + 1) * n * G, G,
+            kern_sgemm('N', 'N', n, H, G, 1.0f, da + (size_t)(t + 1) * n * G, G,
                         w_hh, H, 1.0f, dh, H);
         const float *gt = gates + (size_t)t * n * G, *ct = cells + (size_t)t * n * H;
         const float *cp = t ? ct - (size_t)n * H : NULL;
@@ -133,12 +132,12 @@ void kern_lstm_bwd(KLstm *l, int n, const float *x, const float *w_ih, const flo
     }
     const int rows = T * n;
     if (dw_ih)   // dW_ih (4H, I) += dA^T (4H, T*N) x (T*N, I)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, IN, rows, 1.0f, da, G, x, IN, 1.0f, dw_ih, IN);
+        kern_sgemm('T', 'N', G, IN, rows, 1.0f, da, G, x, IN, 1.0f, dw_ih, IN);
     if (dw_hh && T > 1)   // dW_hh (4H, H) += dA[1..T)^T y[0..T-1)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, G, H, (T - 1) * n, 1.0f, da + (size_t)n * G, G, y, H,
+        kern_sgemm('T', 'N', G, H, (T - 1) * n, 1.0f, da + (size_t)n * G, G, y, H,
                     1.0f, dw_hh, H);
     if (dx)   // dx (T*N, I) += dA (T*N, 4H) W_ih (4H, I)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, IN, G, 1.0f, da, G, w_ih, IN, 1.0f, dx, IN);
+        kern_sgemm('N', 'N', rows, IN, G, 1.0f, da, G, w_ih, IN, 1.0f, dx, IN);
     if (db_ih || db_hh) {
         float *bs = im->bsum;   // column sums of dA (the same for both biases)
         memset(bs, 0, sizeof(float) * G);
