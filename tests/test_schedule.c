@@ -3,8 +3,11 @@
  * model-parallel), structural invariants for random plans of every kind (sends match
  * receives one to one, every stage sees every unit once, each forward has one backward
  * on the same worker with the same weight version where stashing applies, steps numbered
- * consecutively, replicas all-reduce in the same order), and the errors. Deadlock
- * freedom and timing are checked by test_sim. */
+ * consecutively, replicas all-reduce in the same order), and the errors. The analysis
+ * (versions alive, last readers, units in flight, slots) against hand counts, its errors,
+ * and on random plans of every kind against the runtime's former weight-store walk and a
+ * brute-force restatement of the liveness rule. Deadlock freedom and timing are checked by
+ * test_sim. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -337,8 +340,246 @@ static void test_random_structure(void **state) {
     }
 }
 
+/* ---- analysis ---------------------------------------------------------------------- */
+
+/* The maxima of the per-instruction counts are the info's. */
+static void check_counts(const Schedule *s, int r, const SchedWorkerInfo *wi) {
+    if (s->workers[r].stage < 0) {   /* idle: nothing */
+        assert_int_equal(wi->max_versions_alive + wi->max_inflight + wi->n_slots + wi->n_versions, 0);
+        return;
+    }
+    int n = s->workers[r].n;
+    int *alive = malloc(((size_t)n + 1) * sizeof(int)), *fly = malloc(((size_t)n + 1) * sizeof(int));
+    sched_worker_counts(s, r, wi, alive, fly);
+    int ma = n ? 0 : 1, at = -1, mf = 0;
+    for (int i = 0; i < n; i++) {
+        if (alive[i] > ma) ma = alive[i], at = i;
+        if (fly[i] > mf) mf = fly[i];
+    }
+    assert_int_equal(ma, wi->max_versions_alive);
+    assert_int_equal(at, wi->peak_at);
+    assert_int_equal(mf, wi->max_inflight);
+    free(alive), free(fly);
+}
+
+static void test_analysis(void **state) {
+    (void)state;
+    int rep1[4] = {1, 1, 1, 1};
+    Plan *p = make_plan(4, rep1);
+    Schedule s;
+    SchedAnalysis a;
+    Err err = {0};
+    build(p, SCHED_1F1B, 8, 1, 0, &s);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    assert_int_equal(a.n_ranks, 4);
+    for (int r = 0; r < 4; r++) {
+        const SchedWorkerInfo *wi = &a.workers[r];
+        assert_int_equal(wi->stage, r);
+        assert_int_equal(wi->reads_input, r == 0);
+        assert_int_equal(wi->n_versions, 9);   /* 8 steps */
+        assert_int_equal(wi->max_versions_alive, 4 - r);   /* = warm-up */
+        assert_int_equal(wi->max_inflight, 4 - r);
+        assert_int_equal(wi->n_slots, 4 - r + SCHED_SLOTS_AHEAD);
+        assert_int_equal(a.stage_versions[r], 4 - r);
+        check_counts(&s, r, wi);
+    }
+    /* worker 0: F0 SA0 F1 SA1 F2 SA2 F3 SA3 RG0 B0 U1 F4 SA4 RG1 B1 U2 F5 SA5 RG2 B2 U3: at
+     * U3 (index 20) versions 0..2 are still read by B3..B5: 4 alive */
+    assert_int_equal(a.workers[0].peak_at, 20);
+    assert_int_equal(s.workers[0].ins[20].op, OP_STEP);
+    /* last stage: RA F B SG U per unit, forward i reads version i: read last by B_i */
+    for (int v = 0; v < 8; v++) assert_int_equal(a.workers[3].last_read[v], 5 * v + 2);
+    assert_int_equal(a.workers[3].last_read[8], -1);   /* written by the last step, never read */
+    assert_int_equal(a.workers[3].peak_at, 0);
+    sched_analysis_release(&a);
+    sched_release(&s);
+    /* gpipe: one version, all of a minibatch's micro-batches in flight */
+    build(p, SCHED_GPIPE, 2, 3, 0, &s);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(a.workers[r].max_versions_alive, 1);
+        assert_int_equal(a.workers[r].max_inflight, 3);
+        assert_int_equal(a.workers[r].n_versions, 3);
+        assert_int_equal(a.workers[r].last_read[2], -1);
+        check_counts(&s, r, &a.workers[r]);
+    }
+    sched_analysis_release(&a);
+    sched_release(&s);
+    /* 2bw: two versions everywhere (minibatch k + 1 reads version k after the step to k + 1) */
+    build(p, SCHED_2BW, 5, 4, 0, &s);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    for (int r = 0; r < 4; r++) assert_int_equal(a.workers[r].max_versions_alive, 2);
+    sched_analysis_release(&a);
+    sched_release(&s);
+    free_plan(p);
+    /* dp: every rank reads input; model-parallel: replicas beyond the first are idle */
+    int rep2[2] = {2, 1};
+    p = make_plan(2, rep2);
+    build(p, SCHED_DP, 4, 1, 0, &s);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    for (int r = 0; r < 3; r++) {
+        assert_int_equal(a.workers[r].reads_input, 1);
+        assert_int_equal(a.workers[r].max_versions_alive, 1);
+        assert_int_equal(a.workers[r].max_inflight, 1);
+    }
+    sched_analysis_release(&a);
+    sched_release(&s);
+    build(p, SCHED_MP, 4, 1, 0, &s);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    assert_int_equal(a.workers[1].stage, -1);
+    assert_int_equal(a.workers[1].n_slots, 0);
+    assert_int_equal(a.workers[1].max_versions_alive, 0);
+    assert_null(a.workers[1].last_read);
+    assert_int_equal(a.workers[0].reads_input, 1);
+    assert_int_equal(a.workers[2].reads_input, 0);
+    check_counts(&s, 1, &a.workers[1]);
+    sched_analysis_release(&a);
+    sched_release(&s);
+    free_plan(p);
+}
+
+/* A one-worker schedule with the given (op, mb, version) triples, released with sched_release. */
+static void one_worker(Schedule *s, int n, const int (*ins)[3]) {
+    int rep[1] = {1};
+    Plan *p = make_plan(1, rep);
+    build(p, SCHED_DP, 1, 1, 0, s);
+    free_plan(p);
+    SchedWorker *w = &s->workers[0];
+    PD_ASSERT(w->cap >= n);
+    w->n = n;
+    for (int i = 0; i < n; i++) w->ins[i] = (Instr){ins[i][0], ins[i][1], -1, ins[i][2]};
+}
+
+static void test_analysis_errors(void **state) {
+    (void)state;
+    Schedule s;
+    SchedAnalysis a;
+    Err err = {0};
+    const int skip[][3] = {{OP_FORWARD, 0, 0}, {OP_BACKWARD, 0, 0}, {OP_STEP, -1, 2}};
+    one_worker(&s, 3, skip);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "worker 0 instruction 2 (U2): step writes version 2 after version 0"));
+    assert_null(a.workers);
+    sched_release(&s);
+    const int future[][3] = {{OP_FORWARD, 0, 0}, {OP_STEP, -1, 1}, {OP_FORWARD, 1, 2}};
+    one_worker(&s, 3, future);
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "worker 0 instruction 2 (F1@2): reads weight version 2 but has 1"));
+    sched_release(&s);
+    const int negative[][3] = {{OP_FORWARD, 0, 0}, {OP_BACKWARD, 0, -1}};
+    one_worker(&s, 2, negative);
+    SchedWorkerInfo wi;
+    assert_int_equal(sched_analyze_worker(&s, 0, &wi, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "instruction 1 (B0@-1): reads weight version -1"));
+    assert_null(wi.last_read);
+    sched_release(&s);
+    /* an update in place, then a stash: F0@0 U1 F1@1 U2 B1@1 -> version 1 stashed at U2 */
+    const int stash[][3] = {{OP_FORWARD, 0, 0}, {OP_STEP, -1, 1}, {OP_FORWARD, 1, 1}, {OP_STEP, -1, 2}, {OP_BACKWARD, 1, 1}};
+    one_worker(&s, 5, stash);
+    assert_int_equal(sched_analyze_worker(&s, 0, &wi, &err), PD_OK);
+    assert_int_equal(wi.n_versions, 3);
+    assert_int_equal(wi.last_read[0], 0);
+    assert_int_equal(wi.last_read[1], 4);
+    assert_int_equal(wi.max_versions_alive, 2);
+    assert_int_equal(wi.peak_at, 3);
+    assert_int_equal(wi.max_inflight, 2);
+    int alive[5], fly[5];
+    sched_worker_counts(&s, 0, &wi, alive, fly);
+    const int want_alive[5] = {1, 1, 1, 2, 2}, want_fly[5] = {1, 1, 2, 2, 2};
+    assert_memory_equal(alive, want_alive, sizeof alive);
+    assert_memory_equal(fly, want_fly, sizeof fly);
+    sched_worker_info_release(&wi);
+    sched_release(&s);
+}
+
+/* The runtime's weight store before the analysis existed (O(instructions x versions)): the
+ * oracle for max_versions_alive. */
+static int store_oracle(const SchedWorker *sw) {
+    int maxv = 0;
+    for (int i = 0; i < sw->n; i++)
+        if (sw->ins[i].version > maxv) maxv = sw->ins[i].version;
+    int nv = maxv + 1, *last = malloc((size_t)nv * sizeof(int));
+    for (int v = 0; v < nv; v++) last[v] = -1;
+    for (int i = 0; i < sw->n; i++)
+        if (sw->ins[i].op == OP_FORWARD || sw->ins[i].op == OP_BACKWARD) last[sw->ins[i].version] = i;
+    char *alive = calloc((size_t)nv, 1);
+    alive[0] = 1;
+    int n_alive = 1, most = 1, newest = 0;
+    for (int i = 0; i < sw->n; i++) {
+        const Instr *in = &sw->ins[i];
+        if (in->op == OP_STEP) {
+            if (last[newest] > i) n_alive++;
+            else alive[newest] = 0;
+            alive[in->version] = 1;
+            newest = in->version;
+        }
+        if (n_alive > most) most = n_alive;
+        for (int v = 0; v < newest; v++)
+            if (alive[v] && last[v] <= i) alive[v] = 0, n_alive--;
+    }
+    free(alive), free(last);
+    return most;
+}
+
+static void test_analysis_random(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 8, 100, 0);
+    for (int trial = 0; trial < 120; trial++) {
+        int S = 1 + (int)rng_below(&rng, 12), rep[16];
+        for (int i = 0; i < S; i++) rep[i] = 1 + (int)rng_below(&rng, 4);
+        Plan *p = make_plan(S, rep);
+        int N = 1 + (int)rng_below(&rng, 40);
+        for (int k = 0; k <= SCHED_COUNT; k++) {   /* SCHED_COUNT: 1f1b with vertical sync */
+            int M = 1, vs = k == SCHED_COUNT;
+            SchedKind kind = vs ? SCHED_1F1B : (SchedKind)k;
+            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+            if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
+            SchedOpts o = {kind, N, M, vs};
+            Schedule s;
+            SchedAnalysis a;
+            Err err = {0};
+            if (sched_build(p, &o, &s, &err)) continue;   /* vertical sync out of reach */
+            assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+            for (int r = 0; r < s.n_ranks; r++) {
+                const SchedWorker *w = &s.workers[r];
+                const SchedWorkerInfo *wi = &a.workers[r];
+                if (w->stage < 0) continue;
+                assert_int_equal(wi->max_versions_alive, store_oracle(w));
+                check_counts(&s, r, wi);
+                /* alive at i by the definition: created at or before i, and before the next
+                 * step or not after its last reader */
+                int *created = malloc(((size_t)wi->n_versions + 1) * sizeof(int));
+                int *alive = malloc(((size_t)w->n + 1) * sizeof(int));
+                created[0] = -1;
+                for (int i = 0, v = 0; i < w->n; i++)
+                    if (w->ins[i].op == OP_STEP) created[++v] = i;
+                created[wi->n_versions] = w->n;
+                sched_worker_counts(&s, r, wi, alive, NULL);
+                for (int i = 0; i < w->n; i += 1 + (int)rng_below(&rng, 4)) {
+                    int n = 0;
+                    for (int v = 0; v < wi->n_versions; v++)
+                        n += created[v] <= i && (i < created[v + 1] || i <= wi->last_read[v]);
+                    assert_int_equal(alive[i], n);
+                }
+                free(created), free(alive);
+                /* one stashed version per warm-up forward at most (docs/schedules.md) */
+                if (kind == SCHED_1F1B && !vs) assert_true(wi->max_versions_alive <= s.stages[w->stage].warmup);
+                if (kind == SCHED_2BW) assert_true(wi->max_versions_alive <= 2);
+                if (kind != SCHED_1F1B && kind != SCHED_2BW) assert_int_equal(wi->max_versions_alive, 1);
+                assert_int_equal(wi->n_slots, wi->max_inflight + SCHED_SLOTS_AHEAD);
+            }
+            sched_analysis_release(&a);
+            sched_release(&s);
+        }
+        free_plan(p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_analysis),        cmocka_unit_test(test_analysis_errors),
+        cmocka_unit_test(test_analysis_random),
         cmocka_unit_test(test_1f1b_straight),   cmocka_unit_test(test_1f1b_round_robin),
         cmocka_unit_test(test_gpipe_flush_2bw), cmocka_unit_test(test_dp_mp),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_random_structure),

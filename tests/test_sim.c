@@ -502,6 +502,15 @@ static void test_memory(void **state) {
     assert_int_equal(r.max_inflight[1], 1);
     assert_int_equal(r.versions_alive[1], 1);
     assert_near(r.mem[1].peak, 1000 + 1000 + 2000 + 10, 1e-9);
+    /* what the runtime allocates up front: the most versions, in-flight units + 2 slots */
+    assert_int_equal(r.worker_versions[0], 2);
+    assert_int_equal(r.slots[0], 2 + SCHED_SLOTS_AHEAD);
+    assert_near(r.mem[0].alloc_stashed, 1000, 0);
+    assert_near(r.mem[0].alloc_activations, 4 * 10, 0);
+    assert_near(r.mem[0].allocated, 1000 * 2 + 1000 + 2000 + 4 * 10, 0);
+    assert_int_equal(r.worker_versions[1], 1);
+    assert_int_equal(r.slots[1], 3);
+    assert_near(r.mem[1].allocated, 1000 + 1000 + 2000 + 3 * 10, 0);
     sim_result_release(&r);
     sched_release(&s);
     /* gpipe holds all m micro-batches' activations and one version */
@@ -509,6 +518,8 @@ static void test_memory(void **state) {
     assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_OK);
     assert_int_equal(r.max_inflight[0], 6);
     assert_near(r.mem[0].peak, 1000 + 1000 + 2000 + 6 * 10, 1e-9);
+    assert_int_equal(r.slots[0], 8);
+    assert_near(r.mem[0].allocated, 1000 + 1000 + 2000 + 8 * 10, 0);
     sim_result_release(&r);
     sched_release(&s);
     sim_costs_release(&c);

@@ -16,44 +16,44 @@
 
 /* ---- weight-version store -------------------------------------------------------------- */
 
-/* Walks the instruction list once: last reader of every version, and the most versions
- * alive at once under the rules applied by vstore_* below. */
+/* The store's plan from the schedule analysis (sched_analyze_worker, the one definition the
+ * simulator predicts memory by): the last reader of every version, and as many buffers as
+ * versions are ever alive at once under the rule vstore_* below apply (a step updates in
+ * place unless the old newest is read later). The lists come from sched_build, which never
+ * breaks the analysis's checks (step versions consecutive, reads of existing versions). */
 static void vstore_plan(Worker *w) {
-    const SchedWorker *sw = w->sw;
-    int maxv = 0;
-    for (int i = 0; i < sw->n; i++)
-        if (sw->ins[i].version > maxv) maxv = sw->ins[i].version;
-    w->n_versions = maxv + 1;
-    w->last_read = malloc((size_t)w->n_versions * sizeof(int));
-    PD_ASSERT(w->last_read);
-    for (int v = 0; v < w->n_versions; v++) w->last_read[v] = -1;
-    for (int i = 0; i < sw->n; i++) {
-        const Instr *in = &sw->ins[i];
-        if (in->op == OP_FORWARD || in->op == OP_BACKWARD) w->last_read[in->version] = i;
+    SchedWorkerInfo wi;
+    Err e = {0};
+    int rc = sched_analyze_worker(w->s, w->rank, &wi, &e);
+    PD_ASSERTF(rc == PD_OK, "%s", e.msg);
+    free(w->last_read);
+    w->n_versions = wi.n_versions;
+    w->last_read = wi.last_read;   /* taken over (malloc'd) */
+    w->n_vslots = wi.max_versions_alive;
+}
+
+/* What the worker allocated for its stage, by category (RtMem): the version store, the
+ * gradient and optimizer buffers, the running statistics and the activation slots. */
+static void worker_mem(Worker *w) {
+    RtMem *m = &w->res->mem;
+    size_t f = sizeof(float), B = (size_t)w->cfg->unit_batch, slot = 0;
+    memset(m, 0, sizeof *m);
+    if (w->stage < 0) return;
+    m->versions = w->n_vslots;
+    m->slots = w->n_slots;
+    m->params = w->np * f;
+    m->stashed = (size_t)(w->n_vslots - 1) * w->np * f;
+    m->grads = w->np * f;
+    m->opt_state = w->np * f * (w->opt.v ? 2 : 1);
+    m->workspace = w->nst * f;
+    if (w->n_slots) {
+        const Slot *sl = &w->slots[0];
+        slot = nnctx_bytes(sl->ctx) + shape_numel(w->out_shape) * f + (sl->dx ? shape_numel(w->in_shape) * f : 0) +
+               B * f + B * sizeof(int32_t);
     }
-    /* Alive: version 0 at start; a step keeps the old newest only if it is read later. */
-    char *alive = calloc((size_t)w->n_versions, 1);
-    PD_ASSERT(alive);
-    alive[0] = 1;
-    int n_alive = 1, most = 1, newest = 0;
-    for (int i = 0; i < sw->n; i++) {
-        const Instr *in = &sw->ins[i];
-        if (in->op == OP_STEP) {
-            PD_ASSERTF(in->version == newest + 1, "step writes %d after %d", in->version, newest);
-            if (w->last_read[newest] > i) {
-                n_alive++;
-            } else {
-                alive[newest] = 0;
-            }
-            alive[in->version] = 1;
-            newest = in->version;
-        }
-        if (n_alive > most) most = n_alive;
-        for (int v = 0; v < newest; v++)
-            if (alive[v] && w->last_read[v] <= i) alive[v] = 0, n_alive--;
-    }
-    free(alive);
-    w->n_vslots = most;
+    m->activations = (size_t)w->n_slots * slot;
+    m->comm = 0;
+    m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace;
 }
 
 static float *vstore_get(Worker *w, int version) {
@@ -510,14 +510,11 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
         PD_ASSERT(res->hist);
     }
-    /* slots: most units in flight + those received ahead */
-    int inflight = 0, most = 0;
-    for (int i = 0; i < w->sw->n; i++) {
-        if (w->sw->ins[i].op == OP_FORWARD) inflight++;
-        if (w->sw->ins[i].op == OP_BACKWARD) inflight--;
-        if (inflight > most) most = inflight;
-    }
-    w->n_slots = most + 2;
+    /* slots: most units in flight + those received ahead (SchedWorkerInfo.n_slots) */
+    SchedWorkerInfo wi;
+    if ((rc = sched_analyze_worker(s, rank, &wi, err))) return rc;
+    w->n_slots = wi.n_slots;
+    sched_worker_info_release(&wi);
     w->slots = calloc((size_t)w->n_slots, sizeof(Slot));
     PD_ASSERT(w->slots);
     for (int k = 0; k < w->n_slots; k++) {
@@ -529,6 +526,7 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         sl->labels_f = pd_alloc_f32((size_t)B);
         sl->labels = pd_calloc((size_t)B * sizeof(int32_t));
     }
+    worker_mem(w);
     worker_warmup(w);
     return PD_OK;
 }

@@ -70,6 +70,21 @@ typedef struct RtEvent {
     double t0, t1;     /* seconds since the worker started */
 } RtEvent;
 
+/* Bytes a worker allocated for its stage, by category (rt_worker_init; zero on idle ranks).
+ * versions x params and slots x (activations / slots) are what the simulator predicts from the
+ * schedule analysis (SimMem.allocated, docs/schedules.md). */
+typedef struct RtMem {
+    size_t params;        /* one weight version's buffer */
+    size_t grads;         /* the gradient buffer (dw) */
+    size_t opt_state;     /* optimizer state: SGD momentum / Adam first moment (+ Adam second) */
+    size_t stashed;       /* the version store's other buffers: (versions - 1) x params */
+    size_t activations;   /* slots x (context (nnctx_bytes) + dy + dx + label buffers) */
+    size_t comm;          /* message buffers of its own: none (messages go to and from slots) */
+    size_t workspace;     /* running statistics (batch norm); the Model's kernel scratch is not counted */
+    size_t total;         /* the sum of the above */
+    int versions, slots;  /* weight-version buffers and activation slots (SchedWorkerInfo) */
+} RtMem;
+
 /* What one worker reports. */
 typedef struct RtWorkerResult {
     int rank, stage, replica;
@@ -92,6 +107,7 @@ typedef struct RtWorkerResult {
     int n_fwd, n_bwd;
     int n_events;
     RtEvent *events;         /* when cfg->trace, owned */
+    RtMem mem;               /* what it allocated (filled by rt_worker_init) */
 } RtWorkerResult;
 
 void rt_result_release(RtWorkerResult *r);

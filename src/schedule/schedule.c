@@ -402,3 +402,112 @@ void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions)
         fputc('\n', f);
     }
 }
+
+/* ---- analysis --------------------------------------------------------------------- */
+
+void sched_worker_info_release(SchedWorkerInfo *wi) {
+    if (!wi) return;
+    free(wi->last_read);
+    memset(wi, 0, sizeof *wi);
+}
+
+/* One pass over the list under the rule of SchedWorkerInfo: `stashed` counts the versions
+ * older than the newest that a later instruction still reads; a version leaves that count
+ * after its last reader. Fills the per-instruction counts if asked and the maxima. */
+static void walk(const SchedWorker *w, SchedWorkerInfo *wi, int *alive, int *inflight) {
+    int newest = 0, stashed = 0, fly = 0;
+    wi->max_versions_alive = 1;
+    wi->peak_at = -1;
+    wi->max_inflight = 0;
+    for (int i = 0; i < w->n; i++) {
+        const Instr *in = &w->ins[i];
+        if (in->op == OP_STEP) {
+            if (wi->last_read[newest] > i) stashed++;
+            newest++;
+        } else if (in->op == OP_FORWARD)
+            fly++;
+        int a = 1 + stashed;
+        if (alive) alive[i] = a;
+        if (inflight) inflight[i] = fly;
+        if (a > wi->max_versions_alive || wi->peak_at < 0) wi->max_versions_alive = a, wi->peak_at = i;
+        if (fly > wi->max_inflight) wi->max_inflight = fly;
+        if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+            if (in->op == OP_BACKWARD) fly--;
+            if (wi->last_read[in->version] == i && in->version < newest) stashed--;
+        }
+    }
+}
+
+int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err *err) {
+    PD_ASSERT(rank >= 0 && rank < s->n_ranks);
+    memset(out, 0, sizeof *out);
+    const SchedWorker *w = &s->workers[rank];
+    out->stage = w->stage;
+    if (w->stage < 0) return PD_OK;
+    out->reads_input = w->stage == 0;
+    int steps = 0;
+    for (int i = 0; i < w->n; i++) steps += w->ins[i].op == OP_STEP;
+    out->n_versions = steps + 1;
+    out->last_read = malloc((size_t)out->n_versions * sizeof(int));
+    PD_ASSERT(out->last_read);
+    for (int v = 0; v < out->n_versions; v++) out->last_read[v] = -1;
+    for (int i = 0, newest = 0; i < w->n; i++) {
+        const Instr *in = &w->ins[i];
+        char t[48];
+        if (in->op == OP_STEP) {
+            if (in->version != newest + 1) {
+                sched_worker_info_release(out);
+                return err_set(err, PD_EINVAL, "worker %d instruction %d (%s): step writes version %d after version %d",
+                               rank, i, sched_instr_str(in, 1, t, sizeof t), in->version, newest);
+            }
+            newest++;
+        } else if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+            if (in->version < 0 || in->version > newest) {
+                sched_worker_info_release(out);
+                return err_set(err, PD_EINVAL, "worker %d instruction %d (%s): reads weight version %d but has %d",
+                               rank, i, sched_instr_str(in, 1, t, sizeof t), in->version, newest);
+            }
+            out->last_read[in->version] = i;
+        }
+    }
+    walk(w, out, NULL, NULL);
+    out->n_slots = out->max_inflight + SCHED_SLOTS_AHEAD;
+    return PD_OK;
+}
+
+void sched_worker_counts(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight) {
+    PD_ASSERT(rank >= 0 && rank < s->n_ranks);
+    const SchedWorker *w = &s->workers[rank];
+    if (w->stage < 0) return;
+    PD_ASSERT(wi->stage == w->stage && wi->last_read);
+    SchedWorkerInfo tmp = *wi;   /* walk() rewrites the maxima: the same values */
+    walk(w, &tmp, alive, inflight);
+}
+
+void sched_analysis_release(SchedAnalysis *a) {
+    if (!a) return;
+    for (int r = 0; r < a->n_ranks && a->workers; r++) sched_worker_info_release(&a->workers[r]);
+    free(a->workers);
+    free(a->stage_versions);
+    memset(a, 0, sizeof *a);
+}
+
+int sched_analyze(const Schedule *s, SchedAnalysis *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    out->n_ranks = s->n_ranks;
+    out->n_stages = s->n_stages;
+    out->workers = calloc((size_t)s->n_ranks + 1, sizeof *out->workers);
+    out->stage_versions = calloc((size_t)s->n_stages + 1, sizeof(int));
+    PD_ASSERT(out->workers && out->stage_versions);
+    for (int r = 0; r < s->n_ranks; r++) {
+        int rc = sched_analyze_worker(s, r, &out->workers[r], err);
+        if (rc) {
+            sched_analysis_release(out);
+            return rc;
+        }
+        int st = out->workers[r].stage;
+        if (st >= 0 && st < s->n_stages && out->workers[r].max_versions_alive > out->stage_versions[st])
+            out->stage_versions[st] = out->workers[r].max_versions_alive;
+    }
+    return PD_OK;
+}

@@ -113,4 +113,48 @@ char *sched_worker_str(const Schedule *s, int rank, char *buf, size_t n);
 static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }
 int sched_replica_of(const Schedule *s, int st, int u);
 
+/* ---- analysis: what a worker's list implies for memory --------------------------------- */
+/* The ONE definition of weight-version liveness, units in flight and activation slots; the
+ * runtime allocates by it and the simulator predicts memory by it (docs/schedules.md,
+ * "Schedule analysis"). Instruction indices are into the worker's list. */
+
+/* Activation slots beyond the units in flight: see SchedWorkerInfo.n_slots. */
+enum { SCHED_SLOTS_AHEAD = 2 };
+
+typedef struct SchedWorkerInfo {
+    int stage;                /* the worker's stage; -1: idle rank (everything below 0 / NULL) */
+    int reads_input;          /* runs stage 0: reads the training data itself (no activation receives) */
+    int n_versions;           /* weight versions it ever has: the steps in its list + 1 (version 0) */
+    int *last_read;           /* n_versions entries (malloc'd): the index of the last forward or backward
+                               * reading version v, -1 if none reads it */
+    /* Version v is alive from its step (version 0: from the start) to the step writing v + 1
+     * (exclusive), and beyond that through last_read[v] if a later instruction still reads it
+     * (a stash). So a step updates in place unless the old newest is read later. */
+    int max_versions_alive;   /* the most versions alive at one instruction (1 for an empty list) */
+    int peak_at;              /* the first instruction with that many alive; -1 for an empty list */
+    int max_inflight;         /* the most units between their forward and backward, both included */
+    int n_slots;              /* activation slots a runtime allocates: max_inflight + SCHED_SLOTS_AHEAD */
+} SchedWorkerInfo;
+
+typedef struct SchedAnalysis {
+    int n_ranks, n_stages;
+    SchedWorkerInfo *workers;   /* n_ranks entries */
+    int *stage_versions;        /* n_stages: the most max_versions_alive over the stage's replicas */
+} SchedAnalysis;
+
+/* Analyses every worker of s into *out (released with sched_analysis_release; zeroed on
+ * failure). Fails with PD_EINVAL and a message naming the worker and the instruction when
+ * a step does not write the version after the newest, or a forward/backward reads a version
+ * the worker does not have (negative, or not written yet). O(instructions). */
+int  sched_analyze(const Schedule *s, SchedAnalysis *out, Err *err);
+void sched_analysis_release(SchedAnalysis *a);   /* zeroed is fine */
+/* The same for one rank (what a runtime worker needs for itself). */
+int  sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err *err);
+void sched_worker_info_release(SchedWorkerInfo *wi);   /* zeroed is fine */
+/* Per instruction i of rank's list (wi from sched_analyze[_worker] of the same schedule):
+ * alive[i] = weight versions alive during instruction i, inflight[i] = units in flight
+ * during it (a forward counts its unit, a backward still does). Either array may be NULL;
+ * their maxima are wi->max_versions_alive and wi->max_inflight. Nothing for idle ranks. */
+void sched_worker_counts(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight);
+
 #endif

@@ -381,80 +381,39 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Memory and versions from each worker's own order (memory is local to a worker). */
-static int worker_memory(Engine *e, int rank, int *vmax_out) {
+/* Memory from each worker's own order (memory is local to a worker), by the schedule
+ * analysis (versions alive, units in flight, slots: schedule.h). */
+static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     const Schedule *s = e->s;
     const SchedWorker *w = &s->workers[rank];
     SimMem *m = &e->r->mem[rank];
     memset(m, 0, sizeof *m);
-    *vmax_out = 0;
-    if (w->stage < 0) return PD_OK;
+    if (w->stage < 0) return;
     const SimStageCost *c = &e->c->stage[w->stage];
-    int n = w->n, n_steps = 0;
-    for (int i = 0; i < n; i++) n_steps += w->ins[i].op == OP_STEP;
-    /* version v: created at create[v] (index; -1 for version 0), alive until
-     * max(last use, creation of v + 1 - 1) */
-    int *create = malloc(((size_t)n_steps + 2) * sizeof(int));
-    int *last = malloc(((size_t)n_steps + 2) * sizeof(int));
-    int *diff = calloc((size_t)n + 2, sizeof(int));
-    PD_ASSERT(create && last && diff);
-    create[0] = -1;
-    for (int v = 0; v <= n_steps; v++) last[v] = -1;
-    int cur = 0;
-    for (int i = 0; i < n; i++) {
-        const Instr *in = &w->ins[i];
-        if (in->op == OP_STEP) {
-            if (in->version != cur + 1) {
-                int rc = err_set(e->err, PD_EINVAL, "worker %d instruction %d: step writes version %d after version %d", rank,
-                                 i, in->version, cur);
-                free(create), free(last), free(diff);
-                return rc;
-            }
-            create[++cur] = i;
-        } else if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
-            if (in->version < 0 || in->version > cur) {
-                int rc = err_set(e->err, PD_EINVAL, "worker %d instruction %d: reads weight version %d but has %d", rank, i,
-                                 in->version, cur);
-                free(create), free(last), free(diff);
-                return rc;
-            }
-            last[in->version] = i;
-        }
-    }
-    for (int v = 0; v <= n_steps; v++) {
-        int from = create[v] < 0 ? 0 : create[v];
-        /* an update is in place: the old version ends where the next begins unless a
-         * later instruction still reads it (a stash) */
-        int to = v < n_steps ? create[v + 1] - 1 : n - 1;
-        if (last[v] > to) to = last[v];
-        if (to < from) to = from;
-        diff[from]++;
-        diff[to + 1]--;
-    }
-    int alive = 0, inflight = 0, max_inflight = 0;
+    int n = w->n;
+    int *alive = malloc(((size_t)n + 1) * sizeof(int)), *fly = malloc(((size_t)n + 1) * sizeof(int));
+    PD_ASSERT(alive && fly);
+    sched_worker_counts(s, rank, wi, alive, fly);
     double best = -1;
     for (int i = 0; i < n; i++) {
-        alive += diff[i];
-        const Instr *in = &w->ins[i];
-        if (in->op == OP_FORWARD) inflight++;
-        if (alive > *vmax_out) *vmax_out = alive;
-        if (inflight > max_inflight) max_inflight = inflight;
-        double tot = alive * c->param_bytes + inflight * c->stash_bytes;
+        double tot = alive[i] * c->param_bytes + fly[i] * c->stash_bytes;
         if (tot > best) {
             best = tot;
-            m->stashed = (alive - 1) * c->param_bytes;
-            m->activations = inflight * c->stash_bytes;
+            m->stashed = (alive[i] - 1) * c->param_bytes;
+            m->activations = fly[i] * c->stash_bytes;
         }
-        if (in->op == OP_BACKWARD) inflight--;
     }
-    if (n == 0) *vmax_out = 1;
+    free(alive), free(fly);
     m->params = c->param_bytes;
     m->grads = c->param_bytes;
     m->opt_state = c->param_bytes * e->o->opt_state_factor;
     m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
-    e->r->max_inflight[rank] = max_inflight;
-    free(create), free(last), free(diff);
-    return PD_OK;
+    m->alloc_stashed = (wi->max_versions_alive - 1) * c->param_bytes;
+    m->alloc_activations = wi->n_slots * c->stash_bytes;
+    m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
+    e->r->max_inflight[rank] = wi->max_inflight;
+    e->r->worker_versions[rank] = wi->max_versions_alive;
+    e->r->slots[rank] = wi->n_slots;
 }
 
 static void metrics(Engine *e) {
@@ -514,6 +473,8 @@ void sim_result_release(SimResult *r) {
     free(r->busy_fraction);
     free(r->mem);
     free(r->max_inflight);
+    free(r->worker_versions);
+    free(r->slots);
     free(r->versions_alive);
     memset(r, 0, sizeof *r);
 }
@@ -535,8 +496,11 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     r->busy_fraction = calloc((size_t)W, sizeof(double));
     r->mem = calloc((size_t)W, sizeof(SimMem));
     r->max_inflight = calloc((size_t)W, sizeof(int));
+    r->worker_versions = calloc((size_t)W, sizeof(int));
+    r->slots = calloc((size_t)W, sizeof(int));
     r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
-    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->versions_alive);
+    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->worker_versions && r->slots &&
+              r->versions_alive);
     size_t n_ins = 0;
     for (int w = 0; w < W; w++) n_ins += (size_t)s->workers[w].n;
     r->times_ = malloc((2 * n_ins + 1) * sizeof(double));   /* every slot is written */
@@ -576,11 +540,12 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
             }
     }
     if (!rc) {
-        for (int w = 0; w < W && !rc; w++) {
-            int v;
-            rc = worker_memory(&e, w, &v);
-            int st = s->workers[w].stage;
-            if (!rc && st >= 0 && v > r->versions_alive[st]) r->versions_alive[st] = v;
+        SchedAnalysis an;
+        rc = sched_analyze(s, &an, err);
+        if (!rc) {
+            for (int w = 0; w < W; w++) worker_memory(&e, w, &an.workers[w]);
+            memcpy(r->versions_alive, an.stage_versions, (size_t)s->n_stages * sizeof(int));
+            sched_analysis_release(&an);
         }
     }
     if (!rc) metrics(&e);
@@ -614,9 +579,9 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
         fprintf(f,
                 "    {\"rank\": %d, \"stage\": %d, \"busy_fraction\": %.6f, \"max_inflight\": %d, \"peak_memory_bytes\": %.0f, "
                 "\"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"stashed_weights_bytes\": %.0f, "
-                "\"activations_bytes\": %.0f}%s\n",
+                "\"activations_bytes\": %.0f, \"versions\": %d, \"slots\": %d, \"allocated_bytes\": %.0f}%s\n",
                 w, s->workers[w].stage, r->busy_fraction[w], r->max_inflight[w], m->peak, m->params, m->grads, m->opt_state,
-                m->stashed, m->activations, w + 1 < s->n_ranks ? "," : "");
+                m->stashed, m->activations, r->worker_versions[w], r->slots[w], m->allocated, w + 1 < s->n_ranks ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
 }

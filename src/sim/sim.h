@@ -62,6 +62,12 @@ typedef struct SimMem {
     double stashed;       /* extra weight versions at the peak (versions alive - 1) x params */
     double activations;   /* activations held at the peak */
     double peak;          /* the maximum over time of the sum */
+    /* What a runtime that allocates every buffer up front for the whole run (ours) holds,
+     * by the schedule analysis (schedule.h): the most versions alive, and n_slots units of
+     * stash_bytes (the runtime's slot: its context, gradient and label buffers). */
+    double alloc_stashed;       /* (max_versions_alive - 1) x params */
+    double alloc_activations;   /* n_slots x stash_bytes */
+    double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations */
 } SimMem;
 
 typedef struct SimResult {
@@ -75,6 +81,8 @@ typedef struct SimResult {
     double *busy_fraction;         /* per rank: compute time / makespan */
     SimMem *mem;                   /* per rank */
     int *max_inflight;             /* per rank: most units between forward and backward */
+    int *worker_versions;          /* per rank: most weight versions alive at once (0: idle) */
+    int *slots;                    /* per rank: activation slots a runtime allocates (SchedWorkerInfo.n_slots) */
     int *versions_alive;           /* per stage: most weight versions alive at a replica */
     double **start, **end;         /* per rank, per instruction (see sim_run) */
     int n_messages;
