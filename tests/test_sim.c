@@ -593,7 +593,7 @@ static void test_pictures(void **state) {
     assert_true(fd >= 0);
     close(fd);
     Err err = {0};
-    SvgOpts so = {"test <1f1b>", 1, 0, NULL};
+    SvgOpts so = {.title = "test <1f1b>", .show_comm = 1};
     assert_int_equal(sim_svg_write(path, ev, n, s.n_ranks, &so, &err), PD_OK);
     char *text;
     size_t len;
