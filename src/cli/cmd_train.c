@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -17,11 +18,19 @@
 #include "train_data.h"
 #include "weights.h"
 
+/* CPU seconds of this process (all threads): throughput on a shared machine. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void help(void) {
     printf("usage: pipedream train MODEL.json [options]\n\n"
            "Trains MODEL.json on one worker and prints a JSON summary line on stdout: steps, epochs,\n"
            "final_loss (mean training loss of the last --log-every steps), test_loss and\n"
-           "test_accuracy (eval mode, after the last step), samples_per_s (training only).\n"
+           "test_accuracy (eval mode, after the last step; text: nats per byte), samples_per_s\n"
+           "(training steps only; samples_per_cpu_s: per CPU second of this process).\n"
            "A progress line goes to stderr when it is a terminal.\n\n"
            "options:\n"
            "  --data DIR            IDX dataset directory (default %s)\n"
@@ -133,14 +142,15 @@ int cmd_train(int argc, char **argv) {
     y = pd_alloc((size_t)o.batch * d.targets * sizeof(int32_t));
     uint64_t nb = d.n_batches, total = o.steps ? (uint64_t)o.steps : (uint64_t)o.epochs * nb;
     int tty = pd_stderr_is_tty();
-    double t_train = 0, win_loss = 0, last_loss = NAN, test_loss = NAN, test_acc = NAN;
+    double t_train = 0, t_cpu = 0, win_loss = 0, last_loss = NAN, test_loss = NAN, test_acc = NAN;
     long win_n = 0, samples = 0, win_hits = 0, win_samples = 0;
     int epochs_done = 0;
     for (uint64_t g = 0; g < total; g++) {
         int cnt = train_data_get(&d, g, x, y), correct = 0;
-        double t0 = pd_now();
+        double t0 = pd_now(), c0 = cpu_now();
         float loss = trainer_step(&t, x, y, cnt, g, &correct);
         t_train += pd_now() - t0;
+        t_cpu += cpu_now() - c0;
         if (!isfinite(loss)) {
             err_set(&err, PD_EINVAL, "loss is %g at step %llu (learning rate too high?)", (double)loss,
                     (unsigned long long)g + 1);
@@ -185,9 +195,9 @@ int cmd_train(int argc, char **argv) {
     }
     printf("{\"model\": \"%s\", \"steps\": %llu, \"epochs\": %d, \"minibatch\": %d, \"threads\": %d, "
            "\"optimizer\": \"%s\", \"lr\": %g, \"final_loss\": %.6g, \"test_loss\": %.6g, \"test_accuracy\": %.4f, "
-           "\"samples_per_s\": %.1f, \"train_time_s\": %.3f}\n",
+           "\"samples_per_s\": %.1f, \"train_time_s\": %.3f, \"samples_per_cpu_s\": %.1f}\n",
            model_name(m), (unsigned long long)total, epochs_done, o.batch, o.threads, o.opt == OPT_SGD ? "sgd" : "adam",
-           o.lr, last_loss, test_loss, test_acc, samples / t_train, t_train);
+           o.lr, last_loss, test_loss, test_acc, samples / t_train, t_train, samples / t_cpu);
     if (o.save && weights_save(o.save, m, t.w, t.state, &err)) goto fail;
     ret = CLI_OK;
     goto done;

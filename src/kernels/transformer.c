@@ -18,8 +18,8 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
-#include <cblas.h>
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -168,6 +168,13 @@ void kern_gelu_bwd(const float *restrict x, const float *restrict dy, float *res
 }
 
 /* ---- causal multi-head self-attention ----------------------------------------------------------- */
+/* Row-major C = alpha op(A) op(B) + beta C through oneDNN's sgemm (JIT for the CPU found). */
+static void gemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                 float beta, float *c, int ldc) {
+    dnnl_status_t s = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    PD_ASSERTF(s == dnnl_success, "dnnl_sgemm(%c, %c, %d, %d, %d): status %d", ta, tb, m, n, k, (int)s);
+}
+
 size_t kern_attention_scratch_floats(int t) { return (size_t)t * t; }
 
 /* Softmax of row p[0 .. len) in place; p[len .. t) = 0. */
@@ -189,9 +196,9 @@ void kern_attention_fwd(const float *qkv, float *y, float *p, int n, int t, int 
         for (int h = 0; h < heads; h++) {
             const float *q = qkv + (size_t)i * t * ld + (size_t)h * hd, *k = q + d, *v = q + 2 * d;
             float *ph = p + ((size_t)i * heads + h) * t * t;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, hd, scale, q, ld, k, ld, 0.0f, ph, t);
+            gemm('N', 'T', t, t, hd, scale, q, ld, k, ld, 0.0f, ph, t);
             for (int r = 0; r < t; r++) softmax_row(ph + (size_t)r * t, causal ? r + 1 : t, t);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hd, t, 1.0f, ph, t, v, ld, 0.0f,
+            gemm('N', 'N', t, hd, t, 1.0f, ph, t, v, ld, 0.0f,
                         y + (size_t)i * t * d + (size_t)h * hd, d);
         }
 }
@@ -207,8 +214,8 @@ void kern_attention_bwd(const float *qkv, const float *p, const float *dy, float
             const float *q = qkv + off, *k = q + d, *v = q + 2 * d;
             float *dq = dqkv + off, *dk = dq + d, *dv = dq + 2 * d;
             const float *ph = p + ((size_t)i * heads + h) * t * t, *go = dy + (size_t)i * t * d + (size_t)h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, hd, 1.0f, go, d, v, ld, 0.0f, ds, t);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, hd, t, 1.0f, ph, t, go, d, 1.0f, dv, ld);
+            gemm('N', 'T', t, t, hd, 1.0f, go, d, v, ld, 0.0f, ds, t);
+            gemm('T', 'N', t, hd, t, 1.0f, ph, t, go, d, 1.0f, dv, ld);
             for (int r = 0; r < t; r++) {
                 const int len = causal ? r + 1 : t;
                 const float *restrict pr = ph + (size_t)r * t;
@@ -218,7 +225,7 @@ void kern_attention_bwd(const float *qkv, const float *p, const float *dy, float
                 for (int j = 0; j < len; j++) dr[j] = pr[j] * (dr[j] - s);
                 for (int j = len; j < t; j++) dr[j] = 0.0f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, hd, t, scale, ds, t, k, ld, 1.0f, dq, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, hd, t, scale, ds, t, q, ld, 1.0f, dk, ld);
+            gemm('N', 'N', t, hd, t, scale, ds, t, k, ld, 1.0f, dq, ld);
+            gemm('T', 'N', t, hd, t, scale, ds, t, q, ld, 1.0f, dk, ld);
         }
 }
