@@ -361,6 +361,52 @@ static double bn_loss(void *p) {
     return tk_dot(c->r, c->y, (size_t)c->n * c->c * c->hw);
 }
 
+/* The fused relu: fast bn+relu forward (train, eval) and backward against the _ref bn
+ * composed with the _ref relu. */
+static void check_bn_relu(int n, int ch, int hw) {
+    size_t nx = (size_t)n * ch * hw;
+    float *x = tk_rand(nx, 80, -1, 3), *gm = tk_rand(ch, 81, 0.5f, 1.5f), *bt = tk_rand(ch, 82, -1, 1);
+    float *dy = tk_rand(nx, 83, -1, 1), *pre = tk_rand(nx, 84, -1, 1);
+    float *rm = pd_alloc_f32(ch), *rv = pd_alloc_f32(ch), *rrm = pd_alloc_f32(ch), *rrv = pd_alloc_f32(ch);
+    float *y = pd_alloc_f32(nx), *yb = pd_alloc_f32(nx), *yr = pd_alloc_f32(nx), *sv = pd_alloc_f32(2 * ch),
+          *svr = pd_alloc_f32(2 * ch), *g = pd_alloc_f32(nx);
+    float *dx = tk_copy(pre, nx), *rdx = tk_copy(pre, nx), *dg = pd_alloc_f32(ch), *db = pd_alloc_f32(ch),
+          *rdg = pd_alloc_f32(ch), *rdb = pd_alloc_f32(ch);
+    for (int i = 0; i < ch; i++) rv[i] = rrv[i] = 1.0f;
+    kern_bn_fwd_train(x, gm, bt, y, rm, rv, sv, n, ch, hw, 1e-5f, 0.1f, 1);
+    kern_bn_fwd_train_ref(x, gm, bt, yb, rrm, rrv, svr, n, ch, hw, 1e-5f, 0.1f);
+    kern_relu_fwd_ref(yb, yr, nx);
+    assert_int_equal(tu_compare("bn+relu fwd train", y, yr, nx, 1e-4, 1e-5), 0);
+    assert_int_equal(tu_compare("bn+relu running var", rv, rrv, ch, 1e-5, 1e-6), 0);
+    size_t zeros = 0;
+    for (size_t i = 0; i < nx; i++) zeros += y[i] == 0.0f;
+    assert_true(zeros > nx / 5 && zeros < nx * 4 / 5);   // the mask matters
+    kern_bn_bwd(x, gm, sv, y, dy, dx, dg, db, n, ch, hw, 1);
+    memset(g, 0, sizeof(float) * nx);
+    kern_relu_bwd_ref(yr, dy, g, nx);
+    kern_bn_bwd_ref(x, gm, svr, g, rdx, rdg, rdb, n, ch, hw);
+    assert_int_equal(tu_compare("bn+relu dx", dx, rdx, nx, 1e-3, 1e-5), 0);
+    assert_int_equal(tu_compare("bn+relu dgamma", dg, rdg, ch, 1e-4, 1e-5), 0);
+    assert_int_equal(tu_compare("bn+relu dbeta", db, rdb, ch, 1e-4, 1e-5), 0);
+    kern_bn_fwd_eval(x, gm, bt, y, rm, rv, n, ch, hw, 1e-5f, 1);
+    kern_bn_fwd_eval_ref(x, gm, bt, yb, rm, rv, n, ch, hw, 1e-5f);
+    kern_relu_fwd_ref(yb, yr, nx);
+    assert_int_equal(tu_compare("bn+relu fwd eval", y, yr, nx, 1e-4, 1e-5), 0);
+    /* same bits on 1 and 2 threads (one channel = one thread, fixed order) */
+    float *y1 = pd_alloc_f32(nx), *dx1 = tk_copy(pre, nx), *dx2 = tk_copy(pre, nx);
+    for (int t = 1; t <= 2; t++) {
+        kern_set_threads(t);
+        for (int i = 0; i < ch; i++) rm[i] = 0, rv[i] = 1;
+        kern_bn_fwd_train(x, gm, bt, t == 1 ? y1 : y, rm, rv, sv, n, ch, hw, 1e-5f, 0.1f, 1);
+        kern_bn_bwd(x, gm, sv, y1, dy, t == 1 ? dx1 : dx2, NULL, NULL, n, ch, hw, 1);
+    }
+    kern_set_threads(1);
+    assert_memory_equal(y1, y, sizeof(float) * nx);
+    assert_memory_equal(dx1, dx2, sizeof(float) * nx);
+    float *all[] = {x, gm, bt, dy, pre, rm, rv, rrm, rrv, y, yb, yr, sv, svr, g, dx, rdx, dg, db, rdg, rdb, y1, dx1, dx2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+}
+
 static void check_bn(int n, int ch, int hw) {
     size_t nx = (size_t)n * ch * hw;
     BnCtx c = {tk_rand(nx, 70, -1, 3), tk_rand(ch, 71, 0.5f, 1.5f), tk_rand(ch, 72, -1, 1), pd_alloc_f32(nx),
@@ -372,7 +418,7 @@ static void check_bn(int n, int ch, int hw) {
     /* two training steps on different batches */
     for (int step = 0; step < 2; step++) {
         const float *xs = step ? x2 : c.x;
-        kern_bn_fwd_train(xs, c.gamma, c.beta, y, rm, rv, saved, n, ch, hw, 1e-5f, 0.1f);
+        kern_bn_fwd_train(xs, c.gamma, c.beta, y, rm, rv, saved, n, ch, hw, 1e-5f, 0.1f, 0);
         kern_bn_fwd_train_ref(xs, c.gamma, c.beta, yr, rrm, rrv, savedr, n, ch, hw, 1e-5f, 0.1f);
         assert_int_equal(tu_compare("bn fwd train", y, yr, nx, 1e-4, 1e-5), 0);
         assert_int_equal(tu_compare("bn saved", saved, savedr, 2 * ch, 1e-5, 1e-6), 0);
@@ -401,7 +447,7 @@ static void check_bn(int n, int ch, int hw) {
         assert_true(fabs(rv[k] - wv) < 1e-5 * wv);
     }
     /* eval */
-    kern_bn_fwd_eval(c.x, c.gamma, c.beta, y, rm, rv, n, ch, hw, 1e-5f);
+    kern_bn_fwd_eval(c.x, c.gamma, c.beta, y, rm, rv, n, ch, hw, 1e-5f, 0);
     kern_bn_fwd_eval_ref(c.x, c.gamma, c.beta, yr, rm, rv, n, ch, hw, 1e-5f);
     assert_int_equal(tu_compare("bn fwd eval", y, yr, nx, 1e-4, 1e-5), 0);
     for (int k = 0; k < ch; k++) {
@@ -411,11 +457,11 @@ static void check_bn(int n, int ch, int hw) {
     }
     /* backward: fast vs ref, onto prefilled buffers */
     kern_bn_fwd_train_ref(c.x, c.gamma, c.beta, yr, rrm, rrv, savedr, n, ch, hw, 1e-5f, 0.1f);
-    kern_bn_fwd_train(c.x, c.gamma, c.beta, y, rm, rv, saved, n, ch, hw, 1e-5f, 0.1f);
+    kern_bn_fwd_train(c.x, c.gamma, c.beta, y, rm, rv, saved, n, ch, hw, 1e-5f, 0.1f, 0);
     float *pre = tk_rand(nx, 75, -1, 1), *preg = tk_rand(ch, 76, -1, 1), *preb = tk_rand(ch, 77, -1, 1);
     float *dx = tk_copy(pre, nx), *dg = tk_copy(preg, ch), *dbt = tk_copy(preb, ch);
     float *rdx = tk_copy(pre, nx), *rdg = tk_copy(preg, ch), *rdb = tk_copy(preb, ch);
-    kern_bn_bwd(c.x, c.gamma, saved, c.r, dx, dg, dbt, n, ch, hw);
+    kern_bn_bwd(c.x, c.gamma, saved, NULL, c.r, dx, dg, dbt, n, ch, hw, 0);
     kern_bn_bwd_ref(c.x, c.gamma, savedr, c.r, rdx, rdg, rdb, n, ch, hw);
     assert_int_equal(tu_compare("bn dx", dx, rdx, nx, 1e-3, 1e-5), 0);
     assert_int_equal(tu_compare("bn dgamma", dg, rdg, ch, 1e-4, 1e-5), 0);
@@ -440,6 +486,9 @@ static void test_bn(void **state) {
     (void)state;
     check_bn(3, 4, 10);
     check_bn(5, 2, 1);   // (N, C) input as after a linear layer
+    check_bn(2, 3, 37);  // planes longer than the 16 summing lanes, with a tail
+    check_bn_relu(3, 4, 10);
+    check_bn_relu(16, 16, 1024);   // a resnet20 stage-1 channel at N = 16: threaded, vectorised
 }
 
 /* ---- threads ------------------------------------------------------------------------ */

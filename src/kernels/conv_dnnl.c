@@ -6,13 +6,18 @@
  *
  * Layouts: the caller's buffers are plain NCHW / OIHW. With use_any the primitives choose
  * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o) and every
- * argument whose layout differs goes through a reorder into a buffer allocated in init.
- * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought
- * back by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of
- * writing +=; db is added by a loop. With fuse_relu, dy is first masked by y > 0 into a
- * scratch buffer. The primitives' scratchpads are user-managed: one buffer shared by all
- * primitives (they run one at a time), sized in init for n_max and grown only if a lazily
- * created batch size needs more.
+ * argument whose layout differs goes through a reorder. Outputs that accumulate (dx, dW) are
+ * always produced in a separate buffer and brought back by a reorder with a sum post-op
+ * (dst = dst + reordered), which is oneDNN's way of writing +=; db is added by a loop. With
+ * fuse_relu, dy is first masked by y > 0.
+ *
+ * Memory: the activation-sized temporaries (reordered src/dst/diff buffers, the masked dy,
+ * the primitives' user-managed scratchpad) live only during one call, so they are not owned
+ * by the descriptor but laid out in the calling thread's KSCR_CONV scratch (kern_scratch):
+ * every convolution of a model shares one arena per thread, sized by the largest (asked for
+ * in init). Owning them per layer cost resnet20 ~250 MB at N = 64, twice PyTorch's whole
+ * training step. Weight-sized buffers (reordered weights, dW before its += reorder) stay
+ * per descriptor.
  *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
 #include <oneapi/dnnl/dnnl.h>
@@ -25,13 +30,18 @@ typedef struct Port {
     dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
     dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
     dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
-    void *buf;                  /* storage of prim when it differs from user */
+    void *buf;                  /* owned storage of prim (weight-sized ports), else NULL */
+    size_t bytes;               /* size of prim when it differs from user */
+    size_t off;                 /* arena ports: offset of prim's storage in the call's scratch */
 } Port;
 
 typedef struct Prims {
     int n;   /* batch size these are for; 0 = empty slot */
     dnnl_primitive_t fwd, bwd_data, bwd_w;
-    dnnl_memory_t sp_fwd, sp_data, sp_w;   /* scratchpads, all on ConvDnnl.scratch */
+    dnnl_memory_t sp_fwd, sp_data, sp_w;   /* scratchpads, in the call's scratch at sp_off */
+    size_t sp_off_f, sp_off_b;             /* scratchpad offset: forward call, backward call */
+    size_t dym_off;                        /* backward: the masked dy (fuse_relu) */
+    size_t arena;                          /* bytes of KSCR_CONV scratch a call needs */
     Port f_src, f_wei, f_dst;              /* forward */
     Port d_ddst, d_wei, d_dsrc;            /* backward data (d_dsrc accumulates) */
     Port w_src, w_ddst, w_dwei;            /* backward weights (w_dwei accumulates) */
@@ -43,10 +53,7 @@ struct ConvDnnl {
     dnnl_stream_t st;
     int use_any;
     Prims slot[2];   /* [0]: n_max, [1]: the last other n */
-    void *scratch;
-    size_t scratch_bytes;
     float *dbias;    /* (K) */
-    float *dym;      /* (n_max, K, OH, OW): dy masked by y > 0 */
 };
 
 #define CK(call)                                                                                    \
@@ -71,9 +78,11 @@ static void port_free(Port *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum). */
+/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum).
+ * owned: prim's storage is allocated here (weights); else it is placed in the call's scratch
+ * at *arena (advanced by its size) and bound per call. */
 static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *want,
-                     int dir, Err *err) {
+                     int dir, int owned, size_t *arena, Err *err) {
     int rc = PD_OK;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -83,8 +92,15 @@ static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_
         p->prim = p->user;
         return PD_OK;
     }
-    p->buf = pd_alloc(dnnl_memory_desc_get_size(want));
-    CK(dnnl_memory_create(&p->prim, want, eng, p->buf));
+    p->bytes = dnnl_memory_desc_get_size(want);
+    if (owned) {
+        p->buf = pd_alloc(p->bytes);
+        CK(dnnl_memory_create(&p->prim, want, eng, p->buf));
+    } else {
+        p->off = *arena;
+        *arena += (p->bytes + 63) / 64 * 64;
+        CK(dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
+    }
     CK(dnnl_primitive_attr_create(&attr));
     if (dir == 2) {
         CK(dnnl_post_ops_create(&po));
@@ -167,42 +183,39 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
     CK(dnnl_primitive_create(&p->fwd, fpd));
     CK(dnnl_primitive_create(&p->bwd_data, dpd));
     CK(dnnl_primitive_create(&p->bwd_w, wpd));
-    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, err))) goto done;
-    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, err))) goto done;
-    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, err))) goto done;
-    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, err))) goto done;
-    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, err))) goto done;
-    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, err))) goto done;
-    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, err))) goto done;
-    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, err))) goto done;
-    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, err))) goto done;
+    /* the call's scratch: forward [f_src | f_dst | scratchpad]; backward [dym | d_ddst |
+     * d_dsrc | w_src | w_ddst | scratchpad] (the two scratchpads: the larger of data's, w's) */
+    size_t fa = 0, ba = 0;
+    if (cv->fuse_relu) {
+        p->dym_off = 0;
+        ba = ((size_t)n * cv->k * cv->oh * cv->ow * sizeof(float) + 63) / 64 * 64;
+    }
+    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, 0, &fa, err))) goto done;
+    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, 1, NULL, err))) goto done;
+    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, 0, &fa, err))) goto done;
+    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, 0, &ba, err))) goto done;
+    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, 1, NULL, err))) goto done;
+    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, 0, &ba, err))) goto done;
+    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, 0, &ba, err))) goto done;
+    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, 0, &ba, err))) goto done;
+    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, 1, NULL, err)))
+        goto done;
     if (cv->has_bias) {
         CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
         CK(dnnl_memory_create(&p->w_dbias, &bias_u, d->eng, d->dbias));
     }
-    /* scratchpads: one shared buffer, grown here (init or a new batch size) if needed */
-    const_dnnl_primitive_desc_t pds[3] = {fpd, dpd, wpd};
-    size_t need = 64;
-    for (int i = 0; i < 3; i++) {
-        size_t b = dnnl_memory_desc_get_size(qmd(pds[i], dnnl_query_scratchpad_md));
-        if (b > need) need = b;
-    }
-    if (need > d->scratch_bytes) {
-        // only the slot being built may point at the old buffer from here on: rebind the other
-        pd_free(d->scratch);
-        d->scratch = pd_alloc(need);
-        d->scratch_bytes = need;
-        for (int s = 0; s < 2; s++) {
-            Prims *o = &d->slot[s];
-            if (o == p || !o->n) continue;
-            RUN(dnnl_memory_set_data_handle(o->sp_fwd, d->scratch));
-            RUN(dnnl_memory_set_data_handle(o->sp_data, d->scratch));
-            RUN(dnnl_memory_set_data_handle(o->sp_w, d->scratch));
-        }
-    }
-    CK(dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
-    CK(dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
-    CK(dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), d->eng, d->scratch));
+    size_t spf = dnnl_memory_desc_get_size(qmd(fpd, dnnl_query_scratchpad_md));
+    size_t spd = dnnl_memory_desc_get_size(qmd(dpd, dnnl_query_scratchpad_md));
+    size_t spw = dnnl_memory_desc_get_size(qmd(wpd, dnnl_query_scratchpad_md));
+    p->sp_off_f = fa;
+    p->sp_off_b = ba;
+    fa += spf;
+    ba += spd > spw ? spd : spw;
+    p->arena = (fa > ba ? fa : ba) + 64;
+    kern_scratch(KSCR_CONV, p->arena);   // grow this thread's arena now rather than in the first step
+    CK(dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
+    CK(dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
+    CK(dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
 done:
     if (fpd) dnnl_primitive_desc_destroy(fpd);
     if (dpd) dnnl_primitive_desc_destroy(dpd);
@@ -219,9 +232,7 @@ void conv_dnnl_free(ConvDnnl *d) {
     prims_free(&d->slot[1]);
     if (d->st) dnnl_stream_destroy(d->st);
     if (d->eng) dnnl_engine_destroy(d->eng);
-    pd_free(d->scratch);
     pd_free(d->dbias);
-    pd_free(d->dym);
     pd_free(d);
 }
 
@@ -231,7 +242,6 @@ int conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err) {
     *out = NULL;
     d->use_any = use_any;
     d->dbias = pd_alloc_f32((size_t)cv->k);
-    if (cv->fuse_relu) d->dym = pd_alloc(sizeof(float) * (size_t)cv->n_max * cv->k * cv->oh * cv->ow);
     CK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&d->st, d->eng, dnnl_stream_default_flags));
     rc = prims_init(d, cv, cv->n_max, &d->slot[0], err);
@@ -260,22 +270,32 @@ static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from
     RUN(dnnl_primitive_execute(r, st, 2, a));
 }
 
-/* Input port: point user at ptr and bring it into the primitive's layout. */
-static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr) {
+/* Input port: point user at ptr and bring it into the primitive's layout (prim's storage at
+ * base + off for arena ports). */
+static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, char *base) {
     set(p->user, ptr);
+    if (p->reorder && !p->buf) set(p->prim, base + p->off);
     if (p->reorder) run_reorder(st, p->reorder, p->user, p->prim);
     return p->prim;
+}
+
+/* Output port in the arena: bind prim's storage (no-op when prim is the user's buffer). */
+static void port_bind(Port *p, char *base) {
+    if (p->prim != p->user && !p->buf) set(p->prim, base + p->off);
 }
 
 void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x)},
-                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w)},
+    char *base = kern_scratch(KSCR_CONV, p->arena);
+    set(p->sp_fwd, base + p->sp_off_f);
+    set(p->f_dst.user, y);
+    port_bind(&p->f_dst, base);
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, base)},
+                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, base)},
                             {DNNL_ARG_DST, p->f_dst.prim},
                             {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
                             {DNNL_ARG_BIAS, p->f_bias}};
-    set(p->f_dst.user, y);
     if (cv->has_bias) set(p->f_bias, b);
     RUN(dnnl_primitive_execute(p->fwd, d->st, cv->has_bias ? 5 : 4, a));
     if (p->f_dst.reorder) run_reorder(d->st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
@@ -286,16 +306,19 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const fl
                    const float *dy, float *dx, float *dw, float *db) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
+    char *base = kern_scratch(KSCR_CONV, p->arena);
     const float *g = dy;
     if (cv->fuse_relu) {
-        const size_t m = (size_t)n * cv->k * cv->oh * cv->ow;
-        float *restrict o = d->dym;
-        for (size_t i = 0; i < m; i++) o[i] = y[i] > 0 ? dy[i] : 0.0f;
-        g = d->dym;
+        float *dym = (float *)(base + p->dym_off);
+        kern_relu_mask(y, dy, dym, (size_t)n * cv->k * cv->oh * cv->ow);
+        g = dym;
     }
+    set(p->sp_data, base + p->sp_off_b);
+    set(p->sp_w, base + p->sp_off_b);
     if (dx) {
-        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g)},
-                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w)},
+        port_bind(&p->d_dsrc, base);
+        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g, base)},
+                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w, base)},
                                 {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_data}};
         RUN(dnnl_primitive_execute(p->bwd_data, d->st, 4, a));
@@ -304,8 +327,8 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const fl
     }
     if (!cv->has_bias) db = NULL;
     if (dw || db) {
-        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x)},
-                                {DNNL_ARG_DIFF_DST, port_in(d->st, &p->w_ddst, g)},
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x, base)},
+                                {DNNL_ARG_DIFF_DST, port_in(d->st, &p->w_ddst, g, base)},
                                 {DNNL_ARG_DIFF_WEIGHTS, p->w_dwei.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_w},
                                 {DNNL_ARG_DIFF_BIAS, p->w_dbias}};

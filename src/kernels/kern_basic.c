@@ -111,6 +111,67 @@ void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float 
     PD_ASSERTF(s == dnnl_success, "dnnl_sgemm(%c, %c, %d, %d, %d): status %d", ta, tb, m, n, k, (int)s);
 }
 
+/* ---- per-thread scratch ------------------------------------------------------------------ */
+/* Each thread's arena hangs off a pthread key (freed by its destructor at thread exit) and
+ * is also linked into a global list, so that it stays reachable (leak checkers) while the
+ * thread lives. */
+typedef struct Arena {
+    void *p[KSCR_COUNT];
+    size_t n[KSCR_COUNT];
+    struct Arena *prev, *next;
+} Arena;
+static pthread_key_t g_arena_key;
+static pthread_once_t g_arena_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_arena_mu = PTHREAD_MUTEX_INITIALIZER;
+static Arena *g_arenas;
+
+static void arena_free(void *v) {
+    Arena *a = v;
+    if (!a) return;
+    pthread_mutex_lock(&g_arena_mu);
+    if (a->prev) a->prev->next = a->next;
+    else g_arenas = a->next;
+    if (a->next) a->next->prev = a->prev;
+    pthread_mutex_unlock(&g_arena_mu);
+    for (int i = 0; i < KSCR_COUNT; i++) pd_free(a->p[i]);
+    pd_free(a);
+}
+
+static void arena_key(void) { PD_ASSERT(pthread_key_create(&g_arena_key, arena_free) == 0); }
+
+void *kern_scratch(int slot, size_t bytes) {
+    PD_ASSERTF(slot >= 0 && slot < KSCR_COUNT, "scratch slot %d", slot);
+    pthread_once(&g_arena_once, arena_key);
+    Arena *a = pthread_getspecific(g_arena_key);
+    if (!a) {
+        a = pd_calloc(sizeof *a);
+        pthread_mutex_lock(&g_arena_mu);
+        a->next = g_arenas;
+        if (g_arenas) g_arenas->prev = a;
+        g_arenas = a;
+        pthread_mutex_unlock(&g_arena_mu);
+        PD_ASSERT(pthread_setspecific(g_arena_key, a) == 0);
+    }
+    if (a->n[slot] < bytes) {
+        pd_free(a->p[slot]);
+        a->p[slot] = pd_alloc(bytes);
+        a->n[slot] = bytes;
+    }
+    if (!a->p[slot]) {   // bytes == 0 on a fresh slot: still a valid pointer
+        a->p[slot] = pd_alloc(64);
+        a->n[slot] = 64;
+    }
+    return a->p[slot];
+}
+
+void kern_scratch_release(void) {
+    pthread_once(&g_arena_once, arena_key);
+    Arena *a = pthread_getspecific(g_arena_key);
+    if (!a) return;
+    PD_ASSERT(pthread_setspecific(g_arena_key, NULL) == 0);
+    arena_free(a);
+}
+
 /* ---- linear -------------------------------------------------------------------------- */
 typedef struct BiasJob {
     const float *dy;

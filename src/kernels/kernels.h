@@ -91,6 +91,17 @@ void kern_gap_bwd_ref(const float *dy, float *dx, int n, int c, int hw);
 void kern_relu_fwd(const float *x, float *y, size_t count);
 /* dx += dy * (y > 0); y is the forward output. */
 void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count);
+/* Per-thread scratch for temporaries that live only within one call: a kernel's reorder
+ * buffers, a layer's masked gradient. Slot `slot` of the calling thread, at least `bytes`
+ * long, 64-byte aligned, contents undefined. It grows (never shrinks) when a call asks for
+ * more, so after a model's first step on a thread nothing is allocated; descriptors ask for
+ * their size in *_init so that the growth usually happens at build time. One slot per user
+ * that may be live at once (a residual block nests its sub-layers' calls: it takes
+ * KSCR_RESIDUAL + its nesting depth). Freed at thread exit (and kern_scratch_release for
+ * the calling thread). Not for data that must survive the call. */
+enum { KSCR_CONV = 0, KSCR_BN, KSCR_LSTM, KSCR_LAYER, KSCR_RESIDUAL, KSCR_COUNT = KSCR_RESIDUAL + 8 };
+void *kern_scratch(int slot, size_t bytes);
+void  kern_scratch_release(void);
 /* Fused-relu helpers for the layers (threaded like every element-wise pass): y = max(y, 0)
  * in place; g = dy * (y > 0), overwriting g; y = max(a + b, 0); y += x. */
 void kern_relu_inplace(float *y, size_t count);
@@ -114,13 +125,16 @@ void kern_dropout_bwd_ref(const float *dy, const uint8_t *mask, float *dx, size_
 /* Training: y = gamma * (x - mean) / sqrt(var + eps) + beta with batch statistics (biased
  * variance); running_mean/var updated as PyTorch does: r = (1 - momentum) * r + momentum *
  * stat, with the UNBIASED variance (count/(count-1)) for running_var. saved: 2*C floats
- * (mean, inv_std) for backward. Evaluation: uses the running statistics, saves nothing. */
+ * (mean, inv_std) for backward. Evaluation: uses the running statistics, saves nothing.
+ * relu (fast versions only): y = max(bn(x), 0), the relu that follows fused; backward then
+ * takes that y and masks dy by y > 0 itself (y may be NULL without relu). The _ref twins
+ * are plain batch norm (tests compose them with kern_relu_*_ref). */
 void kern_bn_fwd_train(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
-                       float *running_var, float *saved, int n, int c, int hw, float eps, float momentum);
+                       float *running_var, float *saved, int n, int c, int hw, float eps, float momentum, int relu);
 void kern_bn_fwd_eval(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
-                      const float *running_var, int n, int c, int hw, float eps);
-void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *dy, float *dx,
-                 float *dgamma, float *dbeta, int n, int c, int hw);
+                      const float *running_var, int n, int c, int hw, float eps, int relu);
+void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *y, const float *dy, float *dx,
+                 float *dgamma, float *dbeta, int n, int c, int hw, int relu);
 void kern_bn_fwd_train_ref(const float *x, const float *gamma, const float *beta, float *y,
                            float *running_mean, float *running_var, float *saved, int n, int c, int hw,
                            float eps, float momentum);

@@ -32,16 +32,6 @@ static int bn_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 
 static int bn_hw(const Layer *l) { return l->in.ndim == 3 ? l->in.d[1] * l->in.d[2] : 1; }
 
-static int bn_build(Layer *l, int n_max, Err *err) {
-    if (l->relu) l->scratch = pd_alloc_f32((size_t)n_max * shape_numel(l->in));
-    return PD_OK;
-}
-
-static void bn_release(Layer *l) {
-    pd_free(l->scratch);
-    l->scratch = NULL;
-}
-
 static size_t bn_saved(const Layer *l, int n_max) { return 2 * (size_t)l->cin * sizeof(float); }
 
 static void bn_init_state(const Layer *l, float *state) {
@@ -56,40 +46,36 @@ static void bn_forward(Layer *l, const NnRun *r, const float *w, float *state, c
     int c = l->cin, hw = bn_hw(l);
     float *sv = saved;
     if (r->train) {
-        kern_bn_fwd_train(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum);
+        kern_bn_fwd_train(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum, l->relu);
     } else {
-        kern_bn_fwd_eval(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps);
+        kern_bn_fwd_eval(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps, l->relu);
         for (int k = 0; k < c; k++) {
             sv[k] = state[k];
             sv[c + k] = 1.0f / sqrtf(state[c + k] + l->eps);
         }
     }
-    if (l->relu) nn_relu_inplace(y, (size_t)r->n * shape_numel(l->in));
 }
 
 static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                         const void *saved, const float *dy, float *dx, float *dw) {
     int c = l->cin, hw = bn_hw(l);
     const float *sv = saved;
-    if (l->relu) {
-        size_t cnt = (size_t)r->n * shape_numel(l->in);
-        nn_relu_mask(y, dy, l->scratch, cnt);
-        dy = l->scratch;
-    }
-    if (r->train) {
-        kern_bn_bwd(x, w, sv, dy, dx, dw, dw + c, r->n, c, hw);
+    if (r->train) {   // the fused relu's mask (y > 0) is applied inside the kernel
+        kern_bn_bwd(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu);
         return;
     }
-    /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics */
+    /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics (not on the
+     * training path: serial) */
     for (int k = 0; k < c; k++) {
         double sg = 0, sb = 0;
         float g = w[k], mean = sv[k], istd = sv[c + k];
         for (int i = 0; i < r->n; i++) {
             size_t o = ((size_t)i * c + k) * hw;
             for (int p = 0; p < hw; p++) {
-                sg += (double)dy[o + p] * (x[o + p] - mean) * istd;
-                sb += dy[o + p];
-                if (dx) dx[o + p] += dy[o + p] * g * istd;
+                float d = !l->relu || y[o + p] > 0.0f ? dy[o + p] : 0.0f;
+                sg += (double)d * (x[o + p] - mean) * istd;
+                sb += d;
+                if (dx) dx[o + p] += d * g * istd;
             }
         }
         dw[k] += (float)sg;
@@ -100,8 +86,6 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
 const LayerOps LAYER_BATCHNORM = {
     .name = "batchnorm",
     .parse = bn_parse,
-    .build = bn_build,
-    .release = bn_release,
     .saved_bytes = bn_saved,
     .init_state = bn_init_state,
     .forward = bn_forward,
