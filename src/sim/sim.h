@@ -136,6 +136,34 @@ typedef struct SvgOpts {
  * starting at the earliest event (times may be clock readings; labels are relative).
  * Fails with PD_EIO naming path. */
 int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, const SvgOpts *o, Err *err);
+
+/* Time windows [t0, t1] of a timeline, in the events' clock, drawn side by side at one scale
+ * with a break between (boxes clipped at the edges), each under its label; n 0: the whole run. */
+enum { SVG_MAX_WINDOWS = 4 };
+typedef struct SvgWindows {
+    int n;
+    double t[SVG_MAX_WINDOWS][2];
+    char label[SVG_MAX_WINDOWS][80];
+} SvgWindows;
+/* Sets *w to a readable part of a long run: the start (units 0 .. max(8, 3 n_workers) - 1: the
+ * fill and the steady state that follows) and `stretch` units (e.g. 30) from the middle of the
+ * training units (those with a backward), each window from the first start to the last end of
+ * those units' compute boxes. A short run (fewer than 2 x fill + stretch units) keeps n = 0:
+ * the whole run. Returns w->n. */
+int sim_svg_fill_steady(const TraceEvent *ev, int n, int n_workers, int stretch, SvgWindows *w);
+/* One timeline of a picture of several stacked ones (e.g. measured above simulated): its
+ * events, rows, options (o.title heads the panel) and windows. */
+typedef struct SvgPanel {
+    const TraceEvent *ev;
+    int n, n_workers;
+    SvgOpts o;
+    SvgWindows win;
+} SvgPanel;
+/* Writes the panels top to bottom, each panel's windows filling the width (each its own time
+ * scale: its axis is labelled in seconds from its first event); width from p[0].o.width, else
+ * ~18 px per box of the busiest row in the windows (900-3000); title (NULL: none) above all.
+ * Fails with PD_EIO naming path. */
+int sim_svg_write_panels(const char *path, const SvgPanel *p, int n_panels, const char *title, Err *err);
 /* Writes Chrome trace-event JSON (chrome://tracing, Perfetto): one "X" event per box,
  * pid 0, tid = worker, microseconds. */
 int sim_trace_write(const char *path, const TraceEvent *ev, int n, Err *err);
