@@ -184,6 +184,7 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
     if (seg->units_done) acc->last_loss = seg->last_loss;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
+    if (seg->mem.total > acc->mem.total) acc->mem = seg->mem;
     if (seg->n_hist) {
         float *h = realloc(acc->hist, (size_t)(acc->n_hist + seg->n_hist) * 3 * sizeof(float));
         PD_ASSERT(h);
@@ -300,12 +301,13 @@ typedef struct Wire {
     int64_t rank, stage, replica, n_fwd, n_bwd, units_done, test_correct, test_total, max_versions, n_events,
         n_hist, crc, n_params, n_state;
     double wall_s, compute_s, wait_s, loss_sum, last_loss;
+    RtMem mem;
 } Wire;
 
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
     Wire x = {a->rank, a->stage, a->replica, a->n_fwd, a->n_bwd, a->units_done, a->test_correct, a->test_total,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
-              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss};
+              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->mem};
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     size_t n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(n);
@@ -337,7 +339,8 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
                               .loss_sum = y.loss_sum, .last_loss = y.last_loss, .units_done = (int)y.units_done,
                               .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
                               .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
-                              .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events};
+                              .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
+                              .mem = y.mem};
         const char *p = (const char *)parts[r] + sizeof y;
         if (y.n_events) {
             o->events = malloc((size_t)y.n_events * sizeof(RtEvent));

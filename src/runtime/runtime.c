@@ -611,17 +611,6 @@ int rt_worker_drain(Worker *w, Err *err) {
     return rc;
 }
 
-/* Units in flight the list of sw needs at most (slots are that plus those received ahead). */
-static int most_in_flight(const SchedWorker *sw) {
-    int inflight = 0, most = 0;
-    for (int i = 0; i < sw->n; i++) {
-        if (sw->ins[i].op == OP_FORWARD) inflight++;
-        if (sw->ins[i].op == OP_BACKWARD) inflight--;
-        if (inflight > most) most = inflight;
-    }
-    return most;
-}
-
 int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     const Schedule *s = cfg->sched;
     PD_ASSERT(w->rank < s->n_ranks && s->workers[w->rank].stage == w->stage);
@@ -661,15 +650,21 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     } else {
         w->n_vslots = have;
     }
-    if (most_in_flight(w->sw) + 2 > w->n_slots)
-        return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation slots, %d were made", w->rank,
-                       most_in_flight(w->sw) + 2, w->n_slots);
+    SchedWorkerInfo wi;
+    int rc = sched_analyze_worker(s, w->rank, &wi, err);
+    if (rc) return rc;
+    int need = wi.n_slots;
+    sched_worker_info_release(&wi);
+    if (need > w->n_slots)   /* segments only get shorter; a longer list needs a new worker */
+        return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation slots, %d were made", w->rank, need,
+                       w->n_slots);
     if (w->is_last) {
         int nf = 0;
         for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
         res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
         PD_ASSERT(res->hist);
     }
+    worker_mem(w);
     return PD_OK;
 }
 
