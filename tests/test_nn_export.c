@@ -55,7 +55,8 @@ static void check_case(const char *name) {
         const RefTensor *t = tu_ref_get(&rf, what);
         double mx = 0;
         for (size_t i = 0; i < shape_numel(t->shape); i++) mx = fmax(mx, fabs(t->data[i]));
-        bad += tu_compare(pt[k].name, dw + pt[k].offset, t->data, shape_numel(t->shape), 1e-3, 1e-4 * mx + 1e-7);
+        /* 1e-6 floor: a conv bias before batch norm has a gradient of pure rounding noise */
+        bad += tu_compare(pt[k].name, dw + pt[k].offset, t->data, shape_numel(t->shape), 1e-3, 1e-4 * mx + 1e-6);
     }
     if (ns) bad += tu_compare("bn state", state, tu_ref_get(&rf, "state")->data, ns, 1e-4, 1e-6);
     if (bad) fail_msg("export %s: %zu mismatches against PyTorch", name, bad);

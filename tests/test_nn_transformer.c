@@ -123,30 +123,38 @@ static void test_kernels_vs_ref(void **st) {
             if (bad++ < 5) print_message("expf_vec(%g) = %.9g, expf %.9g\n", (double)x, (double)a, (double)b);
         }
     }
-    /* attention: several shapes, causal and not */
+    /* attention: several shapes, causal and not, every algorithm, n < n_max */
     const int shapes[][4] = {{2, 5, 2, 4}, {3, 17, 4, 8}, {1, 64, 4, 32}, {2, 9, 1, 16}};
-    for (int s = 0; s < 4; s++)
-        for (int causal = 0; causal < 2; causal++) {
-            int n = shapes[s][0], t = shapes[s][1], h = shapes[s][2], hd = shapes[s][3], d = h * hd;
-            size_t nq = (size_t)n * t * 3 * d, ny = (size_t)n * t * d, np = (size_t)n * h * t * t;
-            float *qkv = pd_alloc_f32(nq), *y1 = pd_alloc_f32(ny), *y2 = pd_alloc_f32(ny), *p1 = pd_alloc_f32(np),
-                  *p2 = pd_alloc_f32(np), *dy = pd_alloc_f32(ny), *g1 = pd_alloc_f32(nq), *g2 = pd_alloc_f32(nq),
-                  *sc = pd_alloc_f32((size_t)t * t);
-            fill(qkv, nq, &r, 2.0f);
-            fill(dy, ny, &r, 1.0f);
-            fill(g1, nq, &r, 1.0f);   // accumulate onto the same values
-            memcpy(g2, g1, nq * sizeof(float));
-            kern_attention_fwd(qkv, y1, p1, n, t, h, hd, causal);
-            kern_attention_fwd_ref(qkv, y2, p2, n, t, h, hd, causal);
-            bad += tu_compare("attention y", y1, y2, ny, 1e-4, 1e-5);
-            bad += tu_compare("attention p", p1, p2, np, 1e-4, 1e-6);
-            kern_attention_bwd(qkv, p1, dy, g1, sc, n, t, h, hd, causal);
-            kern_attention_bwd_ref(qkv, p2, dy, g2, sc, n, t, h, hd, causal);
-            bad += tu_compare("attention dqkv", g1, g2, nq, 1e-3, 1e-5);
-            pd_free(qkv), pd_free(y1), pd_free(y2), pd_free(p1), pd_free(p2), pd_free(dy), pd_free(g1), pd_free(g2);
-            pd_free(sc);
-        }
-    /* layer norm, gelu, embed */
+    for (int algo = KTF_LOOPS; algo < KTF_ALGO_COUNT; algo++)
+        for (int s = 0; s < 4; s++)
+            for (int causal = 0; causal < 2; causal++) {
+                int n = shapes[s][0], t = shapes[s][1], h = shapes[s][2], hd = shapes[s][3], d = h * hd;
+                size_t nq = (size_t)n * t * 3 * d, ny = (size_t)n * t * d, np = (size_t)n * h * t * t;
+                float *qkv = pd_alloc_f32(nq), *y1 = pd_alloc_f32(ny), *y2 = pd_alloc_f32(ny), *p1 = pd_alloc_f32(np),
+                      *p2 = pd_alloc_f32(np), *dy = pd_alloc_f32(ny), *g1 = pd_alloc_f32(nq), *g2 = pd_alloc_f32(nq),
+                      *sc = pd_alloc_f32((size_t)t * t);
+                fill(qkv, nq, &r, 2.0f);
+                fill(dy, ny, &r, 1.0f);
+                fill(g1, nq, &r, 1.0f);   // accumulate onto the same values
+                memcpy(g2, g1, nq * sizeof(float));
+                KAttn ka;
+                Err err = {0};
+                if (kern_attention_init(&ka, algo, n + 1, t, h, hd, causal, &err)) fail_msg("%s", err.msg);
+                for (int rep = 0; rep < 2; rep++) {   // twice: the second call reuses what the first made
+                    kern_attention_fwd(&ka, n, qkv, y1, p1);
+                    kern_attention_fwd_ref(qkv, y2, p2, n, t, h, hd, causal);
+                    bad += tu_compare("attention y", y1, y2, ny, 1e-4, 1e-5);
+                    bad += tu_compare("attention p", p1, p2, np, 1e-4, 1e-6);
+                }
+                kern_attention_bwd(&ka, n, qkv, p1, dy, g1);
+                kern_attention_bwd_ref(qkv, p2, dy, g2, sc, n, t, h, hd, causal);
+                bad += tu_compare("attention dqkv", g1, g2, nq, 1e-3, 1e-5);
+                if (bad) fail_msg("attention algo %d shape %d causal %d: %zu mismatches", algo, s, causal, bad);
+                kern_attention_release(&ka);
+                pd_free(qkv), pd_free(y1), pd_free(y2), pd_free(p1), pd_free(p2), pd_free(dy), pd_free(g1);
+                pd_free(g2), pd_free(sc);
+            }
+    /* layer norm (every algorithm, fewer rows than built), gelu, embed */
     {
         int rows = 37, d = 128;
         size_t c = (size_t)rows * d;
@@ -159,15 +167,31 @@ static void test_kernels_vs_ref(void **st) {
         fill(g, d, &r, 1.0f);
         fill(b, d, &r, 1.0f);
         fill(dy, c, &r, 1.0f);
-        kern_layernorm_fwd(x, g, b, y1, s1, rows, d, 1e-5f);
         kern_layernorm_fwd_ref(x, g, b, y2, s2, rows, d, 1e-5f);
-        bad += tu_compare("layernorm y", y1, y2, c, 1e-4, 1e-5);
-        bad += tu_compare("layernorm saved", s1, s2, 2 * (size_t)rows, 1e-5, 1e-6);
-        kern_layernorm_bwd(x, g, s1, dy, dx1, dg1, db1, rows, d);
-        kern_layernorm_bwd_ref(x, g, s2, dy, dx2, dg2, db2, rows, d);
-        bad += tu_compare("layernorm dx", dx1, dx2, c, 1e-4, 1e-5);
-        bad += tu_compare("layernorm dg", dg1, dg2, d, 1e-4, 1e-5);
-        bad += tu_compare("layernorm db", db1, db2, d, 1e-4, 1e-5);
+        kern_layernorm_bwd_ref(x, g, s2, dy, dx2, dg2, db2, rows, d, 1e-5f);
+        for (int algo = KTF_LOOPS; algo < KTF_ALGO_COUNT; algo++)
+            for (int nr = rows; nr >= rows - 5; nr -= 5) {   // built rows, then fewer
+                KLayerNorm kl;
+                Err err = {0};
+                if (kern_layernorm_init(&kl, algo, rows, d, 1e-5f, &err)) fail_msg("%s", err.msg);
+                memset(dx1, 0, c * sizeof(float));
+                memset(dg1, 0, d * sizeof(float));
+                memset(db1, 0, d * sizeof(float));
+                kern_layernorm_fwd(&kl, nr, x, g, b, y1, s1);
+                bad += tu_compare("layernorm y", y1, y2, (size_t)nr * d, 1e-4, 1e-5);
+                bad += tu_compare("layernorm mean", s1, s2, (size_t)nr, 1e-5, 1e-6);
+                bad += tu_compare("layernorm var", s1 + nr, s2 + rows, (size_t)nr, 1e-4, 1e-6);
+                if (nr == rows) {   // backward over all rows: the parameter gradients sum them
+                    kern_layernorm_bwd(&kl, nr, x, g, s1, dy, dx1, dg1, db1);
+                    bad += tu_compare("layernorm dx", dx1, dx2, c, 1e-4, 1e-5);
+                    bad += tu_compare("layernorm dg", dg1, dg2, d, 1e-4, 1e-5);
+                    bad += tu_compare("layernorm db", db1, db2, d, 1e-4, 1e-5);
+                }
+                kern_layernorm_fwd(&kl, nr, x, g, b, y1, NULL);   // eval: no saved state
+                bad += tu_compare("layernorm eval y", y1, y2, (size_t)nr * d, 1e-4, 1e-5);
+                if (bad) fail_msg("layernorm algo %d rows %d: %zu mismatches", algo, nr, bad);
+                kern_layernorm_release(&kl);
+            }
         for (int ta = 0; ta < 2; ta++) {
             fill(x, c, &r, 6.0f);
             memset(dx1, 0, c * sizeof(float));
@@ -440,6 +464,7 @@ static void test_counts_and_names(void **st) {
     assert_string_equal(pt[4].name, "layers.1.steps.0.1.qkv.weight");
     assert_string_equal(pt[13].name, "layers.1.steps.1.3.bias");
     for (int i = 1; i <= 4; i++) assert_string_equal(model_layer_type(m, i), "block");
+    assert_int_equal(model_input_vocab(m), 256);
     Shape o = model_layer_out_shape(m, nl - 1);
     assert_int_equal(o.ndim, 2);
     assert_int_equal(o.d[0], 64);
@@ -447,6 +472,9 @@ static void test_counts_and_names(void **st) {
     /* forward FLOPs per sample: 64 tokens * 2 * (per-token matmul weights) + attention 4 T^2 d */
     double want = 4 * (2.0 * 64 * (4.0 * 128 * 128 + 2 * 128 * 512) + 4.0 * 64 * 64 * 128) + 2.0 * 64 * 128 * 256;
     if (fabs(model_flops(m) - want) > 1e-6 * want) fail_msg("flops %g, want %g", model_flops(m), want);
+    model_free(m);
+    m = load("lenet5");
+    assert_int_equal(model_input_vocab(m), 0);
     model_free(m);
     m = load("lstm-lm");
     assert_int_equal(model_param_count(m, 0, model_n_layers(m)),

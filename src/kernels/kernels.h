@@ -200,17 +200,30 @@ void kern_embed_bwd(const float *tok, const float *dy, float *dw, float *dpos, i
 void kern_embed_fwd_ref(const float *tok, const float *w, const float *pos, float *y, int n, int t, int d, int v);
 void kern_embed_bwd_ref(const float *tok, const float *dy, float *dw, float *dpos, int n, int t, int d, int v);
 
+/* Algorithms of the transformer descriptors: KTF_AUTO (the measured default, see
+ * transformer.c), KTF_LOOPS (C loops / sgemm calls), KTF_DNNL (oneDNN primitives). */
+enum { KTF_AUTO = 0, KTF_LOOPS = 1, KTF_DNNL = 2, KTF_ALGO_COUNT = 3 };
+
 /* ---- layer norm over the last dimension D of (rows, D), PyTorch's nn.LayerNorm ----------- */
-/* y = (x - mean) * rstd * g + b, biased variance, rstd = 1/sqrt(var + eps). saved: (rows, 2)
- * = (mean, rstd) per row for backward (may be NULL in eval). */
-void kern_layernorm_fwd(const float *x, const float *g, const float *b, float *y, float *saved, int rows, int d,
-                        float eps);
-void kern_layernorm_bwd(const float *x, const float *g, const float *saved, const float *dy, float *dx, float *dg,
-                        float *db, int rows, int d);
+/* y = (x - mean) / sqrt(var + eps) * g + b, biased variance. saved: kern_layernorm_saved_floats
+ * (rows) floats = mean (rows) then var (rows), written by forward (may be NULL in eval), read by
+ * backward. A descriptor serves up to rows_max rows per call. */
+typedef struct KLayerNorm {
+    int rows_max, d, algo;
+    float eps;
+    void *impl;   /* oneDNN primitives (KTF_DNNL) and scratch, owned */
+} KLayerNorm;
+int    kern_layernorm_init(KLayerNorm *k, int algo, int rows_max, int d, float eps, Err *err);
+void   kern_layernorm_release(KLayerNorm *k);
+size_t kern_layernorm_saved_floats(int rows);
+void kern_layernorm_fwd(KLayerNorm *k, int rows, const float *x, const float *g, const float *b, float *y,
+                        float *saved);
+void kern_layernorm_bwd(KLayerNorm *k, int rows, const float *x, const float *g, const float *saved, const float *dy,
+                        float *dx, float *dg, float *db);
 void kern_layernorm_fwd_ref(const float *x, const float *g, const float *b, float *y, float *saved, int rows, int d,
                             float eps);
 void kern_layernorm_bwd_ref(const float *x, const float *g, const float *saved, const float *dy, float *dx,
-                            float *dg, float *db, int rows, int d);
+                            float *dg, float *db, int rows, int d, float eps);
 
 /* ---- GELU, elementwise: tanh_approx 1 = PyTorch's approximate="tanh", 0 = exact (erf) ---- */
 void kern_gelu_fwd(const float *x, float *y, size_t count, int tanh_approx);
@@ -223,12 +236,17 @@ void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count,
 /* qkv (N, T, 3D), each row [q | k | v], D = heads * hd, head h in columns h*hd .. h*hd+hd of
  * each part (PyTorch: qkv.view(N, T, 3, H, hd)). y (N, T, D) = concat over heads of
  * softmax(q k^T / sqrt(hd) [+ causal mask]) v. p (N, H, T, T): the probabilities, saved for
- * backward (masked entries 0). Backward: dqkv (N, T, 3D) +=; scratch holds
- * kern_attention_scratch_floats(T) floats. */
-size_t kern_attention_scratch_floats(int t);
-void kern_attention_fwd(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
-void kern_attention_bwd(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n, int t,
-                        int heads, int hd, int causal);
+ * backward (masked entries 0). Backward: dqkv (N, T, 3D) +=. The descriptor holds the
+ * shapes and backward scratch for up to n_max samples. */
+typedef struct KAttn {
+    int n_max, t, heads, hd, causal, algo;
+    void *impl;   /* scratch and oneDNN softmax primitives (KTF_DNNL), owned */
+} KAttn;
+int  kern_attention_init(KAttn *a, int algo, int n_max, int t, int heads, int hd, int causal, Err *err);
+void kern_attention_release(KAttn *a);
+void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p);
+void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv);
+/* scratch: (T, T) floats */
 void kern_attention_fwd_ref(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
 void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n,
                             int t, int heads, int hd, int causal);

@@ -29,6 +29,7 @@ void kern_embed_bwd_ref(const float *tok, const float *dy, float *dw, float *dpo
             }
 }
 
+/* saved: mean (rows) then biased variance (rows) */
 void kern_layernorm_fwd_ref(const float *x, const float *g, const float *b, float *y, float *saved, int rows, int d,
                             float eps) {
     for (int r = 0; r < rows; r++) {
@@ -41,17 +42,17 @@ void kern_layernorm_fwd_ref(const float *x, const float *g, const float *b, floa
         double rstd = 1.0 / sqrt(var + eps);
         for (int k = 0; k < d; k++) y[(size_t)r * d + k] = (float)((xr[k] - mean) * rstd * g[k] + b[k]);
         if (saved) {
-            saved[2 * (size_t)r] = (float)mean;
-            saved[2 * (size_t)r + 1] = (float)rstd;
+            saved[r] = (float)mean;
+            saved[rows + r] = (float)var;
         }
     }
 }
 
 void kern_layernorm_bwd_ref(const float *x, const float *g, const float *saved, const float *dy, float *dx,
-                            float *dg, float *db, int rows, int d) {
+                            float *dg, float *db, int rows, int d, float eps) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * d, *gr = dy + (size_t)r * d;
-        double mean = saved[2 * (size_t)r], rstd = saved[2 * (size_t)r + 1], a = 0, c = 0;
+        double mean = saved[r], rstd = 1.0 / sqrt((double)saved[rows + r] + eps), a = 0, c = 0;
         for (int k = 0; k < d; k++) {
             double xh = (xr[k] - mean) * rstd;
             a += (double)gr[k] * g[k];

@@ -54,32 +54,34 @@ static void parts(const Layer *l, const void *saved, int n, float **qkv, float *
 }
 
 static int attention_build(Layer *l, int n_max, Err *err) {
-    /* backward scratch: dqkv (n, T, 3d), datt (n, T, d), the kernel's (T, T) */
-    l->scratch = pd_alloc_f32((size_t)n_max * (per_sample(l, 0) + per_sample(l, 1)) +
-                              kern_attention_scratch_floats(l->in.d[0]));
+    int rc = kern_attention_init(&l->attn, KTF_AUTO, n_max, l->in.d[0], l->k, l->cin / l->k, l->relu, err);
+    if (rc) return rc;
+    /* backward scratch: dqkv (n, T, 3d), datt (n, T, d) */
+    l->scratch = pd_alloc_f32((size_t)n_max * (per_sample(l, 0) + per_sample(l, 1)));
     return PD_OK;
 }
 
 static void attention_release(Layer *l) {
+    kern_attention_release(&l->attn);
     pd_free(l->scratch);
     l->scratch = NULL;
 }
 
 static void attention_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                               void *saved) {
-    int n = r->n, t = l->in.d[0], d = l->cin, h = l->k;
+    int n = r->n, t = l->in.d[0], d = l->cin;
     const float *wqkv = w, *bqkv = l->bias ? w + (size_t)3 * d * d : NULL;
     const float *wp = w + (size_t)3 * d * d + (l->bias ? 3 * d : 0), *bp = l->bias ? wp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
     parts(l, saved, n, &qkv, &att, &p);
     kern_linear_fwd(x, wqkv, bqkv, qkv, n * t, d, 3 * d);
-    kern_attention_fwd(qkv, att, p, n, t, h, d / h, l->relu);
+    kern_attention_fwd(&l->attn, n, qkv, att, p);
     kern_linear_fwd(att, wp, bp, y, n * t, d, d);
 }
 
 static void attention_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                const void *saved, const float *dy, float *dx, float *dw) {
-    int n = r->n, t = l->in.d[0], d = l->cin, h = l->k;
+    int n = r->n, t = l->in.d[0], d = l->cin;
     size_t boff = l->bias ? (size_t)3 * d : 0;
     const float *wqkv = w, *wp = w + (size_t)3 * d * d + boff;
     float *dwqkv = dw, *dbqkv = l->bias ? dw + (size_t)3 * d * d : NULL;
@@ -87,11 +89,10 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     float *qkv, *att, *p;
     parts(l, saved, n, &qkv, &att, &p);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
-    float *ks = datt + (size_t)l->built_n * per_sample(l, 1);
     memset(datt, 0, (size_t)n * per_sample(l, 1) * sizeof(float));
     kern_linear_bwd(att, wp, dy, datt, dwp, dbp, n * t, d, d);
     memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
-    kern_attention_bwd(qkv, p, datt, dqkv, ks, n, t, h, d / h, l->relu);
+    kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
     kern_linear_bwd(x, wqkv, dqkv, dx, dwqkv, dbqkv, n * t, d, 3 * d);
 }
 

@@ -1,7 +1,8 @@
 /* layer_layernorm.c: "layernorm": PyTorch's nn.LayerNorm(features, eps) over the last
  * dimension of any incoming shape, e.g. every position of a (T, D) sequence. Keys:
  * "features" (must equal the last dimension), "eps" (default 1e-5). Parameters: weight
- * (gamma, init 1) and bias (beta, init 0), (features) each. Saved: (mean, rstd) per row. */
+ * (gamma, init 1) and bias (beta, init 0), (features) each. Saved: mean and variance per row
+ * (kern_layernorm_*: C loops or oneDNN's layer normalization, KTF_AUTO). */
 #include "nn_impl.h"
 
 static int layernorm_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
@@ -21,21 +22,31 @@ static int layernorm_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 
 static int rows(const Layer *l, int n) { return n * (int)(shape_numel(l->in) / (size_t)l->cin); }
 
-static size_t layernorm_saved(const Layer *l, int n_max) { return (size_t)rows(l, n_max) * 2 * sizeof(float); }
+static size_t layernorm_saved(const Layer *l, int n_max) {
+    return kern_layernorm_saved_floats(rows(l, n_max)) * sizeof(float);
+}
+
+static int layernorm_build(Layer *l, int n_max, Err *err) {
+    return kern_layernorm_init(&l->ln, KTF_AUTO, rows(l, n_max), l->cin, l->eps, err);
+}
+
+static void layernorm_release(Layer *l) { kern_layernorm_release(&l->ln); }
 
 static void layernorm_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                               void *saved) {
-    kern_layernorm_fwd(x, w, w + l->cin, y, saved, rows(l, r->n), l->cin, l->eps);
+    kern_layernorm_fwd(&l->ln, rows(l, r->n), x, w, w + l->cin, y, saved);
 }
 
 static void layernorm_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                const void *saved, const float *dy, float *dx, float *dw) {
-    kern_layernorm_bwd(x, w, saved, dy, dx, dw, dw + l->cin, rows(l, r->n), l->cin);
+    kern_layernorm_bwd(&l->ln, rows(l, r->n), x, w, saved, dy, dx, dw, dw + l->cin);
 }
 
 const LayerOps LAYER_LAYERNORM = {
     .name = "layernorm",
     .parse = layernorm_parse,
+    .build = layernorm_build,
+    .release = layernorm_release,
     .saved_bytes = layernorm_saved,
     .forward = layernorm_forward,
     .backward = layernorm_backward,

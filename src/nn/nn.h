@@ -158,6 +158,10 @@ void  optim_step(Optim *o, float *w, const float *g);
  * token). Returns the positions per sample (the product of the leading dimensions: 1 or T) and
  * sets *classes = K. Callers pass n * positions rows to kern_xent_fwd_bwd. */
 int model_loss_positions(const Model *m, int *classes);
+/* The vocabulary size when the model's input is token ids (its first layer is an "embed"):
+ * inputs must then be integers in [0, vocab) stored as floats, so a synthetic-data generator
+ * (profiler, bench) must draw them so. 0 for any other model. */
+int model_input_vocab(const Model *m);
 
 /* ---- one-worker training ---------------------------------------------------------------- */
 /* The whole model on one worker: parameters, gradients, state, optimizer, one ctx, all

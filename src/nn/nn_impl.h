@@ -88,6 +88,8 @@ struct Layer {
     float p, eps, momentum;
     KConv conv;
     KLstm lstm;
+    KLayerNorm ln;          /* layernorm */
+    KAttn attn;             /* attention */
     float *scratch;         /* layer-owned backward scratch (built) */
 
     /* residual: sub[0 .. n_body) is the body, sub[n_body .. n_body + n_short) the shortcut */

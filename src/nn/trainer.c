@@ -13,6 +13,13 @@ int model_loss_positions(const Model *m, int *classes) {
     return (int)(shape_numel(out) / (size_t)*classes);
 }
 
+int model_input_vocab(const Model *m) {
+    if (strcmp(model_layer_type(m, 0), "embed") != 0) return 0;
+    int n;
+    const ParamInfo *pt = model_param_tensors(m, &n);
+    return pt[0].shape.d[0];   // the embedding's weight (vocab, dim)
+}
+
 int trainer_init(Trainer *t, Model *m, int n_max, const OptConfig *oc, uint64_t seed, Err *err) {
     memset(t, 0, sizeof *t);
     int nl = model_n_layers(m);

@@ -1,0 +1,181 @@
+/* transformer_dnnl.c: the oneDNN 2.6 candidates of the transformer kernels (C API): layer
+ * normalization (forward training + backward, scale and shift) and softmax (forward + backward,
+ * over the last axis of a (rows, cols) matrix). Used by transformer.c when a descriptor's
+ * algorithm is KTF_DNNL.
+ *
+ * Primitives depend on the row count, which follows the call's minibatch size: two row counts
+ * are cached per descriptor, rows_max (created in init) and the last other one (created on
+ * first use: the only allocation after init, once per change of size, e.g. for the last,
+ * smaller batch of an epoch), as conv_dnnl.c does. Memory objects are created with the
+ * primitives and get the caller's buffers per call (dnnl_memory_set_data_handle). oneDNN
+ * writes its outputs (=); the accumulating (+=) gradients of our contract go through
+ * descriptor-owned scratch and a loop. */
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <string.h>
+
+#include "transformer_impl.h"
+
+#define CK(call)                                                                                          \
+    do {                                                                                                  \
+        dnnl_status_t s_ = (call);                                                                        \
+        if (s_ != dnnl_success) {                                                                         \
+            rc = err_set(err, PD_EINVAL, "%s (oneDNN): %s failed: %s", what, #call, dnnl_status2str(s_)); \
+            goto done;                                                                                    \
+        }                                                                                                 \
+    } while (0)
+#define RUN(call)                                                                   \
+    do {                                                                            \
+        dnnl_status_t s_ = (call);                                                  \
+        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));          \
+    } while (0)
+
+enum { MAX_MEM = 10 };
+
+typedef struct Slot {
+    int rows;                    /* 0 = empty */
+    dnnl_primitive_t fwd, bwd;
+    /* layer norm: 0 src, 1 dst, 2 scale, 3 shift, 4 mean, 5 variance, 6 diff_dst, 7 diff_src,
+     * 8 diff_scale, 9 diff_shift; softmax: 0 src, 1 dst, 2 diff_dst, 3 diff_src */
+    dnnl_memory_t mem[MAX_MEM];
+} Slot;
+
+struct TfDnnl {
+    int kind;                    /* 0 layer norm, 1 softmax */
+    int cols;
+    float eps;
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    Slot slot[2];                /* [0]: rows_max, [1]: the last other row count */
+};
+
+static void slot_free(Slot *s) {
+    if (s->fwd) dnnl_primitive_destroy(s->fwd);
+    if (s->bwd) dnnl_primitive_destroy(s->bwd);
+    for (int i = 0; i < MAX_MEM; i++)
+        if (s->mem[i]) dnnl_memory_destroy(s->mem[i]);
+    memset(s, 0, sizeof *s);
+}
+
+static int slot_init(TfDnnl *t, Slot *s, int rows, Err *err) {
+    const char *what = t->kind == 0 ? "layernorm" : "softmax";
+    int rc = PD_OK;
+    dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
+    memset(s, 0, sizeof *s);
+    s->rows = rows;
+    dnnl_dims_t dd = {rows, t->cols}, vd = {t->cols}, md_ = {rows};
+    dnnl_memory_desc_t data, vec, stat;
+    CK(dnnl_memory_desc_init_by_tag(&data, 2, dd, dnnl_f32, dnnl_ab));
+    CK(dnnl_memory_desc_init_by_tag(&vec, 1, vd, dnnl_f32, dnnl_a));
+    CK(dnnl_memory_desc_init_by_tag(&stat, 1, md_, dnnl_f32, dnnl_a));
+    if (t->kind == 0) {
+        dnnl_layer_normalization_desc_t fd, bd;
+        unsigned flags = dnnl_use_scale | dnnl_use_shift;
+        CK(dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &data, &stat, t->eps, flags));
+        CK(dnnl_primitive_desc_create(&fpd, &fd, NULL, t->eng, NULL));
+        CK(dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &data, &data, &stat, t->eps, flags));
+        CK(dnnl_primitive_desc_create(&bpd, &bd, NULL, t->eng, fpd));
+        const dnnl_memory_desc_t *mds[MAX_MEM] = {&data, &data, &vec, &vec, &stat, &stat, &data, &data, &vec, &vec};
+        for (int i = 0; i < MAX_MEM; i++) CK(dnnl_memory_create(&s->mem[i], mds[i], t->eng, DNNL_MEMORY_NONE));
+    } else {
+        dnnl_softmax_v2_desc_t fd, bd;
+        CK(dnnl_softmax_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_softmax_accurate, &data, &data, 1));
+        CK(dnnl_primitive_desc_create(&fpd, &fd, NULL, t->eng, NULL));
+        CK(dnnl_softmax_v2_backward_desc_init(&bd, dnnl_softmax_accurate, &data, &data, &data, 1));
+        CK(dnnl_primitive_desc_create(&bpd, &bd, NULL, t->eng, fpd));
+        for (int i = 0; i < 4; i++) CK(dnnl_memory_create(&s->mem[i], &data, t->eng, DNNL_MEMORY_NONE));
+    }
+    CK(dnnl_primitive_create(&s->fwd, fpd));
+    CK(dnnl_primitive_create(&s->bwd, bpd));
+done:
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    if (bpd) dnnl_primitive_desc_destroy(bpd);
+    if (rc) slot_free(s);
+    return rc;
+}
+
+static Slot *slot_for(TfDnnl *t, int rows) {
+    if (t->slot[0].rows == rows) return &t->slot[0];
+    if (t->slot[1].rows != rows) {
+        slot_free(&t->slot[1]);
+        Err err = {0};
+        int rc = slot_init(t, &t->slot[1], rows, &err);
+        PD_ASSERTF(rc == PD_OK, "%s", err.msg);   // the shape init accepted, another row count
+    }
+    return &t->slot[1];
+}
+
+static int tf_new(TfDnnl **out, int kind, int rows_max, int cols, float eps, Err *err) {
+    const char *what = kind == 0 ? "layernorm" : "softmax";
+    int rc = PD_OK;
+    TfDnnl *t = pd_calloc(sizeof *t);
+    t->kind = kind;
+    t->cols = cols;
+    t->eps = eps;
+    CK(dnnl_engine_create(&t->eng, dnnl_cpu, 0));
+    CK(dnnl_stream_create(&t->st, t->eng, dnnl_stream_default_flags));
+    rc = slot_init(t, &t->slot[0], rows_max, err);
+done:
+    if (rc) {
+        tf_dnnl_free(t);
+        t = NULL;
+    }
+    *out = t;
+    return rc;
+}
+
+int tf_dnnl_layernorm_new(TfDnnl **out, int rows_max, int d, float eps, Err *err) {
+    return tf_new(out, 0, rows_max, d, eps, err);
+}
+
+int tf_dnnl_softmax_new(TfDnnl **out, int rows_max, int cols, Err *err) { return tf_new(out, 1, rows_max, cols, 0, err); }
+
+void tf_dnnl_free(TfDnnl *t) {
+    if (!t) return;
+    slot_free(&t->slot[0]);
+    slot_free(&t->slot[1]);
+    if (t->st) dnnl_stream_destroy(t->st);
+    if (t->eng) dnnl_engine_destroy(t->eng);
+    pd_free(t);
+}
+
+static void run(TfDnnl *t, dnnl_primitive_t p, int n, const dnnl_exec_arg_t *args, const void *const *ptr) {
+    for (int i = 0; i < n; i++) RUN(dnnl_memory_set_data_handle(args[i].memory, (void *)ptr[i]));
+    RUN(dnnl_primitive_execute(p, t->st, n, args));
+    RUN(dnnl_stream_wait(t->st));
+}
+
+void tf_dnnl_layernorm_fwd(TfDnnl *t, int rows, const float *x, const float *g, const float *b, float *y, float *mean,
+                           float *var) {
+    Slot *s = slot_for(t, rows);
+    dnnl_exec_arg_t a[6] = {{DNNL_ARG_SRC, s->mem[0]},   {DNNL_ARG_DST, s->mem[1]},  {DNNL_ARG_SCALE, s->mem[2]},
+                            {DNNL_ARG_SHIFT, s->mem[3]}, {DNNL_ARG_MEAN, s->mem[4]}, {DNNL_ARG_VARIANCE, s->mem[5]}};
+    const void *p[6] = {x, y, g, b, mean, var};
+    run(t, s->fwd, 6, a, p);
+}
+
+void tf_dnnl_layernorm_bwd(TfDnnl *t, int rows, const float *x, const float *g, const float *mean, const float *var,
+                           const float *dy, float *dx, float *dg, float *db) {
+    Slot *s = slot_for(t, rows);
+    dnnl_exec_arg_t a[9] = {{DNNL_ARG_SRC, s->mem[0]},        {DNNL_ARG_SCALE, s->mem[2]},
+                            {DNNL_ARG_SHIFT, s->mem[3]},      {DNNL_ARG_MEAN, s->mem[4]},
+                            {DNNL_ARG_VARIANCE, s->mem[5]},   {DNNL_ARG_DIFF_DST, s->mem[6]},
+                            {DNNL_ARG_DIFF_SRC, s->mem[7]},   {DNNL_ARG_DIFF_SCALE, s->mem[8]},
+                            {DNNL_ARG_DIFF_SHIFT, s->mem[9]}};
+    const void *p[9] = {x, g, g, mean, var, dy, dx, dg, db};   // shift: unread, any valid buffer
+    run(t, s->bwd, 9, a, p);
+}
+
+void tf_dnnl_softmax_fwd(TfDnnl *t, int rows, const float *x, float *y) {
+    Slot *s = slot_for(t, rows);
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_SRC, s->mem[0]}, {DNNL_ARG_DST, s->mem[1]}};
+    const void *p[2] = {x, y};
+    run(t, s->fwd, 2, a, p);
+}
+
+void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, float *dx) {
+    Slot *s = slot_for(t, rows);
+    dnnl_exec_arg_t a[3] = {{DNNL_ARG_DST, s->mem[1]}, {DNNL_ARG_DIFF_DST, s->mem[2]}, {DNNL_ARG_DIFF_SRC, s->mem[3]}};
+    const void *p[3] = {y, dy, dx};
+    run(t, s->bwd, 3, a, p);
+}
