@@ -1,7 +1,10 @@
 /* optim.c: SGD with momentum and weight decay, and Adam, with PyTorch's exact update rules
  * (torch.optim.SGD with dampening 0 and nesterov off; torch.optim.Adam with amsgrad off),
- * as one loop over contiguous buffers. It does not schedule learning rates or clip. */
+ * as one loop over contiguous buffers, split over the kernel threads. It does not schedule
+ * learning rates or clip. */
 #include "nn.h"
+
+#include "kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,23 +37,33 @@ void optim_release(Optim *o) {
     memset(o, 0, sizeof *o);
 }
 
-void optim_step(Optim *o, float *restrict w, const float *restrict g) {
-    const size_t n = o->n;
+typedef struct OptJob {
+    const Optim *o;
+    float *w;
+    const float *g;
+    float step_size, sbc2;
+} OptJob;
+
+/* Elements [b, e) of one update; every element depends on itself alone, so the split over
+ * threads changes no bit. */
+static void opt_range(void *p, size_t b, size_t e) {
+    const OptJob *j = p;
+    const Optim *o = j->o;
     const float lr = o->c.lr, wd = o->c.weight_decay;
-    float *restrict m = o->m;
-    o->step++;
+    float *restrict w = j->w, *restrict m = o->m;
+    const float *restrict g = j->g;
     if (o->c.kind == OPT_SGD) {
         const float mu = o->c.momentum;
         if (mu == 0.0f) {
-            for (size_t i = 0; i < n; i++) w[i] -= lr * (g[i] + wd * w[i]);
+            for (size_t i = b; i < e; i++) w[i] -= lr * (g[i] + wd * w[i]);
         } else if (o->step == 1) {   // buf = d_p on the first step (torch.clone)
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = b; i < e; i++) {
                 float d = g[i] + wd * w[i];
                 m[i] = d;
                 w[i] -= lr * d;
             }
         } else {
-            for (size_t i = 0; i < n; i++) {
+            for (size_t i = b; i < e; i++) {
                 float d = g[i] + wd * w[i];
                 m[i] = mu * m[i] + d;
                 w[i] -= lr * m[i];
@@ -58,16 +71,26 @@ void optim_step(Optim *o, float *restrict w, const float *restrict g) {
         }
         return;
     }
-    /* Adam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-     * w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), bc_k = 1 - b_k^t (PyTorch's order) */
     float *restrict v = o->v;
-    const float b1 = o->c.beta1, b2 = o->c.beta2, eps = o->c.eps;
-    const double bc1 = 1.0 - pow(b1, (double)o->step), bc2 = 1.0 - pow(b2, (double)o->step);
-    const float step_size = (float)(lr / bc1), sbc2 = (float)sqrt(bc2);
-    for (size_t i = 0; i < n; i++) {
+    const float b1 = o->c.beta1, b2 = o->c.beta2, eps = o->c.eps, step_size = j->step_size, sbc2 = j->sbc2;
+    for (size_t i = b; i < e; i++) {
         float d = g[i] + wd * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * d;
         v[i] = b2 * v[i] + (1.0f - b2) * d * d;
         w[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + eps);
     }
+}
+
+/* Runs on the calling thread's kernel threads (kern_parallel_for). */
+void optim_step(Optim *o, float *restrict w, const float *restrict g) {
+    o->step++;
+    OptJob j = {.o = o, .w = w, .g = g};
+    if (o->c.kind == OPT_ADAM) {
+        /* Adam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+         * w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), bc_k = 1 - b_k^t (PyTorch's order) */
+        const double bc1 = 1.0 - pow(o->c.beta1, (double)o->step), bc2 = 1.0 - pow(o->c.beta2, (double)o->step);
+        j.step_size = (float)(o->c.lr / bc1);
+        j.sbc2 = (float)sqrt(bc2);
+    }
+    kern_parallel_for(o->n, 32768, 16, opt_range, &j);
 }
