@@ -16,8 +16,8 @@
  * by the descriptor but laid out in the calling thread's KSCR_CONV scratch (kern_scratch):
  * every convolution of a model shares one arena per thread, sized by the largest (asked for
  * in init). Owning them per layer cost resnet20 ~250 MB at N = 64, twice PyTorch's whole
- * training step. Weight-sized buffers (reordered weights, dW before its += reorder) stay
- * per descriptor.
+ * training step. The weight-sized ones (reordered weights, dW before its += reorder) are
+ * rebuilt every call too and live there as well (vgg16: 14 MB).
  *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
 #include <oneapi/dnnl/dnnl.h>
@@ -30,7 +30,7 @@ typedef struct Port {
     dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
     dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
     dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
-    void *buf;                  /* owned storage of prim (weight-sized ports), else NULL */
+    void *buf;                  /* owned storage of prim (unused now: every port is in the arena) */
     size_t bytes;               /* size of prim when it differs from user */
     size_t off;                 /* arena ports: offset of prim's storage in the call's scratch */
 } Port;
@@ -183,22 +183,23 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
     CK(dnnl_primitive_create(&p->fwd, fpd));
     CK(dnnl_primitive_create(&p->bwd_data, dpd));
     CK(dnnl_primitive_create(&p->bwd_w, wpd));
-    /* the call's scratch: forward [f_src | f_dst | scratchpad]; backward [dym | d_ddst |
-     * d_dsrc | w_src | w_ddst | scratchpad] (the two scratchpads: the larger of data's, w's) */
+    /* the call's scratch: forward [f_src | f_wei | f_dst | scratchpad]; backward [dym | d_ddst |
+     * d_wei | d_dsrc | w_src | w_ddst | w_dwei | scratchpad] (the larger of the two
+     * backward scratchpads) */
     size_t fa = 0, ba = 0;
     if (cv->fuse_relu) {
         p->dym_off = 0;
         ba = ((size_t)n * cv->k * cv->oh * cv->ow * sizeof(float) + 63) / 64 * 64;
     }
     if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, 0, &fa, err))) goto done;
-    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, 1, NULL, err))) goto done;
+    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, 0, &fa, err))) goto done;
     if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, 0, &fa, err))) goto done;
     if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, 0, &ba, err))) goto done;
-    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, 1, NULL, err))) goto done;
+    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, 0, &ba, err))) goto done;
     if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, 0, &ba, err))) goto done;
     if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, 0, &ba, err))) goto done;
     if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, 0, &ba, err))) goto done;
-    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, 1, NULL, err)))
+    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, 0, &ba, err)))
         goto done;
     if (cv->has_bias) {
         CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
@@ -332,6 +333,7 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const fl
                                 {DNNL_ARG_DIFF_WEIGHTS, p->w_dwei.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_w},
                                 {DNNL_ARG_DIFF_BIAS, p->w_dbias}};
+        port_bind(&p->w_dwei, base);
         RUN(dnnl_primitive_execute(p->bwd_w, d->st, cv->has_bias ? 5 : 4, a));
         if (dw) {
             set(p->w_dwei.user, dw);
