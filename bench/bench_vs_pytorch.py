@@ -1,7 +1,7 @@
 """bench_vs_pytorch.py: training throughput and memory of pipedream against PyTorch, side by
 side, on the five reference models (run by hand, not in CI):
 
-    /usr/bin/python3 bench/bench_vs_pytorch.py [--pd build/pipedream] [--base OLD_PIPEDREAM]
+    /usr/bin/python3 bench/bench_vs_pytorch.py [--pd build/pipedream] [--base OLD_PIPEDREAM [--base-models DIR]]
         [--threads 1,2] [--minibatch 64] [--models mlp,lenet5,vgg16,resnet20,lstm]
         [--steps 10] [--reps 5] [--warmup 3] [--layers auto|always|never] [--md FILE]
 
@@ -110,8 +110,8 @@ print(json.dumps(out))
 '''
 
 
-def run_pd(pd, model, batch, threads, steps, warmup, layers=False, reps=1):
-    cmd = [pd, 'bench', os.path.join(ROOT, 'models', model + '.json'), '--minibatch', str(batch), '--threads',
+def run_pd(pd, model, batch, threads, steps, warmup, layers=False, reps=1, models=None):
+    cmd = [pd, 'bench', os.path.join(models or os.path.join(ROOT, 'models'), model + '.json'), '--minibatch', str(batch), '--threads',
            str(threads), '--steps', str(steps), '--reps', str(reps), '--warmup', str(warmup)]
     if layers:
         cmd.append('--layers')
@@ -132,6 +132,8 @@ def med(v):
 
 
 def mem_mb(r):
+    if 'peak_rss_kb' not in r:   # an older pipedream (--base) reports no memory
+        return float('nan'), float('nan')
     return (r['peak_rss_kb'] - r['rss_start_kb']) / 1024.0, r['peak_rss_kb'] / 1024.0
 
 
@@ -139,6 +141,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--pd', default=os.path.join(ROOT, 'build', 'pipedream'))
     ap.add_argument('--base', default=None, help='a second pipedream binary to compare (before/after)')
+    ap.add_argument('--base-models', default=None, help="the --base binary's models/ folder (default: ours)")
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--minibatch', type=int, default=64)
     ap.add_argument('--models', default='mlp,lenet5,vgg16,resnet20,lstm')
@@ -166,7 +169,7 @@ def main():
                     if s == 'pd':
                         res[s].append(run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup))
                     elif s == 'base':
-                        res[s].append(run_pd(a.base, model, a.minibatch, t, a.steps, a.warmup))
+                        res[s].append(run_pd(a.base, model, a.minibatch, t, a.steps, a.warmup, models=a.base_models))
                     else:
                         res[s].append(run_torch(model, a.minibatch, t, a.steps, a.warmup))
             sps = {s: med([x['samples_per_s'] for x in res[s]]) for s in sides}
