@@ -36,10 +36,13 @@ int curve_svg_write(const char *path, const float *loss, const float *acc, int n
     /* the legend: its own row between the title and the plot, a swatch before each entry */
     struct { const char *col, *dash, *text; double op; } leg[4] = {
         {"#1f77b4", "", "training loss", 1},
-        {"#1f77b4", "", "per minibatch", 0.25},
+        {"#1f77b4", "", "per unit", 0.25},
         {"#d62728", "", "training accuracy", 1},
-        {"#2ca02c", "6 4", "test accuracy (after training)", 1},
+        {"#2ca02c", "6 4", "test accuracy", 1},
     };
+    char test_text[64];
+    snprintf(test_text, sizeof test_text, "test accuracy after training: %.2f%%", 100 * test_acc);
+    leg[3].text = test_text;
     double lx = L;
     for (int k = 0; k < 4; k++) {
         if (k == 3 && !isfinite(test_acc)) break;
@@ -66,9 +69,11 @@ int curve_svg_write(const char *path, const float *loss, const float *acc, int n
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", L + (double)pw * u / span,
                 T + ph + 18, u);
     if (win > 1)
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">minibatch (unit); the lines are moving averages "
-                   "over %d minibatches</text>\n", L + pw / 2, H - 10, win);
-    else fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">minibatch (unit)</text>\n", L + pw / 2, H - 10);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">unit (minibatch, or micro-batch when minibatches "
+                   "are split); the lines are moving averages over %d units</text>\n", L + pw / 2, H - 10, win);
+    else
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">unit (minibatch, or micro-batch when minibatches "
+                   "are split)</text>\n", L + pw / 2, H - 10);
     fprintf(f, "<text x=\"16\" y=\"%d\" fill=\"#1f77b4\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">"
                "training loss</text>\n", T + ph / 2, T + ph / 2);
     fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#d62728\" transform=\"rotate(90 %d %d)\" text-anchor=\"middle\">"
@@ -100,8 +105,6 @@ int curve_svg_write(const char *path, const float *loss, const float *acc, int n
         double y = T + ph - ph * clampd(test_acc, 0, 1);
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#2ca02c\" stroke-dasharray=\"6 4\" "
                    "stroke-width=\"2\"/>\n", L, y, L + pw, y);
-        fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"#2ca02c\" text-anchor=\"end\">test accuracy %.2f%%</text>\n",
-                L + pw - 4, y - 6, 100 * test_acc);
     }
     fprintf(f, "</svg>\n");
     if (fclose(f) != 0) return err_set(err, PD_EIO, "%s: write failed", path);

@@ -104,10 +104,8 @@ int sim_svg_fill_steady(const TraceEvent *ev, int n, int n_workers, int stretch,
     o->n = 2;
     o->t[0][0] = a0, o->t[0][1] = a1;
     o->t[1][0] = b0, o->t[1][1] = b1;
-    snprintf(o->label[0], sizeof o->label[0], "start: the fill, then steady state (minibatches 0-%d)",
-             fill - 1);
-    snprintf(o->label[1], sizeof o->label[1], "steady state, mid-run (minibatches %d-%d)", mid,
-             mid + stretch - 1);
+    snprintf(o->label[0], sizeof o->label[0], "start: the fill, then steady state (units 0-%d)", fill - 1);
+    snprintf(o->label[1], sizeof o->label[1], "mid-run (units %d-%d)", mid, mid + stretch - 1);
     return 2;
 }
 
@@ -322,7 +320,7 @@ int sim_svg_write_panels(const char *path, const SvgPanel *p, int np, const char
         }
     }
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">light: forward, dark: backward, colour and number: "
-               "minibatch/micro-batch%s%s</text>\n", left, height - 10,
+               "unit (minibatch, or micro-batch when minibatches are split)%s%s</text>\n", left, height - 10,
             any_comm ? "; thin bars: sends (blue), all-reduce (red)" : "",
             max_nw > 1 ? "; time from the start of the run" : "");
     fputs("</svg>\n", f);
