@@ -2,15 +2,20 @@
  * layer norm, GELU, causal multi-head attention, and a vectorisable expf (kern_expf_vec).
  * The naive twins are in transformer_ref.c, the oneDNN primitives in transformer_dnnl.c.
  *
- * Layer norm and attention are descriptors with two algorithms (KTF_LOOPS: C loops and sgemm
- * calls; KTF_DNNL: oneDNN's layer normalization and softmax primitives); KTF_AUTO picks the
- * measured faster one, oneDNN for both. Measured on the gpt-mini shapes, 1 thread, CPU time
- * per call (AMD EPYC, AVX-512):
- *     layer norm (2048 rows, 128):        loops fwd 58 us, bwd 226 us;  oneDNN 52 us, 124 us
- *     attention (32 x 64 tokens, 4 x 32): loops fwd 1090 us, bwd 1300 us;  oneDNN 800, 1200
- * The matrix products of attention are oneDNN's sgemm in both (strided views of the fused qkv
- * buffer, no copies), its softmax either fused per row (loops) or one primitive over all
- * (sample, head, row) rows with the causal entries set to -inf (oneDNN).
+ * Layer norm and attention are descriptors with two algorithms (KTF_LOOPS: C loops and
+ * per-(sample, head) sgemm calls; KTF_DNNL: oneDNN primitives); KTF_AUTO picks the measured
+ * faster one, oneDNN for both. Measured on the gpt-mini shapes, 1 thread, CPU time per call
+ * (AMD EPYC, AVX-512; best of 30):
+ *     layer norm (2048 rows, 128):          loops fwd 58 us, bwd 226 us;   oneDNN 52, 124
+ *     attention (32 x 64 tokens, 4 x 32):   loops fwd 1090 us, bwd 1300 us; oneDNN 920, 1210
+ * oneDNN attention: six matmul primitives over all (sample, head) pairs at once on strided
+ * views of the fused qkv buffer (no copies; oneDNN runs them as its jit gemm per pair), the
+ * softmax one primitive over all rows with the causal entries set to -inf. Per-(sample, head)
+ * dnnl_sgemm calls were ~10% faster on attention (~0.5% of a gpt-mini step), OpenBLAS's
+ * Haswell kernel 1.3-2x slower. Note: oneDNN's gemm (sgemm and the matmul's gemm:jit) takes
+ * its packing buffer from malloc on every call (~70 KB; glibc reuses the block, no page
+ * faults); nothing of ours allocates after init. Dense head-major copies would get oneDNN's
+ * brgemm matmul (scratchpad only), at the cost of the copies.
  * GELU and the loops' softmax use a polynomial exp (kern_expf_vec) because libm's calls are
  * not vectorised without -ffast-math. Nothing here starts threads except oneDNN (its OpenMP
  * team, kern_set_threads); every reduction runs in a fixed order, so results are bitwise
@@ -240,6 +245,7 @@ void kern_gelu_bwd(const float *restrict x, const float *restrict dy, float *res
 
 typedef struct AttnImpl {
     TfDnnl *softmax;  /* KTF_DNNL: softmax primitives over (n * heads * T, T) */
+    TfAttn *mm;       /* KTF_DNNL: batched matmuls */
     float *ds;        /* backward: dP then dS, (T, T) per (sample, head) for loops, all of them for dnnl */
 } AttnImpl;
 
@@ -252,6 +258,7 @@ int kern_attention_init(KAttn *a, int algo, int n_max, int t, int heads, int hd,
     size_t per = (size_t)t * t;
     if (a->algo == KTF_DNNL) {
         int rc = tf_dnnl_softmax_new(&im->softmax, n_max * heads * t, t, err);
+        if (!rc) rc = tf_dnnl_attn_new(&im->mm, n_max, t, heads, hd, err);
         if (rc) {
             kern_attention_release(a);
             return rc;
@@ -267,6 +274,7 @@ void kern_attention_release(KAttn *a) {
     AttnImpl *im = a->impl;
     if (im) {
         tf_dnnl_free(im->softmax);
+        tf_dnnl_attn_free(im->mm);
         pd_free(im->ds);
         pd_free(im);
     }
@@ -290,26 +298,25 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
-    const int dnnl = a->algo == KTF_DNNL;
+    if (a->algo == KTF_DNNL) {
+        tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, qkv, qkv + d, p);
+        if (a->causal)
+            for (size_t m = 0; m < (size_t)n * heads; m++)
+                for (int r = 0; r < t; r++) {
+                    float *row = p + (m * t + r) * t;
+                    for (int j = r + 1; j < t; j++) row[j] = -INFINITY;
+                }
+        tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
+        tf_dnnl_attn_mm(im->mm, TF_MM_VALUES, n, p, qkv + 2 * d, y);
+        return;
+    }
     for (int i = 0; i < n; i++)
         for (int h = 0; h < heads; h++) {
-            const float *q = qkv + (size_t)i * t * ld + (size_t)h * hd, *k = q + d;
+            const float *q = qkv + (size_t)i * t * ld + (size_t)h * hd, *k = q + d, *v = q + 2 * d;
             float *ph = p + ((size_t)i * heads + h) * t * t;
             gemm('N', 'T', t, t, hd, scale, q, ld, k, ld, 0.0f, ph, t);
-            if (dnnl) {
-                if (a->causal)
-                    for (int r = 0; r < t; r++)
-                        for (int j = r + 1; j < t; j++) ph[(size_t)r * t + j] = -INFINITY;
-            } else {
-                for (int r = 0; r < t; r++) softmax_row(ph + (size_t)r * t, a->causal ? r + 1 : t, t);
-            }
-        }
-    if (dnnl) tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < heads; h++) {
-            const float *v = qkv + (size_t)i * t * ld + (size_t)h * hd + 2 * d;
-            gemm('N', 'N', t, hd, t, 1.0f, p + ((size_t)i * heads + h) * t * t, t, v, ld, 0.0f,
-                 y + (size_t)i * t * d + (size_t)h * hd, d);
+            for (int r = 0; r < t; r++) softmax_row(ph + (size_t)r * t, a->causal ? r + 1 : t, t);
+            gemm('N', 'N', t, hd, t, 1.0f, ph, t, v, ld, 0.0f, y + (size_t)i * t * d + (size_t)h * hd, d);
         }
 }
 
@@ -325,16 +332,22 @@ void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
-    const int dnnl = a->algo == KTF_DNNL;
+    if (a->algo == KTF_DNNL) {   // dP = dY V^T, dV += P^T dY, dS = softmax'(dP), dQ, dK
+        tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, dy, qkv + 2 * d, im->ds);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, p, dy, dqkv + 2 * d);
+        tf_dnnl_softmax_bwd(im->softmax, n * heads * t, p, im->ds, im->ds);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DQ, n, im->ds, qkv + d, dqkv);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DK, n, im->ds, qkv, dqkv + d);
+        return;
+    }
+    float *ds = im->ds;
     for (int i = 0; i < n; i++)
         for (int h = 0; h < heads; h++) {   // dP = dO V^T, dV += P^T dO; dS = P (dP - rowsum(P dP))
             const size_t off = (size_t)i * t * ld + (size_t)h * hd;
             const float *v = qkv + off + 2 * d, *ph = p + ((size_t)i * heads + h) * t * t,
                         *go = dy + (size_t)i * t * d + (size_t)h * hd;
-            float *ds = dnnl ? im->ds + ((size_t)i * heads + h) * t * t : im->ds;
             gemm('N', 'T', t, t, hd, 1.0f, go, d, v, ld, 0.0f, ds, t);
             gemm('T', 'N', t, hd, t, 1.0f, ph, t, go, d, 1.0f, dqkv + off + 2 * d, ld);
-            if (dnnl) continue;
             for (int r = 0; r < t; r++) {
                 const int len = a->causal ? r + 1 : t;
                 const float *restrict pr = ph + (size_t)r * t;
@@ -345,12 +358,5 @@ void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const
                 for (int j = len; j < t; j++) dr[j] = 0.0f;
             }
             attn_dqk(qkv + off, ds, dqkv + off, t, d, hd, scale);
-        }
-    if (!dnnl) return;
-    tf_dnnl_softmax_bwd(im->softmax, n * heads * t, p, im->ds, im->ds);
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < heads; h++) {
-            const size_t off = (size_t)i * t * ld + (size_t)h * hd;
-            attn_dqk(qkv + off, im->ds + ((size_t)i * heads + h) * t * t, dqkv + off, t, d, hd, scale);
         }
 }

@@ -10,6 +10,7 @@
  * primitives and get the caller's buffers per call (dnnl_memory_set_data_handle). oneDNN
  * writes its outputs (=); the accumulating (+=) gradients of our contract go through
  * descriptor-owned scratch and a loop. */
+#include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <string.h>
@@ -178,4 +179,161 @@ void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, f
     dnnl_exec_arg_t a[3] = {{DNNL_ARG_DST, s->mem[1]}, {DNNL_ARG_DIFF_DST, s->mem[2]}, {DNNL_ARG_DIFF_SRC, s->mem[3]}};
     const void *p[3] = {y, dy, dx};
     run(t, s->bwd, 3, a, p);
+}
+
+/* ---- attention's batched matrix products ------------------------------------------------------ *
+ * Six matmul primitives over all (sample, head) pairs at once, on strided views of the fused
+ * qkv buffer (N, T, 3D) and of y / dy (N, T, D), no copies: scores P = scale Q K^T, values
+ * Y = P V; backward dP = dY V^T, dV += P^T dY, dQ += scale dS K, dK += scale dS^T Q (+= by a
+ * sum post-op). Their scratchpads are ours (one buffer for all); the gemm oneDNN runs inside
+ * still takes a packing buffer from malloc per call (see transformer.c). */
+enum { MM_SCORES, MM_VALUES, MM_DP, MM_DV, MM_DQ, MM_DK, MM_COUNT };
+
+typedef struct MmSlot {
+    int n;   /* 0 = empty */
+    dnnl_primitive_t p[MM_COUNT];
+    dnnl_memory_t src[MM_COUNT], wei[MM_COUNT], dst[MM_COUNT], sp[MM_COUNT];
+} MmSlot;
+
+struct TfAttn {
+    int t, heads, hd;
+    float scale;
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    void *scratch;
+    size_t scratch_bytes;
+    MmSlot slot[2];
+};
+
+static void mm_free(MmSlot *s) {
+    for (int i = 0; i < MM_COUNT; i++) {
+        if (s->p[i]) dnnl_primitive_destroy(s->p[i]);
+        dnnl_memory_t m[4] = {s->src[i], s->wei[i], s->dst[i], s->sp[i]};
+        for (int k = 0; k < 4; k++)
+            if (m[k]) dnnl_memory_destroy(m[k]);
+    }
+    memset(s, 0, sizeof *s);
+}
+
+/* A (n, H, r, c) view: strides for a buffer of rows of `ld` floats per position, T positions per
+ * sample, head h at column h*hd; transposed: the last two dimensions swapped. */
+static int view(dnnl_memory_desc_t *md, const TfAttn *a, int n, int ld, int trans) {
+    const int T = a->t, hd = a->hd;
+    dnnl_dims_t d = {n, a->heads, trans ? hd : T, trans ? T : hd};
+    dnnl_dims_t s = {(dnnl_dim_t)T * ld, hd, trans ? 1 : ld, trans ? ld : 1};
+    return dnnl_memory_desc_init_by_strides(md, 4, d, dnnl_f32, s) != dnnl_success;
+}
+
+static int probs(dnnl_memory_desc_t *md, const TfAttn *a, int n, int trans) {   // (n, H, T, T)
+    const int T = a->t;
+    dnnl_dims_t d = {n, a->heads, T, T}, s = {(dnnl_dim_t)a->heads * T * T, (dnnl_dim_t)T * T, trans ? 1 : T,
+                                                trans ? T : 1};
+    return dnnl_memory_desc_init_by_strides(md, 4, d, dnnl_f32, s) != dnnl_success;
+}
+
+static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
+    const char *what = "attention matmul";
+    int rc = PD_OK;
+    memset(s, 0, sizeof *s);
+    s->n = n;
+    const int D = a->heads * a->hd, L = 3 * D;
+    dnnl_memory_desc_t qkv, qkvT, o, P, PT;
+    if (view(&qkv, a, n, L, 0) || view(&qkvT, a, n, L, 1) || view(&o, a, n, D, 0) || probs(&P, a, n, 0) ||
+        probs(&PT, a, n, 1))
+        return err_set(err, PD_EINVAL, "attention (oneDNN): memory descriptors rejected");
+    /* src, weights, dst, scaled, accumulate */
+    const struct { const dnnl_memory_desc_t *s, *w, *d; int scaled, acc; } spec[MM_COUNT] = {
+        [MM_SCORES] = {&qkv, &qkvT, &P, 1, 0}, [MM_VALUES] = {&P, &qkv, &o, 0, 0},
+        [MM_DP] = {&o, &qkvT, &P, 0, 0},       [MM_DV] = {&PT, &o, &qkv, 0, 1},
+        [MM_DQ] = {&P, &qkv, &qkv, 1, 1},      [MM_DK] = {&PT, &qkv, &qkv, 1, 1},
+    };
+    for (int i = 0; i < MM_COUNT && !rc; i++) {
+        dnnl_primitive_attr_t attr = NULL;
+        dnnl_post_ops_t po = NULL;
+        dnnl_primitive_desc_t pd = NULL;
+        dnnl_matmul_desc_t md;
+        CK(dnnl_primitive_attr_create(&attr));
+        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+        if (spec[i].scaled) CK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &a->scale));
+        if (spec[i].acc) {
+            CK(dnnl_post_ops_create(&po));
+            CK(dnnl_post_ops_append_sum(po, 1.0f));
+            CK(dnnl_primitive_attr_set_post_ops(attr, po));
+        }
+        CK(dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, NULL, spec[i].d));
+        CK(dnnl_primitive_desc_create(&pd, &md, attr, a->eng, NULL));
+        CK(dnnl_primitive_create(&s->p[i], pd));
+        CK(dnnl_memory_create(&s->src[i], spec[i].s, a->eng, DNNL_MEMORY_NONE));
+        CK(dnnl_memory_create(&s->wei[i], spec[i].w, a->eng, DNNL_MEMORY_NONE));
+        CK(dnnl_memory_create(&s->dst[i], spec[i].d, a->eng, DNNL_MEMORY_NONE));
+        const dnnl_memory_desc_t *spd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        size_t need = spd ? dnnl_memory_desc_get_size(spd) : 0;
+        if (need > a->scratch_bytes) {   // grows only while slots are created (init, a new n)
+            pd_free(a->scratch);
+            a->scratch = pd_alloc(need);
+            a->scratch_bytes = need;
+        }
+        if (need) CK(dnnl_memory_create(&s->sp[i], spd, a->eng, DNNL_MEMORY_NONE));
+    done:
+        if (pd) dnnl_primitive_desc_destroy(pd);
+        if (po) dnnl_post_ops_destroy(po);
+        if (attr) dnnl_primitive_attr_destroy(attr);
+    }
+    if (rc) mm_free(s);
+    return rc;
+}
+
+int tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, Err *err) {
+    const char *what = "attention";
+    int rc = PD_OK;
+    TfAttn *a = pd_calloc(sizeof *a);
+    a->t = t;
+    a->heads = heads;
+    a->hd = hd;
+    a->scale = 1.0f / sqrtf((float)hd);
+    CK(dnnl_engine_create(&a->eng, dnnl_cpu, 0));
+    CK(dnnl_stream_create(&a->st, a->eng, dnnl_stream_default_flags));
+    rc = mm_init(a, &a->slot[0], n_max, err);
+done:
+    if (rc) {
+        tf_dnnl_attn_free(a);
+        a = NULL;
+    }
+    *out = a;
+    return rc;
+}
+
+void tf_dnnl_attn_free(TfAttn *a) {
+    if (!a) return;
+    mm_free(&a->slot[0]);
+    mm_free(&a->slot[1]);
+    if (a->st) dnnl_stream_destroy(a->st);
+    if (a->eng) dnnl_engine_destroy(a->eng);
+    pd_free(a->scratch);
+    pd_free(a);
+}
+
+void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const float *src, const float *wei, float *dst) {
+    MmSlot *s = &a->slot[0];
+    if (s->n != n) {
+        s = &a->slot[1];
+        if (s->n != n) {
+            mm_free(s);
+            Err err = {0};
+            int rc = mm_init(a, s, n, &err);
+            PD_ASSERTF(rc == PD_OK, "%s", err.msg);
+        }
+    }
+    RUN(dnnl_memory_set_data_handle(s->src[which], (void *)src));
+    RUN(dnnl_memory_set_data_handle(s->wei[which], (void *)wei));
+    RUN(dnnl_memory_set_data_handle(s->dst[which], dst));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, s->src[which]}, {DNNL_ARG_WEIGHTS, s->wei[which]},
+                               {DNNL_ARG_DST, s->dst[which]}, {DNNL_ARG_SCRATCHPAD, s->sp[which]}};
+    int na = 3;
+    if (s->sp[which]) {
+        RUN(dnnl_memory_set_data_handle(s->sp[which], a->scratch));
+        na = 4;
+    }
+    RUN(dnnl_primitive_execute(s->p[which], a->st, na, args));
+    RUN(dnnl_stream_wait(a->st));
 }

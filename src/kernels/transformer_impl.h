@@ -20,4 +20,14 @@ void tf_dnnl_layernorm_bwd(TfDnnl *t, int rows, const float *x, const float *g, 
 void tf_dnnl_softmax_fwd(TfDnnl *t, int rows, const float *x, float *y);
 void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, float *dx);
 
+/* Attention's batched matrix products over all (sample, head) pairs (transformer_dnnl.c):
+ * which = MM_SCORES P = scale Q K^T (src qkv, wei qkv + D, dst p); MM_VALUES Y = P V (p,
+ * qkv + 2D, y); MM_DP dP = dY V^T (dy, qkv + 2D, dp); MM_DV dV += P^T dY (p, dy, dqkv + 2D);
+ * MM_DQ dQ += scale dS K (ds, qkv + D, dqkv); MM_DK dK += scale dS^T Q (ds, qkv, dqkv + D). */
+typedef struct TfAttn TfAttn;
+enum { TF_MM_SCORES, TF_MM_VALUES, TF_MM_DP, TF_MM_DV, TF_MM_DQ, TF_MM_DK };
+int  tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, Err *err);
+void tf_dnnl_attn_free(TfAttn *a);   /* NULL is fine */
+void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const float *src, const float *wei, float *dst);
+
 #endif
