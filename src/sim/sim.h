@@ -29,26 +29,19 @@
 #include "schedule.h"
 
 typedef struct SimStageCost {
-    double fwd_s, bwd_s;    /* per unit on one replica (a recompute takes fwd_s) */
+    double fwd_s, bwd_s;    /* per unit on one replica */
     double param_bytes;     /* weights of the stage (one version) */
     double in_bytes;        /* activation received from the previous stage per unit (= gradient sent back) */
-    double stash_bytes;     /* activations kept per unit between its forward and backward (in_bytes included) */
-    /* Added: the split backward of the zb kinds, input gradient (BI) and weight gradient (BW);
-     * both 0: half of bwd_s each (sim_bwd_in, sim_bwd_w). */
-    double bwd_in_s, bwd_w_s;
+    double stash_bytes;     /* activations kept per unit between its forward and backward */
 } SimStageCost;
-
-static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }
-static inline double sim_bwd_w(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_w_s : c->bwd_s / 2; }
 
 typedef struct SimCosts {
     int n_stages;
     SimStageCost *stage;    /* owned when made by sim_costs_from_profile (sim_costs_release) */
 } SimCosts;
 
-/* Per-stage costs of schedule s from profile prof: sums of layer times (the split backward
- * from each layer's backward_input_s / backward_weight_s, or half of its backward each when
- * the profile has no split) and parameter bytes; in_bytes of stage i > 0 = bytes of every layer before stage i with an edge into
+/* Per-stage costs of schedule s from profile prof: sums of layer times and parameter
+ * bytes; in_bytes of stage i > 0 = bytes of every layer before stage i with an edge into
  * stage i or later (a chain: the previous stage's last layer), prof->input_bytes for
  * stage 0 (read locally, not transferred); stash_bytes = in_bytes + the stage's layer
  * outputs. Fails if a stage names a layer outside the profile. */
@@ -153,9 +146,9 @@ typedef struct SvgWindows {
     char label[SVG_MAX_WINDOWS][80];
 } SvgWindows;
 /* Sets *w to a readable part of a long run: the start (units 0 .. max(8, 3 n_workers) - 1: the
- * fill and the steady state that follows) and `stretch` units (e.g. 30, or 30 x micro-batches
- * for a schedule that splits minibatches) from the middle of the
- * training units (those with a backward), each window from the first start to the last end of
+ * fill and the steady state that follows) and `stretch` units (e.g. 30: boxes stay wide enough
+ * for their numbers) from the middle of the training units (those with a backward), each
+ * window from the first start to the last end of
  * those units' compute boxes. A short run (fewer than 2 x fill + stretch units) keeps n = 0:
  * the whole run. Returns w->n. */
 int sim_svg_fill_steady(const TraceEvent *ev, int n, int n_workers, int stretch, SvgWindows *w);
