@@ -395,7 +395,7 @@ static void test_errors(void **st) {
         {"\"init\": {\"linear\": {\"bias\": \"xavier_normal\"}}, \"layers\": [{\"type\": \"linear\", \"in\": 4, \"out\": 2}]}",
          "layers.0.bias: init \"xavier_normal\" needs a tensor of 2 or more dimensions"},
         {"\"init\": {\"linear\": {\"weight\": 3}}, \"layers\": [{\"type\": \"linear\", \"in\": 4, \"out\": 2}]}",
-         "t.json: key \"init\": \"linear\": key \"init\": key \"weight\": expected a scheme name"},
+         "t.json: key \"init\": \"linear\": key \"weight\": expected a scheme name"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char json[1024];

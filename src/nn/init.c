@@ -148,14 +148,14 @@ int nn_init_parse(const cJSON *o, NnInit *out, const char *ctx, Err *err) {
 
 int nn_init_parse_roles(const cJSON *o, NnInit out[NN_INIT_ROLES], const char *ctx, Err *err) {
     JObj j;
-    int rc = jobj_init(&j, o, err, "%s: key \"init\"", ctx);
+    int rc = jobj_init(&j, o, err, "%s", ctx);
     if (rc) return rc;
     static const char *const roles[NN_INIT_ROLES] = {"weight", "bias"};
     for (int r = 0; r < NN_INIT_ROLES; r++) {
         const cJSON *s = jobj_get(&j, roles[r]);
         if (!s) continue;
         char c2[320];
-        snprintf(c2, sizeof c2, "%s: key \"init\": key \"%s\"", ctx, roles[r]);
+        snprintf(c2, sizeof c2, "%s: key \"%s\"", ctx, roles[r]);
         if ((rc = nn_init_parse(s, &out[r], c2, err))) return rc;
     }
     return jobj_done(&j, err);

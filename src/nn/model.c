@@ -103,7 +103,9 @@ int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const c
         if (l->n_pt == 0)
             return err_set(err, PD_EINVAL, "%s: key \"init\": this layer has no parameters of its own%s", ctx2,
                            l->n_body ? " (give its sub-layers an init)" : "");
-        if ((rc = nn_init_parse_roles(ini, l->init, ctx2, err))) return rc;
+        char ctx3[300];
+        snprintf(ctx3, sizeof ctx3, "%s: key \"init\"", ctx2);
+        if ((rc = nn_init_parse_roles(ini, l->init, ctx3, err))) return rc;
         int has_bias = 0;
         for (int k = 0; k < l->n_pt; k++) has_bias |= nn_init_role(l->pt[k].kind);
         if (l->init[1].kind != NN_INIT_UNSET && !has_bias)
