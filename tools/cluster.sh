@@ -1,0 +1,397 @@
+#!/usr/bin/env bash
+# cluster.sh: an emulated cluster on one Linux machine, as root (docs/cluster.md).
+#
+# N hosts are network namespaces NAME-h0 .. NAME-h<N-1> on a bridge NAME-br; host i is
+# 198.18.0.<i+1>/24, the bridge (where mpirun runs) 198.18.0.254. Only 198.18.0.0/24 is ever
+# used (RFC 2544's benchmarking range): no route, NAT or forwarding leads anywhere else.
+# Each host's link is full duplex: its egress (the namespace side of its veth) and its ingress
+# (the bridge side) are each shaped to --rate (tc tbf); --delay (tc netem) is added on the
+# ingress. A packet from one host to another crosses one egress and one ingress: rate R,
+# one-way delay D, round trip 2D.
+#
+#   tools/cluster.sh up N [--rate 100mbit] [--delay 0ms] [--name pdc]   create or reconcile
+#   tools/cluster.sh run NP CMD [ARGS...]          mpirun -np NP across the hosts (round robin)
+#   tools/cluster.sh run -- MPIRUN_ARGS...         mpirun with your own arguments (give -np)
+#   tools/cluster.sh run-torch NP CMD [ARGS...]    run, plus MASTER_ADDR/MASTER_PORT and
+#                                                  GLOO_SOCKET_IFNAME for torch.distributed
+#   tools/cluster.sh exec I CMD [ARGS...]          one command in host I's namespace
+#   tools/cluster.sh status                        hosts, addresses, shaping, mpirun line
+#   tools/cluster.sh down                          remove everything of cluster NAME
+# --name (or PDC_NAME=) selects the cluster on every command; default pdc.
+# Exit status: 0 ok, 1 error, 2 bad usage, 3 this machine cannot make namespaces, bridges,
+# veths or the tc qdiscs (a container without CAP_NET_ADMIN/CAP_SYS_ADMIN, no sch_netem).
+set -euo pipefail
+
+PROG=tools/cluster.sh
+NET=198.18.0
+SUBNET=$NET.0/24
+BRIDGE_ADDR=$NET.254
+MAXHOSTS=200
+STATE_ROOT=/run/pipedream-cluster
+TAG=pipedream-cluster
+
+die() { echo "$PROG: error: $*" >&2; exit 1; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--delay D] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
+cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
+CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
+q() { "$@" >/dev/null 2>&1; }
+
+help() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+need_root_tools() {
+    [ "$(id -u)" = 0 ] || die "needs root (network namespaces, veths, tc): run it as root or with sudo"
+    command -v ip >/dev/null || die "needs iproute2 (the ip command): apt-get install iproute2"
+    command -v tc >/dev/null || die "needs iproute2's tc: apt-get install iproute2"
+    command -v unshare >/dev/null || die "needs unshare (util-linux)"
+}
+
+NAME=${PDC_NAME:-pdc}
+check_name() {
+    [[ $NAME =~ ^[a-z][a-z0-9]{0,9}$ ]] || usage_err "--name: 1-10 characters, a-z then a-z0-9 (got '$NAME')"
+    BR=$NAME-br            # bridge, root namespace
+    IFN=$NAME-eth          # each host's interface, inside its namespace
+    STATE=$STATE_ROOT/$NAME
+}
+ns_of() { echo "$NAME-h$1"; }
+veth_of() { echo "$NAME-v$1"; }       # bridge side of host i's veth, root namespace
+addr_of() { echo "$NET.$(($1 + 1))"; }
+
+# Our hosts, from the kernel (not the state file: survives a lost /run).
+hosts() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-h[0-9]+\$" | sed "s/^$NAME-h//" | sort -n || true; }
+
+ours() { [ "$(cat "/sys/class/net/$1/ifalias" 2>/dev/null)" = "$TAG:$NAME" ]; }
+
+# A rate/delay as tc understands it; rejects anything else early with a clear message.
+check_rate() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] || usage_err "--rate: like 100mbit, 1gbit, 500kbit (got '$1')"; }
+check_delay() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || usage_err "--delay: like 1ms, 200us, 0ms (got '$1')"; }
+
+# --- up -------------------------------------------------------------------------------------
+# tc's rate in bytes/s, for the token bucket's burst.
+rate_bytes() {
+    local v=${1%bit} m=1
+    if [[ $1 == *bps ]]; then v=${1%bps}; m=8; fi
+    case $v in *k) v=${v%k}; m=$((m * 1000)) ;; *m) v=${v%m}; m=$((m * 1000000)) ;;
+               *g) v=${v%g}; m=$((m * 1000000000)) ;; *t) v=${v%t}; m=$((m * 1000000000000)) ;; esac
+    awk -v v="$v" -v m="$m" 'BEGIN { printf "%d", v * m / 8 }'
+}
+
+# The token bucket of one direction of a link: the rate, a burst of 1 ms at that rate (at
+# least 16 KiB, so a full-size frame and some always pass), a queue of 50 ms.
+tbf_args() { local b; b=$(rate_bytes "$RATE"); [ "$((b / 1000))" -gt 16384 ] && b=$((b / 1000)) || b=16384; echo "rate $RATE burst $b latency 50ms"; }
+
+no_ipv6() { [ ! -w "/proc/sys/net/ipv6/conf/$1/disable_ipv6" ] || echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; }
+
+has_delay() { ! [[ $DELAY =~ ^0+(\.0+)?(us|ms|s)$ ]]; }
+
+shape() {   # shape I: (re)apply the qdiscs of host I
+    local i=$1 ns veth tbf
+    ns=$(ns_of "$i"); veth=$(veth_of "$i"); tbf=$(tbf_args)
+    # Egress (the host sends): a token bucket on the namespace side of the veth.
+    ip netns exec "$ns" tc qdisc replace dev "$IFN" root handle 1: tbf $tbf \
+        || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
+    # Ingress (the host receives): on the bridge side's egress. The delay goes here, on
+    # forwarded packets, not on the sender's own queue where TCP small queues would count it
+    # against the socket: every host-to-host packet crosses exactly one such ingress.
+    q tc qdisc del dev "$veth" root || true
+    if has_delay; then
+        tc qdisc add dev "$veth" root handle 1: netem delay "$DELAY" limit 100000 2>/dev/null \
+            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+        tc qdisc add dev "$veth" parent 1:1 handle 10: tbf $tbf
+    else
+        tc qdisc add dev "$veth" root handle 1: tbf $tbf
+    fi
+}
+
+cmd_up() {
+    local n="" ; RATE=100mbit; DELAY=0ms
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --rate) [ $# -ge 2 ] || usage_err "--rate needs a value"; RATE=$2; shift 2 ;;
+            --delay) [ $# -ge 2 ] || usage_err "--delay needs a value"; DELAY=$2; shift 2 ;;
+            --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
+            -*) usage_err "up: unknown option $1" ;;
+            *) [ -z "$n" ] || usage_err "up: one host count"; n=$1; shift ;;
+        esac
+    done
+    [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
+    check_name; check_rate "$RATE"; check_delay "$DELAY"
+    need_root_tools
+    # A failed `up` that was creating the cluster leaves nothing behind (not half a cluster
+    # that `run` would trip over); one reconciling a running cluster leaves it be.
+    local touched=0
+    trap 'rc=$?; if [ $rc != 0 ] && [ $touched = 1 ] && teardown >/dev/null 2>&1; then echo "$PROG: removed cluster $NAME after the failed up" >&2; fi' EXIT
+
+    # 198.18.0.0/24 must be ours alone: a second cluster (another --name) would shadow routes.
+    local dev
+    for dev in $(ip -o -4 addr show 2>/dev/null | awk -v p="$NET." 'index($4, p) == 1 {print $2}' | sort -u); do
+        [ "$dev" = "$BR" ] && ours "$dev" && continue
+        die "$SUBNET is already in use on $dev (another cluster? tools/cluster.sh down --name ${dev%-br}); one cluster at a time"
+    done
+
+    # The bridge.
+    if [ -e "/sys/class/net/$BR" ]; then
+        ours "$BR" || die "a link named $BR exists and is not ours; choose another --name"
+    else
+        touched=1
+        ip link add "$BR" type bridge 2>/dev/null || cannot "create a bridge (ip link add $BR type bridge) $CAPS"
+        no_ipv6 "$BR"
+        ip link set "$BR" alias "$TAG:$NAME"
+    fi
+    ip addr replace "$BRIDGE_ADDR/24" dev "$BR"
+    ip link set "$BR" up
+    if has_delay; then   # before any host is touched
+        tc qdisc add dev "$BR" root netem delay "$DELAY" 2>/dev/null \
+            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+        tc qdisc del dev "$BR" root
+    fi
+
+    # Hosts beyond N (a smaller `up` after a larger one) go.
+    local i
+    for i in $(hosts); do [ "$i" -lt "$n" ] || del_host "$i"; done
+
+    for ((i = 0; i < n; i++)); do
+        local ns veth addr
+        ns=$(ns_of "$i"); veth=$(veth_of "$i"); addr=$(addr_of "$i")
+        if ! ip netns list | awk '{print $1}' | grep -qx "$ns"; then
+            ip netns add "$ns" 2>/dev/null || cannot "create a network namespace (ip netns add $ns) $CAPS"
+        fi
+        # No IPv6 inside (no link-local fe80:: addresses, router or neighbour solicitations):
+        # 198.18.0.0/24 is the only range the hosts have.
+        ip netns exec "$ns" sh -c 'for f in all default lo; do [ -w /proc/sys/net/ipv6/conf/$f/disable_ipv6 ] && echo 1 >/proc/sys/net/ipv6/conf/$f/disable_ipv6; done; true' 
+        if [ -e "/sys/class/net/$veth" ] && ! ours "$veth"; then
+            die "a link named $veth exists and is not ours; choose another --name"
+        fi
+        if ! ip -n "$ns" link show "$IFN" >/dev/null 2>&1 || [ ! -e "/sys/class/net/$veth" ]; then
+            q ip link del "$veth" || true
+            q ip -n "$ns" link del "$IFN" || true
+            ip link add "$veth" type veth peer name "$IFN" netns "$ns" 2>/dev/null \
+                || cannot "create a veth pair into a namespace (ip link add $veth type veth peer ...) $CAPS"
+            no_ipv6 "$veth"
+            ip link set "$veth" alias "$TAG:$NAME"
+        fi
+        ip link set "$veth" master "$BR"
+        ip link set "$veth" up
+        ip -n "$ns" link set lo up
+        ip -n "$ns" addr replace "$addr/24" dev "$IFN"
+        ip -n "$ns" link set "$IFN" up
+        shape "$i"
+    done
+
+    # State: what `run` and `status` need; the rsh agent Open MPI launches its daemons with.
+    mkdir -p "$STATE"
+    printf 'N=%s\nRATE=%s\nDELAY=%s\n' "$n" "$RATE" "$DELAY" >"$STATE/config"
+    : >"$STATE/hostfile"
+    for ((i = 0; i < n; i++)); do echo "$(addr_of "$i") slots=64" >>"$STATE/hostfile"; done
+    write_agent "$n"
+
+    connectivity_check "$n"
+    trap - EXIT
+    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex, one-way delay $DELAY"
+}
+
+write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's namespace
+    local n=$1 i
+    {
+        echo '#!/bin/sh'
+        echo "# Open MPI rsh agent of cluster $NAME (written by $PROG up): like ssh, it gets"
+        echo '# [options] HOST COMMAND... and runs the command line in HOST'"'"'s namespace, under a'
+        echo '# UTS namespace whose hostname is the namespace name (session directories and'
+        echo '# shared-memory names of Open MPI are per hostname; hosts must not share them).'
+        echo 'while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done'
+        echo 'host=${1:?no host}; shift'
+        echo 'case ${host#*@} in'
+        for ((i = 0; i < n; i++)); do echo "    $(addr_of "$i")|$(ns_of "$i")) ns=$(ns_of "$i") ;;"; done
+        echo "    *) echo \"$NAME rsh agent: \$host is not a host of cluster $NAME\" >&2; exit 255 ;;"
+        echo 'esac'
+        echo 'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec sh -c "$1"'"'"' "$ns" "$*"'
+    } >"$STATE/rsh.tmp"
+    chmod 755 "$STATE/rsh.tmp"
+    mv "$STATE/rsh.tmp" "$STATE/rsh"
+}
+
+# Every host reaches the bridge's address (where mpirun listens) and host 0 (over the bridge).
+# Catches firewalls: an INPUT policy that drops what the namespaces send to the bridge's
+# address, or br_netfilter with an iptables FORWARD policy of DROP (as Docker leaves it),
+# which drops bridged traffic between hosts. One python3 process enters each namespace in
+# turn (setns), so it takes milliseconds even for 200 hosts.
+connectivity_check() {
+    local n=$1 out
+    command -v python3 >/dev/null || return 0
+    out=$(timeout 60 python3 - "$NAME" "$n" "$BRIDGE_ADDR" "$(addr_of 0)" <<'PY' 2>&1
+import ctypes, os, socket, sys
+name, n, abr, a0 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+libc = ctypes.CDLL(None, use_errno=True)
+def enter(ns):
+    fd = os.open("/run/netns/" + ns, os.O_RDONLY)
+    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+        sys.exit("setns %s: %s" % (ns, os.strerror(ctypes.get_errno())))
+    os.close(fd)
+def listener(addr):
+    s = socket.socket()
+    s.bind((addr, 0))
+    s.listen(512)
+    return s, s.getsockname()[1]
+lbr, pbr = listener(abr)  # root namespace
+enter(name + "-h0")
+l0, p0 = listener(a0)
+for i in range(n):
+    enter("%s-h%d" % (name, i))
+    for what, addr, port in (("the bridge address " + abr, abr, pbr), (name + "-h0 " + a0, a0, p0)):
+        if i == 0 and addr == a0:
+            continue
+        try:
+            socket.create_connection((addr, port), timeout=3).close()
+        except OSError as e:
+            sys.exit("%s-h%d cannot reach %s: %s" % (name, i, what, e))
+PY
+    ) && return 0
+    case $out in
+        *"the bridge address"*) die "$out: a firewall on this machine drops what the hosts send to it (an INPUT policy of DROP: iptables -I INPUT -i $BR -j ACCEPT)" ;;
+        *"cannot reach"*) die "$out: is bridged traffic filtered? (sysctl net.bridge.bridge-nf-call-iptables=1 with an iptables FORWARD policy of DROP: iptables -I FORWARD -i $BR -o $BR -j ACCEPT)" ;;
+        *) die "connectivity check failed: $out" ;;
+    esac
+}
+
+# --- down -----------------------------------------------------------------------------------
+del_host() {
+    local i=$1 ns veth pids
+    ns=$(ns_of "$i"); veth=$(veth_of "$i")
+    # Processes still inside (a run killed half way): end them, or the namespace lingers.
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    if [ -n "$pids" ]; then
+        kill $pids 2>/dev/null || true
+        sleep 0.5
+        pids=$(ip netns pids "$ns" 2>/dev/null || true)
+        [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+    fi
+    if [ -e "/sys/class/net/$veth" ] && ours "$veth"; then q ip link del "$veth" || true; fi
+    q ip netns del "$ns" || true
+}
+
+cmd_down() {
+    parse_name_only "$@"; check_name; need_root_tools
+    if teardown; then echo "cluster $NAME down"; else echo "cluster $NAME: nothing to remove"; fi
+}
+
+teardown() {   # succeeds when there was something to remove
+    local i found=0
+    for i in $(hosts); do del_host "$i"; found=1; done
+    # veths whose namespace went away without them (cannot happen with veths, but be exact).
+    local l
+    for l in $(ls /sys/class/net 2>/dev/null | grep -E "^$NAME-v[0-9]+\$" || true); do
+        ours "$l" && { q ip link del "$l" || true; found=1; }
+    done
+    if [ -e "/sys/class/net/$BR" ] && ours "$BR"; then q ip link del "$BR" || true; found=1; fi
+    if [ -d "$STATE" ]; then rm -rf "$STATE"; found=1; fi
+    rmdir "$STATE_ROOT" 2>/dev/null || true
+    [ $found = 1 ]
+}
+
+parse_name_only() {
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
+            *) usage_err "unexpected argument $1" ;;
+        esac
+    done
+}
+
+# --- run ------------------------------------------------------------------------------------
+load_state() {
+    check_name; need_root_tools
+    [ -f "$STATE/config" ] && [ -x "$STATE/rsh" ] || die "cluster $NAME is not up: $PROG up N [--name $NAME]"
+    # shellcheck disable=SC1091
+    . "$STATE/config"
+    local h; h=$(hosts | wc -l)
+    [ "$h" = "$N" ] || die "cluster $NAME: $h namespaces for $N hosts; run $PROG up $N again"
+    command -v mpirun >/dev/null || die "needs Open MPI's mpirun: apt-get install openmpi-bin"
+}
+
+# The mpirun arguments that put ranks into the namespaces and keep all traffic on the bridge.
+MPI_BASE=()
+mpi_base() {
+    MPI_BASE=(--hostfile "$STATE/hostfile" --map-by node --bind-to none
+        --mca plm_rsh_agent "$STATE/rsh" --mca plm_rsh_no_tree_spawn 1
+        --mca pml ob1 --mca btl tcp,self
+        --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
+}
+
+cmd_run() {   # run [--name N] (NP CMD... | -- MPIRUN_ARGS...); torch=1 adds the torch env
+    local torch=$1; shift
+    while [ $# -gt 0 ] && [ "$1" = --name ]; do
+        [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2
+    done
+    [ $# -ge 1 ] || usage_err "run: NP CMD... or -- MPIRUN_ARGS..."
+    local np=""
+    if [ "$1" = -- ]; then
+        shift; [ $# -ge 1 ] || usage_err "run --: mpirun arguments expected"
+    else
+        [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] || usage_err "run: NP (ranks) first, got '$1'"
+        np=$1; shift
+        [ $# -ge 1 ] || usage_err "run $np: a command expected"
+    fi
+    load_state; mpi_base
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    local env=()
+    if [ "$torch" = 1 ]; then
+        # torch.distributed's env:// rendezvous at rank 0 (host 0 under --map-by node); gloo
+        # picks its interface from the hostname, which no namespace can resolve: name it.
+        env=(-x MASTER_ADDR="$(addr_of 0)" -x MASTER_PORT="${MASTER_PORT:-29500}" -x GLOO_SOCKET_IFNAME="$IFN")
+    fi
+    if [ -n "$np" ]; then
+        exec mpirun "${MPI_BASE[@]}" "${env[@]}" -np "$np" "$@"
+    else
+        exec mpirun "${MPI_BASE[@]}" "${env[@]}" "$@"
+    fi
+}
+
+cmd_exec() {
+    while [ $# -gt 0 ] && [ "$1" = --name ]; do
+        [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2
+    done
+    [ $# -ge 2 ] && [[ $1 =~ ^[0-9]+$ ]] || usage_err "exec I CMD..."
+    local i=$1; shift
+    check_name; need_root_tools
+    hosts | grep -qx "$i" || die "cluster $NAME has no host $i"
+    local ns; ns=$(ns_of "$i")
+    exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec "$@"' "$ns" "$@"
+}
+
+cmd_status() {
+    parse_name_only "$@"; check_name; need_root_tools
+    local hs; hs=$(hosts)
+    if [ -z "$hs" ] && [ ! -e "/sys/class/net/$BR" ]; then echo "cluster $NAME: down"; return 0; fi
+    if [ -f "$STATE/config" ]; then
+        # shellcheck disable=SC1091
+        . "$STATE/config"
+        echo "cluster $NAME: $N host(s), each link $RATE full duplex, one-way delay $DELAY; bridge $BR $BRIDGE_ADDR"
+    else
+        echo "cluster $NAME: partial (no $STATE/config): $PROG down --name $NAME, then up"
+    fi
+    local i
+    for i in $hs; do
+        local ns; ns=$(ns_of "$i")
+        printf '  %-14s %-12s egress:  %s\n' "$ns" "$(addr_of "$i")" \
+            "$(ip netns exec "$ns" tc qdisc show dev "$IFN" 2>/dev/null | head -1 | sed 's/^qdisc //')"
+        printf '  %-14s %-12s ingress: %s\n' "" "" "$(tc qdisc show dev "$(veth_of "$i")" 2>/dev/null | head -1 | sed 's/^qdisc //')"
+    done
+    if [ -f "$STATE/config" ]; then
+        mpi_base
+        echo "mpirun line ($PROG run NP CMD... adds it):"
+        echo "  mpirun ${MPI_BASE[*]} -np NP CMD..."
+    fi
+}
+
+# --- main -----------------------------------------------------------------------------------
+[ $# -ge 1 ] || usage_err "a command expected"
+cmd=$1; shift
+case $cmd in
+    up) cmd_up "$@" ;;
+    down) cmd_down "$@" ;;
+    run) cmd_run 0 "$@" ;;
+    run-torch) cmd_run 1 "$@" ;;
+    exec) cmd_exec "$@" ;;
+    status) cmd_status "$@" ;;
+    -h|--help|help) help ;;
+    *) usage_err "unknown command '$cmd'" ;;
+esac
