@@ -153,11 +153,43 @@ static void test_panels(void **st) {
     free(e2);
 }
 
+/* sim_svg_write draws a long run as the fill and a mid-run stretch, a short one whole. */
+static void test_write_long_run(void **st) {
+    (void)st;
+    char path[] = "/tmp/pd_test_svg_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    Err err = {0};
+    char *text;
+    size_t len;
+    for (int units = 50; units <= 937; units += 887) {
+        int n;
+        TraceEvent *ev = pattern(4, units, 0, 1.0, &n);
+        SvgOpts o = {.title = "long"};
+        assert_int_equal(sim_svg_write(path, ev, n, 4, &o, &err), PD_OK);
+        assert_int_equal(pd_read_file(path, 1 << 26, &text, &len, &err), PD_OK);
+        int boxes = count(text, "<title>forward") + count(text, "<title>backward");
+        if (units == 50) {
+            assert_int_equal(boxes, 2 * 4 * 50);
+            assert_null(strstr(text, "mid-run"));
+        } else {
+            assert_true(boxes < 2 * 4 * 70);
+            assert_non_null(strstr(text, "mid-run (units 453-482)"));
+            assert_true(svg_width(text) < 3000);
+        }
+        pd_free(text);
+        free(ev);
+    }
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fill_steady_windows),
         cmocka_unit_test(test_windows_drawn_clipped),
         cmocka_unit_test(test_panels),
+        cmocka_unit_test(test_write_long_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -133,8 +133,9 @@ typedef struct SvgOpts {
 
 /* Writes an SVG timeline: one row per worker, forward/backward boxes coloured by mb
  * (backward darker) and labelled with it when wide enough, idle time blank, a time axis
- * starting at the earliest event (times may be clock readings; labels are relative).
- * Fails with PD_EIO naming path. */
+ * starting at the earliest event (times may be clock readings; labels are relative). A run
+ * too long to read whole (over 160 boxes in a row) is drawn as sim_svg_fill_steady's windows
+ * with a stretch of 30 units. Fails with PD_EIO naming path. */
 int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, const SvgOpts *o, Err *err);
 
 /* Time windows [t0, t1] of a timeline, in the events' clock, drawn side by side at one scale

@@ -121,7 +121,7 @@ typedef struct PanelGeo {
     int y, height;                        /* top pixel, pixels */
 } PanelGeo;
 
-enum { SVG_GAP = 30, SVG_RIGHT = 20, SVG_BOX_H = 18 };
+enum { SVG_GAP = 30, SVG_RIGHT = 20, SVG_BOX_H = 18, SVG_AUTO_WINDOW_BOXES = 160 };
 
 static void panel_geo(const SvgPanel *p, PanelGeo *g) {
     memset(g, 0, sizeof *g);
@@ -333,6 +333,15 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
     SvgPanel p = {.ev = ev, .n = n, .n_workers = n_workers};
     if (o) p.o = *o;
     p.o.title = NULL;   /* the picture's title, bigger */
+    /* a run whose busiest row has more boxes than 3000 px show at ~18 px each: the start and
+     * 30 units from mid-run (the Chrome trace keeps everything) */
+    int *per_row = calloc((size_t)n_workers + 1, sizeof(int)), max_row = 0;
+    PD_ASSERT(per_row);
+    for (int i = 0; i < n; i++)
+        if (is_compute(&ev[i]) && ev[i].worker >= 0 && ev[i].worker < n_workers && ++per_row[ev[i].worker] > max_row)
+            max_row = per_row[ev[i].worker];
+    free(per_row);
+    if (max_row > SVG_AUTO_WINDOW_BOXES) sim_svg_fill_steady(ev, n, n_workers, 30, &p.win);
     return sim_svg_write_panels(path, &p, 1, o ? o->title : NULL, err);
 }
 
