@@ -46,7 +46,7 @@ static void free_plan(Plan *p) {
 }
 
 static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
-    SchedOpts o = {k, n_mb, n_micro, vs};
+    SchedOpts o = {k, n_mb, n_micro, vs, 0};
     Err err = {0};
     int rc = sched_build(p, &o, s, &err);
     if (rc) fail_msg("sched_build: %s", err.msg);
@@ -190,22 +190,22 @@ static void test_errors(void **state) {
     Plan *p = make_plan(4, rep);
     Schedule s;
     Err err = {0};
-    SchedOpts o = {SCHED_1F1B, 4, 2, 0};
+    SchedOpts o = {SCHED_1F1B, 4, 2, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "micro-batches"));
-    o = (SchedOpts){SCHED_GPIPE, 4, 2, 1};
+    o = (SchedOpts){SCHED_GPIPE, 4, 2, 1, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "vertical sync"));
-    o = (SchedOpts){SCHED_2BW, 6, 1, 0};   /* 4 stages need more micro-batches per minibatch */
+    o = (SchedOpts){SCHED_2BW, 6, 1, 0, 0};   /* 4 stages need more micro-batches per minibatch */
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "2bw"));
-    o = (SchedOpts){SCHED_2BW, 6, 3, 0};   /* warm-up 4 <= micro-batches + 1: fine */
+    o = (SchedOpts){SCHED_2BW, 6, 3, 0, 0};   /* warm-up 4 <= micro-batches + 1: fine */
     assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
     sched_release(&s);
-    o = (SchedOpts){SCHED_GPIPE, 0, 1, 0};
+    o = (SchedOpts){SCHED_GPIPE, 0, 1, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     p->stages[2].ranks[0] = 1;   /* rank 1 in two stages */
-    o = (SchedOpts){SCHED_GPIPE, 2, 2, 0};
+    o = (SchedOpts){SCHED_GPIPE, 2, 2, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "rank 1"));
     free_plan(p);
@@ -217,13 +217,39 @@ static void test_errors(void **state) {
     assert_int_equal(sched_kind_parse("pipedream", &k), PD_EINVAL);
 }
 
-/* Structural invariants of any schedule, checked from the lists alone. */
+/* The stage a worker's instruction is for, by the worker's stage list. */
+static int stage_of(const SchedWorker *w, const Instr *in) {
+    assert_true(in->chunk >= 0 && in->chunk < (w->n_chunks > 0 ? w->n_chunks : 1));
+    return w->stages ? w->stages[in->chunk] : w->stage;
+}
+
+/* The worker that runs stage st's unit u (every (stage, unit) is run by one worker). */
+static int peer_stage(const Schedule *s, int peer, int want) {
+    const SchedWorker *w = &s->workers[peer];
+    for (int c = 0; c < w->n_chunks; c++)
+        if (w->stages[c] == want) return want;
+    return w->stage;
+}
+
+/* The kinds the random tests build on plans of one stage per rank (interleaved needs several
+ * stages per worker: test_schedule_kinds.c, test_sim.c; asp is tested with its runtime). */
+static const int KINDS[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP, SCHED_MP, SCHED_ZB_H1, SCHED_ZB_H2};
+enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
+
+/* Structural invariants of any schedule, checked from the lists alone: every (stage, unit)
+ * has one forward and one backward (B, or BI then BW for the zb kinds) on one worker, with
+ * the forward's version (stashing), a recompute (R) only between them with that version;
+ * sends match receives one to one between the right stages; steps numbered consecutively
+ * and replicas all-reduce in the same order. */
 static void check_structure(const Schedule *s) {
     int S = s->n_stages, U = s->n_units;
+    int zb = s->kind == SCHED_ZB_H1 || s->kind == SCHED_ZB_H2;
     int *fwd_at = calloc((size_t)S * U, sizeof(int));    /* forwards of (stage, unit) */
     int *fwd_rank = malloc((size_t)S * U * sizeof(int));
     int *fwd_ver = malloc((size_t)S * U * sizeof(int));
     int *bwd_at = calloc((size_t)S * U, sizeof(int));
+    int *w_at = calloc((size_t)S * U, sizeof(int));      /* BW of (stage, unit) */
+    int *rec_at = calloc((size_t)S * U, sizeof(int));    /* R of (stage, unit) */
     int *sends = calloc((size_t)S * U * 2, sizeof(int)); /* (stage boundary, unit, kind) */
     int *recvs = calloc((size_t)S * U * 2, sizeof(int));
     for (int r = 0; r < s->n_ranks; r++) {
@@ -231,37 +257,55 @@ static void check_structure(const Schedule *s) {
         int steps = 0, ars = 0;
         for (int i = 0; i < w->n; i++) {
             const Instr *in = &w->ins[i];
-            int st = w->stage;
+            int st = stage_of(w, in);
+            size_t x = (size_t)st * U + (size_t)(in->mb >= 0 ? in->mb : 0);
             switch (in->op) {
             case OP_FORWARD:
                 assert_true(in->mb >= 0 && in->mb < U);
-                fwd_at[st * U + in->mb]++;
-                fwd_rank[st * U + in->mb] = r;
-                fwd_ver[st * U + in->mb] = in->version;
+                fwd_at[x]++;
+                fwd_rank[x] = r;
+                fwd_ver[x] = in->version;
                 assert_true(in->version >= 0 && in->version <= steps);
                 if (s->kind != SCHED_1F1B && s->kind != SCHED_2BW) assert_int_equal(in->version, steps);
                 break;
+            case OP_RECOMPUTE:
+                assert_true(s->recompute);
+                assert_int_equal(fwd_at[x], 1);
+                assert_int_equal(bwd_at[x], 0);
+                assert_int_equal(fwd_rank[x], r);
+                assert_int_equal(fwd_ver[x], in->version);
+                rec_at[x]++;
+                break;
             case OP_BACKWARD:
-                assert_int_equal(fwd_at[st * U + in->mb], 1);   /* after its forward */
-                assert_int_equal(fwd_rank[st * U + in->mb], r);
-                assert_int_equal(fwd_ver[st * U + in->mb], in->version);   /* stashing */
-                bwd_at[st * U + in->mb]++;
+            case OP_BACKWARD_B:
+                assert_int_equal(in->op == OP_BACKWARD_B, zb);
+                assert_int_equal(fwd_at[x], 1);   /* after its forward */
+                assert_int_equal(fwd_rank[x], r);
+                assert_int_equal(fwd_ver[x], in->version);   /* stashing */
+                bwd_at[x]++;
+                break;
+            case OP_BACKWARD_W:
+                assert_true(zb);
+                assert_int_equal(bwd_at[x], 1);   /* after its BI, same worker and version */
+                assert_int_equal(fwd_rank[x], r);
+                assert_int_equal(fwd_ver[x], in->version);
+                w_at[x]++;
                 break;
             case OP_SEND_ACT:
-                assert_int_equal(s->workers[in->peer].stage, st + 1);
-                sends[(st * U + in->mb) * 2]++;
+                assert_int_equal(peer_stage(s, in->peer, st + 1), st + 1);
+                sends[x * 2]++;
                 break;
             case OP_RECV_ACT:
-                assert_int_equal(s->workers[in->peer].stage, st - 1);
-                recvs[((st - 1) * U + in->mb) * 2]++;
+                assert_int_equal(peer_stage(s, in->peer, st - 1), st - 1);
+                recvs[(x - (size_t)U) * 2]++;
                 break;
             case OP_SEND_GRAD:
-                assert_int_equal(s->workers[in->peer].stage, st - 1);
-                sends[((st - 1) * U + in->mb) * 2 + 1]++;
+                assert_int_equal(peer_stage(s, in->peer, st - 1), st - 1);
+                sends[(x - (size_t)U) * 2 + 1]++;
                 break;
             case OP_RECV_GRAD:
-                assert_int_equal(s->workers[in->peer].stage, st + 1);
-                recvs[(st * U + in->mb) * 2 + 1]++;
+                assert_int_equal(peer_stage(s, in->peer, st + 1), st + 1);
+                recvs[x * 2 + 1]++;
                 break;
             case OP_ALLREDUCE:
                 assert_int_equal(in->peer, st);
@@ -274,24 +318,26 @@ static void check_structure(const Schedule *s) {
         }
         if (w->stage >= 0) {
             const SchedStage *g = &s->stages[w->stage];
-            int want = s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW
-                           ? s->n_minibatches
-                           : (U + g->replicas - 1) / g->replicas;
+            int flush = s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW || zb ||
+                        s->kind == SCHED_INTERLEAVED;
+            int want = flush ? s->n_minibatches : (U + g->replicas - 1) / g->replicas;
             assert_int_equal(steps, want);
-            assert_int_equal(ars, g->replicas > 1 ? want : 0);
+            assert_int_equal(ars, g->replicas > 1 ? want * w->n_chunks : 0);
         }
     }
     for (int st = 0; st < S; st++)
         for (int u = 0; u < U; u++) {
             assert_int_equal(fwd_at[st * U + u], 1);
             assert_int_equal(bwd_at[st * U + u], 1);
+            assert_int_equal(w_at[st * U + u], zb);
+            assert_true(rec_at[st * U + u] <= s->recompute);
             if (st < S - 1)
                 for (int k = 0; k < 2; k++) {
                     assert_int_equal(sends[(st * U + u) * 2 + k], 1);
                     assert_int_equal(recvs[(st * U + u) * 2 + k], 1);
                 }
         }
-    free(fwd_at), free(fwd_rank), free(fwd_ver), free(bwd_at), free(sends), free(recvs);
+    free(fwd_at), free(fwd_rank), free(fwd_ver), free(bwd_at), free(w_at), free(rec_at), free(sends), free(recvs);
 }
 
 static void test_random_structure(void **state) {
@@ -303,18 +349,23 @@ static void test_random_structure(void **state) {
         for (int i = 0; i < S; i++) rep[i] = 1 + (int)rng_below(&rng, 4);
         Plan *p = make_plan(S, rep);
         int N = 1 + (int)rng_below(&rng, 64);
-        for (int k = 0; k < SCHED_COUNT; k++) {
-            int M = 1;
-            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+        for (int kk = 0; kk < N_KINDS; kk++) {
+            int k = KINDS[kk], M = 1;
+            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_ZB_H1 || k == SCHED_ZB_H2)
+                M = 1 + (int)rng_below(&rng, 8);
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
-            Schedule s;
-            build(p, (SchedKind)k, N, M, 0, &s);
-            check_structure(&s);
-            sched_release(&s);
+            for (int rc = 0; rc < 2; rc++) {
+                SchedOpts o = {(SchedKind)k, N, M, 0, rc};
+                Schedule s;
+                Err err = {0};
+                if (sched_build(p, &o, &s, &err)) fail_msg("sched_build: %s", err.msg);
+                check_structure(&s);
+                sched_release(&s);
+            }
         }
         /* vertical sync: stage s reads floor(v0 * r_0 / r_s) where v0 is what the input
          * stage's list reads for the same minibatch */
-        SchedOpts o = {SCHED_1F1B, N, 1, 1};
+        SchedOpts o = {SCHED_1F1B, N, 1, 1, 0};
         Schedule s;
         Err err = {0};
         if (sched_build(p, &o, &s, &err) == PD_OK) {
@@ -447,7 +498,7 @@ static void one_worker(Schedule *s, int n, const int (*ins)[3]) {
     SchedWorker *w = &s->workers[0];
     PD_ASSERT(w->cap >= n);
     w->n = n;
-    for (int i = 0; i < n; i++) w->ins[i] = (Instr){ins[i][0], ins[i][1], -1, ins[i][2]};
+    for (int i = 0; i < n; i++) w->ins[i] = (Instr){ins[i][0], ins[i][1], -1, ins[i][2], 0};
 }
 
 static void test_analysis_errors(void **state) {
@@ -501,7 +552,7 @@ static int store_oracle(const SchedWorker *sw) {
     int nv = maxv + 1, *last = malloc((size_t)nv * sizeof(int));
     for (int v = 0; v < nv; v++) last[v] = -1;
     for (int i = 0; i < sw->n; i++)
-        if (sw->ins[i].op == OP_FORWARD || sw->ins[i].op == OP_BACKWARD) last[sw->ins[i].version] = i;
+        if (sched_op_computes(sw->ins[i].op)) last[sw->ins[i].version] = i;   /* F, B, and BI, BW, R */
     char *alive = calloc((size_t)nv, 1);
     alive[0] = 1;
     int n_alive = 1, most = 1, newest = 0;
@@ -530,12 +581,13 @@ static void test_analysis_random(void **state) {
         for (int i = 0; i < S; i++) rep[i] = 1 + (int)rng_below(&rng, 4);
         Plan *p = make_plan(S, rep);
         int N = 1 + (int)rng_below(&rng, 40);
-        for (int k = 0; k <= SCHED_COUNT; k++) {   /* SCHED_COUNT: 1f1b with vertical sync */
-            int M = 1, vs = k == SCHED_COUNT;
+        for (int kk = 0; kk <= N_KINDS; kk++) {   /* N_KINDS: 1f1b with vertical sync */
+            int k = kk < N_KINDS ? KINDS[kk] : SCHED_COUNT, M = 1, vs = kk == N_KINDS;
             SchedKind kind = vs ? SCHED_1F1B : (SchedKind)k;
-            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+            if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_ZB_H1 || k == SCHED_ZB_H2)
+                M = 1 + (int)rng_below(&rng, 8);
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
-            SchedOpts o = {kind, N, M, vs};
+            SchedOpts o = {kind, N, M, vs, !vs && rng_below(&rng, 2)};
             Schedule s;
             SchedAnalysis a;
             Err err = {0};

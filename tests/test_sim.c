@@ -53,7 +53,7 @@ static void free_plan(Plan *p) {
 }
 
 static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
-    SchedOpts o = {k, n_mb, n_micro, vs};
+    SchedOpts o = {k, n_mb, n_micro, vs, 0};
     Err err = {0};
     if (sched_build(p, &o, s, &err)) fail_msg("sched_build: %s", err.msg);
 }
@@ -61,7 +61,7 @@ static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Sch
 static SimCosts uniform_costs(int n, double f, double b) {
     PD_ASSERT(n > 0);
     SimCosts c = {n, calloc((size_t)n, sizeof(SimStageCost))};
-    for (int i = 0; i < n; i++) c.stage[i] = (SimStageCost){f, b, 0, 0, 0};
+    for (int i = 0; i < n; i++) c.stage[i] = (SimStageCost){f, b, 0, 0, 0, 0, 0};
     return c;
 }
 
@@ -254,7 +254,7 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
         int k = 0;
         for (int i = 0; i < s->workers[w].n; i++) {
             const Instr *in = &s->workers[w].ins[i];
-            int st = s->workers[w].stage;
+            int st = sched_instr_stage(&s->workers[w], in);
             if (in->op == OP_SEND_ACT) arrive[((size_t)(st + 1) * U + in->mb) * 2] = r->end[w][i];
             if (in->op == OP_SEND_GRAD) arrive[((size_t)(st - 1) * U + in->mb) * 2 + 1] = r->end[w][i];
             if (in->op == OP_ALLREDUCE) ar_at[w][k++] = t;
@@ -264,15 +264,23 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
     double *link = malloc((size_t)W * sizeof(double));
     for (int w = 0; w < W; w++) {
         double t = 0;
-        int st = s->workers[w].stage, k = 0;
+        int k = 0;
         for (int p = 0; p < W; p++) link[p] = 0;
         for (int i = 0; i < s->workers[w].n; i++) {
             const Instr *in = &s->workers[w].ins[i];
+            int st = sched_instr_stage(&s->workers[w], in);
             double a = r->start[w][i], b = r->end[w][i], tol = 1e-9 * (1 + fabs(b));
             switch (in->op) {
             case OP_FORWARD:
-            case OP_BACKWARD: {
-                double d = in->op == OP_FORWARD ? c->stage[st].fwd_s : c->stage[st].bwd_s;
+            case OP_RECOMPUTE:
+            case OP_BACKWARD:
+            case OP_BACKWARD_B:
+            case OP_BACKWARD_W: {
+                const SimStageCost *sc = &c->stage[st];
+                double d = in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
+                           : in->op == OP_BACKWARD                        ? sc->bwd_s
+                           : in->op == OP_BACKWARD_B ? (sc->bwd_in_s + sc->bwd_w_s > 0 ? sc->bwd_in_s : sc->bwd_s / 2)
+                                                     : (sc->bwd_in_s + sc->bwd_w_s > 0 ? sc->bwd_w_s : sc->bwd_s / 2);
                 CHECK_T(fabs(a - t) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", t, d);
                 break;
             }
@@ -341,12 +349,20 @@ static void test_random_plans(void **state) {
             c.stage[i].stash_bytes = 1e5;
         }
         Cluster cl = {2, {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0};
-        for (int k = 0; k <= SCHED_COUNT; k++) {
-            int vs = k == SCHED_COUNT, kind = vs ? SCHED_1F1B : k;
+        /* every kind on plans of one stage per rank (interleaved: test_new_kinds_random; asp:
+         * its runtime's tests), and (last) 1f1b with vertical sync */
+        static const int kinds[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP,
+                                    SCHED_MP,   SCHED_ZB_H1, SCHED_ZB_H2,     SCHED_1F1B};
+        const int nk = (int)(sizeof kinds / sizeof kinds[0]);
+        for (int kk = 0; kk < nk; kk++) {
+            int vs = kk == nk - 1, kind = kinds[kk];
             int M = 1;
-            if (kind == SCHED_GPIPE || kind == SCHED_1F1B_FLUSH) M = 1 + (int)rng_below(&rng, 8);
+            if (kind == SCHED_GPIPE || kind == SCHED_1F1B_FLUSH || kind == SCHED_ZB_H1 || kind == SCHED_ZB_H2)
+                M = 1 + (int)rng_below(&rng, 8);
             if (kind == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
-            SchedOpts o = {(SchedKind)kind, N, M, vs};
+            if (kind == SCHED_ZB_H1 && rng_below(&rng, 2))   /* a measured split, not half/half */
+                for (int i = 0; i < S; i++) c.stage[i].bwd_in_s = 0.4 * c.stage[i].bwd_s, c.stage[i].bwd_w_s = 0.7 * c.stage[i].bwd_s;
+            SchedOpts o = {(SchedKind)kind, N, M, vs, !vs && rng_below(&rng, 3) == 0};
             Schedule s;
             Err err = {0};
             if (sched_build(p, &o, &s, &err)) {
@@ -359,7 +375,7 @@ static void test_random_plans(void **state) {
             SimCosts cc = c;
             SimStageCost one;
             if (kind == SCHED_DP) {   /* one stage: the whole model */
-                one = (SimStageCost){0, 0, 0, 0, 1e5};
+                one = (SimStageCost){0, 0, 0, 0, 1e5, 0, 0};
                 for (int i = 0; i < S; i++) one.fwd_s += c.stage[i].fwd_s, one.bwd_s += c.stage[i].bwd_s,
                                             one.param_bytes += c.stage[i].param_bytes;
                 cc = (SimCosts){1, &one};
@@ -391,12 +407,80 @@ static void test_random_plans(void **state) {
     print_message("vertical sync: at most %d versions alive at a stage; %d replicated plans refused\n", worst_vs, vs_fail);
 }
 
+/* Interleaved plans (V chunks round-robin on P ranks) and the zb kinds on straight plans, with
+ * recomputation or not, random costs and a two-level cluster: no deadlock, every time as the
+ * model's equations give (check_times), one weight version. A list with two instructions
+ * swapped so that a receive precedes the send it needs is reported as a deadlock. */
+static void test_new_kinds_random(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 12, 300, 0);
+    for (int trial = 0; trial < 150; trial++) {
+        int P = 2 + (int)rng_below(&rng, 5), V = 2 + (int)rng_below(&rng, 3), S = P * V;
+        int M = P * (1 + (int)rng_below(&rng, 3)), N = 1 + (int)rng_below(&rng, 3), rc = (int)rng_below(&rng, 2);
+        Plan *p = make_plan(S, NULL);
+        for (int i = 0; i < S; i++) p->stages[i].ranks[0] = i % P;
+        p->n_workers = P;
+        SimCosts c = uniform_costs(S, 0, 0);
+        for (int i = 0; i < S; i++) {
+            c.stage[i].fwd_s = 0.5 + rng_uniform_f64(&rng);
+            c.stage[i].bwd_s = 2 * c.stage[i].fwd_s * (0.5 + rng_uniform_f64(&rng));
+            c.stage[i].param_bytes = 1e6 * rng_uniform_f64(&rng);
+            c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
+            c.stage[i].stash_bytes = c.stage[i].in_bytes + 1e5;
+        }
+        Cluster cl = {2, {{1 + (int)rng_below(&rng, 4), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0};
+        SchedOpts o = {.kind = SCHED_INTERLEAVED, .n_minibatches = N, .n_micro = M, .recompute = rc};
+        Schedule s;
+        Err err = {0};
+        if (sched_build(p, &o, &s, &err)) fail_msg("interleaved %d x %d, M %d: %s", P, V, M, err.msg);
+        SimResult r;
+        SimOpts so = {&cl, 1, 0, 0};
+        if (sim_run(&s, &c, &so, &r, &err)) {
+            sched_dump(&s, stderr, 1, 0);
+            fail_msg("interleaved %d workers x %d chunks, %d x %d: %s", P, V, N, M, err.msg);
+        }
+        check_times(&s, &c, &cl, &r);
+        for (int i = 0; i < S; i++) assert_int_equal(r.versions_alive[i], 1);
+        sim_result_release(&r);
+        {
+            SchedWorker *w = &s.workers[P - 1];
+            int j = -1;
+            for (int i = 0; i < w->n && j < 0; i++)
+                if (w->ins[i].op == OP_RECV_ACT && w->ins[i].chunk == V - 1) j = i;
+            PD_ASSERT(j >= 0);
+            /* the last stage's first activation receive, moved to the front of worker P-1's list,
+             * waits for a unit worker 0 sends only after it receives from worker P-1 */
+            Instr moved = w->ins[j];
+            memmove(w->ins + 1, w->ins, (size_t)j * sizeof *w->ins);
+            w->ins[0] = moved;
+            assert_int_equal(sim_run(&s, &c, &so, &r, &err), PD_EINVAL);
+            assert_non_null(strstr(err.msg, "deadlock"));
+        }
+        sched_release(&s);
+        /* the zb kinds on the same stages as a straight pipeline (replicated: test_random_plans) */
+        for (int i = 0; i < S; i++) p->stages[i].ranks[0] = i;
+        p->n_workers = S;
+        for (int k = SCHED_ZB_H1; k <= SCHED_ZB_H2; k++) {
+            o = (SchedOpts){.kind = (SchedKind)k, .n_minibatches = N, .n_micro = 1 + (int)rng_below(&rng, 2 * S),
+                            .recompute = rc};
+            if (sched_build(p, &o, &s, &err)) fail_msg("%s: %s", sched_kind_name((SchedKind)k), err.msg);
+            if (sim_run(&s, &c, &so, &r, &err)) fail_msg("%s: %s", sched_kind_name((SchedKind)k), err.msg);
+            check_times(&s, &c, &cl, &r);
+            sim_result_release(&r);
+            sched_release(&s);
+        }
+        sim_costs_release(&c);
+        free_plan(p);
+    }
+}
+
 static void push(SchedWorker *w, int op, int mb, int peer, int v) {
     if (w->n == w->cap) {
         w->cap = w->cap ? 2 * w->cap : 8;
         w->ins = realloc(w->ins, (size_t)w->cap * sizeof *w->ins);
     }
-    w->ins[w->n++] = (Instr){op, mb, peer, v};
+    w->ins[w->n++] = (Instr){op, mb, peer, v, 0};
 }
 
 /* A hand-made two-worker schedule (no generator) released with free(). */
@@ -685,7 +769,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
         cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound),
-        cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_deadlock),
+        cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
+        cmocka_unit_test(test_deadlock),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),
         cmocka_unit_test(test_pictures),          cmocka_unit_test(test_scale),
     };

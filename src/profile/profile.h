@@ -18,6 +18,10 @@ typedef struct ProfileLayer {
     double param_bytes;  /* bytes of this layer's parameters */
     int line;            /* 1-based line in the graph.txt it came from; 0 otherwise. The planner
                           * uses it to pick the authors' first source (file order). */
+    /* Optional: the backward split into its input-gradient and weight-gradient passes (the
+     * zero-bubble schedules run them separately). Both 0: not measured, and the simulator
+     * counts half of bwd_s for each (graph.txt never has them). */
+    double bwd_in_s, bwd_w_s;
 } ProfileLayer;
 
 typedef struct Profile {

@@ -9,9 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const KIND_NAMES[] = {"1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel"};
+static const char *const KIND_NAMES[] = {"1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel",
+                                         "zb-h1", "zb-h2", "interleaved"};
 _Static_assert(sizeof KIND_NAMES / sizeof KIND_NAMES[0] == SCHED_COUNT, "kind names");
-static const char *const OP_NAMES[] = {"F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH"};
+static const char *const OP_NAMES[] = {"F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH", "BI", "BW", "R"};
 _Static_assert(sizeof OP_NAMES / sizeof OP_NAMES[0] == OP_COUNT, "op names");
 
 const char *sched_kind_name(SchedKind k) {
@@ -49,7 +50,7 @@ int sched_replica_of(const Schedule *s, int st, int u) {
 
 /* ---- building --------------------------------------------------------------------- */
 
-static void push(SchedWorker *w, int op, int mb, int peer, int version) {
+static void push_c(SchedWorker *w, int op, int mb, int peer, int version, int chunk) {
     if (w->n == w->cap) {
         w->cap = w->cap ? 2 * w->cap : 64;
         Instr *ni = pd_alloc((size_t)w->cap * sizeof *ni);
@@ -57,23 +58,46 @@ static void push(SchedWorker *w, int op, int mb, int peer, int version) {
         pd_free(w->ins);
         w->ins = ni;
     }
-    w->ins[w->n++] = (Instr){op, mb, peer, version};
+    w->ins[w->n++] = (Instr){op, mb, peer, version, chunk};
 }
+
+static void push(SchedWorker *w, int op, int mb, int peer, int version) { push_c(w, op, mb, peer, version, 0); }
 
 static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
 
-static void emit_forward(const Schedule *s, SchedWorker *w, int u, int version) {
-    int st = w->stage;
-    if (st > 0) push(w, OP_RECV_ACT, u, rank_of(s, st - 1, u), -1);
-    push(w, OP_FORWARD, u, -1, version);
-    if (st < s->n_stages - 1) push(w, OP_SEND_ACT, u, rank_of(s, st + 1, u), -1);
+/* Forward of unit u at the worker's chunk c: receive (not at stage 0), F, send (not at the
+ * last stage). */
+static void emit_forward_c(const Schedule *s, SchedWorker *w, int u, int version, int c) {
+    int st = w->stages ? w->stages[c] : w->stage;
+    if (st > 0) push_c(w, OP_RECV_ACT, u, rank_of(s, st - 1, u), -1, c);
+    push_c(w, OP_FORWARD, u, -1, version, c);
+    if (st < s->n_stages - 1) push_c(w, OP_SEND_ACT, u, rank_of(s, st + 1, u), -1, c);
 }
 
+/* The last compute instruction of w's list is the forward of (u, c): its activations are
+ * still there, so a recomputing schedule needs no OP_RECOMPUTE before its backward. */
+static int just_forwarded(const SchedWorker *w, int u, int c) {
+    for (int i = w->n - 1; i >= 0; i--) {
+        const Instr *in = &w->ins[i];
+        if (sched_op_computes(in->op)) return in->op == OP_FORWARD && in->mb == u && in->chunk == c;
+    }
+    return 0;
+}
+
+/* Backward of unit u at chunk c: with recompute, R (unless the unit's forward came just
+ * before), then receive (not at the last stage), B or, split, BI, then send (not at stage 0).
+ * A split backward's BW is emitted separately (emit_weight). */
+static void emit_backward_c(const Schedule *s, SchedWorker *w, int u, int version, int c, int split) {
+    int st = w->stages ? w->stages[c] : w->stage;
+    if (s->recompute && !just_forwarded(w, u, c)) push_c(w, OP_RECOMPUTE, u, -1, version, c);
+    if (st < s->n_stages - 1) push_c(w, OP_RECV_GRAD, u, rank_of(s, st + 1, u), -1, c);
+    push_c(w, split ? OP_BACKWARD_B : OP_BACKWARD, u, -1, version, c);
+    if (st > 0) push_c(w, OP_SEND_GRAD, u, rank_of(s, st - 1, u), -1, c);
+}
+
+static void emit_forward(const Schedule *s, SchedWorker *w, int u, int version) { emit_forward_c(s, w, u, version, 0); }
 static void emit_backward(const Schedule *s, SchedWorker *w, int u, int version) {
-    int st = w->stage;
-    if (st < s->n_stages - 1) push(w, OP_RECV_GRAD, u, rank_of(s, st + 1, u), -1);
-    push(w, OP_BACKWARD, u, -1, version);
-    if (st > 0) push(w, OP_SEND_GRAD, u, rank_of(s, st - 1, u), -1);
+    emit_backward_c(s, w, u, version, 0, 0);
 }
 
 /* All-reduce among the stage's replicas (if more than one), then the step writing
@@ -207,6 +231,75 @@ static int gen_2bw(Gen *g, int rank) {
     return PD_OK;
 }
 
+/* zb-h1 and zb-h2 (Zero Bubble, Qi et al. 2023, with a flush per minibatch): per minibatch
+ * k, 1F1B over the worker's own micro-batches with the backward split into BI (input
+ * gradient, sent back at once) and BW (weight gradient). A replica of stage s warms up with
+ * w = min(warmup_s, n) forwards (zb-h2: min(2 warmup_s - 1, n)) and defers up to
+ * d_s = warmup_0 - warmup_s weight passes (s on a straight pipeline): after each BI it runs
+ * the oldest pending BW only if more than d_s are pending, then the next forward; the
+ * pending BWs fill the drain. Units in flight (forward to BW) stay <= w + d_s = warmup_0 in
+ * zb-h1: the input stage's, as in 1f1b-flush. Every compute reads version k; then
+ * all-reduce, step to k + 1, flush. */
+static int gen_zb(Gen *g, int rank) {
+    Schedule *s = g->s;
+    SchedWorker *w = &s->workers[rank];
+    const SchedStage *st = &s->stages[w->stage];
+    int d = s->stages[0].warmup - st->warmup;
+    if (d < 0) d = 0;
+    for (int k = 0; k < s->n_minibatches; k++) {
+        int n = own_units(g, w, rank, k * s->n_micro, (k + 1) * s->n_micro);
+        int warm = s->kind == SCHED_ZB_H2 ? 2 * st->warmup - 1 : st->warmup;
+        if (warm > n) warm = n;
+        int nf = 0, nb = 0, nw = 0;
+        while (nf < warm) emit_forward(s, w, g->units[nf++], k);
+        while (nb < n) {
+            emit_backward_c(s, w, g->units[nb++], k, 0, 1);
+            if (nb - nw > d) push(w, OP_BACKWARD_W, g->units[nw++], -1, k);
+            if (nf < n) emit_forward(s, w, g->units[nf++], k);
+        }
+        while (nw < n) push(w, OP_BACKWARD_W, g->units[nw++], -1, k);
+        emit_sync(s, w, k + 1);
+        push(w, OP_FLUSH, -1, -1, -1);
+    }
+    return PD_OK;
+}
+
+/* interleaved (Megatron-LM's interleaved 1F1B, Narayanan et al. 2021), straight pipelines
+ * only: p pipeline positions, V chunks per worker; the worker at position r holds stages
+ * r, r + p, ..., r + (V-1) p (chunk c = stage r + c p). Per minibatch k of M micro-batches
+ * (M a multiple of p) it runs M V forwards and M V backwards; the j-th forward is for chunk
+ * (j mod pV) / p and micro-batch (j / pV) p + j mod p, the j-th backward for chunk
+ * V - 1 - (j mod pV) / p and the same micro-batch. Warm-up: all M V forwards if M = p, else
+ * min(2 (p - r - 1) + (V - 1) p, M V); then forward j + warm-up, backward j alternate; then the
+ * remaining backwards. All read version k; then one all-reduce per replicated chunk (none:
+ * straight), one step of every chunk to k + 1, flush. */
+static int gen_interleaved(Gen *g, int rank) {
+    Schedule *s = g->s;
+    SchedWorker *w = &s->workers[rank];
+    int V = w->n_chunks, P = s->n_stages / V, r = w->stage, M = s->n_micro, total = M * V;
+    int warm = M == P ? total : 2 * (P - r - 1) + (V - 1) * P;
+    if (warm > total) warm = total;
+    for (int k = 0; k < s->n_minibatches; k++) {
+        int base = k * M;
+#define IL_MB(j) (base + ((j) / (P * V)) * P + (j) % P)
+#define IL_FC(j) (((j) % (P * V)) / P)
+        int nf = 0, nb = 0;
+        while (nf < warm) emit_forward_c(s, w, IL_MB(nf), k, IL_FC(nf)), nf++;
+        while (nb < total) {
+            if (nf < total) emit_forward_c(s, w, IL_MB(nf), k, IL_FC(nf)), nf++;
+            emit_backward_c(s, w, IL_MB(nb), k, V - 1 - IL_FC(nb), 0);
+            nb++;
+        }
+#undef IL_MB
+#undef IL_FC
+        for (int c = 0; c < V; c++)
+            if (s->stages[w->stages[c]].replicas > 1) push_c(w, OP_ALLREDUCE, -1, w->stages[c], k + 1, c);
+        push(w, OP_STEP, -1, -1, k + 1);
+        push(w, OP_FLUSH, -1, -1, -1);
+    }
+    return PD_OK;
+}
+
 void sched_release(Schedule *s) {
     if (!s) return;
     for (int i = 0; i < s->n_stages && s->stages; i++) {
@@ -214,9 +307,49 @@ void sched_release(Schedule *s) {
         free(s->stages[i].ranks);
     }
     free(s->stages);
-    for (int r = 0; r < s->n_ranks && s->workers; r++) pd_free(s->workers[r].ins);
+    for (int r = 0; r < s->n_ranks && s->workers; r++) pd_free(s->workers[r].ins), free(s->workers[r].stages);
     free(s->workers);
     memset(s, 0, sizeof *s);
+}
+
+/* interleaved: the plan's stages must form V >= 2 rounds over p workers, one replica each,
+ * stage i on the rank of stage i mod p (what `pipedream plan --chunks V` writes); each worker
+ * gets its stages in ascending order as chunks 0..V-1, and M must be a multiple of p. */
+static int interleave_workers(Schedule *s, Err *err) {
+    int S = s->n_stages, P = 0;
+    for (int i = 0; i < S; i++) {
+        if (s->stages[i].replicas != 1)
+            return err_set(err, PD_EINVAL, "schedule interleaved: stage %d has %d replicas; interleaved runs straight "
+                           "pipelines only", i, s->stages[i].replicas);
+        if (s->workers[s->stages[i].ranks[0]].stage >= 0) break;
+        s->workers[s->stages[i].ranks[0]].stage = i;   /* the first round: stage i is position i */
+        P++;
+    }
+    if (P < 2)
+        return err_set(err, PD_EINVAL, "schedule interleaved: every stage is on rank %d; it needs at least 2 workers",
+                       s->stages[0].ranks[0]);
+    int V = S / P;
+    if (V < 2 || V * P != S)
+        return err_set(err, PD_EINVAL, "schedule interleaved: the plan has %d stages on %d workers; it needs V >= 2 "
+                       "stages per worker, placed round-robin (pipedream plan --chunks V, or simulate --chunks V)", S, P);
+    for (int i = P; i < S; i++)
+        if (s->stages[i].ranks[0] != s->stages[i % P].ranks[0])
+            return err_set(err, PD_EINVAL, "schedule interleaved: stage %d is on rank %d, but round-robin placement puts "
+                           "it on rank %d (the rank of stage %d)", i, s->stages[i].ranks[0], s->stages[i % P].ranks[0],
+                           i % P);
+    if (s->n_micro % P)
+        return err_set(err, PD_EINVAL, "schedule interleaved: %d micro-batches per minibatch is not a multiple of the "
+                       "%d workers", s->n_micro, P);
+    s->n_chunks = V;
+    for (int i = 0; i < P; i++) {
+        SchedWorker *w = &s->workers[s->stages[i].ranks[0]];
+        w->replica = 0;
+        w->n_chunks = V;
+        w->stages = malloc((size_t)V * sizeof(int));
+        PD_ASSERT(w->stages);
+        for (int c = 0; c < V; c++) w->stages[c] = i + c * P;
+    }
+    return PD_OK;
 }
 
 static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
@@ -300,21 +433,42 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
             st->replicas = ps->replicas;
         }
     }
-    for (int i = 0; i < s->n_stages; i++)
-        for (int j = 0; j < s->stages[i].replicas; j++) {
-            SchedWorker *w = &s->workers[s->stages[i].ranks[j]];
-            if (w->stage >= 0) {
-                int r = s->stages[i].ranks[j];
-                sched_release(s);
-                return err_set(err, PD_EINVAL, "schedule: rank %d appears in more than one stage or twice", r);
-            }
-            w->stage = i;
-            w->replica = j;
+    s->n_chunks = 1;
+    s->recompute = o->recompute;
+    if (o->kind == SCHED_INTERLEAVED) {
+        if ((rc = interleave_workers(s, err))) {
+            sched_release(s);
+            return rc;
         }
+    } else
+        for (int i = 0; i < s->n_stages; i++)
+            for (int j = 0; j < s->stages[i].replicas; j++) {
+                SchedWorker *w = &s->workers[s->stages[i].ranks[j]];
+                if (w->stage >= 0) {
+                    int r = s->stages[i].ranks[j], was = w->stage;
+                    sched_release(s);
+                    if (was != i)
+                        return err_set(err, PD_EINVAL, "schedule %s: rank %d runs stages %d and %d; a plan with several "
+                                       "stages per worker runs only under interleaved", KIND_NAMES[o->kind], r, was, i);
+                    return err_set(err, PD_EINVAL, "schedule: rank %d appears in more than one stage or twice", r);
+                }
+                w->stage = i;
+                w->replica = j;
+                w->n_chunks = 1;
+                w->stages = malloc(sizeof(int));
+                PD_ASSERT(w->stages);
+                w->stages[0] = i;
+            }
     /* Model parallel uses replica 0 of each stage only: the others stay idle. */
     if (o->kind == SCHED_MP)
         for (int i = 0; i < s->n_stages; i++) {
-            for (int j = 1; j < s->stages[i].replicas; j++) s->workers[s->stages[i].ranks[j]].stage = -1;
+            for (int j = 1; j < s->stages[i].replicas; j++) {
+                SchedWorker *w = &s->workers[s->stages[i].ranks[j]];
+                w->stage = -1;
+                w->n_chunks = 0;
+                free(w->stages);
+                w->stages = NULL;
+            }
             s->stages[i].replicas = 1;
         }
     /* Warm-up: ceil(workers from this stage on / replicas of this stage); NOAM at stage 0. */
@@ -323,6 +477,13 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         int r = s->stages[i].replicas;
         later += r;
         s->stages[i].warmup = o->kind == SCHED_MP || o->kind == SCHED_DP ? 1 : (later + r - 1) / r;
+    }
+    if (o->kind == SCHED_INTERLEAVED) {   /* the forwards before the first backward (gen_interleaved) */
+        int P = s->n_stages / s->n_chunks, total = s->n_micro * s->n_chunks;
+        for (int i = 0; i < s->n_stages; i++) {
+            int r = i % P, warm = s->n_micro == P ? total : 2 * (P - r - 1) + (s->n_chunks - 1) * P;
+            s->stages[i].warmup = warm < total ? warm : total;
+        }
     }
 
     Gen g = {s, malloc((size_t)s->n_units * sizeof(int)), malloc((size_t)s->n_units * sizeof(int)), err};
@@ -337,6 +498,9 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         case SCHED_GPIPE:
         case SCHED_1F1B_FLUSH: rc = gen_flush(&g, r); break;
         case SCHED_2BW: rc = gen_2bw(&g, r); break;
+        case SCHED_ZB_H1:
+        case SCHED_ZB_H2: rc = gen_zb(&g, r); break;
+        case SCHED_INTERLEAVED: rc = gen_interleaved(&g, r); break;
         default: PD_ASSERT(0);
         }
     }
@@ -349,16 +513,21 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
 /* ---- text ------------------------------------------------------------------------- */
 
 char *sched_instr_str(const Instr *in, int with_version, char *buf, size_t n) {
+    char ch[16] = "";
+    if (in->chunk) snprintf(ch, sizeof ch, ".%d", in->chunk);
     switch (in->op) {
     case OP_FORWARD:
     case OP_BACKWARD:
-        if (with_version) snprintf(buf, n, "%s%d@%d", OP_NAMES[in->op], in->mb, in->version);
-        else snprintf(buf, n, "%s%d", OP_NAMES[in->op], in->mb);
+    case OP_BACKWARD_B:
+    case OP_BACKWARD_W:
+    case OP_RECOMPUTE:
+        if (with_version) snprintf(buf, n, "%s%d%s@%d", OP_NAMES[in->op], in->mb, ch, in->version);
+        else snprintf(buf, n, "%s%d%s", OP_NAMES[in->op], in->mb, ch);
         break;
     case OP_SEND_ACT:
-    case OP_SEND_GRAD: snprintf(buf, n, "%s%d>%d", OP_NAMES[in->op], in->mb, in->peer); break;
+    case OP_SEND_GRAD: snprintf(buf, n, "%s%d%s>%d", OP_NAMES[in->op], in->mb, ch, in->peer); break;
     case OP_RECV_ACT:
-    case OP_RECV_GRAD: snprintf(buf, n, "%s%d<%d", OP_NAMES[in->op], in->mb, in->peer); break;
+    case OP_RECV_GRAD: snprintf(buf, n, "%s%d%s<%d", OP_NAMES[in->op], in->mb, ch, in->peer); break;
     case OP_ALLREDUCE: snprintf(buf, n, "AR(s%d)", in->peer); break;
     case OP_STEP: snprintf(buf, n, "U%d", in->version); break;
     case OP_FLUSH: snprintf(buf, n, "FLUSH"); break;
@@ -373,7 +542,7 @@ static void worker_line(const Schedule *s, int rank, int compute_only, int with_
     buf[0] = 0;
     for (int i = 0; i < w->n && k + 1 < n; i++) {
         const Instr *in = &w->ins[i];
-        if (compute_only && in->op != OP_FORWARD && in->op != OP_BACKWARD) continue;
+        if (compute_only && !sched_op_computes(in->op)) continue;
         char t[48];
         sched_instr_str(in, with_versions, t, sizeof t);
         int m = snprintf(buf + k, n - k, "%s%s", k ? " " : "", t);
@@ -392,10 +561,12 @@ char *sched_worker_str(const Schedule *s, int rank, char *buf, size_t n) {
 void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions) {
     for (int r = 0; r < s->n_ranks; r++) {
         const SchedWorker *w = &s->workers[r];
-        fprintf(f, "w%d s%d:", r, w->stage);
+        fprintf(f, "w%d s%d", r, w->stage);
+        for (int c = 1; c < w->n_chunks && w->stages; c++) fprintf(f, ",%d", w->stages[c]);
+        fputc(':', f);
         for (int i = 0; i < w->n; i++) {
             const Instr *in = &w->ins[i];
-            if (compute_only && in->op != OP_FORWARD && in->op != OP_BACKWARD) continue;
+            if (compute_only && !sched_op_computes(in->op)) continue;
             char t[48];
             fprintf(f, " %s", sched_instr_str(in, with_versions, t, sizeof t));
         }
@@ -411,31 +582,60 @@ void sched_worker_info_release(SchedWorkerInfo *wi) {
     memset(wi, 0, sizeof *wi);
 }
 
+/* A recomputing schedule's forward at i whose unit's backward (B or BI, same chunk) is the
+ * next compute instruction: the unit keeps its activations from the forward on (there is no
+ * OP_RECOMPUTE for it; emit_backward_c). */
+static int keeps_from_forward(const SchedWorker *w, int i) {
+    const Instr *f = &w->ins[i];
+    for (int j = i + 1; j < w->n; j++) {
+        const Instr *in = &w->ins[j];
+        if (sched_op_computes(in->op))
+            return (in->op == OP_BACKWARD || in->op == OP_BACKWARD_B) && in->mb == f->mb && in->chunk == f->chunk;
+    }
+    return 0;
+}
+
 /* One pass over the list under the rule of SchedWorkerInfo: `stashed` counts the versions
  * older than the newest that a later instruction still reads; a version leaves that count
- * after its last reader. Fills the per-instruction counts if asked and the maxima. */
-static void walk(const SchedWorker *w, SchedWorkerInfo *wi, int *alive, int *inflight) {
-    int newest = 0, stashed = 0, fly = 0;
+ * after its last reader. Units in flight and with full activations are counted per chunk
+ * (fly[c], full[c]). Fills the per-instruction counts if asked (alive: n entries; inflight,
+ * full: n x nc, per chunk) and the maxima. */
+static void walk(const Schedule *s, const SchedWorker *w, SchedWorkerInfo *wi, int *alive, int *inflight, int *full) {
+    int newest = 0, stashed = 0, fly_all = 0, full_all = 0, nc = w->n_chunks > 0 ? w->n_chunks : 1;
+    int *fly = calloc((size_t)nc, sizeof(int)), *fl = calloc((size_t)nc, sizeof(int));
+    PD_ASSERT(fly && fl);
     wi->max_versions_alive = 1;
     wi->peak_at = -1;
     wi->max_inflight = 0;
+    wi->max_full = 0;
     for (int i = 0; i < w->n; i++) {
         const Instr *in = &w->ins[i];
+        int c = in->chunk, transient = 0;
         if (in->op == OP_STEP) {
             if (wi->last_read[newest] > i) stashed++;
             newest++;
-        } else if (in->op == OP_FORWARD)
-            fly++;
+        } else if (in->op == OP_FORWARD) {
+            fly[c]++, fly_all++;
+            if (!s->recompute || keeps_from_forward(w, i)) fl[c]++, full_all++;
+            else transient = 1;   /* the forward builds them, keeps only the input */
+        } else if (in->op == OP_RECOMPUTE)
+            fl[c]++, full_all++;
         int a = 1 + stashed;
         if (alive) alive[i] = a;
-        if (inflight) inflight[i] = fly;
+        if (inflight) memcpy(inflight + (size_t)i * nc, fly, (size_t)nc * sizeof(int));
+        if (full) {
+            memcpy(full + (size_t)i * nc, fl, (size_t)nc * sizeof(int));
+            full[(size_t)i * nc + c] += transient;
+        }
         if (a > wi->max_versions_alive || wi->peak_at < 0) wi->max_versions_alive = a, wi->peak_at = i;
-        if (fly > wi->max_inflight) wi->max_inflight = fly;
-        if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
-            if (in->op == OP_BACKWARD) fly--;
+        if (fly_all > wi->max_inflight) wi->max_inflight = fly_all;
+        if (full_all + transient > wi->max_full) wi->max_full = full_all + transient;
+        if (sched_op_computes(in->op)) {
+            if (in->op == OP_BACKWARD || in->op == OP_BACKWARD_W) fly[c]--, fly_all--, fl[c]--, full_all--;
             if (wi->last_read[in->version] == i && in->version < newest) stashed--;
         }
     }
+    free(fly), free(fl);
 }
 
 int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err *err) {
@@ -445,6 +645,7 @@ int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err 
     out->stage = w->stage;
     if (w->stage < 0) return PD_OK;
     out->reads_input = w->stage == 0;
+    out->n_chunks = w->n_chunks > 0 ? w->n_chunks : 1;
     int steps = 0;
     for (int i = 0; i < w->n; i++) steps += w->ins[i].op == OP_STEP;
     out->n_versions = steps + 1;
@@ -454,6 +655,11 @@ int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err 
     for (int i = 0, newest = 0; i < w->n; i++) {
         const Instr *in = &w->ins[i];
         char t[48];
+        if (in->chunk < 0 || in->chunk >= out->n_chunks) {
+            sched_worker_info_release(out);
+            return err_set(err, PD_EINVAL, "worker %d instruction %d (%s): chunk %d but the worker has %d", rank, i,
+                           sched_instr_str(in, 1, t, sizeof t), in->chunk, w->n_chunks);
+        }
         if (in->op == OP_STEP) {
             if (in->version != newest + 1) {
                 sched_worker_info_release(out);
@@ -461,7 +667,7 @@ int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err 
                                rank, i, sched_instr_str(in, 1, t, sizeof t), in->version, newest);
             }
             newest++;
-        } else if (in->op == OP_FORWARD || in->op == OP_BACKWARD) {
+        } else if (sched_op_computes(in->op)) {
             if (in->version < 0 || in->version > newest) {
                 sched_worker_info_release(out);
                 return err_set(err, PD_EINVAL, "worker %d instruction %d (%s): reads weight version %d but has %d",
@@ -470,18 +676,36 @@ int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err 
             out->last_read[in->version] = i;
         }
     }
-    walk(w, out, NULL, NULL);
+    walk(s, w, out, NULL, NULL, NULL);
     out->n_slots = out->max_inflight + SCHED_SLOTS_AHEAD;
     return PD_OK;
+}
+
+void sched_worker_counts_chunks(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight,
+                                int *full) {
+    PD_ASSERT(rank >= 0 && rank < s->n_ranks);
+    const SchedWorker *w = &s->workers[rank];
+    if (w->stage < 0) return;
+    PD_ASSERT(wi->stage == w->stage && wi->last_read);
+    SchedWorkerInfo tmp = *wi;   /* walk() rewrites the maxima: the same values */
+    walk(s, w, &tmp, alive, inflight, full);
 }
 
 void sched_worker_counts(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight) {
     PD_ASSERT(rank >= 0 && rank < s->n_ranks);
     const SchedWorker *w = &s->workers[rank];
     if (w->stage < 0) return;
-    PD_ASSERT(wi->stage == w->stage && wi->last_read);
-    SchedWorkerInfo tmp = *wi;   /* walk() rewrites the maxima: the same values */
-    walk(w, &tmp, alive, inflight);
+    int nc = wi->n_chunks > 0 ? wi->n_chunks : 1;
+    int *per = inflight && nc > 1 ? malloc(((size_t)w->n * nc + 1) * sizeof(int)) : NULL;
+    sched_worker_counts_chunks(s, rank, wi, alive, nc > 1 ? per : inflight, NULL);
+    if (per) {
+        for (int i = 0; i < w->n; i++) {
+            int t = 0;
+            for (int c = 0; c < nc; c++) t += per[(size_t)i * nc + c];
+            inflight[i] = t;
+        }
+        free(per);
+    }
 }
 
 void sched_analysis_release(SchedAnalysis *a) {
@@ -505,9 +729,12 @@ int sched_analyze(const Schedule *s, SchedAnalysis *out, Err *err) {
             sched_analysis_release(out);
             return rc;
         }
-        int st = out->workers[r].stage;
-        if (st >= 0 && st < s->n_stages && out->workers[r].max_versions_alive > out->stage_versions[st])
-            out->stage_versions[st] = out->workers[r].max_versions_alive;
+        const SchedWorker *w = &s->workers[r];
+        for (int c = 0; c < (w->n_chunks > 0 ? w->n_chunks : 1); c++) {   /* every stage the worker runs */
+            int st = w->stages ? w->stages[c] : w->stage;
+            if (st >= 0 && st < s->n_stages && out->workers[r].max_versions_alive > out->stage_versions[st])
+                out->stage_versions[st] = out->workers[r].max_versions_alive;
+        }
     }
     return PD_OK;
 }

@@ -26,6 +26,10 @@ typedef enum SchedKind {
     SCHED_2BW,         /* PipeDream-2BW: 1F1B without flush, double-buffered weights */
     SCHED_DP,          /* data parallel BSP: every worker the whole model */
     SCHED_MP,          /* model parallel: replica 0 of each stage, one minibatch in flight */
+    SCHED_ZB_H1,       /* Zero Bubble's ZB-H1: 1F1B-flush with backward split into BI (input gradient)
+                        * and BW (weight gradient), BW deferred into the drain (peak memory of 1f1b-flush) */
+    SCHED_ZB_H2,       /* Zero Bubble's ZB-H2 with a flush: ZB-H1 with 2(S-s)-1 warm-up forwards (more memory) */
+    SCHED_INTERLEAVED, /* Megatron's interleaved 1F1B: several stages (chunks) per worker, flush per minibatch */
     SCHED_COUNT
 } SchedKind;
 
@@ -40,15 +44,26 @@ typedef enum InstrOp {
                     * collective over all replicas of the stage, in the same order on each */
     OP_STEP,       /* optimizer step; version = the version it writes (weights after it) */
     OP_FLUSH,      /* marker: no unit in flight at this worker; stashes may be freed */
+    /* Added with the zero-bubble kinds and recomputation (docs/schedules.md); the kinds above
+     * never emit them unless SchedOpts.recompute is set (OP_RECOMPUTE only). */
+    OP_BACKWARD_B, /* zb kinds: mb, version: the input-gradient half of backward (what SEND_GRAD sends);
+                    * keeps what BW needs (the unit stays in flight) */
+    OP_BACKWARD_W, /* zb kinds: mb, version (the one F and BI read): the weight-gradient half,
+                    * accumulated into the gradient buffer; the unit leaves flight */
+    OP_RECOMPUTE,  /* recompute: mb, version (the one F read): the forward again from the kept
+                    * stage input, restoring the unit's activations for its backward */
     OP_COUNT
 } InstrOp;
 
-/* 16 bytes; unused fields are -1. */
+/* 20 bytes; unused fields are -1 (chunk: 0). Positional initialisers of the first four
+ * fields leave chunk 0, the worker's first (for every kind but interleaved: only) stage. */
 typedef struct Instr {
     int32_t op;       /* InstrOp */
     int32_t mb;       /* global unit index, or -1 */
     int32_t peer;     /* send/recv: the other rank; all-reduce: the stage index; else -1 */
-    int32_t version;  /* F/B: version read; all-reduce/step: version written; else -1 */
+    int32_t version;  /* F/B/BI/BW/R: version read; all-reduce/step: version written; else -1 */
+    int32_t chunk;    /* which of the worker's stages (SchedWorker.stages[chunk]) the instruction is
+                       * for; 0 except in interleaved; step and flush cover every chunk (0) */
 } Instr;
 
 typedef struct SchedStage {
@@ -60,8 +75,10 @@ typedef struct SchedStage {
 } SchedStage;
 
 typedef struct SchedWorker {
-    int stage;        /* -1: idle rank (no instructions) */
+    int stage;        /* -1: idle rank (no instructions); interleaved: its first stage (= stages[0]) */
     int replica;      /* index among the stage's ranks */
+    int n_chunks;     /* stages this worker runs: 1 (0 for idle ranks) except interleaved */
+    int *stages;      /* n_chunks global stage indices, ascending (owned); NULL for idle ranks */
     int n;            /* instructions */
     int cap;
     Instr *ins;
@@ -73,6 +90,8 @@ typedef struct Schedule {
     int n_micro;          /* units per minibatch (1 unless gpipe, 1f1b-flush, 2bw) */
     int n_units;          /* n_minibatches * n_micro */
     int vertical_sync;
+    int recompute;        /* backwards are preceded by OP_RECOMPUTE; only stage inputs are kept */
+    int n_chunks;         /* stages per worker: 1 except interleaved (V) */
     int n_stages;
     SchedStage *stages;
     int n_ranks;          /* workers are ranks 0..n_ranks-1 (max plan rank + 1) */
@@ -84,6 +103,8 @@ typedef struct SchedOpts {
     int n_minibatches;   /* >= 1 */
     int n_micro;         /* >= 1; must be 1 for 1f1b, dp, model-parallel */
     int vertical_sync;   /* 1f1b only */
+    int recompute;       /* keep only each unit's stage input between its forward and backward,
+                          * recompute the forward (OP_RECOMPUTE) before it (kinds that cannot refuse) */
 } SchedOpts;
 
 /* Builds the schedule of o->kind for plan p into *out, which the caller releases with
@@ -94,19 +115,32 @@ typedef struct SchedOpts {
 int  sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err);
 void sched_release(Schedule *s);   /* zeroed is fine */
 
-/* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"). */
+/* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "zb-h1",
+ * "zb-h2", "interleaved". */
 const char *sched_kind_name(SchedKind k);
 int         sched_kind_parse(const char *name, SchedKind *out);   /* PD_OK or PD_EINVAL */
-const char *sched_op_name(InstrOp op);   /* "F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH" */
+const char *sched_op_name(InstrOp op);   /* "F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH", "BI", "BW", "R" */
 
 /* Short text of one instruction: "F3" "B3" "SA3>2" "RA3<1" "SG3>0" "RG3<2" "AR(s1)" "U1"
- * (step writing version 1) "FLUSH"; with versions, F/B get "@v" ("F3@1"). Returns buf. */
+ * (step writing version 1) "FLUSH" "BI3" "BW3" "R3"; with versions, F/B/BI/BW/R get "@v"
+ * ("F3@1"). In a schedule with several chunks per worker, instructions of chunk c > 0 get
+ * ".c" after the unit ("F3.1", "SA3.1>2", "F3.1@0"). Returns buf. */
 char *sched_instr_str(const Instr *in, int with_version, char *buf, size_t n);
-/* Writes one line per worker: "w<rank> s<stage>: F0 F1 B0 ...". compute_only: only
- * forward/backward (the human view, e.g. "F0 F1 F2 B0 F3 B1"); else every instruction. */
+/* Writes one line per worker: "w<rank> s<stage>: F0 F1 B0 ..." ("s0,4" for several chunks).
+ * compute_only: only compute (F, B, BI, BW, R: the human view, e.g. "F0 F1 F2 B0 F3 B1");
+ * else every instruction. */
 void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions);
 /* The compute-only line of one worker into buf (truncated to n); returns buf. */
 char *sched_worker_str(const Schedule *s, int rank, char *buf, size_t n);
+
+/* 1 for the ops that compute (F, B, BI, BW, R), and the stage an instruction of worker w
+ * is for (w->stages[in->chunk]; w->stage when the worker has no stage list). */
+static inline int sched_op_computes(int op) {
+    return op == OP_FORWARD || op == OP_BACKWARD || op == OP_BACKWARD_B || op == OP_BACKWARD_W || op == OP_RECOMPUTE;
+}
+static inline int sched_instr_stage(const SchedWorker *w, const Instr *in) {
+    return w->stages && in->chunk > 0 && in->chunk < w->n_chunks ? w->stages[in->chunk] : w->stage;
+}
 
 /* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
  * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */
@@ -132,8 +166,19 @@ typedef struct SchedWorkerInfo {
      * (a stash). So a step updates in place unless the old newest is read later. */
     int max_versions_alive;   /* the most versions alive at one instruction (1 for an empty list) */
     int peak_at;              /* the first instruction with that many alive; -1 for an empty list */
-    int max_inflight;         /* the most units between their forward and backward, both included */
+    int max_inflight;         /* the most units between their forward and their last backward op (B, or BW
+                               * for split backwards), both included; with several chunks, (unit, chunk) pairs */
     int n_slots;              /* activation slots a runtime allocates: max_inflight + SCHED_SLOTS_AHEAD */
+    /* Added with recomputation and chunks: */
+    int n_chunks;             /* the worker's stages (1 unless interleaved) */
+    int max_full;             /* the most units holding every activation of their stage at once. Without
+                               * recompute = max_inflight. With recompute a unit holds only its stage input
+                               * from its forward to its OP_RECOMPUTE (its forward builds the activations
+                               * and drops them: counted during the forward), and everything from the
+                               * recompute to its last backward op; a unit whose backward is the next
+                               * compute after its forward (no recompute emitted) keeps them throughout.
+                               * A recomputing runtime allocates n_slots slots of inputs, gradients and
+                               * labels, and max_full activation contexts */
 } SchedWorkerInfo;
 
 typedef struct SchedAnalysis {
@@ -156,5 +201,10 @@ void sched_worker_info_release(SchedWorkerInfo *wi);   /* zeroed is fine */
  * during it (a forward counts its unit, a backward still does). Either array may be NULL;
  * their maxima are wi->max_versions_alive and wi->max_inflight. Nothing for idle ranks. */
 void sched_worker_counts(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight);
+/* The same per chunk: inflight and full (either may be NULL) get n x wi->n_chunks entries,
+ * [i * n_chunks + c] = units of chunk c in flight / holding full activations during instruction
+ * i (max_full's rule); alive as above. The simulator's memory weighs them by each chunk's bytes. */
+void sched_worker_counts_chunks(const Schedule *s, int rank, const SchedWorkerInfo *wi, int *alive, int *inflight,
+                                int *full);
 
 #endif

@@ -31,8 +31,13 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
                 break;
             }
             stage_of[l] = i;
-            c[i].fwd_s += prof->layers[l].fwd_s;
-            c[i].bwd_s += prof->layers[l].bwd_s;
+            const ProfileLayer *L = &prof->layers[l];
+            c[i].fwd_s += L->fwd_s;
+            c[i].bwd_s += L->bwd_s;
+            /* the split backward; a layer without it counts half of its backward for each */
+            int split = L->bwd_in_s + L->bwd_w_s > 0;
+            c[i].bwd_in_s += split ? L->bwd_in_s : L->bwd_s / 2;
+            c[i].bwd_w_s += split ? L->bwd_w_s : L->bwd_s / 2;
             c[i].param_bytes += prof->layers[l].param_bytes;
             /* graph.txt's Input node "outputs" the model input: counted as in_bytes */
             if (strncmp(prof->layers[l].type, "Input", 5)) c[i].stash_bytes += prof->layers[l].act_bytes;
@@ -78,6 +83,7 @@ enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED };
 typedef struct Msg {
     uint64_t key;     /* kind << 40 | src << 20 | dst */
     int32_t mb;
+    int32_t bnd;      /* the boundary crossed: the stage the activation feeds / the gradient leaves */
     int32_t state;
     int32_t waiter;   /* MSG_WAITED: the blocked rank */
     int32_t sender_ins;
@@ -127,8 +133,8 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static size_t msg_home(const Engine *e, uint64_t key, int mb) {
-    return mix64(key * 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uint32_t)mb) & e->tab_mask;
+static size_t msg_home(const Engine *e, uint64_t key, int mb, int bnd) {
+    return mix64(key * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)(uint32_t)mb | (uint64_t)(uint32_t)bnd << 32)) & e->tab_mask;
 }
 
 static void msg_grow(Engine *e) {
@@ -139,23 +145,25 @@ static void msg_grow(Engine *e) {
     e->tab_mask = cap - 1;
     for (size_t i = 0; i < old_cap; i++) {
         if (old[i].state == MSG_EMPTY) continue;
-        size_t h = msg_home(e, old[i].key, old[i].mb);
+        size_t h = msg_home(e, old[i].key, old[i].mb, old[i].bnd);
         while (e->tab[h].state != MSG_EMPTY) h = (h + 1) & e->tab_mask;
         e->tab[h] = old[i];
     }
     free(old);
 }
 
-/* The live message (posted or waited for) with this key, created empty if asked. The
- * table holds only live messages (received ones are removed), so it stays small. */
-static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int create) {
+/* The live message (posted or waited for) with this identity, created empty if asked. A
+ * message is (kind, sender, receiver, unit, boundary): with several chunks per worker two
+ * messages of one unit can join the same pair of ranks (docs/schedules.md). The table holds
+ * only live messages (received ones are removed), so it stays small. */
+static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int bnd, int create) {
     uint64_t key = (uint64_t)kind << 40 | (uint64_t)src << 20 | (uint64_t)dst;
     for (;;) {
-        size_t h = msg_home(e, key, mb);
+        size_t h = msg_home(e, key, mb, bnd);
         for (;;) {
             Msg *m = &e->tab[h];
             if (m->state == MSG_EMPTY) break;
-            if (m->key == key && m->mb == mb) return m;
+            if (m->key == key && m->mb == mb && m->bnd == bnd) return m;
             h = (h + 1) & e->tab_mask;
         }
         if (!create) return NULL;
@@ -163,6 +171,7 @@ static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int create) 
             Msg *m = &e->tab[h];
             m->key = key;
             m->mb = mb;
+            m->bnd = bnd;
             e->n_live++;
             return m;
         }
@@ -176,7 +185,7 @@ static void msg_remove(Engine *e, Msg *m) {
     for (;;) {
         j = (j + 1) & e->tab_mask;
         if (e->tab[j].state == MSG_EMPTY) break;
-        size_t k = msg_home(e, e->tab[j].key, e->tab[j].mb);
+        size_t k = msg_home(e, e->tab[j].key, e->tab[j].mb, e->tab[j].bnd);
         /* move j into the hole at i unless its home lies cyclically in (i, j] */
         int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
         if (!stays) {
@@ -228,14 +237,24 @@ static int run_worker(Engine *e, int rank) {
     const SchedWorker *sw = &s->workers[rank];
     WState *w = &e->ws[rank];
     double *st = e->r->start[rank], *en = e->r->end[rank];
-    int stage = sw->stage;
     while (w->pc < sw->n) {
         const Instr *in = &sw->ins[w->pc];
         int i = w->pc;
+        if (in->chunk < 0 || in->chunk >= (sw->n_chunks > 0 ? sw->n_chunks : 1))
+            return err_set(e->err, PD_EINVAL, "worker %d instruction %d: chunk %d but the worker has %d", rank, i, in->chunk,
+                           sw->n_chunks);
+        int stage = sched_instr_stage(sw, in);
         switch (in->op) {
         case OP_FORWARD:
-        case OP_BACKWARD: {
-            double d = in->op == OP_FORWARD ? e->c->stage[stage].fwd_s : e->c->stage[stage].bwd_s;
+        case OP_RECOMPUTE:
+        case OP_BACKWARD:
+        case OP_BACKWARD_B:
+        case OP_BACKWARD_W: {
+            const SimStageCost *sc = &e->c->stage[stage];
+            double d = in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
+                       : in->op == OP_BACKWARD                        ? sc->bwd_s
+                       : in->op == OP_BACKWARD_B                      ? sim_bwd_in(sc)
+                                                                      : sim_bwd_w(sc);
             st[i] = w->clock;
             w->clock += d;
             w->busy += d;
@@ -248,17 +267,16 @@ static int run_worker(Engine *e, int rank) {
             int peer = in->peer;
             if (peer < 0 || peer >= s->n_ranks || peer == rank)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: send to bad peer %d", rank, i, peer);
-            int pst = s->workers[peer].stage;
-            double bytes = 0;
-            if (act && pst >= 0) bytes = e->c->stage[pst].in_bytes;
-            if (!act) bytes = e->c->stage[stage].in_bytes;
+            /* the activation feeds stage + 1; the gradient is of this stage's input */
+            int bnd = act ? stage + 1 : stage;
+            double bytes = bnd >= 0 && bnd < s->n_stages ? e->c->stage[bnd].in_bytes : 0;
             double *lf = link_free(w, peer);
             double t0 = w->clock > *lf ? w->clock : *lf;
             double t1 = t0 + link_time(e, rank, peer, bytes);
             *lf = t1;
             st[i] = t0;
             en[i] = t1;
-            Msg *m = msg_find(e, act, rank, peer, in->mb, 1);
+            Msg *m = msg_find(e, act, rank, peer, in->mb, bnd, 1);
             if (m->state == MSG_POSTED)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d to %d sent twice", rank, i,
                                act ? "activation" : "gradient", in->mb, peer);
@@ -275,7 +293,7 @@ static int run_worker(Engine *e, int rank) {
             int act = in->op == OP_RECV_ACT;
             if (in->peer < 0 || in->peer >= s->n_ranks)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: receive from bad peer %d", rank, i, in->peer);
-            Msg *m = msg_find(e, act, in->peer, rank, in->mb, 1);
+            Msg *m = msg_find(e, act, in->peer, rank, in->mb, act ? stage : stage + 1, 1);
             if (m->state != MSG_POSTED) {   /* not sent yet (a second receive of one message waits forever) */
                 if (!w->blocked) st[i] = w->clock;
                 m->state = MSG_WAITED;
@@ -364,9 +382,11 @@ static int report_deadlock(Engine *e) {
             const WState *p = in->peer >= 0 && in->peer < s->n_ranks ? &e->ws[in->peer] : NULL;
             const char *why = !p ? "" : p->pc >= s->workers[in->peer].n ? ", which has finished without sending it"
                                                                          : ", which is itself blocked";
-            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s worker %d at instruction %d (%s) waits for the %s of unit %d from worker %d%s",
-                          shown ? ";" : "", r, w->pc, t, in->op == OP_RECV_ACT ? "activation" : "gradient", in->mb, in->peer,
-                          why);
+            char stg[32] = "";   /* which stage's, when a worker runs several */
+            if (s->workers[r].n_chunks > 1) snprintf(stg, sizeof stg, " (stage %d)", sched_instr_stage(&s->workers[r], in));
+            k += snprintf(buf + k, sizeof buf - (size_t)k, "%s worker %d at instruction %d (%s) waits for the %s of unit %d%s from worker %d%s",
+                          shown ? ";" : "", r, w->pc, t, in->op == OP_RECV_ACT ? "activation" : "gradient", in->mb, stg,
+                          in->peer, why);
         }
         if (k >= (int)sizeof buf) k = (int)sizeof buf - 1;
         shown++;
@@ -382,36 +402,55 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Memory from each worker's own order (memory is local to a worker), by the schedule
- * analysis (versions alive, units in flight, slots: schedule.h). */
+ * analysis (versions alive, units in flight and with full activations, per chunk, and slots:
+ * schedule.h). A unit in flight holds its stage input (in_bytes); one with full activations
+ * also the rest of stash_bytes; without recomputation every unit in flight is full. */
 static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     const Schedule *s = e->s;
     const SchedWorker *w = &s->workers[rank];
     SimMem *m = &e->r->mem[rank];
     memset(m, 0, sizeof *m);
     if (w->stage < 0) return;
-    const SimStageCost *c = &e->c->stage[w->stage];
-    int n = w->n;
-    int *alive = malloc(((size_t)n + 1) * sizeof(int)), *fly = malloc(((size_t)n + 1) * sizeof(int));
-    PD_ASSERT(alive && fly);
-    sched_worker_counts(s, rank, wi, alive, fly);
+    int nc = wi->n_chunks > 0 ? wi->n_chunks : 1, n = w->n;
+    double params = 0, max_in = 0, max_rest = 0, max_stash = 0;
+    for (int k = 0; k < nc; k++) {
+        const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
+        params += c->param_bytes;
+        if (c->in_bytes > max_in) max_in = c->in_bytes;
+        if (c->stash_bytes - c->in_bytes > max_rest) max_rest = c->stash_bytes - c->in_bytes;
+        if (c->stash_bytes > max_stash) max_stash = c->stash_bytes;
+    }
+    int *alive = malloc(((size_t)n + 1) * sizeof(int));
+    int *fly = malloc(((size_t)n * nc + 1) * sizeof(int)), *full = malloc(((size_t)n * nc + 1) * sizeof(int));
+    PD_ASSERT(alive && fly && full);
+    sched_worker_counts_chunks(s, rank, wi, alive, fly, full);
     double best = -1;
     for (int i = 0; i < n; i++) {
-        double tot = alive[i] * c->param_bytes + fly[i] * c->stash_bytes;
+        double act = 0;
+        for (int k = 0; k < nc; k++) {
+            const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
+            int f = fly[(size_t)i * nc + k], g = full[(size_t)i * nc + k];
+            act += s->recompute ? f * c->in_bytes + g * (c->stash_bytes - c->in_bytes) : f * c->stash_bytes;
+        }
+        double tot = alive[i] * params + act;
         if (tot > best) {
             best = tot;
-            m->stashed = (alive[i] - 1) * c->param_bytes;
-            m->activations = fly[i] * c->stash_bytes;
+            m->stashed = (alive[i] - 1) * params;
+            m->activations = act;
         }
     }
-    free(alive), free(fly);
-    m->params = c->param_bytes;
-    m->grads = c->param_bytes;
-    m->opt_state = c->param_bytes * e->o->opt_state_factor;
+    free(alive), free(fly), free(full);
+    m->params = params;
+    m->grads = params;
+    m->opt_state = params * e->o->opt_state_factor;
     m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
-    m->alloc_stashed = (wi->max_versions_alive - 1) * c->param_bytes;
-    m->alloc_activations = wi->n_slots * c->stash_bytes;
+    m->alloc_stashed = (wi->max_versions_alive - 1) * params;
+    /* slots sized for the worker's largest chunk; recomputing: slots hold inputs, and
+     * max_full contexts the rest */
+    m->alloc_activations = s->recompute ? wi->n_slots * max_in + wi->max_full * max_rest : wi->n_slots * max_stash;
     m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
     e->r->max_inflight[rank] = wi->max_inflight;
+    e->r->max_full[rank] = wi->max_full;
     e->r->worker_versions[rank] = wi->max_versions_alive;
     e->r->slots[rank] = wi->n_slots;
 }
@@ -438,7 +477,9 @@ static void metrics(Engine *e) {
     for (int w = 0; w < s->n_ranks; w++)
         for (int i = 0; i < s->workers[w].n; i++) {
             const Instr *in = &s->workers[w].ins[i];
-            if (in->op != OP_BACKWARD || in->mb < 0 || in->mb >= s->n_units) continue;
+            if ((in->op != OP_BACKWARD && in->op != OP_BACKWARD_B && in->op != OP_BACKWARD_W) || in->mb < 0 ||
+                in->mb >= s->n_units)
+                continue;
             int k = in->mb / s->n_micro;
             if (r->end[w][i] > done[k]) done[k] = r->end[w][i];
         }
@@ -473,6 +514,7 @@ void sim_result_release(SimResult *r) {
     free(r->busy_fraction);
     free(r->mem);
     free(r->max_inflight);
+    free(r->max_full);
     free(r->worker_versions);
     free(r->slots);
     free(r->versions_alive);
@@ -496,10 +538,11 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     r->busy_fraction = calloc((size_t)W, sizeof(double));
     r->mem = calloc((size_t)W, sizeof(SimMem));
     r->max_inflight = calloc((size_t)W, sizeof(int));
+    r->max_full = calloc((size_t)W, sizeof(int));
     r->worker_versions = calloc((size_t)W, sizeof(int));
     r->slots = calloc((size_t)W, sizeof(int));
     r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
-    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->worker_versions && r->slots &&
+    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->max_full && r->worker_versions && r->slots &&
               r->versions_alive);
     size_t n_ins = 0;
     for (int w = 0; w < W; w++) n_ins += (size_t)s->workers[w].n;
@@ -564,6 +607,7 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
     fprintf(f, "{\n  \"schedule\": \"%s\",\n  \"minibatches\": %d,\n  \"microbatches\": %d,\n  \"vertical_sync\": %s,\n",
             sched_kind_name(s->kind), s->n_minibatches, s->n_micro, s->vertical_sync ? "true" : "false");
     fprintf(f, "  \"workers\": %d,\n  \"stages\": %d,\n", s->n_ranks, s->n_stages);
+    fprintf(f, "  \"chunks\": %d,\n  \"recompute\": %s,\n", s->n_chunks > 0 ? s->n_chunks : 1, s->recompute ? "true" : "false");
     fprintf(f, "  \"makespan_s\": %.9g,\n  \"time_per_minibatch_s\": %.9g,\n  \"time_per_unit_s\": %.9g,\n", r->makespan_s,
             r->time_per_minibatch_s, r->time_per_unit_s);
     fprintf(f, "  \"minibatches_per_s\": %.9g,\n  \"samples_per_s\": %.9g,\n  \"bubble_fraction\": %.6f,\n",
@@ -579,19 +623,31 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
         fprintf(f,
                 "    {\"rank\": %d, \"stage\": %d, \"busy_fraction\": %.6f, \"max_inflight\": %d, \"peak_memory_bytes\": %.0f, "
                 "\"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"stashed_weights_bytes\": %.0f, "
-                "\"activations_bytes\": %.0f, \"versions\": %d, \"slots\": %d, \"allocated_bytes\": %.0f}%s\n",
+                "\"activations_bytes\": %.0f, \"versions\": %d, \"slots\": %d, \"allocated_bytes\": %.0f, \"max_full\": %d}%s\n",
                 w, s->workers[w].stage, r->busy_fraction[w], r->max_inflight[w], m->peak, m->params, m->grads, m->opt_state,
-                m->stashed, m->activations, r->worker_versions[w], r->slots[w], m->allocated, w + 1 < s->n_ranks ? "," : "");
+                m->stashed, m->activations, r->worker_versions[w], r->slots[w], m->allocated, r->max_full[w],
+                w + 1 < s->n_ranks ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
 }
 
 void sim_print_summary(const Schedule *s, const SimResult *r, FILE *f) {
-    fprintf(f, "schedule %s: %d minibatches x %d micro-batches, %d workers, %d stages%s\n", sched_kind_name(s->kind),
-            s->n_minibatches, s->n_micro, s->n_ranks, s->n_stages, s->vertical_sync ? ", vertical sync" : "");
+    char ch[48] = "";
+    if (s->n_chunks > 1) snprintf(ch, sizeof ch, " (%d per worker)", s->n_chunks);
+    fprintf(f, "schedule %s: %d minibatches x %d micro-batches, %d workers, %d stages%s%s%s\n", sched_kind_name(s->kind),
+            s->n_minibatches, s->n_micro, s->n_ranks, s->n_stages, ch, s->vertical_sync ? ", vertical sync" : "",
+            s->recompute ? ", recomputation" : "");
     fprintf(f, "time per minibatch %.6g s (steady state), %.6g minibatches/s", r->time_per_minibatch_s, r->minibatches_per_s);
     if (r->samples_per_s > 0) fprintf(f, ", %.6g samples/s", r->samples_per_s);
     fprintf(f, "\nmakespan %.6g s, bubble fraction %.3f\n", r->makespan_s, r->bubble_fraction);
+    int worst = 0;
+    for (int w = 1; w < s->n_ranks; w++)
+        if (r->mem[w].peak > r->mem[worst].peak) worst = w;
+    if (s->n_ranks > 0)
+        fprintf(f, "peak memory %.1f MiB (worker %d: activations %.1f MiB, weights, gradients, optimizer state and "
+                   "stashes %.1f MiB; allocated up front %.1f MiB)\n",
+                r->mem[worst].peak / 1048576.0, worst, r->mem[worst].activations / 1048576.0,
+                (r->mem[worst].peak - r->mem[worst].activations) / 1048576.0, r->mem[worst].allocated / 1048576.0);
     fprintf(f, "%6s %5s %6s %9s %9s %12s %12s\n", "worker", "stage", "busy", "inflight", "versions", "activ_MiB", "peak_MiB");
     int shown = 0;
     for (int w = 0; w < s->n_ranks; w++) {

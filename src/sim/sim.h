@@ -29,20 +29,27 @@
 #include "schedule.h"
 
 typedef struct SimStageCost {
-    double fwd_s, bwd_s;    /* per unit on one replica */
+    double fwd_s, bwd_s;    /* per unit on one replica (a recompute takes fwd_s) */
     double param_bytes;     /* weights of the stage (one version) */
     double in_bytes;        /* activation received from the previous stage per unit (= gradient sent back) */
-    double stash_bytes;     /* activations kept per unit between its forward and backward */
+    double stash_bytes;     /* activations kept per unit between its forward and backward (in_bytes included) */
+    /* Added: the split backward of the zb kinds, input gradient (BI) and weight gradient (BW);
+     * both 0: half of bwd_s each (sim_bwd_in, sim_bwd_w). */
+    double bwd_in_s, bwd_w_s;
 } SimStageCost;
+
+static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }
+static inline double sim_bwd_w(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_w_s : c->bwd_s / 2; }
 
 typedef struct SimCosts {
     int n_stages;
     SimStageCost *stage;    /* owned when made by sim_costs_from_profile (sim_costs_release) */
 } SimCosts;
 
-/* Per-stage costs of schedule s from profile prof: sums of layer times and parameter
- * bytes; in_bytes of stage i > 0 = bytes of every layer before stage i with an edge into
- * stage i or later (a chain: the previous stage's last layer), prof->input_bytes for
+/* Per-stage costs of schedule s from profile prof: sums of layer times (the split backward
+ * from each layer's backward_input_s / backward_weight_s, or half of its backward each when
+ * the profile has no split) and parameter bytes; in_bytes of stage i > 0 = bytes of every
+ * layer before stage i with an edge into stage i or later (a chain: the previous stage's last layer), prof->input_bytes for
  * stage 0 (read locally, not transferred); stash_bytes = in_bytes + the stage's layer
  * outputs. Fails if a stage names a layer outside the profile. */
 int  sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out, Err *err);
@@ -56,17 +63,19 @@ typedef struct SimOpts {
 } SimOpts;
 
 typedef struct SimMem {
-    double params;        /* one version of the stage's weights */
+    double params;        /* one version of the stage's weights (of all its chunks: interleaved) */
     double grads;         /* gradient buffer (one version) */
     double opt_state;
     double stashed;       /* extra weight versions at the peak (versions alive - 1) x params */
-    double activations;   /* activations held at the peak */
+    double activations;   /* activations held at the peak: units in flight x stash_bytes; recomputing,
+                           * units in flight x in_bytes + units with full activations x the rest */
     double peak;          /* the maximum over time of the sum */
     /* What a runtime that allocates every buffer up front for the whole run (ours) holds,
      * by the schedule analysis (schedule.h): the most versions alive, and n_slots units of
      * stash_bytes (the runtime's slot: its context, gradient and label buffers). */
     double alloc_stashed;       /* (max_versions_alive - 1) x params */
-    double alloc_activations;   /* n_slots x stash_bytes */
+    double alloc_activations;   /* n_slots x stash_bytes (the largest chunk's); recomputing: n_slots x
+                                 * in_bytes + max_full x (stash_bytes - in_bytes) */
     double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations */
 } SimMem;
 
@@ -80,13 +89,16 @@ typedef struct SimResult {
     double bubble_fraction;        /* 1 - mean busy fraction of active workers */
     double *busy_fraction;         /* per rank: compute time / makespan */
     SimMem *mem;                   /* per rank */
-    int *max_inflight;             /* per rank: most units between forward and backward */
+    int *max_inflight;             /* per rank: most units between forward and backward ((unit, chunk) pairs) */
     int *worker_versions;          /* per rank: most weight versions alive at once (0: idle) */
     int *slots;                    /* per rank: activation slots a runtime allocates (SchedWorkerInfo.n_slots) */
     int *versions_alive;           /* per stage: most weight versions alive at a replica */
     double **start, **end;         /* per rank, per instruction (see sim_run) */
     int n_messages;
     double *times_;                /* internal: storage of start and end */
+    /* Added: */
+    int *max_full;                 /* per rank: most units holding full activations (= max_inflight
+                                    * unless the schedule recomputes; SchedWorkerInfo.max_full) */
 } SimResult;
 
 /* Runs schedule s with costs c. Fills *out (caller releases with sim_result_release).

@@ -10,8 +10,11 @@
 
 int sim_trace_kind(int op) {
     switch (op) {
-    case OP_FORWARD: return TRACE_FWD;
-    case OP_BACKWARD: return TRACE_BWD;
+    case OP_FORWARD:
+    case OP_RECOMPUTE: return TRACE_FWD;
+    case OP_BACKWARD:
+    case OP_BACKWARD_B:
+    case OP_BACKWARD_W: return TRACE_BWD;
     case OP_SEND_ACT:
     case OP_SEND_GRAD: return TRACE_SEND;
     case OP_RECV_ACT:

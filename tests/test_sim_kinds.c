@@ -1,0 +1,312 @@
+/* test_sim_kinds.c: the kinds past PipeDream's (zb-h1, zb-h2, interleaved) and recomputation
+ * in the simulator, against closed forms on uniform chains with free communication:
+ *   1f1b-flush  bubble (p-1)(F+B)       / (M(F+B)   + (p-1)(F+B))      = (p-1)/(M+p-1)
+ *   zb-h1       bubble (p-1)(F+B-W)     / (M(F+B+W) + (p-1)(F+B-W))    (B, W: the backward's halves)
+ *   interleaved bubble (p-1)(F+B)/V     / (M(F+B)   + (p-1)(F+B)/V)    (F, B of a worker's V chunks)
+ * (the issue's numbers: 3/11, 1/9 and (3*30/2)/(240+45) for p = 4, F = 10 ms, B = 20 ms, M = 8);
+ * ZB-H1's peak activation memory equals 1F1B-flush's; recomputation's memory (inputs of the
+ * units in flight plus one unit's activations) and time (one more forward per backward that
+ * does not follow its own forward); the split backward from a profile. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim.h"
+
+#define assert_near(a, b, tol)                                                                          \
+    do {                                                                                                \
+        double a_ = (a), b_ = (b);                                                                      \
+        if (!(fabs(a_ - b_) <= (tol))) fail_msg("%s = %.15g, want %.15g (tolerance %g)", #a, a_, b_, (double)(tol)); \
+    } while (0)
+
+/* S one-layer stages; V = 1: stage i on rank i; V > 1: S = V p stages round-robin on p ranks. */
+static Plan *chain_plan(int S, int V) {
+    Plan *p = calloc(1, sizeof *p);
+    p->n_stages = S;
+    p->n_layers = S;
+    p->stages = calloc((size_t)S, sizeof *p->stages);
+    for (int i = 0; i < S; i++) {
+        PlanStage *st = &p->stages[i];
+        st->n_layers = 1;
+        st->layers = malloc(sizeof(int));
+        st->layers[0] = i;
+        st->replicas = 1;
+        st->ranks = malloc(sizeof(int));
+        st->ranks[0] = i % (S / V);
+    }
+    p->n_workers = S / V;
+    return p;
+}
+
+static void free_plan(Plan *p) {
+    for (int i = 0; i < p->n_stages; i++) free(p->stages[i].layers), free(p->stages[i].ranks);
+    free(p->stages);
+    free(p);
+}
+
+static SimCosts costs(int S, double f, double b, double in, double stash) {
+    SimCosts c = {S, calloc((size_t)S, sizeof(SimStageCost))};
+    for (int i = 0; i < S; i++) c.stage[i] = (SimStageCost){.fwd_s = f, .bwd_s = b, .param_bytes = 1000, .in_bytes = in,
+                                                           .stash_bytes = stash};
+    return c;
+}
+
+/* Builds kind on plan p (M micro-batches, n minibatches) and simulates it with free links. */
+static void sim(const Plan *p, SchedKind k, int n, int M, int rc, const SimCosts *c, Schedule *s, SimResult *r) {
+    SchedOpts o = {.kind = k, .n_minibatches = n, .n_micro = M, .recompute = rc};
+    Err err = {0};
+    if (sched_build(p, &o, s, &err)) fail_msg("sched_build %s: %s", sched_kind_name(k), err.msg);
+    SimOpts so = {NULL, 1, 0, 0};
+    if (sim_run(s, c, &so, r, &err)) fail_msg("sim_run %s: %s", sched_kind_name(k), err.msg);
+}
+
+static double max_activations(const SimResult *r) {
+    double m = 0;
+    for (int w = 0; w < r->n_ranks; w++)
+        if (r->mem[w].activations > m) m = r->mem[w].activations;
+    return m;
+}
+
+/* The issue's three numbers. */
+static void test_issue_numbers(void **state) {
+    (void)state;
+    Schedule s;
+    SimResult r;
+    Plan *p = chain_plan(4, 1);
+    SimCosts c = costs(4, 0.010, 0.020, 0, 0);
+    sim(p, SCHED_1F1B_FLUSH, 1, 8, 0, &c, &s, &r);
+    assert_near(r.bubble_fraction, 3.0 / 11, 1e-9);
+    assert_near(r.makespan_s, 0.330, 1e-12);
+    print_message("1f1b-flush: bubble %.9f (3/11 = %.9f), makespan %.6g s\n", r.bubble_fraction, 3.0 / 11, r.makespan_s);
+    sim_result_release(&r), sched_release(&s);
+    sim(p, SCHED_ZB_H1, 1, 8, 0, &c, &s, &r);
+    assert_near(r.bubble_fraction, 1.0 / 9, 1e-9);
+    assert_near(r.makespan_s, 0.270, 1e-12);
+    print_message("zb-h1: bubble %.9f (1/9 = %.9f), makespan %.6g s\n", r.bubble_fraction, 1.0 / 9, r.makespan_s);
+    sim_result_release(&r), sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+    /* 8 one-layer stages of half the work, 2 chunks per worker */
+    p = chain_plan(8, 2);
+    c = costs(8, 0.005, 0.010, 0, 0);
+    sim(p, SCHED_INTERLEAVED, 1, 8, 0, &c, &s, &r);
+    assert_near(r.bubble_fraction, (3 * 0.030 / 2) / (0.240 + 0.045), 1e-9);
+    assert_near(r.makespan_s, 0.285, 1e-12);
+    print_message("interleaved: bubble %.9f ((3*30/2)/(240+45) = %.9f), makespan %.6g s\n", r.bubble_fraction,
+                  (3 * 0.030 / 2) / (0.240 + 0.045), r.makespan_s);
+    sim_result_release(&r), sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* The closed forms over pipeline depths, micro-batch counts, chunk counts and splits. */
+static void test_closed_forms(void **state) {
+    (void)state;
+    Schedule s;
+    SimResult r;
+    for (int P = 2; P <= 6; P++)
+        for (int mult = 1; mult <= 3; mult++) {
+            int M = mult * P;
+            double F = 1, B = 2;
+            Plan *p = chain_plan(P, 1);
+            SimCosts c = costs(P, F, B, 0, 0);
+            sim(p, SCHED_1F1B_FLUSH, 2, M, 0, &c, &s, &r);
+            /* two minibatches: the second's fill overlaps nothing (a flush), so each costs the same */
+            assert_near(r.makespan_s, 2 * (M * (F + B) + (P - 1) * (F + B)), 1e-9);
+            sim_result_release(&r), sched_release(&s);
+            double splits[][2] = {{1, 1}, {0.5, 1.5}, {1.2, 0.8}};
+            for (int k = 0; k < 3; k++) {
+                double Bi = splits[k][0], Bw = splits[k][1];
+                for (int i = 0; i < P; i++) c.stage[i].bwd_in_s = Bi, c.stage[i].bwd_w_s = Bw;
+                sim(p, SCHED_ZB_H1, 1, M, 0, &c, &s, &r);
+                double busy = M * (F + Bi + Bw), bub = (P - 1) * (F + Bi - Bw);
+                /* the last stage idles (p-1) F before its first forward, so the form needs W <= B;
+                 * else the bubble is (p-1) F */
+                if (Bw <= Bi) {
+                    assert_near(r.makespan_s, busy + bub, 1e-9);
+                    assert_near(r.bubble_fraction, bub / (busy + bub), 1e-9);
+                } else {
+                    assert_near(r.makespan_s, busy + (P - 1) * F, 1e-9);
+                }
+                sim_result_release(&r), sched_release(&s);
+            }
+            sim_costs_release(&c);
+            free_plan(p);
+            for (int V = 2; V <= 4; V++) {
+                p = chain_plan(P * V, V);
+                c = costs(P * V, F / V, B / V, 0, 0);
+                sim(p, SCHED_INTERLEAVED, 1, M, 0, &c, &s, &r);
+                double busy = M * (F + B), bub = (P - 1) * (F + B) / V;
+                if (M > P) {   /* M = p: Megatron runs all forwards first (more bubble) */
+                    assert_near(r.makespan_s, busy + bub, 1e-9);
+                    assert_near(r.bubble_fraction, bub / (busy + bub), 1e-9);
+                }
+                sim_result_release(&r), sched_release(&s);
+                sim_costs_release(&c);
+                free_plan(p);
+            }
+        }
+}
+
+/* ZB-H1 holds as many units (forward to weight gradient) as 1F1B-flush's input stage at every
+ * stage: the peak over workers is the same. zb-h2 holds 2p - 1 at the input stage. */
+static void test_zb_memory(void **state) {
+    (void)state;
+    for (int P = 1; P <= 6; P++)
+        for (int M = 1; M <= 3 * P; M++) {
+            Plan *p = chain_plan(P, 1);
+            SimCosts c = costs(P, 1, 2, 100, 1000);
+            Schedule s;
+            SimResult r1, rz, r2;
+            sim(p, SCHED_1F1B_FLUSH, 2, M, 0, &c, &s, &r1);
+            sched_release(&s);
+            sim(p, SCHED_ZB_H1, 2, M, 0, &c, &s, &rz);
+            sched_release(&s);
+            sim(p, SCHED_ZB_H2, 2, M, 0, &c, &s, &r2);
+            sched_release(&s);
+            assert_near(max_activations(&rz), max_activations(&r1), 0);
+            int want = M < P ? M : P;
+            assert_near(max_activations(&r1), want * 1000.0, 0);
+            for (int w = 0; w < P; w++) {
+                assert_true(rz.max_inflight[w] <= want);
+                assert_int_equal(r1.max_inflight[w], M < P - w ? M : P - w);
+                int h2 = 2 * (P - w) - 1 + w;   /* warm-up 2(p - w) - 1, w deferred weight passes */
+                assert_true(r2.max_inflight[w] <= (M < h2 ? M : h2));
+                assert_int_equal(rz.worker_versions[w], 1);
+            }
+            assert_int_equal(r2.max_inflight[0], M < 2 * P - 1 ? M : 2 * P - 1);
+            /* and zb-h2 is never slower than zb-h1 here */
+            assert_true(r2.makespan_s <= rz.makespan_s + 1e-9);
+            sim_result_release(&r1), sim_result_release(&rz), sim_result_release(&r2);
+            sim_costs_release(&c);
+            free_plan(p);
+        }
+}
+
+/* Recomputation: only inputs stay per unit in flight, plus one unit's activations while it is
+ * recomputed and run backward (or during a forward); a backward that follows its own forward
+ * needs no recompute (the last stage). */
+static void test_recompute(void **state) {
+    (void)state;
+    const int P = 4, M = 8;
+    Plan *p = chain_plan(P, 1);
+    SimCosts c = costs(P, 1, 2, 100, 1000);
+    Schedule s;
+    SimResult r0, r1;
+    sim(p, SCHED_1F1B_FLUSH, 1, M, 0, &c, &s, &r0);
+    sched_release(&s);
+    sim(p, SCHED_1F1B_FLUSH, 1, M, 1, &c, &s, &r1);
+    for (int w = 0; w < P; w++) {
+        int fly = P - w;
+        assert_int_equal(r0.max_inflight[w], fly);
+        assert_int_equal(r0.max_full[w], fly);
+        assert_near(r0.mem[w].activations, fly * 1000.0, 0);
+        assert_int_equal(r1.max_inflight[w], fly);
+        assert_int_equal(r1.max_full[w], 1);
+        assert_near(r1.mem[w].activations, fly * 100.0 + 900.0, 0);
+        /* recomputes: every backward but those right after their forward */
+        int nr = 0, nb = 0;
+        for (int i = 0; i < s.workers[w].n; i++) nr += s.workers[w].ins[i].op == OP_RECOMPUTE,
+                                                   nb += s.workers[w].ins[i].op == OP_BACKWARD;
+        assert_int_equal(nb, M);
+        assert_int_equal(nr, w == P - 1 ? 0 : M);
+        assert_near(r1.busy_fraction[w] * r1.makespan_s, M * (3.0 + (w == P - 1 ? 0 : 1)), 1e-9);
+        /* allocated: slots of inputs, max_full contexts */
+        assert_near(r1.mem[w].alloc_activations, (fly + SCHED_SLOTS_AHEAD) * 100.0 + 900.0, 0);
+    }
+    assert_true(r1.makespan_s > r0.makespan_s);
+    sim_result_release(&r0), sim_result_release(&r1);
+    sched_release(&s);
+    /* every kind runs with recomputation and keeps at most as much as without */
+    static const int kinds[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP,
+                                SCHED_MP,   SCHED_ZB_H1, SCHED_ZB_H2,     SCHED_INTERLEAVED};
+    for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++) {
+        int k = kinds[kk];
+        Plan *q = k == SCHED_INTERLEAVED ? chain_plan(2 * P, 2) : p;
+        SimCosts cq = k == SCHED_INTERLEAVED ? costs(2 * P, 0.5, 1, 100, 1000) : c;
+        if (k == SCHED_DP) cq = costs(1, 4, 8, 100, 1000);
+        int Mk = k == SCHED_1F1B || k == SCHED_DP || k == SCHED_MP ? 1 : M;
+        sim(q, (SchedKind)k, 3, Mk, 0, &cq, &s, &r0);
+        sched_release(&s);
+        sim(q, (SchedKind)k, 3, Mk, 1, &cq, &s, &r1);
+        for (int w = 0; w < s.n_ranks; w++) {
+            assert_true(r1.mem[w].peak <= r0.mem[w].peak + 1e-9);
+            assert_true(r1.max_full[w] <= r0.max_full[w]);
+        }
+        sim_result_release(&r0), sim_result_release(&r1);
+        sched_release(&s);
+        if (k == SCHED_INTERLEAVED) free_plan(q), sim_costs_release(&cq);
+        if (k == SCHED_DP) sim_costs_release(&cq);
+    }
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* Interleaved memory: a worker's chunks are weighed by their own bytes. */
+static void test_interleaved_memory(void **state) {
+    (void)state;
+    Plan *p = chain_plan(8, 2);
+    SimCosts c = costs(8, 1, 2, 0, 0);
+    for (int i = 0; i < 8; i++) c.stage[i].stash_bytes = i < 4 ? 10 : 1000, c.stage[i].param_bytes = i + 1;
+    Schedule s;
+    SimResult r;
+    sim(p, SCHED_INTERLEAVED, 1, 8, 0, &c, &s, &r);
+    SchedAnalysis a;
+    Err err = {0};
+    assert_int_equal(sched_analyze(&s, &a, &err), PD_OK);
+    for (int w = 0; w < 4; w++) {
+        const SchedWorkerInfo *wi = &a.workers[w];
+        int n = s.workers[w].n, *fly = malloc((size_t)n * 2 * sizeof(int));
+        sched_worker_counts_chunks(&s, w, wi, NULL, fly, NULL);
+        double best = 0;
+        for (int i = 0; i < n; i++) {
+            double b = fly[2 * i] * 10.0 + fly[2 * i + 1] * 1000.0;
+            if (b > best) best = b;
+        }
+        assert_near(r.mem[w].activations, best, 0);
+        assert_near(r.mem[w].params, (w + 1) + (w + 5), 0);
+        /* Megatron's warm-up: 2 (p - r - 1) + (V - 1) p forwards before the first backward */
+        assert_int_equal(s.stages[w].warmup, 2 * (4 - w - 1) + 4);
+        free(fly);
+    }
+    sched_analysis_release(&a);
+    sim_result_release(&r), sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* Profiles: the split backward per layer, half/half when absent. */
+static void test_split_from_profile(void **state) {
+    (void)state;
+    ProfileLayer L[3] = {{.fwd_s = 1, .bwd_s = 4}, {.fwd_s = 1, .bwd_s = 2, .bwd_in_s = 0.5, .bwd_w_s = 1.25}, {.fwd_s = 1, .bwd_s = 6}};
+    for (int i = 0; i < 3; i++) snprintf(L[i].type, sizeof L[i].type, "x");
+    Profile prof = {.n_layers = 3, .layers = L};
+    Plan *p = chain_plan(1, 1);
+    p->n_layers = 3;
+    p->stages[0].n_layers = 3;
+    p->stages[0].layers = realloc(p->stages[0].layers, 3 * sizeof(int));
+    for (int i = 0; i < 3; i++) p->stages[0].layers[i] = i;
+    SchedOpts o = {.kind = SCHED_ZB_H1, .n_minibatches = 1, .n_micro = 1};
+    Schedule s;
+    Err err = {0};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
+    SimCosts c;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[0].bwd_s, 12, 0);
+    assert_near(c.stage[0].bwd_in_s, 2 + 0.5 + 3, 0);
+    assert_near(c.stage[0].bwd_w_s, 2 + 1.25 + 3, 0);
+    sim_costs_release(&c);
+    sched_release(&s);
+    free_plan(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_issue_numbers),      cmocka_unit_test(test_closed_forms),
+        cmocka_unit_test(test_zb_memory),          cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_interleaved_memory), cmocka_unit_test(test_split_from_profile),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
