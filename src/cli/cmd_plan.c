@@ -12,7 +12,7 @@ static void help(FILE *f) {
             "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
-            "                      [--overlap-allreduce] [--max-states N] [-o PLAN.json]\n\n"
+            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [-o PLAN.json]\n\n"
             "Splits the model of PROFILE (our profile JSON or the authors' graph.txt) into pipeline\n"
             "stages with data-parallel replicas, minimising the predicted time per minibatch.\n"
             "Levels are innermost first: --workers 4,4 --bandwidth 1e10,1.25e9 is 4 workers per\n"
@@ -27,6 +27,8 @@ static void help(FILE *f) {
             "  --cost-model KIND          ours (default) or pipedream (the authors' optimizer, exactly)\n"
             "  --overlap-allreduce        ours: all-reduce overlaps compute (max instead of sum)\n"
             "  --max-states N             limit on cut states of a DAG profile (default 4000000)\n"
+            "  --chunks V                 an interleaved plan: V x workers straight stages, worker w\n"
+            "                             running stages w, w + workers, ... (--schedule interleaved)\n"
             "  -o PLAN.json               write the plan (docs/formats.md)\n");
 }
 
@@ -101,6 +103,8 @@ int cmd_plan(int argc, char **argv) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 2000000000, &m))
                 return CLI_USAGE;
             o.max_states = m;
+        } else if (!strcmp(a, "--chunks")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &o.chunks)) return CLI_USAGE;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(out_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-' && a[1]) {

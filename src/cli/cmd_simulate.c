@@ -15,20 +15,28 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
             "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
-            "                          [--vertical-sync] [--optimizer sgd|adam] [--svg FILE] [--comm]\n"
+            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam]\n"
+            "                          [--svg FILE] [--comm]\n"
             "                          [--trace FILE.json] [--dump] [--json]\n\n"
             "Executes the schedule of PLAN (written by `pipedream plan`) in a discrete-event\n"
             "simulator: stage times from PROFILE (our profile JSON or the authors' graph.txt),\n"
             "transfers and all-reduces over the plan's cluster (or CLUSTER). Reports time per\n"
             "minibatch, throughput, busy and bubble fractions, peak memory and weight versions;\n"
             "a schedule that deadlocks is an error naming the blocked workers. See docs/schedules.md.\n\n"
-            "  --schedule KIND      1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel\n"
+            "  --schedule KIND      1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel,\n"
+            "                       zb-h1, zb-h2 (Zero Bubble, backward split), interleaved\n"
+            "                       (Megatron's interleaved 1F1B; a plan with several stages per worker)\n"
             "  --minibatches N      optimizer-step minibatches to run (default 64; 8 for kinds\n"
             "                       with micro-batches)\n"
-            "  --microbatches M     micro-batches per minibatch for gpipe, 1f1b-flush, 2bw\n"
-            "                       (default: the plan's number of workers); one micro-batch is\n"
-            "                       one profile minibatch\n"
+            "  --microbatches M     micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1,\n"
+            "                       zb-h2, interleaved (default: the plan's number of workers; a\n"
+            "                       multiple of them for interleaved); one micro-batch is one\n"
+            "                       profile minibatch\n"
             "  --vertical-sync      1f1b: every stage reads the weight version the input stage read\n"
+            "  --recompute          keep only each stage's input between forward and backward and\n"
+            "                       recompute the forward before the backward (any kind)\n"
+            "  --chunks V           interleave a straight plan of S stages: stage i on worker\n"
+            "                       i mod (S / V) (a plan written with plan --chunks V has them)\n"
             "  --optimizer KIND     state size for memory: sgd (momentum, default) or adam\n"
             "  --svg FILE           timeline picture; --comm also draws sends and all-reduces\n"
             "  --trace FILE.json    Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev)\n"
@@ -42,8 +50,8 @@ int cmd_simulate(int argc, char **argv) {
         return CLI_OK;
     }
     const char *plan_path = NULL, *profile_path = NULL, *cluster_path = NULL, *svg_path = NULL, *trace_path = NULL;
-    SchedOpts so = {SCHED_1F1B, 0, 0, 0};
-    int json = 0, comm = 0, dump = 0;
+    SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
+    int json = 0, comm = 0, dump = 0, chunks = 0;
     double opt_factor = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -55,7 +63,7 @@ int cmd_simulate(int argc, char **argv) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
             if (sched_kind_parse(v, &so.kind))
                 return cli_usage_error("simulate", "--schedule: unknown kind \"%s\" (1f1b, gpipe, 1f1b-flush, 2bw, dp, "
-                                                   "model-parallel)", v);
+                                                   "model-parallel, zb-h1, zb-h2, interleaved)", v);
         } else if (!strcmp(a, "--minibatches")) {
             if (!(v = cli_value("simulate", argc, argv, &i)) ||
                 cli_parse_int("simulate", a, v, 1, 1 << 24, &so.n_minibatches))
@@ -65,6 +73,11 @@ int cmd_simulate(int argc, char **argv) {
                 return CLI_USAGE;
         } else if (!strcmp(a, "--vertical-sync")) {
             so.vertical_sync = 1;
+        } else if (!strcmp(a, "--recompute")) {
+            so.recompute = 1;
+        } else if (!strcmp(a, "--chunks")) {
+            if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 2, 64, &chunks))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--optimizer")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
             if (!strcmp(v, "sgd")) opt_factor = 1;
@@ -90,10 +103,12 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (!plan_path) return cli_usage_error("simulate", "missing PLAN.json");
     if (!profile_path) return cli_usage_error("simulate", "missing --profile PROFILE");
-    int micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW;
+    int micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW ||
+                     so.kind == SCHED_ZB_H1 || so.kind == SCHED_ZB_H2 || so.kind == SCHED_INTERLEAVED;
     if (so.n_micro > 1 && !micro_kind)
-        return cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush and 2bw, not %s",
-                               sched_kind_name(so.kind));
+        return cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
+                               "not %s", sched_kind_name(so.kind));
+    if (chunks && so.kind != SCHED_INTERLEAVED) return cli_usage_error("simulate", "--chunks applies to interleaved only");
     if (so.vertical_sync && so.kind != SCHED_1F1B)
         return cli_usage_error("simulate", "--vertical-sync applies to 1f1b only");
 
@@ -117,6 +132,14 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (p->profile_checksum && prof.checksum && p->profile_checksum != prof.checksum)
         fprintf(stderr, "pipedream: warning: %s was planned from a different profile than %s\n", plan_path, profile_path);
+    if (chunks && p->chunks > 1 && chunks != p->chunks) {
+        err_set(&err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", plan_path, p->chunks, chunks);
+        goto fail;
+    }
+    if (chunks && p->chunks <= 1 && plan_interleave(p, chunks, &err)) {
+        err_prefix(&err, "%s: --chunks %d", plan_path, chunks);
+        goto fail;
+    }
     cl = p->cluster;
     if (cluster_path && cluster_load(cluster_path, &cl, &err)) goto fail;
     if (!so.n_micro) so.n_micro = micro_kind ? p->n_workers : 1;
@@ -135,15 +158,19 @@ int cmd_simulate(int argc, char **argv) {
     if (svg_path || trace_path) ev = sim_events(&s, &r, &n_ev);
     if (svg_path) {
         char title[256];
-        snprintf(title, sizeof title, "%s: %s, %d workers, %d minibatches%s%.0d%s, %.4g s per minibatch",
-                 p->model[0] ? p->model : prof.model, sched_kind_name(so.kind), s.n_ranks, s.n_minibatches,
-                 s.n_micro > 1 ? " x " : "", s.n_micro > 1 ? s.n_micro : 0, s.n_micro > 1 ? " micro-batches" : "",
-                 r.time_per_minibatch_s);
+        snprintf(title, sizeof title, "%s: %s%s, %d workers, %d minibatches%s%.0d%s, %.4g s per minibatch, bubble %.3f",
+                 p->model[0] ? p->model : prof.model, sched_kind_name(so.kind), so.recompute ? " + recompute" : "", s.n_ranks,
+                 s.n_minibatches, s.n_micro > 1 ? " x " : "", s.n_micro > 1 ? s.n_micro : 0,
+                 s.n_micro > 1 ? " micro-batches" : "", r.time_per_minibatch_s, r.bubble_fraction);
         char (*lab)[32] = malloc((size_t)s.n_ranks * sizeof *lab);
         const char **labp = malloc((size_t)s.n_ranks * sizeof *labp);
         PD_ASSERT(lab && labp);
         for (int w = 0; w < s.n_ranks; w++) {
-            if (s.workers[w].stage >= 0) snprintf(lab[w], sizeof lab[w], "w%d s%d", w, s.workers[w].stage);
+            if (s.workers[w].n_chunks > 1) {
+                int k = snprintf(lab[w], sizeof lab[w], "w%d s%d", w, s.workers[w].stages[0]);
+                for (int c = 1; c < s.workers[w].n_chunks && k < (int)sizeof lab[w] - 4; c++)
+                    k += snprintf(lab[w] + k, sizeof lab[w] - (size_t)k, ",%d", s.workers[w].stages[c]);
+            } else if (s.workers[w].stage >= 0) snprintf(lab[w], sizeof lab[w], "w%d s%d", w, s.workers[w].stage);
             else snprintf(lab[w], sizeof lab[w], "w%d idle", w);
             labp[w] = lab[w];
         }

@@ -31,6 +31,30 @@ void plan_free(Plan *p) {
     free(p);
 }
 
+int plan_interleave(Plan *p, int V, Err *err) {
+    int S = p->n_stages;
+    if (V < 2 || S % V || S / V < 2)
+        return err_set(err, PD_EINVAL, "cannot interleave %d stages in %d chunks: need V >= 2 dividing the stages and at "
+                       "least 2 workers", S, V);
+    for (int s = 0; s < S; s++)
+        if (p->stages[s].replicas != 1)
+            return err_set(err, PD_EINVAL, "cannot interleave: stage %d has %d replicas (plan with --straight)", s,
+                           p->stages[s].replicas);
+    int W = S / V;
+    double *per = calloc((size_t)W, sizeof(double));
+    PD_ASSERT(per);
+    for (int s = 0; s < S; s++) p->stages[s].ranks[0] = s % W, per[s % W] += p->stages[s].time_s;
+    p->pipeline_s = 0;
+    for (int w = 0; w < W; w++)
+        if (per[w] > p->pipeline_s) p->pipeline_s = per[w];
+    free(per);
+    p->n_workers = W;
+    p->noam = W;
+    p->chunks = V;
+    p->opts.chunks = V;
+    return PD_OK;
+}
+
 int plan_stage_of_rank(const Plan *p, int rank, int *replica) {
     for (int s = 0; s < p->n_stages; s++)
         for (int r = 0; r < p->stages[s].replicas; r++)
@@ -82,12 +106,22 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
             rc = err_set(err, PD_EINVAL, "stages are not contiguous: layer %d (stage %d) feeds layer %d (stage %d)", a,
                          stage_of[a], b, stage_of[b]);
     }
+    if (!rc && p->chunks > 1) {   /* interleaved: V x W one-replica stages round-robin on W ranks */
+        if (p->n_stages != p->chunks * p->n_workers)
+            rc = err_set(err, PD_EINVAL, "an interleaved plan of %d chunks on %d workers needs %d stages, not %d", p->chunks,
+                         p->n_workers, p->chunks * p->n_workers, p->n_stages);
+        for (int s = 0; s < p->n_stages && !rc; s++)
+            if (p->stages[s].replicas != 1 || p->stages[s].ranks[0] != s % p->n_workers)
+                rc = err_set(err, PD_EINVAL, "interleaved plan: stage %d must have one replica on rank %d", s,
+                             s % p->n_workers);
+        workers = p->n_workers;
+    }
     if (!rc && workers != p->n_workers)
         rc = err_set(err, PD_EINVAL, "replicas sum to %d but the plan uses %d workers", workers, p->n_workers);
     if (!rc && cluster_total_workers(&p->cluster) < workers)
         rc = err_set(err, PD_EINVAL, "the plan uses %d workers but the cluster has %d", workers,
                      cluster_total_workers(&p->cluster));
-    if (!rc) {
+    if (!rc && p->chunks <= 1) {
         char *seen = calloc((size_t)workers + 1, 1);
         PD_ASSERT(seen);
         for (int s = 0; s < p->n_stages && !rc; s++)
@@ -149,6 +183,9 @@ double plan_stage_memory(const Plan *p, const Profile *prof, int s) {
 
 int plan_check_memory(const Plan *p, const Profile *prof, Err *err) {
     if (!(p->opts.memory_limit > 0)) return PD_OK;
+    /* Interleaved plans: the 1F1B rule does not apply; the schedule search (plan_choose) and
+     * `pipedream simulate` check their memory. */
+    if (p->chunks > 1) return PD_OK;
     /* The authors' check lives in their DP: with several levels it is per level, and with
      * --allow-idle a stage after an idle-padded prefix is checked as if the idle workers
      * were used; only the plain one-level case can be re-checked from the plan. */
@@ -169,6 +206,10 @@ static int opts_check(const PlanOpts *o, Err *err) {
         return err_set(err, PD_EINVAL, "memory limit must be >= 0 bytes, got %g", o->memory_limit);
     if (!(o->activation_compression >= 0) || !isfinite(o->activation_compression))
         return err_set(err, PD_EINVAL, "activation compression ratio must be > 0, got %g", o->activation_compression);
+    if (o->chunks < 0 || o->chunks > 64) return err_set(err, PD_EINVAL, "chunks must be 1..64, got %d", o->chunks);
+    if (o->chunks > 1 && (o->cost_model != COST_OURS || o->allow_idle))
+        return err_set(err, PD_EINVAL, "--chunks plans with our cost model and every worker (no --cost-model pipedream, "
+                       "no --allow-idle)");
     return PD_OK;
 }
 
@@ -182,7 +223,10 @@ Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *e
     if (pgraph_build(prof, &g, err)) return NULL;
     Plan *p = NULL;
     int rc = pstates_build(&g, o->max_states > 0 ? o->max_states : 4000000, &s, err);
-    if (!rc) rc = o->cost_model == COST_PIPEDREAM ? plan_dp_compat(&s, cl, o, &sol, err) : plan_dp_ours(&s, cl, o, &sol, err);
+    if (!rc)
+        rc = o->chunks > 1                     ? plan_dp_chunks(&s, cl, o, &sol, err)
+             : o->cost_model == COST_PIPEDREAM ? plan_dp_compat(&s, cl, o, &sol, err)
+                                               : plan_dp_ours(&s, cl, o, &sol, err);
     if (rc) goto done;
     if (sol.pipeline_s <= 0 || !isfinite(sol.pipeline_s)) {
         rc = err_set(err, PD_EINVAL, "every layer has zero compute time: nothing to balance (the authors' optimizer "
@@ -257,6 +301,12 @@ Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *e
         st->time_s = sol.st[q].time_s;
     }
     free(stage_of);
+    if (o->chunks > 1) {   /* round-robin: stage q on rank q mod W */
+        int W = cluster_total_workers(cl);
+        for (int q = 0; q < sol.n_stages; q++) p->stages[q].ranks[0] = q % W;
+        rank = W;
+        p->chunks = o->chunks;
+    }
     p->n_workers = rank;
     p->noam = (rank + p->stages[0].replicas - 1) / p->stages[0].replicas;
     p->pipeline_s = sol.pipeline_s;
@@ -319,6 +369,7 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     }
     cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(p->cluster.memory_per_worker));
     cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
+    if (p->chunks > 1) cJSON_AddItemToObject(root, "chunks", pd_json_num(p->chunks));
     cJSON_AddItemToObject(root, "noam", pd_json_num(p->noam));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
     cJSON_AddItemToObject(pr, "pipeline_s", pd_json_num(p->pipeline_s));
@@ -413,6 +464,7 @@ Plan *plan_load(const char *path, Err *err) {
         if ((rc = cluster_from_json(jobj_get(&j, "cluster"), ctx, &p->cluster, err))) goto done;
     }
     if ((rc = jobj_int(&j, "n_workers", 1, 1, 1 << 20, &p->n_workers, err))) goto done;
+    if ((rc = jobj_int(&j, "chunks", 0, 2, 64, &p->chunks, err))) goto done;
     if ((rc = jobj_int(&j, "noam", 1, 1, 1 << 20, &p->noam, err))) goto done;
     if ((rc = jobj_init(&pj, jobj_get(&j, "predicted"), err, "%s: predicted", path))) goto done;
     if ((rc = jobj_num(&pj, "pipeline_s", 1, 0, 1e300, &p->pipeline_s, err)) ||
@@ -484,6 +536,9 @@ void plan_print(const Plan *p, FILE *f) {
                                 p->cluster.level[l].workers, p->cluster.level[l].bandwidth);
     fprintf(f, "plan for %s: %d stage%s on %d of %d workers (levels innermost first: %s)\n", p->model, p->n_stages,
             p->n_stages == 1 ? "" : "s", p->n_workers, cluster_total_workers(&p->cluster), cl);
+    if (p->chunks > 1)
+        fprintf(f, "interleaved: %d chunks per worker, worker w runs stages w, w + %d, ... (--schedule interleaved)\n",
+                p->chunks, p->n_workers);
     fprintf(f, "cost model: %s%s%s", plan_cost_model_name(p->opts.cost_model), p->opts.straight ? ", straight" : "",
             p->opts.allow_idle ? ", idle workers allowed" : "");
     if (p->opts.memory_limit > 0) fprintf(f, ", memory limit %.4g B", p->opts.memory_limit);

@@ -49,6 +49,8 @@ typedef struct PlanOpts {
     int overlap_allreduce;         /* ours: stage time max(compute, all-reduce) instead of the sum */
     int no_pruning;                /* testing: the compat DP's plain inner loops, no bounds */
     long max_states;               /* limit on cut states (0 = 4,000,000) */
+    int chunks;                    /* ours: V >= 2 writes an interleaved plan of V x workers straight
+                                    * stages, stage i on rank i mod workers (plan_chunks.c); 0/1: plain */
 } PlanOpts;
 
 typedef struct PlanStage {
@@ -77,6 +79,10 @@ typedef struct Plan {
      * DAG stages are contiguous (no edge goes to an earlier stage). */
     int n_edges;
     int (*edges)[2];
+    /* Added: stages per worker. 0 or 1: every rank runs one stage. V >= 2 (`pipedream plan
+     * --chunks V`): V x n_workers one-replica stages, stage i on rank i mod n_workers, for
+     * --schedule interleaved only. */
+    int chunks;
 } Plan;
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
@@ -103,7 +109,13 @@ const char *plan_cost_model_name(CostModel m);
 CostModel plan_cost_model_parse(const char *name);
 int   plan_save(const Plan *p, const char *path, Err *err);
 Plan *plan_load(const char *path, Err *err);
-/* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. */
+/* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. In an
+ * interleaved plan (chunks >= 2): its first stage. */
 int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
+/* Turns a straight plan of S one-replica stages into an interleaved one of V chunks: stage i
+ * on rank i mod (S / V), n_workers S / V, chunks V, pipeline_s the largest per-worker sum of
+ * stage times. Fails (p unchanged) unless V >= 2 divides S, S / V >= 2 and every stage has
+ * one replica. */
+int   plan_interleave(Plan *p, int V, Err *err);
 
 #endif

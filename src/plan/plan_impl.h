@@ -68,6 +68,8 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
 /* Ours (docs/planner.md): flat over ranks, topology-aware bandwidths, exact 1F1B stash. */
 int plan_dp_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 void psolution_release(PSolution *s);
+/* Interleaved plans (o->chunks >= 2): V x W one-replica stages, stage i on rank i mod W. */
+int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 
 /* Ours' cost of one stage and of one cut, shared with the exhaustive-search tests. */
 double plan_ours_stage_compute(const Cluster *cl, const PlanOpts *o, double C, double P, int first_rank, int r);

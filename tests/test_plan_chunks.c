@@ -1,0 +1,228 @@
+/* test_plan_chunks.c: interleaved plans (`pipedream plan --chunks V`, plan_chunks.c).
+ * Exhaustive search on random small chains and DAGs: every chain of predecessor-closed node
+ * sets {} = D0 < D1 < ... < D_{VW} = all nodes (found by testing all 2^n subsets), stage i on
+ * rank i mod W, its time max(compute, the boundaries before and after it at the bandwidth of
+ * the link between the ranks, docs/planner.md); the DP's bottleneck must equal the minimum.
+ * Also the plan's shape (round-robin ranks, chunks, noam), validation errors, the JSON round
+ * trip and plan_interleave. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan_impl.h"
+
+#define MAXN 10
+
+static double uni(Rng *r, double lo, double hi) { return lo + (hi - lo) * rng_uniform_f64(r); }
+
+typedef struct Brute {
+    const Profile *prof;
+    const Cluster *cl;
+    int n, W, NS;
+    uint32_t pred[MAXN], downs[1 << MAXN], full;
+    int nd;
+    double ratio, best;
+} Brute;
+
+static double cut_bytes(const Brute *b, uint32_t D) {
+    double s = 0;
+    for (int v = 0; v < b->n; v++) {
+        if (!(D >> v & 1)) continue;
+        int leaves = 0;
+        for (int w = 0; w < b->n; w++) leaves |= !(D >> w & 1) && (b->pred[w] >> v & 1);
+        if (leaves) s += b->prof->layers[v].act_bytes;
+    }
+    return s;
+}
+
+static double link_t(const Brute *b, int x, int y, double bytes) {
+    long span = 1;
+    int lvl = 0;
+    for (int l = 0; l < b->cl->n_levels; l++) {
+        if (x / span != y / span) lvl = l;
+        span *= b->cl->level[l].workers;
+    }
+    return 2 * bytes / b->ratio / b->cl->level[lvl].bandwidth + 2 * b->cl->level[lvl].latency;
+}
+
+/* Stage m (0-based) runs E \ D; cur: the bottleneck of the stages before, with the boundary
+ * before this stage already charged to it (the boundary is charged to both sides). */
+static void rec(Brute *b, uint32_t D, int m, double cur) {
+    if (m == b->NS) {
+        if (D == b->full && (isnan(b->best) || cur < b->best)) b->best = cur;
+        return;
+    }
+    for (int q = 0; q < b->nd; q++) {
+        uint32_t E = b->downs[q];
+        if ((E & D) != D || E == D) continue;
+        double C = 0;
+        for (int v = 0; v < b->n; v++)
+            if ((E & ~D) >> v & 1) C += b->prof->layers[v].fwd_s + b->prof->layers[v].bwd_s;
+        double t = fmax(cur, C);
+        if (m > 0) t = fmax(t, link_t(b, (m - 1) % b->W, m % b->W, cut_bytes(b, D)));
+        rec(b, E, m + 1, t);
+    }
+}
+
+static void test_exhaustive(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 21, 0, 0);
+    int checked = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int dag = trial % 2, n = 2 + (int)rng_below(&rng, MAXN - 1);
+        Profile prof = {0};
+        snprintf(prof.model, sizeof prof.model, "random");
+        prof.n_layers = n;
+        prof.layers = calloc((size_t)n, sizeof *prof.layers);
+        Brute b = {0};
+        b.prof = &prof;
+        b.n = n;
+        for (int i = 0; i < n; i++) {
+            ProfileLayer *l = &prof.layers[i];
+            snprintf(l->name, sizeof l->name, "l%d", i);
+            snprintf(l->type, sizeof l->type, "linear");
+            l->fwd_s = uni(&rng, 1e-3, 1e-1);
+            l->bwd_s = uni(&rng, 1e-3, 2e-1);
+            l->act_bytes = uni(&rng, 1e5, 1e8);
+            l->param_bytes = uni(&rng, 1e5, 1e8);
+            if (i > 0 && !dag) b.pred[i] = 1u << (i - 1);
+        }
+        if (dag) {
+            prof.edges = calloc((size_t)n * n, sizeof *prof.edges);
+            for (int y = 1; y < n; y++) {
+                int any = 0;
+                for (int x = 0; x < y; x++)
+                    if (rng_below(&rng, 3) == 0) prof.edges[prof.n_edges][0] = x, prof.edges[prof.n_edges++][1] = y, any = 1;
+                if (!any) {
+                    int x = (int)rng_below(&rng, (uint32_t)y);
+                    prof.edges[prof.n_edges][0] = x, prof.edges[prof.n_edges++][1] = y;
+                }
+            }
+            for (int e = 0; e < prof.n_edges; e++) b.pred[prof.edges[e][1]] |= 1u << prof.edges[e][0];
+        }
+        Cluster cl = {0};
+        cl.n_levels = 1 + (int)rng_below(&rng, 2);
+        for (int l = 0; l < cl.n_levels; l++)
+            cl.level[l] = (ClusterLevel){2, uni(&rng, 1e8, 2e10), rng_below(&rng, 2) ? 0 : uni(&rng, 0, 1e-4)};
+        b.cl = &cl;
+        b.W = cluster_total_workers(&cl);
+        PlanOpts o = {0};
+        o.chunks = 2 + (int)rng_below(&rng, 2);
+        o.activation_compression = rng_below(&rng, 2) ? 0 : uni(&rng, 0.5, 4);
+        b.ratio = o.activation_compression > 0 ? o.activation_compression : 1;
+        b.NS = o.chunks * b.W;
+        b.full = (1u << n) - 1;
+        for (uint32_t m = 1; m <= b.full; m++) {
+            int closed = 1;
+            for (int v = 0; v < n && closed; v++) closed = !((m >> v & 1) && (b.pred[v] & ~m));
+            if (closed) b.downs[b.nd++] = m;
+        }
+        b.best = NAN;
+        rec(&b, 0, 0, 0);
+        Err err = {0};
+        Plan *p = plan_new(&prof, &cl, &o, &err);
+        if (isnan(b.best)) {   /* fewer cut states than stages */
+            assert_null(p);
+            assert_non_null(strstr(err.msg, "stages"));
+        } else {
+            if (!p) fail_msg("trial %d: %s", trial, err.msg);
+            double bott = 0;
+            for (int s = 0; s < p->n_stages; s++) bott = fmax(bott, p->stages[s].time_s);
+            if (fabs(bott - b.best) > 1e-9 * b.best) fail_msg("trial %d: DP %.12g, brute force %.12g", trial, bott, b.best);
+            assert_int_equal(p->chunks, o.chunks);
+            assert_int_equal(p->n_workers, b.W);
+            assert_int_equal(p->n_stages, b.NS);
+            double per[8] = {0}, worst = 0;
+            for (int s = 0; s < p->n_stages; s++) {
+                assert_int_equal(p->stages[s].replicas, 1);
+                assert_int_equal(p->stages[s].ranks[0], s % b.W);
+                per[s % b.W] += p->stages[s].time_s;
+            }
+            for (int w = 0; w < b.W; w++) worst = fmax(worst, per[w]);
+            assert_true(fabs(p->pipeline_s - worst) <= 1e-12 * worst);
+            assert_int_equal(plan_validate(p, n, &err), PD_OK);
+            checked++;
+            plan_free(p);
+        }
+        profile_release(&prof);
+    }
+    print_message("%d interleaved plans equal to the exhaustive search\n", checked);
+    assert_true(checked > 100);
+}
+
+static void chain(Profile *prof, int n) {
+    memset(prof, 0, sizeof *prof);
+    snprintf(prof->model, sizeof prof->model, "chain");
+    prof->n_layers = n;
+    prof->layers = calloc((size_t)n, sizeof *prof->layers);
+    for (int i = 0; i < n; i++) {
+        snprintf(prof->layers[i].name, sizeof prof->layers[i].name, "l%d", i);
+        snprintf(prof->layers[i].type, sizeof prof->layers[i].type, "linear");
+        prof->layers[i].fwd_s = 0.005, prof->layers[i].bwd_s = 0.010;
+    }
+}
+
+/* Validation, JSON, plan_interleave, and the options --chunks refuses. */
+static void test_shape(void **state) {
+    (void)state;
+    Profile prof;
+    chain(&prof, 8);
+    Cluster cl = {.n_levels = 1, .level = {{4, 1e9, 0}}};
+    PlanOpts o = {0};
+    o.chunks = 2;
+    Err err = {0};
+    Plan *p = plan_new(&prof, &cl, &o, &err);
+    assert_non_null(p);
+    assert_int_equal(p->n_stages, 8);
+    assert_int_equal(p->noam, 4);
+    for (int s = 0; s < 8; s++) assert_int_equal(p->stages[s].n_layers, 1);
+    char path[] = "/tmp/pd_plan_chunks_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(plan_save(p, path, &err), PD_OK);
+    Plan *q = plan_load(path, &err);
+    assert_non_null(q);
+    assert_int_equal(q->chunks, 2);
+    assert_int_equal(q->n_workers, 4);
+    plan_free(q);
+    unlink(path);
+    p->stages[5].ranks[0] = 0;   /* not round-robin */
+    assert_int_equal(plan_validate(p, 8, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "stage 5 must have one replica on rank 1"));
+    plan_free(p);
+    /* plan_interleave: a straight plan of 8 stages on 8 workers -> 2 chunks on 4 */
+    Cluster c8 = {.n_levels = 1, .level = {{8, 1e9, 0}}};
+    PlanOpts so = {0};
+    so.straight = 1;
+    p = plan_new(&prof, &c8, &so, &err);
+    assert_non_null(p);
+    assert_int_equal(plan_interleave(p, 3, &err), PD_EINVAL);
+    assert_int_equal(plan_interleave(p, 2, &err), PD_OK);
+    assert_int_equal(p->n_workers, 4);
+    for (int s = 0; s < 8; s++) assert_int_equal(p->stages[s].ranks[0], s % 4);
+    assert_int_equal(plan_validate(p, 8, &err), PD_OK);
+    assert_true(fabs(p->pipeline_s - 0.030) < 1e-12);
+    plan_free(p);
+    /* refused combinations */
+    o.cost_model = COST_PIPEDREAM;
+    assert_null(plan_new(&prof, &cl, &o, &err));
+    assert_non_null(strstr(err.msg, "--chunks"));
+    o.cost_model = COST_OURS;
+    o.chunks = 3;   /* 12 stages from 8 layers */
+    assert_null(plan_new(&prof, &cl, &o, &err));
+    assert_non_null(strstr(err.msg, "needs 12 stages"));
+    profile_release(&prof);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exhaustive),
+        cmocka_unit_test(test_shape),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
