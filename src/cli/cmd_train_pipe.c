@@ -36,6 +36,9 @@ static const char *USAGE =
     "  --checkpoint-every N  checkpoint every N minibatches into --checkpoint-dir D (the pipeline\n"
     "                        drains there, so the checkpoint is exact)\n"
     "  --checkpoint-dir D    where checkpoints go (ckpt-<minibatches>.safetensors)\n"
+    "  --eval-every N        evaluate on the test set every N minibatches (the pipeline drains there);\n"
+    "                        each evaluation is a metrics line; default: only after training\n"
+    "  --target-accuracy A   stop at the first evaluation with test accuracy >= A (time to accuracy)\n"
     "  --nan-check WHAT      stop at a NaN or Inf: loss (default: the last stage's loss), all\n"
     "                        (also every stage's gradients after each backward), off\n"
     "  --resume D            continue from the newest complete checkpoint in D (same settings;\n"
@@ -43,7 +46,9 @@ static const char *USAGE =
 
 typedef struct PipeOpts {
     const char *model, *plan, *data, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
-    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check;
+    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
+        eval_every;
+    double target;
     SchedKind kind;
     double lr, momentum, wd, timeout;
 } PipeOpts;
@@ -72,7 +77,8 @@ static int parse(int argc, char **argv, PipeOpts *o) {
                                                  "--steps", "--minibatch", "--lr", "--momentum", "--weight-decay",
                                                  "--optimizer", "--seed", "--threads", "--data", "--profile",
                                                  "--metrics", "--trace", "--svg", "--curve", "--timeout",
-                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", "--nan-check", NULL};
+                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", "--nan-check",
+                                                 "--eval-every", "--target-accuracy", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
         if (!known) return cli_usage_error(C, "unknown option %s", a);
@@ -100,6 +106,8 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         else if (!strcmp(a, "--curve")) o->curve = v;
         else if (!strcmp(a, "--checkpoint-every")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->checkpoint_every);
         else if (!strcmp(a, "--checkpoint-dir")) o->checkpoint_dir = v;
+        else if (!strcmp(a, "--eval-every")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->eval_every);
+        else if (!strcmp(a, "--target-accuracy")) rc = cli_parse_double(C, a, v, 0, 1, &o->target);
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--nan-check")) {
             if (!strcmp(v, "loss")) o->nan_check = RT_NAN_LOSS;
@@ -180,7 +188,8 @@ int cmd_train_pipelined(int argc, char **argv) {
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
                         .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
-                        .profile = have_prof ? &prof : NULL};
+                        .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every,
+                        .target_accuracy = o.target};
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .trace = o.trace, .svg = o.svg, .curve = o.curve};

@@ -35,12 +35,20 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "final_loss", s->final_loss);
     num(o, "mean_loss", s->mean_loss);
     num(o, "test_accuracy", s->test_accuracy);
+    num(o, "test_loss", s->test_loss);
     num(o, "samples_per_s", s->samples_per_s);
     num(o, "time_per_unit_ms", s->time_per_unit_ms);
     num(o, "predicted_time_per_unit_ms", s->predicted_time_per_unit_ms);
     num(o, "overhead_pct", s->overhead_pct);
     num(o, "wall_s", s->wall_s);
     num(o, "resumed_from", (double)s->resumed_from);
+    if (s->target_minibatches) {
+        num(o, "target_minibatches", (double)s->target_minibatches);
+        num(o, "target_train_s", s->target_train_s);
+    } else {
+        cJSON_AddNullToObject(o, "target_minibatches");
+        cJSON_AddNullToObject(o, "target_train_s");
+    }
     if (s->last_checkpoint[0]) cJSON_AddStringToObject(o, "last_checkpoint", s->last_checkpoint);
     else cJSON_AddNullToObject(o, "last_checkpoint");
     cJSON *crcs = cJSON_AddArrayToObject(o, "weights_crc");
@@ -49,6 +57,17 @@ char *train_summary_json(const RtTrainSummary *s) {
         snprintf(h, sizeof h, "%08x", s->stage[i].weights_crc);
         cJSON_AddItemToArray(crcs, cJSON_CreateString(h));
     }
+    return print_free(o);
+}
+
+char *train_eval_json(const RtEvalPoint *e) {
+    cJSON *o = cJSON_CreateObject();
+    PD_ASSERT(o);
+    num(o, "eval_minibatches", (double)e->minibatches);
+    num(o, "epoch", e->epoch);
+    num(o, "train_s", e->train_s);
+    num(o, "test_accuracy", e->test_accuracy);
+    num(o, "test_loss", e->test_loss);
     return print_free(o);
 }
 
@@ -131,6 +150,11 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
             fprintf(f, "%s\n", line);
             for (int i = 0; i < s->stages; i++) {
                 char *t = train_stage_json(s, i);
+                fprintf(f, "%s\n", t);
+                free(t);
+            }
+            for (int i = 0; i < s->n_evals; i++) {
+                char *t = train_eval_json(&s->evals[i]);
                 fprintf(f, "%s\n", t);
                 free(t);
             }

@@ -16,6 +16,8 @@ typedef struct TrainOutputs {
 
 /* The summary as one JSON object (malloc'd text, no newline). */
 char *train_summary_json(const RtTrainSummary *s);
+/* One metrics line per evaluation (malloc'd text, no newline). */
+char *train_eval_json(const RtEvalPoint *e);
 /* One metrics line per stage (malloc'd text, no newline). */
 char *train_stage_json(const RtTrainSummary *s, int stage);
 int   train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err);

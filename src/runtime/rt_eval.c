@@ -25,7 +25,7 @@ int rt_eval(Worker *w, Err *err) {
     size_t nb = (test->n + (size_t)B - 1) / (size_t)B;
     for (size_t b = 0; b < nb && !rc; b++) {
         int n = (size_t)B * (b + 1) <= test->n ? B : (int)(test->n - (size_t)B * b);
-        int64_t mb = (int64_t)w->cfg->unit_base + w->s->n_units + (int64_t)b;
+        int64_t mb = (w->cfg->eval_base ? w->cfg->eval_base : (int64_t)w->cfg->unit_base + w->s->n_units) + (int64_t)b;
         Shape in = w->in_shape, out = w->out_shape;
         in.d[0] = n;
         out.d[0] = n;
@@ -49,7 +49,8 @@ int rt_eval(Worker *w, Err *err) {
         const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
         if (w->is_last) {
             int correct = 0;
-            kern_xent_fwd_bwd(y, sl->labels, NULL, n, w->classes, 1.0f, &correct);
+            float loss = kern_xent_fwd_bwd(y, sl->labels, NULL, n, w->classes, 1.0f, &correct);
+            w->res->test_loss_sum += (double)loss * n;
             w->res->test_correct += correct;
             w->res->test_total += n;
         } else {

@@ -300,14 +300,14 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
 typedef struct Wire {
     int64_t rank, stage, replica, n_fwd, n_bwd, units_done, test_correct, test_total, max_versions, n_events,
         n_hist, crc, n_params, n_state;
-    double wall_s, compute_s, wait_s, loss_sum, last_loss;
+    double wall_s, compute_s, wait_s, loss_sum, last_loss, test_loss_sum;
     RtMem mem;
 } Wire;
 
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
     Wire x = {a->rank, a->stage, a->replica, a->n_fwd, a->n_bwd, a->units_done, a->test_correct, a->test_total,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
-              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->mem};
+              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem};
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     size_t n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(n);
@@ -340,7 +340,7 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
                               .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
                               .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
                               .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
-                              .mem = y.mem};
+                              .test_loss_sum = y.test_loss_sum, .mem = y.mem};
         const char *p = (const char *)parts[r] + sizeof y;
         if (y.n_events) {
             o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
@@ -362,7 +362,7 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
 static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, const char *transport,
                       RtTrainSummary *out) {
     RtWorkerResult *res = out->res;
-    double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0;
+    double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0, test_loss = 0;
     long correct = 0, total = 0;
     int units = 0, n_last = 0;
     for (int r = 0; r < s->n_ranks; r++) {
@@ -375,6 +375,7 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         }
         correct += res[r].test_correct;
         total += res[r].test_total;
+        test_loss += res[r].test_loss_sum;
         /* runtime overhead: time neither in kernels nor blocked on messages; the largest share */
         if (res[r].stage >= 0 && res[r].wall_s > 0) {
             double ov = (res[r].wall_s - res[r].compute_s - res[r].wait_s) / res[r].wall_s;
@@ -389,6 +390,7 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     out->final_loss = n_last ? last_loss / n_last : NAN;
     out->mean_loss = units ? loss_sum / units : NAN;
     out->test_accuracy = total ? (double)correct / (double)total : NAN;
+    out->test_loss = total ? test_loss / (double)total : NAN;
     out->wall_s = wall;
     out->samples_per_s = wall > 0 ? (double)units * unit_batch / wall : 0;
     out->time_per_unit_ms = units ? 1e3 * wall / (double)units : NAN;
@@ -435,6 +437,36 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     sim_costs_release(&costs);
 }
 
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+/* Evaluates the newest weights (replica 0 of every stage), then every rank learns the result
+ * from the last stage's first replica. *correct, *total, *loss_sum: over the test set. */
+static int evaluate(Rank *R, Worker *w, RtConfig *cfg, const Schedule *s, int64_t base, int64_t out[2],
+                    double *loss_sum, Err *err) {
+    RtWorkerResult tmp = {0};
+    RtWorkerResult *keep = w->res;
+    w->res = &tmp;
+    cfg->test = &R->test;
+    cfg->eval_base = base;
+    w->cfg = cfg;
+    int rc = rt_eval(w, err);
+    cfg->test = NULL;
+    cfg->eval_base = 0;
+    w->res = keep;
+    if (rc) return rc;
+    int last = s->stages[s->n_stages - 1].ranks[0];
+    union {
+        int64_t i[2];
+        double d[2];
+    } v[2];
+    v[0].i[0] = tmp.test_correct, v[0].i[1] = tmp.test_total;
+    v[1].d[0] = tmp.test_loss_sum, v[1].d[1] = 0;
+    if ((rc = comm_bcast(R->c, last, v, sizeof v, R->timeout, err))) return rc;
+    out[0] = v[0].i[0], out[1] = v[0].i[1];
+    *loss_sum = v[1].d[0];
+    return PD_OK;
+}
+
 /* ---- one rank ------------------------------------------------------------------------------ */
 
 /* A failure during a segment: the rank ends the job, naming itself and the last checkpoint. */
@@ -455,6 +487,10 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
     memset(&w, 0, sizeof w);
     RtWorkerResult segres = {0};
     RtStageState *init = NULL;
+    int n_evals = 0;
+    RtEvalPoint *evals = NULL;
+    uint64_t target_mb = 0;
+    double train_s = 0, target_s = 0;
     int rc = plan_ranks(sp, &probe, err);   /* the same on every rank: no agreement needed */
     if (rc) return rc;
     comm_set_coll_timeout(c, sp->timeout_s);
@@ -502,11 +538,22 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
                     .progress_u0 = R.mb_done * (uint64_t)probe.n_micro, .init = init, .nan_check = sp->nan_check};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     int built = 0;
+    int64_t eval_batches = R.have_test ? (int64_t)((R.test.n + (size_t)unit_batch - 1) / (size_t)unit_batch) : 0;
     if ((rc = rt_fail_setup(c, &probe, R.timeout, err))) goto out;
     rt_fail_set_checkpoint(R.last_ckpt[0] ? R.last_ckpt : "none");
     while (R.mb_done < (uint64_t)n_mb) {
-        uint64_t left = (uint64_t)n_mb - R.mb_done;
-        int len = sp->checkpoint_every && (uint64_t)sp->checkpoint_every < left ? sp->checkpoint_every : (int)left;
+        /* the segment ends at the next checkpoint or evaluation (multiples of their intervals
+         * in the whole run's minibatches), or at the end */
+        uint64_t end = (uint64_t)n_mb;
+        if (sp->checkpoint_every) {
+            uint64_t k = (uint64_t)sp->checkpoint_every, e = (R.mb_done / k + 1) * k;
+            if (e < end) end = e;
+        }
+        if (sp->eval_every) {
+            uint64_t k = (uint64_t)sp->eval_every, e = (R.mb_done / k + 1) * k;
+            if (e < end) end = e;
+        }
+        int len = (int)(end - R.mb_done);
         SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = probe.n_micro,
                         .vertical_sync = sp->vertical_sync};
         sched_release(&seg);
@@ -537,9 +584,40 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
             goto out;
         }
         segres.wall_s = pd_now() - w.t_start;
+        double segres_wall = segres.wall_s;
         acc_add(&R.acc, &segres, cfg.unit_base, seg_t0);
         R.mb_done += (uint64_t)len;
-        if (sp->checkpoint_every && sp->checkpoint_dir && (rc = checkpoint(&R, &w, &seg, err))) goto out;
+        train_s += segres_wall;
+        int ck_due = sp->checkpoint_every && (R.mb_done % (uint64_t)sp->checkpoint_every == 0 ||
+                                              R.mb_done == (uint64_t)n_mb);
+        if (ck_due && sp->checkpoint_dir && (rc = checkpoint(&R, &w, &seg, err))) goto out;
+        if (sp->eval_every && R.have_test && R.mb_done % (uint64_t)sp->eval_every == 0 && R.mb_done < (uint64_t)n_mb) {
+            int64_t ct[2];
+            double ls = 0;
+            int64_t base = (int64_t)n_mb * seg.n_micro + (int64_t)n_evals * eval_batches;
+            if ((rc = evaluate(&R, &w, &cfg, &seg, base, ct, &ls, err))) {
+                rc = fail_segment(&R, rc, err);
+                goto out;
+            }
+            RtEvalPoint pt = {R.mb_done, (double)R.mb_done * sp->minibatch / (double)(n_train ? n_train : 1), train_s,
+                              ct[1] ? (double)ct[0] / (double)ct[1] : NAN, ct[1] ? ls / (double)ct[1] : NAN};
+            evals = realloc(evals, (size_t)(n_evals + 1) * sizeof *evals);
+            PD_ASSERT(evals);
+            evals[n_evals++] = pt;
+            if (rank == 0)
+                fprintf(stderr, "pipedream: evaluation after %llu minibatches (%.0f s of training): test accuracy %.4f\n",
+                        (unsigned long long)R.mb_done, train_s, pt.test_accuracy);
+            if (sp->target_accuracy > 0 && pt.test_accuracy >= sp->target_accuracy && !target_mb) {
+                target_mb = R.mb_done, target_s = train_s;
+                if (rank == 0) fprintf(stderr, "pipedream: target accuracy %.4f reached: stopping\n", sp->target_accuracy);
+                break;
+            }
+        }
+    }
+    if (!built) {
+        rc = err_set(err, PD_EINVAL, "rank %d: nothing to train: %s is already %llu minibatches in", rank, R.last_ckpt,
+                     (unsigned long long)R.mb_done);
+        goto out;
     }
     /* the final weights, then evaluation on them */
     {
@@ -549,14 +627,31 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         R.acc.params_crc = fin.params_crc;
         R.acc.n_params = fin.n_params;
         R.acc.n_state = fin.n_state;
-        if (R.have_test) {
-            cfg.test = &R.test;
-            w.cfg = &cfg;
-            rc = rt_eval(&w, err);
-            R.acc.test_correct = fin.test_correct, R.acc.test_total = fin.test_total;
-        }
-        rt_result_release(&fin);
         w.res = NULL;
+        rt_result_release(&fin);
+        if (R.have_test && n_evals && evals[n_evals - 1].minibatches == R.mb_done) {   /* just evaluated */
+            const RtEvalPoint *pt = &evals[n_evals - 1];
+            if (rank == 0) {
+                R.acc.test_total = (long)R.test.n;
+                R.acc.test_correct = lround(pt->test_accuracy * (double)R.test.n);
+                R.acc.test_loss_sum = pt->test_loss * (double)R.test.n;
+            }
+        } else if (R.have_test) {
+            int64_t ct[2];
+            double ls = 0;
+            int64_t base = (int64_t)n_mb * seg.n_micro + (int64_t)n_evals * eval_batches;
+            rc = evaluate(&R, &w, &cfg, &seg, base, ct, &ls, err);
+            if (!rc) {
+                RtEvalPoint pt = {R.mb_done, (double)R.mb_done * sp->minibatch / (double)(n_train ? n_train : 1),
+                                  train_s, ct[1] ? (double)ct[0] / (double)ct[1] : NAN, ct[1] ? ls / (double)ct[1] : NAN};
+                evals = realloc(evals, (size_t)(n_evals + 1) * sizeof *evals);
+                PD_ASSERT(evals);
+                evals[n_evals++] = pt;
+                if (rank == 0) R.acc.test_correct = ct[0], R.acc.test_total = ct[1], R.acc.test_loss_sum = ls;
+                if (sp->target_accuracy > 0 && pt.test_accuracy >= sp->target_accuracy && !target_mb)
+                    target_mb = R.mb_done, target_s = train_s;
+            }
+        }
         if (rc) {
             rc = fail_segment(&R, rc, err);
             goto out;
@@ -574,7 +669,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         }
         if (rank == 0) {
             Schedule whole;
-            SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)n_mb, .n_micro = probe.n_micro,
+            SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)R.mb_done, .n_micro = probe.n_micro,
                             .vertical_sync = sp->vertical_sync};
             if ((rc = sched_build(sp->plan, &so, &whole, err))) {
                 for (int r = 0; r < comm_size(c); r++) rt_result_release(&all[r]);
@@ -583,6 +678,9 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
             }
             S->out->res = all;
             summarize(sp, &whole, unit_batch, comm_name(c), S->out);
+            S->out->evals = evals, S->out->n_evals = n_evals;
+            evals = NULL;
+            S->out->target_minibatches = target_mb, S->out->target_train_s = target_s;
             S->out->resumed_from = resumed;
             snprintf(S->out->last_checkpoint, sizeof S->out->last_checkpoint, "%s", R.last_ckpt);
             sched_release(&whole);
@@ -601,6 +699,7 @@ out:
     }
     rt_result_release(&segres);
     rt_result_release(&R.acc);
+    free(evals);
     free(init);
     sched_release(&seg);
     sched_release(&probe);
@@ -664,5 +763,6 @@ void rt_train_summary_release(RtTrainSummary *s) {
         for (int r = 0; r < s->workers; r++) rt_result_release(&s->res[r]);
     free(s->res);
     free(s->stage);
+    free(s->evals);
     memset(s, 0, sizeof *s);
 }

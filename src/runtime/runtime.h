@@ -58,6 +58,8 @@ typedef struct RtConfig {
     uint64_t progress_u0;     /* ... and the global units done then */
     const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
     int nan_check;            /* RT_NAN_LOSS (default 0), RT_NAN_ALL: also every stage's gradients, RT_NAN_OFF */
+    int64_t eval_base;        /* message id of the first evaluation batch (0: the one after the list's
+                               * last unit); a session gives every evaluation its own ids */
 } RtConfig;
 
 enum { RT_NAN_LOSS = 0, RT_NAN_ALL = 1, RT_NAN_OFF = 2 };
@@ -98,6 +100,7 @@ typedef struct RtWorkerResult {
     double last_loss;        /* the mean loss of the last minibatch seen */
     int units_done;
     long test_correct, test_total;
+    double test_loss_sum;    /* sum over test samples of their loss (evaluation) */
     int n_hist;              /* units this worker computed the loss of */
     float *hist;             /* (n_hist, 3): unit, loss, training accuracy of the unit; owned */
     /* timing */
@@ -201,7 +204,17 @@ typedef struct RtTrainSpec {
     int progress;                /* see RtConfig.progress */
     int nan_check;               /* RT_NAN_* */
     const Profile *profile;      /* optional: the simulator's prediction for the same run */
+    int eval_every;              /* minibatches between test-set evaluations (0: only at the end);
+                                  * the pipeline drains there, as at a checkpoint */
+    double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */
 } RtTrainSpec;
+
+/* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
+ * `train_s` seconds of training in this run (evaluations and checkpoint writes excluded). */
+typedef struct RtEvalPoint {
+    uint64_t minibatches;
+    double epoch, train_s, test_accuracy, test_loss;
+} RtEvalPoint;
 
 typedef struct RtStageSummary {
     int replicas;
@@ -224,6 +237,11 @@ typedef struct RtTrainSummary {
     char last_checkpoint[4096];  /* path of the newest agreed checkpoint, "" if none */
     RtStageSummary *stage;       /* stages entries, owned */
     RtWorkerResult *res;         /* workers entries (figures, events, loss history), owned */
+    int n_evals;                 /* evaluations during the run (--eval-every), and the last one */
+    RtEvalPoint *evals;          /* owned */
+    double test_loss;            /* mean test loss after training (NAN without a test set) */
+    uint64_t target_minibatches; /* minibatches when target_accuracy was reached (0: not reached) */
+    double target_train_s;       /* training seconds then */
 } RtTrainSummary;
 
 /* Runs the session described by spec. c: this process's MPI endpoint (every rank calls, the
