@@ -106,7 +106,10 @@ void data_batch(const Dataset *d, const uint32_t *order, size_t first, int count
         size_t s = order ? order[first + (size_t)i] : first + (size_t)i;
         PD_ASSERTF(s < d->n, "order[%zu] = %zu, n = %zu", first + (size_t)i, s, d->n);
         memcpy(x + (size_t)i * numel, d->x + s * numel, numel * sizeof(float));
-        if (y) y[i] = d->y[s];
+        if (y) {
+            size_t t = (size_t)data_targets(d);
+            memcpy(y + (size_t)i * t, d->y + s * t, t * sizeof(int32_t));
+        }
     }
 }
 

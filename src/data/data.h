@@ -33,8 +33,13 @@ typedef struct Dataset {
     int c, h, w;         /* sample shape (C, H, W) */
     int n_classes;
     float *x;            /* (n, c, h, w) in [0, 1], owned (pd_alloc) */
-    int32_t *y;          /* (n), each in [0, n_classes), owned (pd_alloc) */
+    int32_t *y;          /* (n, y_len), each in [0, n_classes), owned (pd_alloc) */
+    int y_len;           /* targets per sample: 0 or 1 = one class label; T = a sequence's
+                          * next-token targets (data_text_dataset) */
 } Dataset;
+
+/* Targets per sample (y_len, at least 1). */
+static inline int data_targets(const Dataset *d) { return d->y_len > 1 ? d->y_len : 1; }
 
 /* Number of floats in one sample: c*h*w. */
 size_t data_sample_numel(const Dataset *d);
@@ -91,7 +96,7 @@ size_t data_batches_per_epoch(size_t n, int batch, int drop_last);
 void data_epoch_order(size_t n, uint64_t seed, uint64_t epoch, int shuffle, uint32_t *order);
 
 /* Copies samples order[first .. first+count) into caller buffers (no allocation):
- * x (count, c, h, w), y (count) (y may be NULL). order NULL = identity. Asserts
+ * x (count, c, h, w), y (count, data_targets(d)) (y may be NULL). order NULL = identity. Asserts
  * first + count <= n and every index < n. */
 void data_batch(const Dataset *d, const uint32_t *order, size_t first, int count, float *x, int32_t *y);
 
@@ -186,6 +191,10 @@ int  data_text_sampler_init(TextSampler *s, const TextData *d, int batch, uint64
 void data_text_sampler_release(TextSampler *s);
 /* Global minibatch g into x (batch, T), y (batch, T); returns its sequence count. */
 int  data_text_sampler_get(TextSampler *s, uint64_t g, float *x, int32_t *y);
+/* The training part (test = 0) or the held-out tail (test = 1) as a Dataset (data_text_set.c):
+ * sample i = sequence i, x (1, 1, T) token ids as floats, y (T) targets (y_len = T),
+ * n_classes 256. Caller owns *out (data_release). */
+int  data_text_dataset(const TextData *t, int test, Dataset *out, Err *err);
 /* ==== end of text ============================================================================ */
 
 #endif

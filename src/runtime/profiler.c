@@ -24,9 +24,8 @@ static double median(double *v, int n) {
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s) {
     int nl = model_n_layers(m);
-    Shape outs = model_layer_out_shape(m, nl - 1);
-    PD_ASSERT(outs.ndim == 1 && B >= 1 && warmup >= 0 && iterations >= 1);
-    int classes = outs.d[0];
+    int classes = 0, rows = B * model_loss_positions(m, &classes);   /* one row of logits per target */
+    PD_ASSERT(classes > 0 && B >= 1 && warmup >= 0 && iterations >= 1);
     size_t np = model_param_count(m, 0, nl);
     float *dw = pd_alloc_f32(np ? np : 1);
     /* Each layer's share of the optimizer step is timed too and counted in its backward time:
@@ -45,7 +44,7 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
         ctx[i] = nnctx_new(m, i, i + 1, B);
         grad[i] = pd_alloc_f32((size_t)B * shape_numel(model_layer_in_shape(m, i)));
     }
-    grad[nl] = pd_alloc_f32((size_t)B * (size_t)classes);
+    grad[nl] = pd_alloc_f32((size_t)rows * (size_t)classes);
     int total = warmup + iterations;
     double t_start = pd_now();
     for (int it = 0; it < total; it++) {
@@ -58,8 +57,8 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
             y = model_forward(m, ctx[i], w + off, st + soff, y, &run);
             if (it >= warmup) tf[lo + (size_t)(it - warmup)] = pd_now() - t0;
         }
-        memset(grad[nl], 0, (size_t)B * (size_t)classes * sizeof(float));
-        kern_xent_fwd_bwd(y, labels, grad[nl], B, classes, 1.0f, NULL);
+        memset(grad[nl], 0, (size_t)rows * (size_t)classes * sizeof(float));
+        kern_xent_fwd_bwd(y, labels, grad[nl], rows, classes, 1.0f, NULL);
         for (int i = nl - 1; i >= 0; i--) {
             size_t lo = (size_t)i * (size_t)iterations;
             size_t off = model_param_offset(m, i);
@@ -106,9 +105,11 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         return rc;
     }
     Shape outs = model_layer_out_shape(m, nl - 1);
-    if (outs.ndim != 1) {
+    int classes = 0, tpos = model_loss_positions(m, &classes), vocab = model_input_vocab(m);
+    if (outs.ndim < 1 || outs.ndim > 2 || classes < 1) {
         model_free(m);
-        return err_set(err, PD_EINVAL, "%s: the last layer's output is not a vector of logits", model_path);
+        return err_set(err, PD_EINVAL, "%s: the last layer's output is not logits, (classes) or (positions, classes)",
+                       model_path);
     }
     size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
     float *w = pd_alloc_f32(np ? np : 1), *st = pd_alloc_f32(ns ? ns : 1);
@@ -117,7 +118,15 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     Dataset syn;
     Shape in = model_input_shape(m);
     int c = in.ndim == 3 ? in.d[0] : 1, h = in.ndim >= 2 ? in.d[in.ndim - 2] : 1, wd = in.d[in.ndim - 1];
-    if ((rc = data_synthetic((size_t)B, c, h, wd, outs.d[0], 5, &syn, err))) goto out;
+    if ((rc = data_synthetic((size_t)B, c, h, wd, classes, 5, &syn, err))) goto out;
+    if (vocab > 0 || tpos > 1) {   /* token ids in [0, vocab) and a target per position: fixed patterns */
+        int32_t *y = pd_alloc((size_t)B * (size_t)tpos * sizeof(int32_t));
+        for (size_t i = 0; i < (size_t)B * (size_t)tpos; i++) y[i] = (int32_t)((i * 31 + 5) % (size_t)classes);
+        if (vocab > 0)
+            for (size_t i = 0; i < (size_t)B * shape_numel(in); i++) syn.x[i] = (float)((i * 131 + 7) % (size_t)vocab);
+        pd_free(syn.y);
+        syn.y = y, syn.y_len = tpos;
+    }
     double *fwd = calloc((size_t)nl, sizeof *fwd), *bwd = calloc((size_t)nl, sizeof *bwd);
     PD_ASSERT(fwd && bwd);
     rt_time_layers(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, fwd, bwd);

@@ -33,26 +33,27 @@ int rt_eval(Worker *w, Err *err) {
         if (w->is_input) {
             data_batch(test, NULL, (size_t)B * b, n, nnctx_input(sl->ctx), sl->labels);
             if (!w->is_last) {
-                for (int i = 0; i < n; i++) sl->labels_f[i] = (float)sl->labels[i];
-                if ((rc = comm_isend(w->c, lastr, COMM_CTRL, mb, 0, shape1(n), sl->labels_f, &sl->s_lab, err))) break;
+                for (int i = 0; i < n * w->tlen; i++) sl->labels_f[i] = (float)sl->labels[i];
+                if ((rc = comm_isend(w->c, lastr, COMM_CTRL, mb, 0, shape1(n * w->tlen), sl->labels_f, &sl->s_lab, err)))
+                    break;
             }
         } else {
             if ((rc = comm_irecv(w->c, prev, COMM_ACT, mb, in, nnctx_input(sl->ctx), &rq, err))) break;
             if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) break;
             if (w->is_last) {
-                if ((rc = comm_irecv(w->c, first, COMM_CTRL, mb, shape1(n), sl->labels_f, &rq, err))) break;
+                if ((rc = comm_irecv(w->c, first, COMM_CTRL, mb, shape1(n * w->tlen), sl->labels_f, &rq, err))) break;
                 if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) break;
-                for (int i = 0; i < n; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
+                for (int i = 0; i < n * w->tlen; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
             }
         }
         NnRun run = {.n = n, .train = 0, .seed = w->cfg->seed, .minibatch = (uint64_t)mb};
         const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
         if (w->is_last) {
             int correct = 0;
-            float loss = kern_xent_fwd_bwd(y, sl->labels, NULL, n, w->classes, 1.0f, &correct);
-            w->res->test_loss_sum += (double)loss * n;
+            float loss = kern_xent_fwd_bwd(y, sl->labels, NULL, n * w->tlen, w->classes, 1.0f, &correct);
+            w->res->test_loss_sum += (double)loss * n * w->tlen;   /* totals over positions */
             w->res->test_correct += correct;
-            w->res->test_total += n;
+            w->res->test_total += n * w->tlen;
         } else {
             if ((rc = comm_isend(w->c, next, COMM_ACT, mb, w->newest, out, y, &sl->s_act, err))) break;
             /* the output buffer is rewritten by the next batch's forward: complete the send */

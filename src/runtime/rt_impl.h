@@ -30,6 +30,7 @@ typedef struct Worker {
     RtWorkerResult *res;
     int rank, stage, first, last;
     int is_input, is_last, classes;
+    int tlen;                 /* targets per sample: 1 (a class), or T (a language model's positions) */
     Shape in_shape, out_shape;   /* with the batch dimension */
     Model *m;
     int m_borrowed;           /* m is cfg->model: not freed here */

@@ -144,14 +144,32 @@ static int setup_local(Rank *R, const Schedule *probe, Err *err) {
     if (comm_size(R->c) != probe->n_ranks)
         return err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", probe->n_ranks,
                        comm_size(R->c));
-    if (R->reads_input) {
-        if ((rc = data_load_idx(sp->data_dir, "train", &R->train, err))) return rc;
-        R->have_train = 1;
-        data_normalize(&R->train, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
+    if (sp->text) {   /* byte-level text: sequences of the model's context length, a held-out tail */
+        Shape in = model_input_shape(R->m);
+        if (in.ndim != 1)
+            return err_set(err, PD_EINVAL, "%s: --text needs a model whose input is (T) token ids", sp->model_path);
+        TextData txt;
+        if ((rc = data_text_load(sp->text, in.d[0], DATA_TEXT_TEST_FRACTION, &txt, err))) return rc;
+        if (R->reads_input) {
+            rc = data_text_dataset(&txt, 0, &R->train, err);
+            R->have_train = !rc;
+        }
+        if (!rc) {
+            rc = data_text_dataset(&txt, 1, &R->test, err);
+            R->have_test = !rc;
+        }
+        data_text_release(&txt);
+        if (rc) return rc;
+    } else {
+        if (R->reads_input) {
+            if ((rc = data_load_idx(sp->data_dir, "train", &R->train, err))) return rc;
+            R->have_train = 1;
+            data_normalize(&R->train, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
+        }
+        if ((rc = data_load_idx(sp->data_dir, "test", &R->test, err))) return rc;
+        R->have_test = 1;
+        data_normalize(&R->test, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     }
-    if ((rc = data_load_idx(sp->data_dir, "test", &R->test, err))) return rc;
-    R->have_test = 1;
-    data_normalize(&R->test, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
     if (R->rank == 0 && sp->checkpoint_dir && (rc = check_ckpt_dir(sp->checkpoint_dir, err))) return rc;
     if (sp->resume) {
         char path[4096];
@@ -631,10 +649,11 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         rt_result_release(&fin);
         if (R.have_test && n_evals && evals[n_evals - 1].minibatches == R.mb_done) {   /* just evaluated */
             const RtEvalPoint *pt = &evals[n_evals - 1];
-            if (rank == 0) {
-                R.acc.test_total = (long)R.test.n;
-                R.acc.test_correct = lround(pt->test_accuracy * (double)R.test.n);
-                R.acc.test_loss_sum = pt->test_loss * (double)R.test.n;
+            if (rank == 0) {   /* totals over targets (a language model: positions) */
+                double tot = (double)R.test.n * data_targets(&R.test);
+                R.acc.test_total = (long)tot;
+                R.acc.test_correct = lround(pt->test_accuracy * tot);
+                R.acc.test_loss_sum = pt->test_loss * tot;
             }
         } else if (R.have_test) {
             int64_t ct[2];

@@ -49,7 +49,7 @@ static void worker_mem(Worker *w) {
     if (w->n_slots) {
         const Slot *sl = &w->slots[0];
         slot = nnctx_bytes(sl->ctx) + shape_numel(w->out_shape) * f + (sl->dx ? shape_numel(w->in_shape) * f : 0) +
-               B * f + B * sizeof(int32_t);
+               B * w->tlen * (f + sizeof(int32_t));
     }
     m->activations = (size_t)w->n_slots * slot;
     m->comm = 0;
@@ -179,7 +179,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
             int src = rank_of(s, 0, in->mb);
-            rc = comm_irecv(w->c, src, COMM_CTRL, in->mb, shape1(w->cfg->unit_batch), sl->labels_f, &sl->r_lab, err);
+            rc = comm_irecv(w->c, src, COMM_CTRL, in->mb, shape1(w->cfg->unit_batch * w->tlen), sl->labels_f, &sl->r_lab,
+                            err);
             if (rc) return rc;
         }
     } else if (in->op == OP_RECV_GRAD) {
@@ -232,9 +233,9 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
         return err_set(err, PD_EINVAL, "rank %d: unit %d has %d samples, expected %d", w->rank, u, n,
                        w->cfg->unit_batch);
     if (w->is_last) return PD_OK;
-    for (int i = 0; i < n; i++) sl->labels_f[i] = (float)sl->labels[i];
+    for (int i = 0; i < n * w->tlen; i++) sl->labels_f[i] = (float)sl->labels[i];
     int dst = rank_of(w->s, w->s->n_stages - 1, u);
-    return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n), sl->labels_f, &sl->s_lab, err);
+    return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n * w->tlen), sl->labels_f, &sl->s_lab, err);
 }
 
 /* The live progress line of the last stage's first replica. */
@@ -259,23 +260,23 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
     if (!sl) return rc ? rc : err_set(err, PD_EINVAL, "rank %d: no free slot for unit %d", w->rank, in->mb);
     if (w->is_input && (rc = load_unit(w, sl, in->mb, err))) return rc;
     if (w->is_last && !w->is_input)
-        for (int i = 0; i < w->cfg->unit_batch; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
+        for (int i = 0; i < w->cfg->unit_batch * w->tlen; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
     const float *wv = vstore_get(w, in->version);
     NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
                  .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
     const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
     sl->version = in->version;
     if (w->is_last) {
-        int B = w->cfg->unit_batch;
-        memset(sl->dy, 0, (size_t)B * w->classes * sizeof(float));
+        int B = w->cfg->unit_batch, rows = B * w->tlen;   /* one row of logits per target */
+        memset(sl->dy, 0, (size_t)rows * w->classes * sizeof(float));
         int correct = 0;
-        float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, B, w->classes, 1.0f / (float)w->s->n_micro, &correct);
+        float loss = kern_xent_fwd_bwd(y, sl->labels, sl->dy, rows, w->classes, 1.0f / (float)w->s->n_micro, &correct);
         if (!isfinite(loss) && w->cfg->nan_check != RT_NAN_OFF)
             return err_set(err, PD_EINVAL, "the loss is %g at minibatch %llu (unit %d of this run)", (double)loss,
                            (unsigned long long)(w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro, in->mb);
         w->res->loss_sum += loss;
         float *h = &w->res->hist[3 * w->res->n_hist++];
-        h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)B;
+        h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)rows;
         w->res->units_done++;
         if (w->cfg->progress && w->sw->replica == 0) progress(w, in->mb, loss);
         w->mb_loss_sum += loss;
@@ -462,14 +463,20 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     w->out_shape.ndim = outs.ndim + 1;
     w->out_shape.d[0] = B;
     for (int i = 0; i < outs.ndim; i++) w->out_shape.d[i + 1] = outs.d[i];
+    int K = 0;
+    w->tlen = model_loss_positions(w->m, &K);   /* the whole model's output decides the loss */
     if (w->is_last) {
-        if (outs.ndim != 1) return err_set(err, PD_EINVAL, "%s: the last layer's output is not a vector of logits",
-                                           cfg->model_path);
-        w->classes = outs.d[0];
+        if (outs.ndim < 1 || outs.ndim > 2 || outs.d[outs.ndim - 1] != K)
+            return err_set(err, PD_EINVAL, "%s: the last layer's output is not logits, (classes) or (positions, classes)",
+                           cfg->model_path);
+        w->classes = K;
     }
     if (w->is_input) {
         if (!cfg->train) return err_set(err, PD_EINVAL, "rank %d: the input stage has no training data", rank);
         Shape mi = model_input_shape(w->m);
+        if (data_targets(cfg->train) != w->tlen)
+            return err_set(err, PD_EINVAL, "the data has %d targets per sample, the model's loss %d", data_targets(cfg->train),
+                           w->tlen);
         if ((size_t)cfg->train->c * cfg->train->h * cfg->train->w != shape_numel(mi))
             return err_set(err, PD_EINVAL, "the data's samples (%dx%dx%d) do not fit the model input (%zu values)",
                            cfg->train->c, cfg->train->h, cfg->train->w, shape_numel(mi));
@@ -523,8 +530,8 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         sl->ctx = nnctx_new(w->m, w->first, w->last, B);
         sl->dy = pd_alloc_f32(shape_numel(w->out_shape));
         sl->dx = w->is_input ? NULL : pd_alloc_f32(shape_numel(w->in_shape));
-        sl->labels_f = pd_alloc_f32((size_t)B);
-        sl->labels = pd_calloc((size_t)B * sizeof(int32_t));
+        sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
+        sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
     }
     worker_mem(w);
     worker_warmup(w);

@@ -195,6 +195,7 @@ typedef struct RtTrainSpec {
     OptConfig opt;
     uint64_t seed;
     const char *data_dir;        /* IDX directory (NULL: DATA_DEFAULT_IDX_DIR) */
+    const char *text;            /* or a plain-text file: byte-level language-model data (data.h) */
     int threads;                 /* kernel threads per worker */
     double timeout_s;            /* deadline of every wait: messages, control, collectives */
     int checkpoint_every;        /* minibatches per segment; 0 = one segment, no checkpoints */
