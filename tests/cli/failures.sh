@@ -25,11 +25,11 @@ RUN="timeout 120 mpirun -np 4 --oversubscribe $PD train $MODEL --plan $tmp/p4.js
 
 # first_line FILE: the first error line on stderr (progress and checkpoint lines come before)
 first_line() { grep -m1 -E "^pipedream: (error|rank [0-9]+: abort|rank [0-9]+ \(stage)" "$1"; }
-expect_stop() {   # expect_stop NAME RC T0 ERRFILE REGEX
-    local name=$1 rc=$2 t0=$3 f=$4 re=$5
+expect_stop() {   # expect_stop NAME RC T0 ERRFILE REGEX [LIMIT_S]
+    local name=$1 rc=$2 t0=$3 f=$4 re=$5 limit=${6:-10}
     [ "$rc" -ne 0 ] || fail "$name: the job exited 0"
     local dt; dt=$(elapsed "$t0")
-    [ "$(echo "$dt < 10" | bc)" = 1 ] || fail "$name: the job took $dt s to stop"
+    [ "$(echo "$dt < $limit" | bc)" = 1 ] || fail "$name: the job took $dt s to stop (limit $limit s)"
     pgrep -f "$tmp/p4.json" >/dev/null && fail "$name: ranks still running after the job ended"
     first_line "$f" | grep -Eq "$re" || fail "$name: first line does not match /$re/: $(first_line "$f")"
     echo "ok: $name: stopped in $dt s: $(first_line "$f")"
@@ -66,9 +66,11 @@ t0=$(now)
 $RUN --steps 200 --lr 100 >"$tmp/4.out" 2>"$tmp/4.err"
 expect_stop "NaN loss" $? "$t0" "$tmp/4.err" "rank 3 \(stage 3\).*the loss is .*nan at minibatch [0-9]+.*last checkpoint to resume from: none"
 
-# 5. a rank that stops answering: a neighbour times out naming it; the last checkpoint is named
+# 5. a rank that stops answering: a neighbour times out naming it; the last checkpoint is named.
+# The job ends within the deadline (--timeout 8, generous for sanitizer builds on a loaded
+# machine) plus 10 s.
 mkdir -p "$tmp/ck5"
-$RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck5" --timeout 3 >"$tmp/5.out" 2>"$tmp/5.err" &
+$RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck5" --timeout 8 >"$tmp/5.out" 2>"$tmp/5.err" &
 job=$!
 for _ in $(seq 600); do [ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] && break; sleep 0.1; done
 [ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] || fail "no checkpoint appeared: $(tail -5 "$tmp/5.err")"
@@ -79,7 +81,7 @@ t0=$(now)
 wait $job
 rc=$?
 expect_stop "stopped peer" $rc "$t0" "$tmp/5.err" \
-    "rank [0-9] \(stage [0-9]\).*timed out after 3 s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors"
+    "rank [0-9] \(stage [0-9]\).*timed out after 8 s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
 named=$(first_line "$tmp/5.err" | sed -n 's/.*last checkpoint to resume from: \([^ ;]*\).*/\1/p')
 [ -f "$named" ] || fail "the named checkpoint $named does not exist"
 newest=$(ls "$tmp/ck5"/ckpt-*.safetensors | sort | tail -1)
