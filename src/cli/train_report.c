@@ -100,9 +100,19 @@ static int write_pictures(const RtTrainSummary *s, const TrainOutputs *o, Err *e
         }
     int rc = PD_OK;
     char title[160];
-    snprintf(title, sizeof title, "measured: %s, %d workers", s->schedule, s->workers);
-    SvgOpts so = {.title = title, .show_comm = 1};
-    if (o->svg) rc = sim_svg_write(o->svg, ev, k, s->workers, &so, err);
+    snprintf(title, sizeof title, "%s, %d workers: measured%s", s->schedule, s->workers,
+             s->n_sim_events ? " (above) and simulated from the profile (below)" : "");
+    if (o->svg && s->n_sim_events) {   /* each panel: the fill and a steady-state stretch, its own time axis */
+        SvgPanel p[2] = {{.ev = ev, .n = k, .n_workers = s->workers, .o = {.title = "measured", .show_comm = 1}},
+                         {.ev = s->sim_events, .n = s->n_sim_events, .n_workers = s->workers,
+                          .o = {.title = "simulated (same plan and profile)", .show_comm = 1}}};
+        sim_svg_fill_steady(ev, k, s->workers, 30, &p[0].win);
+        sim_svg_fill_steady(s->sim_events, s->n_sim_events, s->workers, 30, &p[1].win);
+        rc = sim_svg_write_panels(o->svg, p, 2, title, err);
+    } else if (o->svg) {
+        SvgOpts so = {.title = title, .show_comm = 1};
+        rc = sim_svg_write(o->svg, ev, k, s->workers, &so, err);
+    }
     if (!rc && o->trace) rc = sim_trace_write(o->trace, ev, k, err);
     free(ev);
     return rc;

@@ -450,6 +450,7 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     }
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         out->predicted_time_per_unit_ms = 1e3 * sr.time_per_unit_s;
+        if (sp->trace) out->sim_events = sim_events(s, &sr, &out->n_sim_events);
         sim_result_release(&sr);
     }
     sim_costs_release(&costs);
@@ -783,5 +784,6 @@ void rt_train_summary_release(RtTrainSummary *s) {
     free(s->res);
     free(s->stage);
     free(s->evals);
+    free(s->sim_events);
     memset(s, 0, sizeof *s);
 }

@@ -28,6 +28,7 @@
 #include "nn.h"
 #include "plan.h"
 #include "schedule.h"
+#include "sim.h"
 
 /* A worker's training state over its stage's layer range: where a run continues from (a
  * checkpoint, or the previous segment of a segmented run). Buffers in the range layouts of
@@ -238,6 +239,9 @@ typedef struct RtTrainSummary {
     char last_checkpoint[4096];  /* path of the newest agreed checkpoint, "" if none */
     RtStageSummary *stage;       /* stages entries, owned */
     RtWorkerResult *res;         /* workers entries (figures, events, loss history), owned */
+    int n_sim_events;            /* the simulator's timeline of the same run (with a profile and a
+                                  * trace), to draw beside the measured one */
+    TraceEvent *sim_events;      /* owned */
     int n_evals;                 /* evaluations during the run (--eval-every), and the last one */
     RtEvalPoint *evals;          /* owned */
     double test_loss;            /* mean test loss after training (NAN without a test set) */
