@@ -20,6 +20,8 @@ static const char *USAGE =
     "  --workers N           run N workers as threads in this process\n"
     "  --schedule KIND       1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel\n"
     "  --vertical-sync       1f1b: every stage uses the input stage's weight version\n"
+    "  --no-stash            ablation: backward uses the newest weights instead of the version its\n"
+    "                        forward used (no weight stashing)\n"
     "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw; default 4)\n"
     "  --epochs N | --steps N   training length (default 1 epoch); steps = minibatches fed\n"
     "  --minibatch B         samples per minibatch (default 64; split into M micro-batches)\n"
@@ -49,7 +51,7 @@ static const char *USAGE =
 typedef struct PipeOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
-        eval_every;
+        eval_every, no_stash;
     double target;
     SchedKind kind;
     double lr, momentum, wd, timeout;
@@ -64,6 +66,10 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         int rc = CLI_OK;
         if (!strcmp(a, "--vertical-sync")) {
             o->vsync = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-stash")) {
+            o->no_stash = 1;
             continue;
         }
         if (!strcmp(a, "--progress")) {
@@ -192,7 +198,7 @@ int cmd_train_pipelined(int argc, char **argv) {
                         .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every,
-                        .target_accuracy = o.target};
+                        .target_accuracy = o.target, .no_stash = o.no_stash};
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .trace = o.trace, .svg = o.svg, .curve = o.curve};

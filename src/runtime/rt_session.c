@@ -554,7 +554,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
                     .seed = sp->seed, .train = R.have_train ? &R.train : NULL, .test = NULL,
                     .recv_timeout_s = sp->timeout_s, .trace = sp->trace, .threads = sp->threads,
                     .progress = sp->progress, .units_total = (int)(n_mb * probe.n_micro), .progress_t0 = pd_now(),
-                    .progress_u0 = R.mb_done * (uint64_t)probe.n_micro, .init = init, .nan_check = sp->nan_check};
+                    .progress_u0 = R.mb_done * (uint64_t)probe.n_micro, .init = init, .nan_check = sp->nan_check,
+                    .no_stash = sp->no_stash};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     int built = 0;
     int64_t eval_batches = R.have_test ? (int64_t)((R.test.n + (size_t)unit_batch - 1) / (size_t)unit_batch) : 0;

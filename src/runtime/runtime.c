@@ -299,7 +299,8 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
                in->mb, sl->version, in->version);
     int rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err);   /* output no longer sent */
     if (rc) return rc;
-    const float *wv = vstore_get(w, in->version);
+    /* weight stashing: the version its forward used; --no-stash (an ablation): the newest */
+    const float *wv = vstore_get(w, w->cfg->no_stash ? w->newest : in->version);
     float *dx = NULL;
     if (!w->is_input) {
         dx = sl->dx;

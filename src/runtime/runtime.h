@@ -59,6 +59,7 @@ typedef struct RtConfig {
     uint64_t progress_u0;     /* ... and the global units done then */
     const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
     int nan_check;            /* RT_NAN_LOSS (default 0), RT_NAN_ALL: also every stage's gradients, RT_NAN_OFF */
+    int no_stash;             /* ablation: backward uses the newest weights, not its forward's version */
     int64_t eval_base;        /* message id of the first evaluation batch (0: the one after the list's
                                * last unit); a session gives every evaluation its own ids */
 } RtConfig;
@@ -209,6 +210,7 @@ typedef struct RtTrainSpec {
     int eval_every;              /* minibatches between test-set evaluations (0: only at the end);
                                   * the pipeline drains there, as at a checkpoint */
     double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */
+    int no_stash;                /* ablation of weight stashing (RtConfig.no_stash) */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
