@@ -1,8 +1,10 @@
 /* cmd_plan.c: `pipedream plan`: partitions a profile over a cluster (plan_new), prints
- * the table and writes the plan JSON. Parses flags only; the work is in src/plan. */
+ * the table and writes the plan JSON; with --choose-schedule it searches schedules too
+ * (plan_search, src/sim/search.c). Parses flags only; the work is in src/plan and src/sim. */
 #include "cli.h"
 #include "plan.h"
 #include "profile.h"
+#include "search.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +14,10 @@ static void help(FILE *f) {
             "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
-            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [-o PLAN.json]\n\n"
+            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [-o PLAN.json]\n"
+            "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
+            "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
+            "                      [--optimizer sgd|adam] [--exhaustive N] [-o PLAN.json]\n\n"
             "Splits the model of PROFILE (our profile JSON or the authors' graph.txt) into pipeline\n"
             "stages with data-parallel replicas, minimising the predicted time per minibatch.\n"
             "Levels are innermost first: --workers 4,4 --bandwidth 1e10,1.25e9 is 4 workers per\n"
@@ -29,6 +34,20 @@ static void help(FILE *f) {
             "  --max-states N             limit on cut states of a DAG profile (default 4000000)\n"
             "  --chunks V                 an interleaved plan: V x workers straight stages, worker w\n"
             "                             running stages w, w + workers, ... (--schedule interleaved)\n"
+            "  --choose-schedule          search partition x replication x schedule kind x micro-batches\n"
+            "                             x chunks x recomputation for the fastest simulated plan whose\n"
+            "                             worst worker's peak memory fits --memory-limit; prints the\n"
+            "                             choice, the runner-up and what the limit cost; the plan\n"
+            "                             written records the schedule (simulate uses it)\n"
+            "  --kinds K1,K2,...          kinds to consider (default 1f1b, gpipe, 1f1b-flush, 2bw, dp,\n"
+            "                             zb-h1, zb-h2, interleaved)\n"
+            "  --microbatches X1,X2,...   micro-batches per minibatch as multiples of the workers\n"
+            "                             (default 1,2,4)\n"
+            "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
+            "  --recompute yes|no|both    recomputation settings to consider (default both)\n"
+            "  --optimizer sgd|adam       optimizer state in the memory (default sgd with momentum)\n"
+            "  --exhaustive N             score every plan when there are at most N (default 2000)\n"
+            "  --candidates               also print every candidate scored\n"
             "  -o PLAN.json               write the plan (docs/formats.md)\n");
 }
 
@@ -59,6 +78,43 @@ static int parse_list(const char *opt, const char *s, int ints, double *out) {
     return n > 0 ? n : -1;
 }
 
+/* --choose-schedule: the search, its report, the chosen plan's table; -o writes it with the
+ * schedule recorded. Releases prof. */
+static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, SearchOpts *so, const char *out_path,
+                           int show_all) {
+    Err err = {0};
+    so->memory_limit = o->memory_limit;
+    so->plan = *o;
+    SearchResult r;
+    int rc = CLI_OK;
+    if (plan_search(prof, cl, so, &r, &err)) {
+        profile_release(prof);
+        return cli_fail(&err);
+    }
+    if (show_all) plan_search_print_all(&r, stdout);
+    if (!r.found) {
+        plan_search_print(&r, stdout);
+        err_set(&err, PD_EINVAL, "no plan fits %.4g bytes per worker (see above for the fastest candidate)", o->memory_limit);
+        rc = cli_fail(&err);
+    } else {
+        Plan *best = (Plan *)r.best.plan;   /* owned by r: annotate, print, write */
+        snprintf(best->schedule, sizeof best->schedule, "%s", sched_kind_name(r.best.kind));
+        best->schedule_micro = r.best.n_micro;
+        best->schedule_recompute = r.best.recompute;
+        best->opts.memory_limit = o->memory_limit;
+        plan_print(best, stdout);
+        printf("\n");
+        plan_search_print(&r, stdout);
+        if (out_path) {
+            if (plan_save(best, out_path, &err)) rc = cli_fail(&err);
+            else printf("wrote %s\n", out_path);
+        }
+    }
+    plan_search_release(&r);
+    profile_release(prof);
+    return rc;
+}
+
 int cmd_plan(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help(stdout);
@@ -70,6 +126,9 @@ int cmd_plan(int argc, char **argv) {
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
+    SearchOpts so;
+    memset(&so, 0, sizeof so);
+    int choose = 0, search_flags = 0, show_all = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--cluster")) {
@@ -105,6 +164,50 @@ int cmd_plan(int argc, char **argv) {
             o.max_states = m;
         } else if (!strcmp(a, "--chunks")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &o.chunks)) return CLI_USAGE;
+        } else if (!strcmp(a, "--choose-schedule")) {
+            choose = 1;
+        } else if (!strcmp(a, "--candidates")) {
+            show_all = search_flags = 1;
+        } else if (!strcmp(a, "--kinds")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+                SchedKind k;
+                if (sched_kind_parse(t, &k) || k == SCHED_MP || !strcmp(t, "asp"))
+                    return cli_usage_error("plan", "--kinds: unknown or unsearchable kind \"%s\"", t);
+                so.kinds |= 1u << k;
+            }
+            search_flags = 1;
+        } else if (!strcmp(a, "--microbatches")) {
+            double x[PD_MAX_LEVELS];
+            int n;
+            if (!(v = cli_value("plan", argc, argv, &i)) || (n = parse_list(a, v, 1, x)) < 0) return CLI_USAGE;
+            so.n_micro = n;
+            for (int k = 0; k < n; k++) so.micro[k] = (int)x[k];
+            search_flags = 1;
+        } else if (!strcmp(a, "--max-chunks")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &so.max_chunks))
+                return CLI_USAGE;
+            search_flags = 1;
+        } else if (!strcmp(a, "--recompute")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "both")) so.recompute = 0;
+            else if (!strcmp(v, "no")) so.recompute = 1;
+            else if (!strcmp(v, "yes")) so.recompute = 2;
+            else return cli_usage_error("plan", "--recompute: \"%s\" (yes, no, both)", v);
+            search_flags = 1;
+        } else if (!strcmp(a, "--optimizer")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "sgd")) so.opt_state_factor = 1;
+            else if (!strcmp(v, "adam")) so.opt_state_factor = 2;
+            else return cli_usage_error("plan", "--optimizer: unknown \"%s\" (sgd, adam)", v);
+            search_flags = 1;
+        } else if (!strcmp(a, "--exhaustive")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 0, 1000000, &so.exhaustive))
+                return CLI_USAGE;
+            if (so.exhaustive == 0) so.exhaustive = -1;
+            search_flags = 1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(out_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-' && a[1]) {
@@ -116,6 +219,12 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
+    if (search_flags && !choose)
+        return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer, --exhaustive and "
+                               "--candidates go with --choose-schedule");
+    if (choose && (o.cost_model != COST_OURS || o.straight || o.allow_idle || o.chunks))
+        return cli_usage_error("plan", "--choose-schedule searches our cost model's plans itself (no --cost-model "
+                               "pipedream, --straight, --allow-idle or --chunks)");
     Cluster cl;
     memset(&cl, 0, sizeof cl);
     Err err = {0};
@@ -136,6 +245,7 @@ int cmd_plan(int argc, char **argv) {
     }
     Profile prof;
     if (profile_load(profile_path, &prof, &err)) return cli_fail(&err);
+    if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {
         err_prefix(&err, "%s", profile_path);

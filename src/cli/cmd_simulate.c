@@ -51,7 +51,7 @@ int cmd_simulate(int argc, char **argv) {
     }
     const char *plan_path = NULL, *profile_path = NULL, *cluster_path = NULL, *svg_path = NULL, *trace_path = NULL;
     SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
-    int json = 0, comm = 0, dump = 0, chunks = 0;
+    int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -61,6 +61,7 @@ int cmd_simulate(int argc, char **argv) {
             if (!(cluster_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
         } else if (!strcmp(a, "--schedule")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+            kind_given = 1;
             if (sched_kind_parse(v, &so.kind))
                 return cli_usage_error("simulate", "--schedule: unknown kind \"%s\" (1f1b, gpipe, 1f1b-flush, 2bw, dp, "
                                                    "model-parallel, zb-h1, zb-h2, interleaved)", v);
@@ -105,10 +106,12 @@ int cmd_simulate(int argc, char **argv) {
     if (!profile_path) return cli_usage_error("simulate", "missing --profile PROFILE");
     int micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW ||
                      so.kind == SCHED_ZB_H1 || so.kind == SCHED_ZB_H2 || so.kind == SCHED_INTERLEAVED;
-    if (so.n_micro > 1 && !micro_kind)
+    if (so.n_micro > 1 && !micro_kind && kind_given)   /* else the plan's schedule may have them */
         return cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
                                "not %s", sched_kind_name(so.kind));
-    if (chunks && so.kind != SCHED_INTERLEAVED) return cli_usage_error("simulate", "--chunks applies to interleaved only");
+    if (chunks && kind_given && so.kind != SCHED_INTERLEAVED)
+        return cli_usage_error("simulate", "--chunks applies to interleaved only");
+    if (chunks) so.kind = SCHED_INTERLEAVED;
     if (so.vertical_sync && so.kind != SCHED_1F1B)
         return cli_usage_error("simulate", "--vertical-sync applies to 1f1b only");
 
@@ -132,6 +135,24 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (p->profile_checksum && prof.checksum && p->profile_checksum != prof.checksum)
         fprintf(stderr, "pipedream: warning: %s was planned from a different profile than %s\n", plan_path, profile_path);
+    if (!kind_given && !chunks && p->schedule[0]) {   /* the schedule plan --choose-schedule chose */
+        if (sched_kind_parse(p->schedule, &so.kind)) {
+            err_set(&err, PD_EINVAL, "%s: unknown schedule \"%s\"", plan_path, p->schedule);
+            goto fail;
+        }
+        if (!so.n_micro) so.n_micro = p->schedule_micro;
+        so.recompute |= p->schedule_recompute;
+        if (!json) printf("schedule from %s: %s, %d micro-batches%s\n", plan_path, p->schedule, so.n_micro,
+                          so.recompute ? ", recomputation" : "");
+    }
+    if (!kind_given && !chunks && p->chunks > 1) so.kind = SCHED_INTERLEAVED;
+    micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW || so.kind == SCHED_ZB_H1 ||
+                 so.kind == SCHED_ZB_H2 || so.kind == SCHED_INTERLEAVED;
+    if (so.n_micro > 1 && !micro_kind) {
+        rc = cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
+                             "not %s", sched_kind_name(so.kind));
+        goto cleanup;
+    }
     if (chunks && p->chunks > 1 && chunks != p->chunks) {
         err_set(&err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", plan_path, p->chunks, chunks);
         goto fail;
@@ -188,6 +209,7 @@ int cmd_simulate(int argc, char **argv) {
     rc = CLI_OK;
 fail:
     if (rc != CLI_OK) rc = cli_fail(&err);
+cleanup:
     free(ev);
     sim_result_release(&r);
     sim_costs_release(&costs);

@@ -233,6 +233,26 @@ Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *e
                      "divides by zero here)");
         goto done;
     }
+    p = plan_from_solution(prof, &g, &s, &sol, cl, o, err);
+    if (p && o->stage_memory) p->opts.stage_memory = NULL, p->opts.stage_memory_ctx = NULL;   /* checked by its rule */
+    else if (p && (rc = plan_check_memory(p, prof, err))) {
+        plan_free(p);
+        p = NULL;
+    }
+done:
+    psolution_release(&sol);
+    pstates_release(&s);
+    pgraph_release(&g);
+    return p;
+}
+
+Plan *plan_from_solution(const Profile *prof, const PGraph *gp, const PStates *sp, const PSolution *solp,
+                         const Cluster *cl, const PlanOpts *o, Err *err) {
+    const PGraph g = *gp;
+    const PStates s = *sp;
+    const PSolution sol = *solp;
+    Plan *p = NULL;
+    int rc = PD_OK;
     const int L = prof->n_layers;
     int *stage_of = malloc(sizeof(int) * (size_t)L);
     PD_ASSERT(stage_of);
@@ -326,11 +346,7 @@ Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *e
     rc = plan_validate(p, L, err);
     if (rc) err_prefix(err, "internal error: the planner made an invalid plan");
     PD_ASSERTF(rc == PD_OK, "%s", err ? err->msg : "invalid plan");
-    rc = plan_check_memory(p, prof, err);
 done:
-    psolution_release(&sol);
-    pstates_release(&s);
-    pgraph_release(&g);
     if (rc) {
         plan_free(p);
         return NULL;
@@ -370,6 +386,12 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(p->cluster.memory_per_worker));
     cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
     if (p->chunks > 1) cJSON_AddItemToObject(root, "chunks", pd_json_num(p->chunks));
+    if (p->schedule[0]) {
+        cJSON *sj = cJSON_AddObjectToObject(root, "schedule");
+        cJSON_AddStringToObject(sj, "kind", p->schedule);
+        cJSON_AddItemToObject(sj, "microbatches", pd_json_num(p->schedule_micro));
+        cJSON_AddBoolToObject(sj, "recompute", p->schedule_recompute);
+    }
     cJSON_AddItemToObject(root, "noam", pd_json_num(p->noam));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
     cJSON_AddItemToObject(pr, "pipeline_s", pd_json_num(p->pipeline_s));
@@ -465,6 +487,20 @@ Plan *plan_load(const char *path, Err *err) {
     }
     if ((rc = jobj_int(&j, "n_workers", 1, 1, 1 << 20, &p->n_workers, err))) goto done;
     if ((rc = jobj_int(&j, "chunks", 0, 2, 64, &p->chunks, err))) goto done;
+    if (jobj_has(&j, "schedule")) {
+        JObj sj;
+        if ((rc = jobj_init(&sj, jobj_get(&j, "schedule"), err, "%s: schedule", path)) ||
+            (rc = jobj_str(&sj, "kind", 1, &s, err)))
+            goto done;
+        if (!s[0] || strlen(s) >= sizeof p->schedule) {
+            rc = err_set(err, PD_EINVAL, "%s: schedule: key \"kind\": expected a schedule name", path);
+            goto done;
+        }
+        snprintf(p->schedule, sizeof p->schedule, "%s", s);
+        if ((rc = jobj_int(&sj, "microbatches", 1, 1, 1 << 16, &p->schedule_micro, err)) ||
+            (rc = jobj_bool(&sj, "recompute", 1, &p->schedule_recompute, err)) || (rc = jobj_done(&sj, err)))
+            goto done;
+    }
     if ((rc = jobj_int(&j, "noam", 1, 1, 1 << 20, &p->noam, err))) goto done;
     if ((rc = jobj_init(&pj, jobj_get(&j, "predicted"), err, "%s: predicted", path))) goto done;
     if ((rc = jobj_num(&pj, "pipeline_s", 1, 0, 1e300, &p->pipeline_s, err)) ||

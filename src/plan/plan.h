@@ -51,6 +51,13 @@ typedef struct PlanOpts {
     long max_states;               /* limit on cut states (0 = 4,000,000) */
     int chunks;                    /* ours: V >= 2 writes an interleaved plan of V x workers straight
                                     * stages, stage i on rank i mod workers (plan_chunks.c); 0/1: plain */
+    /* ours: the bytes per worker a stage needs under memory_limit, instead of the 1F1B stash rule
+     * (the schedule search's per-kind estimates); NULL: plan_ours_stash. in_bytes: what crosses
+     * the cut before the stage (0 for the first). A plan made with it is not re-checked by
+     * plan_check_memory, and the pointer is not kept in the plan. */
+    double (*stage_memory)(const void *ctx, int workers_from_here, int replicas, double act, double par,
+                           double in_bytes);
+    const void *stage_memory_ctx;
 } PlanOpts;
 
 typedef struct PlanStage {
@@ -83,6 +90,10 @@ typedef struct Plan {
      * --chunks V`): V x n_workers one-replica stages, stage i on rank i mod n_workers, for
      * --schedule interleaved only. */
     int chunks;
+    /* The schedule a search chose for the plan (`plan --choose-schedule`; JSON "schedule"):
+     * kind name ("" = none), micro-batches per minibatch, recomputation. */
+    char schedule[24];
+    int schedule_micro, schedule_recompute;
 } Plan;
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
@@ -117,5 +128,12 @@ int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
  * stage times. Fails (p unchanged) unless V >= 2 divides S, S / V >= 2 and every stage has
  * one replica. */
 int   plan_interleave(Plan *p, int V, Err *err);
+/* Every plan of prof over all of cl's workers by our model's placement: each chain of cut
+ * states (the partitioner's) with replicas summing to the workers (o->straight: one each),
+ * or with o->chunks = V >= 2 each chain of V x workers one-replica stages round-robin; stage
+ * times by our cost model (o's compression and overlap; no memory limit). *out gets a
+ * malloc'd array of *n plans (free each with plan_free, then the array). Fails with PD_EINVAL
+ * ("more than LIMIT plans", nothing returned) when there are more than limit. */
+int   plan_enumerate(const Profile *prof, const Cluster *cl, const PlanOpts *o, int limit, Plan ***out, int *n, Err *err);
 
 #endif

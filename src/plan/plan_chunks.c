@@ -67,26 +67,32 @@ int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
         st->replicas = 1;
         j = st->from;
     }
-    double *per = calloc((size_t)W, sizeof(double));
-    PD_ASSERT(per);
-    for (int q = 0; q < NS; q++) {
-        PStageRange *st = &out->st[q];
-        st->time_s = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
-        if (q > 0) {
-            double bnd = chunk_boundary(cl, s->OX[st->from] / ratio, (q - 1) % W, q % W);
-            if (bnd > st->time_s) st->time_s = bnd;
-            if (bnd > out->st[q - 1].time_s) out->st[q - 1].time_s = bnd;
-        }
-    }
-    for (int q = 0; q < NS; q++) per[q % W] += out->st[q].time_s;
-    out->pipeline_s = 0;
-    for (int w = 0; w < W; w++)
-        if (per[w] > out->pipeline_s) out->pipeline_s = per[w];
-    free(per);
-    out->single_s = s->C[n - 1];
-    out->dp_s = plan_ours_stage_compute(cl, o, s->C[n - 1], s->PAR[n - 1], 0, W);
+    psolution_times_chunks(s, cl, o, out);
 #undef GI
 done:
     free(G);
     return rc;
+}
+
+void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol) {
+    const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
+    const int W = cluster_total_workers(cl), NS = sol->n_stages;
+    double *per = calloc((size_t)W, sizeof(double));
+    PD_ASSERT(per);
+    for (int q = 0; q < NS; q++) {
+        PStageRange *st = &sol->st[q];
+        st->time_s = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
+        if (q > 0) {
+            double bnd = chunk_boundary(cl, s->OX[st->from] / ratio, (q - 1) % W, q % W);
+            if (bnd > st->time_s) st->time_s = bnd;
+            if (bnd > sol->st[q - 1].time_s) sol->st[q - 1].time_s = bnd;
+        }
+    }
+    for (int q = 0; q < NS; q++) per[q % W] += sol->st[q].time_s;
+    sol->pipeline_s = 0;
+    for (int w = 0; w < W; w++)
+        if (per[w] > sol->pipeline_s) sol->pipeline_s = per[w];
+    free(per);
+    sol->single_s = s->C[s->n - 1];
+    sol->dp_s = plan_ours_stage_compute(cl, o, s->C[s->n - 1], s->PAR[s->n - 1], 0, W);
 }

@@ -68,6 +68,16 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
 /* Ours (docs/planner.md): flat over ranks, topology-aware bandwidths, exact 1F1B stash. */
 int plan_dp_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 void psolution_release(PSolution *s);
+/* The plan of a solution (stages as state ranges with replicas, ranks consecutive; o->chunks
+ * >= 2: round-robin): layers assigned, removed layers placed, validated (no memory check).
+ * NULL with err if a stage would be empty. Borrowed inputs. */
+Plan *plan_from_solution(const Profile *prof, const PGraph *g, const PStates *s, const PSolution *sol,
+                         const Cluster *cl, const PlanOpts *o, Err *err);
+/* Stage times of a solution whose ranges and replicas are set (ranks consecutive from 0), by
+ * our model (time_s, pipeline_s = the largest, single_s, dp_s), or for an interleaved one
+ * (round-robin ranks; pipeline_s = the largest per-worker sum). */
+void psolution_times_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
+void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
 /* Interleaved plans (o->chunks >= 2): V x W one-replica stages, stage i on rank i mod W. */
 int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 

@@ -39,6 +39,11 @@ double plan_ours_stash(int workers_from_here, int r, double act, double par) {
     return (double)((workers_from_here + r - 1) / r) * (act + par);
 }
 
+static double stage_mem(const PlanOpts *o, int from_here, int r, double act, double par, double in) {
+    return o->stage_memory ? o->stage_memory(o->stage_memory_ctx, from_here, r, act, par, in)
+                           : plan_ours_stash(from_here, r, act, par);
+}
+
 typedef struct FEnt {
     double t;   /* NaN = unreachable */
     int k, rp;  /* previous cut and its last stage's replicas; k = -1: one stage */
@@ -54,7 +59,7 @@ static int run(const PStates *s, const Cluster *cl, const PlanOpts *o, int Wt, i
     for (size_t x = 0; x < (size_t)n * (Wt + 1) * (Wt + 1); x++) F[x] = (FEnt){NAN, -1, 0};
     for (int j = 0; j < n; j++) {
         for (int r = 1; r <= rcap; r++) { /* one stage: D_j on ranks 0..r-1 */
-            if (o->memory_limit > 0 && plan_ours_stash(Wt, r, s->ACT[j], s->PAR[j]) > o->memory_limit) continue;
+            if (o->memory_limit > 0 && stage_mem(o, Wt, r, s->ACT[j], s->PAR[j], 0) > o->memory_limit) continue;
             FI(j, r, r) = (FEnt){plan_ours_stage_compute(cl, o, s->C[j], s->PAR[j], 0, r), -1, 0};
         }
         for (int k = 0; k < j; k++) {
@@ -63,7 +68,7 @@ static int run(const PStates *s, const Cluster *cl, const PlanOpts *o, int Wt, i
             double bytes = s->OX[k] / ratio;
             for (int r = 1; r <= rcap; r++)
                 for (int mp = 1; mp + r <= Wt; mp++) {
-                    if (o->memory_limit > 0 && plan_ours_stash(Wt - mp, r, Ast, Pst) > o->memory_limit) continue;
+                    if (o->memory_limit > 0 && stage_mem(o, Wt - mp, r, Ast, Pst, s->OX[k]) > o->memory_limit) continue;
                     double comp = plan_ours_stage_compute(cl, o, Cst, Pst, mp, r);
                     FEnt *dst = &FI(j, mp + r, r);
                     for (int rp = 1; rp <= mp && rp <= rcap; rp++) {
@@ -157,38 +162,49 @@ int plan_dp_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSoluti
             r = rp;
         }
 #undef FB
-        const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
         out->n_stages = cnt;
         out->st = calloc((size_t)cnt, sizeof *out->st);
         PD_ASSERT(out->st);
-        int first = 0;
         for (int q = 0; q < cnt; q++) {
             int src = cnt - 1 - q;
             PStageRange *st = &out->st[q];
             st->to = to[src];
             st->from = q == 0 ? -1 : out->st[q - 1].to;
             st->replicas = rs[src];
-            double C = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
-            double P = s->PAR[st->to] - (st->from >= 0 ? s->PAR[st->from] : 0);
-            st->time_s = plan_ours_stage_compute(cl, o, C, P, first, st->replicas);
-            first += st->replicas;
         }
-        first = 0;
-        for (int q = 0; q + 1 < cnt; q++) { /* the boundaries, charged to both sides */
-            PStageRange *a = &out->st[q], *b = &out->st[q + 1];
-            double bnd = plan_ours_boundary(cl, s->OX[a->to] / ratio, first, a->replicas, b->replicas);
-            if (bnd > a->time_s) a->time_s = bnd;
-            if (bnd > b->time_s) b->time_s = bnd;
-            first += a->replicas;
-        }
+        psolution_times_ours(s, cl, o, out);
         free(to);
         free(rs);
         out->pipeline_s = best_t;
-        out->single_s = s->C[n - 1];
         out->dp_s = plan_ours_stage_compute(cl, o, s->C[n - 1], s->PAR[n - 1], 0, W);
     }
 done:
     free(F);
     free(Fbest);
     return rc;
+}
+
+void psolution_times_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol) {
+    const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
+    int first = 0, cnt = sol->n_stages;
+    for (int q = 0; q < cnt; q++) {
+        PStageRange *st = &sol->st[q];
+        double C = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
+        double P = s->PAR[st->to] - (st->from >= 0 ? s->PAR[st->from] : 0);
+        st->time_s = plan_ours_stage_compute(cl, o, C, P, first, st->replicas);
+        first += st->replicas;
+    }
+    first = 0;
+    for (int q = 0; q + 1 < cnt; q++) { /* the boundaries, charged to both sides */
+        PStageRange *a = &sol->st[q], *b = &sol->st[q + 1];
+        double bnd = plan_ours_boundary(cl, s->OX[a->to] / ratio, first, a->replicas, b->replicas);
+        if (bnd > a->time_s) a->time_s = bnd;
+        if (bnd > b->time_s) b->time_s = bnd;
+        first += a->replicas;
+    }
+    sol->pipeline_s = 0;
+    for (int q = 0; q < cnt; q++)
+        if (sol->st[q].time_s > sol->pipeline_s) sol->pipeline_s = sol->st[q].time_s;
+    sol->single_s = s->C[s->n - 1];
+    sol->dp_s = plan_ours_stage_compute(cl, o, s->C[s->n - 1], s->PAR[s->n - 1], 0, first + (cnt ? sol->st[cnt - 1].replicas : 0));
 }
