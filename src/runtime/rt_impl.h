@@ -67,6 +67,12 @@ int  rt_exec(Worker *w, int blocking, Err *err);
  * correct answers into w->res. Collective over the workers of replica 0. */
 int  rt_eval(Worker *w, Err *err);
 
+/* rt_asp.c: runs the worker's asp segment (cfg->sched of kind SCHED_ASP, every rank of w->c a
+ * replica) instead of rt_exec: its units with pushes and pulls, serving its shard, then every
+ * shard to every rank, so that all ranks end with the same newest weights and optimizer state.
+ * Collective over w->c. log: optional (RtAspLog). Returns RT_DONE, or RT_ERR with err set. */
+int  rt_asp_exec(Worker *w, RtAspLog *log, Err *err);
+
 /* rt_fail.c (MPI only; no-ops under threads): every rank learns every rank's pid, then a
  * SIGTERM/SIGINT handler names the lost ranks and the last checkpoint before exiting 1. */
 int  rt_fail_setup(Comm *c, const Schedule *s, double timeout_s, Err *err);

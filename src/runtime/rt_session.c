@@ -594,7 +594,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
             goto out;
         }
         double seg_t0 = w.t_start - R.t0;
-        if (w.stage >= 0 && rt_exec(&w, 1, err) == RT_ERR) {
+        if (w.stage >= 0 && (seg.kind == SCHED_ASP ? rt_asp_exec(&w, NULL, err) : rt_exec(&w, 1, err)) == RT_ERR) {
             rc = fail_segment(&R, err->code ? err->code : PD_ECOMM, err);
             goto out;
         }

@@ -113,6 +113,15 @@ typedef struct RtWorkerResult {
     int n_events;
     RtEvent *events;         /* when cfg->trace, owned */
     RtMem mem;               /* what it allocated (filled by rt_worker_init) */
+    /* asp only (zero otherwise; rt_asp.c, docs/asp.md): gradients applied to this rank's shard of
+     * the parameters, their staleness (the shard's version when applied - the version the
+     * gradient was computed from), and the round trip of this worker's pulls (its push sent ..
+     * every shard back) */
+    long asp_applied;
+    double asp_staleness_mean;
+    int asp_staleness_max;
+    long asp_pulls;
+    double asp_pull_ms_mean, asp_pull_ms_max;
 } RtWorkerResult;
 
 void rt_result_release(RtWorkerResult *r);
@@ -249,6 +258,11 @@ typedef struct RtTrainSummary {
     double test_loss;            /* mean test loss after training (NAN without a test set) */
     uint64_t target_minibatches; /* minibatches when target_accuracy was reached (0: not reached) */
     double target_train_s;       /* training seconds then */
+    /* asp (rt_asp_summarize sets asp_figures): staleness of the applied gradients over all
+     * shards (NAN / -1 without any), pull round trips (NAN without any) */
+    int asp_figures;
+    double staleness_mean, pull_ms_mean, pull_ms_max;
+    int staleness_max;
 } RtTrainSummary;
 
 /* Runs the session described by spec. c: this process's MPI endpoint (every rank calls, the
@@ -256,5 +270,35 @@ typedef struct RtTrainSummary {
  * process. Returns PD_OK or an error (err as described above). */
 int  rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err);
 void rt_train_summary_release(RtTrainSummary *s);
+
+/* ---- asynchronous parallel training (rt_asp.c, docs/asp.md) ------------------------------------
+ * sched_build(SCHED_ASP) gives the stage table of dp (every rank a replica of the whole model)
+ * and per worker F u, B u, U for its own units; rt_worker_run, rt_run_threads and rt_emulate do
+ * NOT execute asp (they would train replicas apart): a session (rt_train) and the functions
+ * below do. The parameters are sharded over the replicas; each worker pushes every gradient
+ * to the shards' owners, which apply it at once and answer with the shard for its next unit.
+ *
+ * RtAspLog (tests, analysis): what one rank's shard [lo, hi) of the whole model's parameter
+ * buffer applied, in order: unit[k] is the unit whose gradient made version k + 1 of the shard,
+ * from[k] the shard version that gradient was computed from (staleness k - from[k]). */
+typedef struct RtAspLog {
+    int rank;
+    size_t lo, hi;
+    int n, cap;
+    int32_t *unit, *from;   /* n entries each, owned */
+} RtAspLog;
+void rt_asp_log_release(RtAspLog *l);   /* zeroed is fine */
+
+/* rt_worker_run for cfg->sched of kind asp, on every rank of c (all of them replicas); log
+ * (optional) gets this rank's shard log. Afterwards every rank's res holds the same final
+ * weights and optimizer state. */
+int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err);
+/* One thread per rank over the threads transport; res (and logs, optional) sched->n_ranks entries.
+ * On failure: the code and message of the first worker that failed on its own. */
+int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, Err *err);
+/* Sessions: adds one segment's asp figures to a worker's totals (weighted means, maxima), and
+ * fills out's staleness_* and pull_ms_* from every worker's totals. */
+void rt_asp_acc_add(RtWorkerResult *acc, const RtWorkerResult *seg);
+void rt_asp_summarize(const RtWorkerResult *res, int n, RtTrainSummary *out);
 
 #endif

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const KIND_NAMES[] = {"1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel",
+static const char *const KIND_NAMES[] = {"1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel", "asp",
                                          "zb-h1", "zb-h2", "interleaved"};
 _Static_assert(sizeof KIND_NAMES / sizeof KIND_NAMES[0] == SCHED_COUNT, "kind names");
 static const char *const OP_NAMES[] = {"F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH", "BI", "BW", "R"};
@@ -165,6 +165,21 @@ static int gen_rounds(Gen *g, int rank) {
     int rounds = (s->n_units + st->replicas - 1) / st->replicas;
     for (int r = n; r < rounds; r++) emit_sync(s, w, r + 1);
     return PD_OK;
+}
+
+/* asp: per own unit i (round-robin), F u@i, B u@i and U i+1, where version i is the weights
+ * the worker pulled for its i-th unit and U pushes the gradient and pulls the next ones. No
+ * all-reduce: the runtime (rt_asp.c) applies every gradient at the parameters' owners as it
+ * comes (docs/asp.md); a simulation of these lists is compute only. */
+static void gen_asp(Gen *g, int rank) {
+    Schedule *s = g->s;
+    SchedWorker *w = &s->workers[rank];
+    int n = own_units(g, w, rank, 0, s->n_units);
+    for (int i = 0; i < n; i++) {
+        emit_forward(s, w, g->units[i], i);
+        emit_backward(s, w, g->units[i], i);
+        push(w, OP_STEP, -1, -1, i + 1);
+    }
 }
 
 /* gpipe and 1f1b-flush: per minibatch, the worker's own micro-batches in GPipe order or
@@ -357,10 +372,12 @@ static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
     const char *kn = KIND_NAMES[o->kind];
     if (o->n_minibatches < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 minibatch", kn);
     if (o->n_micro < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 micro-batch", kn);
-    if (o->n_micro > 1 && (o->kind == SCHED_1F1B || o->kind == SCHED_DP || o->kind == SCHED_MP))
+    if (o->n_micro > 1 &&
+        (o->kind == SCHED_1F1B || o->kind == SCHED_DP || o->kind == SCHED_MP || o->kind == SCHED_ASP))
         return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to gpipe, 1f1b-flush and 2bw", kn);
     if (o->vertical_sync && o->kind != SCHED_1F1B)
         return err_set(err, PD_EINVAL, "schedule %s: vertical sync applies only to 1f1b", kn);
+    if (o->recompute && o->kind == SCHED_ASP) return err_set(err, PD_EINVAL, "schedule asp: no recomputation");
     if ((long)o->n_minibatches * o->n_micro > (1L << 30))
         return err_set(err, PD_EINVAL, "schedule %s: %d x %d units is too many", kn, o->n_minibatches, o->n_micro);
     if (p->n_stages < 1) return err_set(err, PD_EINVAL, "schedule: plan has no stages");
@@ -381,7 +398,7 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
     s->n_units = o->n_minibatches * o->n_micro;
     s->vertical_sync = o->vertical_sync;
 
-    /* Stage table: the plan's, or for dp one stage with every layer and every rank. */
+    /* Stage table: the plan's, or for dp (and asp) one stage with every layer and every rank. */
     int max_rank = -1, n_ranks_total = 0;
     for (int i = 0; i < p->n_stages; i++)
         for (int j = 0; j < p->stages[i].replicas; j++) {
@@ -391,12 +408,13 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
             n_ranks_total++;
         }
     s->n_ranks = max_rank + 1;
-    s->n_stages = o->kind == SCHED_DP ? 1 : p->n_stages;
+    int whole = o->kind == SCHED_DP || o->kind == SCHED_ASP;   /* every rank a full replica */
+    s->n_stages = whole ? 1 : p->n_stages;
     s->stages = calloc((size_t)s->n_stages, sizeof *s->stages);
     s->workers = calloc((size_t)s->n_ranks, sizeof *s->workers);
     PD_ASSERT(s->stages && s->workers);
     for (int r = 0; r < s->n_ranks; r++) s->workers[r].stage = -1;
-    if (o->kind == SCHED_DP) {
+    if (whole) {
         SchedStage *st = &s->stages[0];
         int nl = 0;
         for (int i = 0; i < p->n_stages; i++) nl += p->stages[i].n_layers;
@@ -476,7 +494,7 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
     for (int i = s->n_stages - 1; i >= 0; i--) {
         int r = s->stages[i].replicas;
         later += r;
-        s->stages[i].warmup = o->kind == SCHED_MP || o->kind == SCHED_DP ? 1 : (later + r - 1) / r;
+        s->stages[i].warmup = o->kind == SCHED_MP || whole ? 1 : (later + r - 1) / r;
     }
     if (o->kind == SCHED_INTERLEAVED) {   /* the forwards before the first backward (gen_interleaved) */
         int P = s->n_stages / s->n_chunks, total = s->n_micro * s->n_chunks;
@@ -498,6 +516,7 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         case SCHED_GPIPE:
         case SCHED_1F1B_FLUSH: rc = gen_flush(&g, r); break;
         case SCHED_2BW: rc = gen_2bw(&g, r); break;
+        case SCHED_ASP: gen_asp(&g, r); break;
         case SCHED_ZB_H1:
         case SCHED_ZB_H2: rc = gen_zb(&g, r); break;
         case SCHED_INTERLEAVED: rc = gen_interleaved(&g, r); break;
