@@ -1,12 +1,15 @@
 /* test_comm.c: the comm module over the threads transport: the shared checks of
  * tests/mpi/comm_checks.h (ping-pong with headers, out-of-order tags, receives posted before
- * sends, header mismatches named, deadline expiry, all-reduce bitwise equal to the serial
- * rank-order sum, agree, 1000 messages in flight, bad arguments; the control plane: byte
- * round trips, channels, control vs data tags, oversize messages, timeouts naming the late
- * rank, broadcast, gather, agree_t, recovery after a late rank, group lists) on 4 worker
- * threads, plus what only threads can show in one process: a worker that ends early or
- * aborts does not hang the others (data, control and collectives), collective deadlines, a
- * single rank talking to itself, the tag layout for any tag space.
+ * sends, header mismatches named, deadline expiry, all-reduce bitwise equal to its serial
+ * reference comm_sum_serial, agree, 1000 messages in flight, bad arguments; the control
+ * plane: byte round trips, channels, control vs data tags, oversize messages, timeouts
+ * naming the late rank, broadcast, gather, agree_t, recovery after a late rank, group lists;
+ * the ring all-reduce: exactness for every group size, outstanding all-reduces with
+ * point-to-point traffic, bytes sent, a late member named, groups of one) on 4 worker
+ * threads, the all-reduce checks also on 1, 2, 3 and 5, plus what only threads can show in
+ * one process: a worker that ends early or aborts does not hang the others (data, control,
+ * collectives, all-reduce), collective deadlines, a single rank talking to itself, the tag
+ * layout for any tag space, the serial oracle.
  * The same checks run over MPI in test_comm_mpi.c. */
 #include "testutil.h"
 
@@ -45,6 +48,71 @@ SHARED(agree_t)
 SHARED(coll_timeout)
 SHARED(group_lists)
 SHARED(ctrl_bad_args)
+SHARED(ar_exact)
+SHARED(ar_outstanding)
+SHARED(ar_bytes)
+SHARED(ar_timeout)
+SHARED(ar_single)
+
+/* The all-reduce checks on 1, 2, 3 and 5 threads (groups of up to 5 members). */
+static void test_ar_sizes(void **s) {
+    (void)s;
+    const char *names[5] = {"ar_exact", "ar_outstanding", "ar_bytes", "ar_timeout", "ar_single"};
+    const int ns[4] = {1, 2, 3, 5};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 5; k++) {
+            Err err = {0};
+            int rcs[5] = {0};
+            int rc = comm_threads_run(ns[i], chk_case(names[k])->fn, NULL, rcs, &err);
+            if (rc) fprintf(stderr, "%s on %d threads: rc %d: %s\n", names[k], ns[i], rc, err.msg);
+            assert_int_equal(rc, PD_OK);
+        }
+}
+
+/* A member that ends without joining an all-reduce: the others (no deadline) fail at once
+ * naming it, from comm_group_allreduce and from comm_ar_wait; nobody hangs. */
+static int w_ar_gone(Comm *c, int rank, void *arg) {
+    char *msgs = arg;
+    Err err = {0};
+    const int all[4] = {0, 1, 2, 3};
+    CommGroup *g = NULL;
+    int rc = comm_group_new(c, all, 4, &g, &err);
+    if (rc) return rc;
+    if (rank == 2) {
+        comm_group_free(g);
+        return PD_EIO;
+    }
+    float x[1000] = {0};
+    if (rank == 0) {
+        rc = comm_group_allreduce(g, x, 1000, COMM_MEAN, &err);
+    } else {
+        CommAr *a = NULL;
+        rc = comm_group_iallreduce(g, x, 1000, COMM_MEAN, &a, &err);
+        if (!rc) rc = comm_ar_wait(&a, 0, &err);
+        comm_ar_cancel(&a);
+    }
+    snprintf(msgs + 512 * rank, 512, "%s", err.msg);
+    comm_group_free(g);
+    return rc;
+}
+
+static void test_ar_peer_gone(void **s) {
+    (void)s;
+    char msgs[CHK_NRANKS * 512] = {0};
+    int rcs[CHK_NRANKS];
+    Err err = {0};
+    double t0 = pd_now();
+    comm_threads_run(CHK_NRANKS, w_ar_gone, msgs, rcs, &err);
+    assert_true(pd_now() - t0 < 30);
+    for (int r = 0; r < CHK_NRANKS; r++) {
+        if (r == 2) continue;
+        if (rcs[r] != PD_ECOMM || !strstr(msgs + 512 * r, "rank 2 closed its endpoint"))
+            fprintf(stderr, "rank %d: rc %d: %s\n", r, rcs[r], msgs + 512 * r);
+        assert_int_equal(rcs[r], PD_ECOMM);
+        assert_non_null(strstr(msgs + 512 * r, "rank 2 closed its endpoint"));
+        assert_non_null(strstr(msgs + 512 * r, "all-reduce #0 of 1000 floats"));
+    }
+}
 
 /* Rank 0 fails at once; rank 1 waits (no deadline) for a message from it, ranks 2 and 3
  * for a barrier it never joins: all fail with PD_ECOMM naming rank 0 instead of hanging. */
@@ -277,18 +345,22 @@ static void test_ctrl_peer_gone(void **s) {
 }
 
 /* The tag layout for any tag space: data tags below the control range, the control range
- * within MPI_TAG_UB, for the usual (2^31 - 1), the smallest MPI allows (32767) and the
- * smallest that works. */
+ * below the all-reduce range, all within MPI_TAG_UB, for the usual (2^31 - 1), the smallest
+ * MPI allows (32767) and the smallest that works. */
 static void test_tag_layout(void **s) {
     (void)s;
-    const int64_t ubs[4] = {2147483647, 32767, 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT - 1, 100000};
+    const int64_t ubs[4] = {2147483647, 32767, 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT + COMM_AR_TAG_COUNT - 1,
+                            100000};
     assert_int_equal(comm_tag_window_for_ub(ubs[0]), 1 << 20);
+    assert_int_equal(comm_tag_window_for_ub(ubs[1]), 5109);   /* docs/comm.md */
     assert_int_equal(comm_tag_window_for_ub(ubs[2]), 1);
     assert_int_equal(comm_tag_window_for_ub(ubs[2] - 1), 0);
     for (int u = 0; u < 4; u++) {
         const int64_t w = comm_tag_window_for_ub(ubs[u]);
         assert_true(w >= 1);
-        const int lo = comm_ctrl_tag(0, w), hi = comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, w);
+        const int lo = comm_ctrl_tag(0, w), chi = comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, w);
+        const int alo = comm_ar_tag(0, 0, w), hi = comm_ar_tag(COMM_AR_WINDOW - 1, 1, w);
+        assert_true(chi + 1 == alo && hi == alo + COMM_AR_TAG_COUNT - 1);
         assert_true(hi <= ubs[u]);
         assert_true(comm_tag_window_for_ub(ubs[u]) == (int64_t)1 << 20 || hi + 2 * COMM_KIND_COUNT > ubs[u]);
         const int64_t mbs[6] = {0, 1, w - 1, w, 7 * w + 3, (int64_t)1 << 53};
@@ -298,13 +370,24 @@ static void test_tag_layout(void **s) {
                     int t = comm_tag((CommKind)k, mbs[i], part, w);
                     assert_true(t >= 0 && t < lo);
                 }
+        /* all-reduce #seq: its own pair of tags, shared only with seq +- COMM_AR_WINDOW */
+        const int64_t seqs[5] = {0, 1, COMM_AR_WINDOW - 1, COMM_AR_WINDOW + 2, ((int64_t)1 << 40) + 3};
+        for (int i = 0; i < 5; i++)
+            for (int part = 0; part < 2; part++) {
+                int t = comm_ar_tag(seqs[i], part, w);
+                assert_true(t >= alo && t <= hi);
+                assert_int_equal(t, comm_ar_tag(seqs[i] + COMM_AR_WINDOW, part, w));
+                assert_int_equal(t, alo + 2 * (int)(seqs[i] % COMM_AR_WINDOW) + part);
+            }
     }
     assert_string_equal(comm_kind_name((CommKind)COMM_CTRL_BYTES), "control message");
 }
 
-/* The serial oracle itself: rank order matters, and MEAN divides the rank-order sum. */
+/* The serial oracle itself: the stated order matters (chunk k of n over r, summed from
+ * x_{k+1} round to x_k), MEAN divides that sum, the chunk boundaries are floor(k n / r). */
 static void test_sum_serial(void **s) {
     (void)s;
+    /* n = 1: the element is in chunk r - 1, whose order is the plain rank order */
     const float a[1] = {1e8f}, b[1] = {1.0f}, c[1] = {-1e8f};
     const float *abc[3] = {a, b, c}, *acb[3] = {a, c, b};
     float o1[1], o2[1], o3[1];
@@ -314,6 +397,31 @@ static void test_sum_serial(void **s) {
     assert_true(o1[0] == 0.0f);
     assert_true(o2[0] == 1.0f);
     assert_true(o3[0] == 1.0f / 3.0f);
+    /* n = 3 over 3: element k is chunk k, summed x_{k+1} + x_{k+2} + x_k: with 1e8 and -1e8
+     * first and 1 last it is 1 (the plain rank order would give 0 for elements 0 and 1) */
+    float x[3][3];
+    for (int k = 0; k < 3; k++) {
+        x[(k + 1) % 3][k] = 1e8f;
+        x[(k + 2) % 3][k] = -1e8f;
+        x[k][k] = 1.0f;
+    }
+    const float *xs[3] = {x[0], x[1], x[2]};
+    float o[3];
+    comm_sum_serial(xs, 3, 3, COMM_SUM, o);
+    for (int k = 0; k < 3; k++) assert_true(o[k] == 1.0f);
+    comm_sum_serial(xs, 3, 3, COMM_MEAN, x[1]);   /* out may alias an input */
+    for (int k = 0; k < 3; k++) assert_true(x[1][k] == 1.0f / 3.0f);
+    /* one member: a copy (no division, so even MEAN leaves the bits) */
+    const float one[2] = {0.1f, -7.0f}, *ones[1] = {one};
+    comm_sum_serial(ones, 1, 2, COMM_MEAN, o);
+    assert_true(o[0] == 0.1f && o[1] == -7.0f);
+    /* chunk boundaries */
+    const size_t want[5] = {0, 2, 5, 7, 10};
+    for (int k = 0; k <= 4; k++) assert_int_equal(comm_ar_chunk(10, 4, k), want[k]);
+    assert_int_equal(comm_ar_chunk(1, 4, 3), 0);
+    assert_int_equal(comm_ar_chunk(1, 4, 4), 1);
+    assert_true(comm_ar_chunk(SIZE_MAX, 3, 2) == SIZE_MAX / 3 * 2);
+    assert_true(comm_ar_chunk(SIZE_MAX - 1, 7, 5) == (size_t)((unsigned __int128)(SIZE_MAX - 1) * 5 / 7));
     assert_int_equal(comm_tag(COMM_GRAD, 5, 1, 1 << 20), (5 * 3 + 1) * 2 + 1);
     assert_int_equal(comm_tag(COMM_GRAD, 5 + (1 << 20), 1, 1 << 20), comm_tag(COMM_GRAD, 5, 1, 1 << 20));
 }
@@ -343,6 +451,13 @@ int main(void) {
         cmocka_unit_test(test_group_lists),
         cmocka_unit_test(test_ctrl_bad_args),
         cmocka_unit_test(test_ctrl_peer_gone),
+        cmocka_unit_test(test_ar_exact),
+        cmocka_unit_test(test_ar_outstanding),
+        cmocka_unit_test(test_ar_bytes),
+        cmocka_unit_test(test_ar_timeout),
+        cmocka_unit_test(test_ar_single),
+        cmocka_unit_test(test_ar_sizes),
+        cmocka_unit_test(test_ar_peer_gone),
         cmocka_unit_test(test_early_exit_codes),
         cmocka_unit_test(test_abort_wakes_everyone),
         cmocka_unit_test(test_collective_deadline),

@@ -2,15 +2,22 @@
  * itself under `mpirun -np 4 --oversubscribe` and passes if every rank passed; under mpirun
  * (OMPI_COMM_WORLD_SIZE is set) each rank runs the checks of tests/mpi/comm_checks.h, the
  * same ones test_comm.c runs over threads (ping-pong, out-of-order tags, receives posted
- * first, mismatched headers, deadline expiry, all-reduce bitwise equal to the serial
- * rank-order sum, agree, 1000 messages in flight, bad arguments; the control plane: byte
- * round trips, channels, control vs data tags, oversize messages, timeouts naming the late
- * rank, broadcast, gather, agree_t, recovery after a late rank, group lists, bad
- * arguments), all on one comm one after the other, and the ranks agree on the outcome.
+ * first, mismatched headers, deadline expiry, all-reduce bitwise equal to its serial
+ * reference comm_sum_serial, agree, 1000 messages in flight, bad arguments; the control
+ * plane: byte round trips, channels, control vs data tags, oversize messages, timeouts
+ * naming the late rank, broadcast, gather, agree_t, recovery after a late rank, group lists,
+ * bad arguments; the ring all-reduce: exactness for group sizes 1 to 4, outstanding
+ * all-reduces with point-to-point traffic, bytes sent, a late member named, groups of one),
+ * all on one comm one after the other, and the ranks agree on the outcome.
  * Skips (exit 0, "SKIP" on stdout) if /usr/bin/mpirun is missing.
  *
  * PD_COMM_BENCH=1 test_comm_mpi: ping-pong latency and bandwidth between 2 ranks for 4 KB,
- * 256 KB and 4 MB messages, through comm (header + payload) and through raw MPI_Send/Recv. */
+ * 256 KB and 4 MB messages, through comm (header + payload) and through raw MPI_Send/Recv.
+ * PD_COMM_BENCH=allreduce test_comm_mpi (bench/allreduce.sh): all-reduce of 64 MB (16 Mi
+ * floats; PD_COMM_BENCH_MB, PD_COMM_BENCH_NP ranks, default 2) by the old chain (pipelined
+ * chain reduce in rank order, then a broadcast from the last rank, as comm did before the
+ * ring), by the ring (comm_group_allreduce) and by MPI_Allreduce (reference; unspecified
+ * order): median time, algorithm bandwidth (bytes / time) and bytes each rank sent. */
 #include "testutil.h"
 
 #include <mpi.h>
@@ -98,6 +105,123 @@ static int run_bench(Comm *c) {
     return 0;
 }
 
+/* ---- all-reduce benchmark ----------------------------------------------------------- */
+
+/* The old comm_group_allreduce over MPI, as it was: group rank k receives the partial sum of
+ * ranks 0..k-1 in chunks of 64 Ki floats (double-buffered), adds its own and passes it on
+ * (chunks pipelined down the chain); the last rank then broadcasts the result. */
+enum { CHAIN_CHUNK = 1 << 16 };
+static int chain_allreduce(MPI_Comm gc, float *buf, size_t n, float *tmp[2], uint64_t *sent) {
+    int me, r;
+    MPI_Comm_rank(gc, &me);
+    MPI_Comm_size(gc, &r);
+    const int last = r - 1;
+    const size_t nchunks = (n + CHAIN_CHUNK - 1) / CHAIN_CHUNK;
+    MPI_Request *sends = calloc(nchunks + 1, sizeof *sends), rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    PD_ASSERT(sends);
+    if (me > 0) MPI_Irecv(tmp[0], (int)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK), MPI_FLOAT, me - 1, 1, gc, &rq[0]);
+    for (size_t k = 0; k < nchunks; k++) {
+        const size_t lo = k * CHAIN_CHUNK, len = n - lo < CHAIN_CHUNK ? n - lo : CHAIN_CHUNK;
+        float *x = buf + lo;
+        if (me > 0) {
+            if (k + 1 < nchunks) {
+                const size_t nlen = n - lo - len < CHAIN_CHUNK ? n - lo - len : CHAIN_CHUNK;
+                MPI_Irecv(tmp[(k + 1) & 1], (int)nlen, MPI_FLOAT, me - 1, 1, gc, &rq[(k + 1) & 1]);
+            }
+            MPI_Wait(&rq[k & 1], MPI_STATUS_IGNORE);
+            const float *p = tmp[k & 1];
+            for (size_t i = 0; i < len; i++) x[i] = p[i] + x[i];
+        }
+        if (me < last) {
+            MPI_Isend(x, (int)len, MPI_FLOAT, me + 1, 1, gc, &sends[k]);
+            *sent += len * sizeof(float);
+        }
+    }
+    if (me < last) MPI_Waitall((int)nchunks, sends, MPI_STATUSES_IGNORE);
+    free(sends);
+    if (me == last) *sent += (uint64_t)n * sizeof(float) * (uint64_t)(r - 1);   /* the broadcast's data, at least */
+    return MPI_Bcast(buf, (int)n, MPI_FLOAT, last, gc) == MPI_SUCCESS ? 0 : 1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int run_allreduce_bench(Comm *c) {
+    const int rank = comm_rank(c), r = comm_size(c);
+    const char *mbs = getenv("PD_COMM_BENCH_MB");
+    const size_t n = (size_t)(mbs ? atof(mbs) : 64) * (1 << 20) / sizeof(float);
+    enum { WARM = 2, ITERS = 10, M = 3 };
+    Err err = {0};
+    int *all = malloc((size_t)r * sizeof *all);
+    PD_ASSERT(all);
+    for (int i = 0; i < r; i++) all[i] = i;
+    CommGroup *g = NULL;
+    if (comm_group_new(c, all, r, &g, &err)) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+        return 1;
+    }
+    MPI_Comm gc;
+    MPI_Comm_dup(MPI_COMM_WORLD, &gc);
+    float *src = pd_alloc_f32(n), *buf = pd_alloc_f32(n), *res[2] = {pd_alloc_f32(n), pd_alloc_f32(n)};
+    float *tmp[2] = {pd_alloc_f32(CHAIN_CHUNK), pd_alloc_f32(CHAIN_CHUNK)};
+    Rng rg;
+    rng_init(&rg, 7, 0, (uint64_t)rank);
+    for (size_t i = 0; i < n; i++) src[i] = rng_normal(&rg);
+    const char *names[M] = {"chain (old)", "ring", "MPI_Allreduce"};
+    double t[M][ITERS];
+    uint64_t sent[M] = {0};
+    for (int it = 0; it < WARM + ITERS; it++)
+        for (int m = 0; m < M; m++) {   /* interleaved, so that load from elsewhere hits all alike */
+            memcpy(buf, src, n * sizeof *buf);
+            uint64_t b0 = comm_bytes_sent(c), s0 = 0;
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = pd_now();
+            int rc = 0;
+            if (m == 0) rc = chain_allreduce(gc, buf, n, tmp, &s0);
+            else if (m == 1) rc = comm_group_allreduce(g, buf, n, COMM_SUM, &err);
+            else rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS;
+            double dt = pd_now() - t0, mx = 0;
+            if (rc) {
+                fprintf(stderr, "rank %d: %s: rc %d %s\n", rank, names[m], rc, err.msg);
+                return 1;
+            }
+            MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);   /* the slowest rank's time */
+            if (it >= WARM) t[m][it - WARM] = mx;
+            if (it == WARM) sent[m] = m == 0 ? s0 : m == 1 ? comm_bytes_sent(c) - b0 : 0;
+            if (m < 2 && it == WARM) memcpy(res[m], buf, n * sizeof *buf);
+        }
+    const int same = !memcmp(res[0], res[1], n * sizeof(float));
+    if (rank == 0) {
+        printf("all-reduce of %.0f MB (%zu floats), %d ranks, median of %d (slowest rank each), Open MPI, this machine:\n",
+               (double)n * sizeof(float) / (1 << 20), n, r, ITERS);
+        printf("%-14s %10s %10s %10s %18s\n", "method", "ms", "algbw GB/s", "min ms", "rank 0 sent (MB)");
+        for (int m = 0; m < M; m++) {
+            qsort(t[m], ITERS, sizeof(double), cmp_double);
+            const double med = t[m][ITERS / 2];
+            if (m < 2)
+                printf("%-14s %10.2f %10.2f %10.2f %18.2f\n", names[m], med * 1e3, (double)n * sizeof(float) / med * 1e-9,
+                       t[m][0] * 1e3, (double)sent[m] / (1 << 20));
+            else
+                printf("%-14s %10.2f %10.2f %10.2f %18s\n", names[m], med * 1e3, (double)n * sizeof(float) / med * 1e-9,
+                       t[m][0] * 1e3, "-");
+        }
+        printf("chain and ring results bitwise equal: %s%s\n", same ? "yes" : "no",
+               r == 2 ? " (expected for 2 ranks: x1 + x0 == x0 + x1)" : " (not expected beyond 2 ranks: other order)");
+    }
+    pd_free(src);
+    pd_free(buf);
+    pd_free(res[0]);
+    pd_free(res[1]);
+    pd_free(tmp[0]);
+    pd_free(tmp[1]);
+    MPI_Comm_free(&gc);
+    comm_group_free(g);
+    free(all);
+    return r == 2 && !same;
+}
+
 static int mpi_main(int argc, char **argv, int bench) {
     Err err = {0};
     Comm *c = NULL;
@@ -106,7 +230,7 @@ static int mpi_main(int argc, char **argv, int bench) {
         return 1;
     }
     comm_set_coll_timeout(c, 60);   /* a broken check fails instead of hanging the test */
-    int failed = bench ? run_bench(c) : run_checks(c);
+    int failed = bench == 2 ? run_allreduce_bench(c) : bench ? run_bench(c) : run_checks(c);
     comm_free(c);
     return failed;
 }
@@ -161,14 +285,16 @@ static int launch(int np, int timeout_s) {
 }
 
 int main(int argc, char **argv) {
-    const int bench = getenv("PD_COMM_BENCH") && atoi(getenv("PD_COMM_BENCH"));
+    const char *bs = getenv("PD_COMM_BENCH");
+    const int bench = !bs ? 0 : !strcmp(bs, "allreduce") ? 2 : atoi(bs) != 0;
     if (getenv("OMPI_COMM_WORLD_SIZE")) return mpi_main(argc, argv, bench);
     if (access(MPIRUN, X_OK) != 0) {
         printf("SKIP: %s not found\n", MPIRUN);
         return 0;
     }
     double t0 = pd_now();
-    int rc = launch(bench ? 2 : CHK_NRANKS, 120);
+    const char *np = getenv("PD_COMM_BENCH_NP");
+    int rc = launch(bench == 2 && np ? atoi(np) : bench ? 2 : CHK_NRANKS, bench == 2 ? 600 : 120);
     printf("%s: mpirun run %s in %.1f s\n", argv[0], rc ? "FAILED" : "passed", pd_now() - t0);
     return rc;
 }

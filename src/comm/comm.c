@@ -2,8 +2,9 @@
  * (building, CRC, checking what arrived against what was posted), the tag scheme, deadline
  * bookkeeping and error messages; the control plane (byte messages on channels) and the
  * collectives built on it (broadcast, gather, agree with a deadline); group set-up (checks,
- * the members' exchange of their lists, the CommGroup). The transports (comm_mpi.c,
- * comm_threads.c) only move bytes, match (source, tag) and run the float collectives. */
+ * the members' exchange of their lists, the CommGroup); progress of the running all-reduces
+ * (comm_ar.c) while a receive is awaited. The transports (comm_mpi.c, comm_threads.c) only
+ * move bytes, match (source, tag) and run barrier and agree. */
 #include "comm_impl.h"
 
 #include <inttypes.h>
@@ -29,8 +30,14 @@ int comm_ctrl_tag(int channel, int64_t window) {
     return (int)(2 * COMM_KIND_COUNT * window + channel);
 }
 
+int comm_ar_tag(int64_t seq, int part, int64_t window) {
+    PD_ASSERTF(seq >= 0 && (part == 0 || part == 1) && window >= 1 && window <= COMM_TAG_WINDOW,
+               "all-reduce #%" PRId64 ", part %d, window %" PRId64, seq, part, window);
+    return (int)(2 * COMM_KIND_COUNT * window + COMM_CTRL_TAG_COUNT + 2 * (seq % COMM_AR_WINDOW) + part);
+}
+
 int64_t comm_tag_window_for_ub(int64_t tag_ub) {
-    int64_t w = (tag_ub + 1 - COMM_CTRL_TAG_COUNT) / (2 * COMM_KIND_COUNT);
+    int64_t w = (tag_ub + 1 - COMM_RESERVED_TAGS) / (2 * COMM_KIND_COUNT);
     if (w > COMM_TAG_WINDOW) w = COMM_TAG_WINDOW;
     return w >= 1 ? w : 0;
 }
@@ -39,12 +46,15 @@ int comm_rank(const Comm *c) { return c->rank; }
 int comm_size(const Comm *c) { return c->size; }
 const char *comm_name(const Comm *c) { return c->ops->name; }
 int64_t comm_tag_window(const Comm *c) { return c->tag_window; }
+uint64_t comm_bytes_sent(const Comm *c) { return c->bytes_sent; }
 void comm_set_coll_timeout(Comm *c, double seconds) { c->coll_timeout = seconds > 0 ? seconds : 0; }
 
 double comm_coll_deadline(const Comm *c) { return c->coll_timeout > 0 ? pd_now() + c->coll_timeout : 0; }
 
 void comm_free(Comm *c) {
-    if (c) c->ops->free(c);
+    if (!c) return;
+    comm_ar_detach(c, NULL, "the comm was freed");
+    c->ops->free(c);
 }
 
 static uint32_t header_crc(const CommHeader *h) { return pd_crc32(h, offsetof(CommHeader, crc)); }
@@ -96,6 +106,7 @@ int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Sh
         c->ops->req_free(c, r);
         return rc;
     }
+    c->bytes_sent += sizeof h + h.count * sizeof(float);
     *req = r;
     return PD_OK;
 }
@@ -171,13 +182,31 @@ static int finish(Comm *c, CommReq **req, CommHeader *hdr, Err *err) {
     return rc;
 }
 
+/* The transport's wait for r, advancing the running all-reduces of c meanwhile (they move
+ * only inside comm calls). Without any, the transport waits alone. */
+static int wait_req(Comm *c, CommReq *r, double deadline, Err *err) {
+    double t0 = pd_now();
+    for (;;) {
+        if (!c->ars) return c->ops->wait(c, r, deadline, err);
+        uint64_t mark = c->ops->events(c);
+        int moved = comm_ar_progress_all(c);
+        int st = c->ops->wait(c, r, -1, err);
+        if (st != COMM_PENDING || deadline < 0 || (deadline > 0 && pd_now() >= deadline)) return st;
+        if (moved) {
+            t0 = pd_now();
+            continue;
+        }
+        c->ops->idle(c, mark, t0, deadline);
+    }
+}
+
 static int progress(Comm *c, CommReq **req, double deadline, int *done, CommHeader *hdr, Err *err) {
     *done = 0;
     if (!*req) {
         *done = 1;
         return PD_OK;
     }
-    int st = c->ops->wait(c, *req, deadline, err);
+    int st = wait_req(c, *req, deadline, err);
     if (st < 0) {
         c->ops->req_free(c, *req);
         *req = NULL;
@@ -288,6 +317,7 @@ int comm_group_new(Comm *c, const int *ranks, int n, CommGroup **out, Err *err) 
 
 void comm_group_free(CommGroup *g) {
     if (!g) return;
+    comm_ar_detach(g->comm, g, "its group was freed");
     if (g->ctx) g->comm->ops->group_free(g);
     free(g->ranks);
     free(g);
@@ -295,23 +325,6 @@ void comm_group_free(CommGroup *g) {
 
 int comm_group_rank(const CommGroup *g) { return g->rank; }
 int comm_group_size(const CommGroup *g) { return g->size; }
-
-int comm_group_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) {
-    if (op < 0 || op >= COMM_OP_COUNT)
-        return err_set(err, PD_EINVAL, "rank %d: all-reduce: unknown op %d", g->comm->rank, (int)op);
-    if (n > 0 && !buf) return err_set(err, PD_EINVAL, "rank %d: all-reduce: NULL buffer", g->comm->rank);
-    return g->comm->ops->allreduce(g, buf, n, op, err);
-}
-
-void comm_sum_serial(const float *const *x, int nx, size_t n, CommOp op, float *out) {
-    PD_ASSERT(nx >= 1);
-    const float fn = (float)nx;
-    for (size_t i = 0; i < n; i++) {
-        float s = x[0][i];
-        for (int g = 1; g < nx; g++) s = s + x[g][i];
-        out[i] = op == COMM_MEAN ? s / fn : s;
-    }
-}
 
 /* ---- control plane ---------------------------------------------------------------- */
 /* A control message is one block: a CommHeader (kind COMM_CTRL_BYTES, count = payload
@@ -356,7 +369,9 @@ static int ctrl_post(Comm *c, int peer, int channel, int op, int root, int64_t s
     h.crc = header_crc(&h);
     memcpy(blob, &h, sizeof h);
     if (n) memcpy(blob + sizeof h, buf, n);
-    return c->ops->ctrl_post(c, peer, comm_ctrl_tag(channel, c->tag_window), blob, sizeof h + n, err);
+    int rc = c->ops->ctrl_post(c, peer, comm_ctrl_tag(channel, c->tag_window), blob, sizeof h + n, err);
+    if (!rc) c->bytes_sent += sizeof h + n;
+    return rc;
 }
 
 /* Checks a block that came from rank `from` on channel: PD_OK and *h, or PD_ECOMM. */

@@ -6,9 +6,10 @@
  * Both have the same semantics, checked by the same tests (tests/test_comm.c,
  * tests/test_comm_mpi.c). What it does: point-to-point messages (a checked header plus a
  * float payload) with non-blocking send/receive, receives posted ahead, waits with
- * deadlines; group all-reduce with a fixed summation order (bitwise equal on both
- * transports and to a serial sum in rank order); barrier; agree (all-reduce MAX of an error
- * code); abort; a typed control plane (byte messages on channels, and broadcast, gather and
+ * deadlines; group all-reduce (a ring: reduce-scatter + all-gather, bandwidth-optimal,
+ * non-blocking, several outstanding per group) with a fixed, stated summation order (bitwise
+ * equal on both transports and to a serial reference, comm_sum_serial); barrier; agree
+ * (all-reduce MAX of an error code); abort; a typed control plane (byte messages on channels, and broadcast, gather and
  * agree built on them) on a tag range of its own, every call with a deadline that names the
  * late rank. What it does not: schedule anything, own tensors, retry, or survive the loss
  * of a rank (a dead peer becomes an error naming it, then the runtime aborts).
@@ -119,7 +120,9 @@ int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Sh
 int comm_irecv(Comm *c, int peer, CommKind kind, int64_t mb, Shape shape, float *buf,
                CommReq **req, Err *err);
 
-/* Waits for *req to complete, at most deadline_s seconds (0 = no deadline).
+/* Waits for *req to complete, at most deadline_s seconds (0 = no deadline). While it waits
+ * it also advances every outstanding all-reduce of c (as comm_ar_test does; so does
+ * comm_test).
  * - Completed: frees the request, sets *req = NULL, copies the header into *hdr (optional;
  *   for receives it is the header that arrived) and returns PD_OK, or PD_ECOMM if the
  *   received header did not match (message names peer, expected vs got).
@@ -218,21 +221,103 @@ void comm_abort(Comm *c, int code, const char *msg);
  * Returns PD_OK and *out (caller owns: comm_group_free, before comm_free), or PD_EINVAL /
  * PD_ECOMM. */
 int comm_group_new(Comm *c, const int *ranks, int n, CommGroup **out, Err *err);
-void comm_group_free(CommGroup *g);   /* NULL is fine; not collective under threads */
+/* NULL is fine; not collective under threads. All-reduces still running on g fail ("group
+ * freed"): their handles must still be freed with comm_ar_wait / comm_ar_cancel. comm_free
+ * does the same for every all-reduce still running on the Comm. */
+void comm_group_free(CommGroup *g);
 int comm_group_rank(const CommGroup *g);   /* position of the caller in ranks */
 int comm_group_size(const CommGroup *g);
 
-/* In-place all-reduce of buf (n floats, the same n and op on every member). The result is,
- * for every element i, exactly the float computation
- *     s = x_0[i]; for g = 1..size-1: s = s + x_g[i];   (COMM_MEAN: s = s / (float)size)
- * with x_g the buffer of group rank g: the same bits on every member, on both transports,
- * and in a serial emulation that sums in group rank order (comm_sum_serial).
- * Returns PD_OK, or PD_ECOMM (members disagree on n or op, or communication failed). */
+/* ---- group all-reduce ---------------------------------------------------------------
+ * Ring all-reduce (reduce-scatter, then all-gather, around the group in group rank order),
+ * bandwidth-optimal: each member sends 2(r-1)/r of the buffer, where r = group size.
+ *
+ * The order, for a group of r members with buffers x_0 .. x_{r-1} (x_g: group rank g's):
+ * the buffer is split into r contiguous chunks, chunk k = [lo(k), lo(k+1)) with
+ * lo(k) = floor(k * n / r) (comm_ar_chunk). Every element i of chunk k is exactly the float
+ * computation
+ *     s = x_{k+1}[i]; for j = 2..r: s = s + x_{(k+j) mod r}[i];   (COMM_MEAN: s = s / (float)r)
+ * i.e. starting at group rank k+1 and going up the ring, ending with group rank k's own
+ * (chunk r-1 is the plain rank order x_0 + x_1 + ... + x_{r-1}). The result is the same bits
+ * on every member, on both transports, and in comm_sum_serial; it depends on n, r and the
+ * group order only, not on timing or pieces. r = 2: x_1 + x_0 == x_0 + x_1 bitwise, so two
+ * replicas sum exactly as a plain rank-order sum. A group of one leaves buf unchanged.
+ *
+ * Non-blocking: comm_group_iallreduce starts one and returns at once. Any number up to
+ * COMM_AR_WINDOW may be outstanding on a group (gradient buckets): every member must start
+ * the same all-reduces (same n and op) in the same order (each gets the group's next
+ * sequence number, which its tags carry: docs/comm.md, tag layout); they may be completed
+ * in any order. There is no progress thread (MPI_THREAD_FUNNELED): all-reduces move only
+ * inside comm calls on this Comm: comm_ar_test, comm_ar_wait, comm_wait and comm_test each
+ * advance EVERY outstanding all-reduce of the Comm as far as it can go without blocking
+ * (reduce the pieces that arrived, post the next ring step's sends and receives). So call
+ * comm_ar_test now and then (say, between layers of backward) to overlap; and do not block
+ * in other calls (barrier, agree, the control plane, group set-up) while all-reduces are
+ * outstanding: those do not advance them, and a member waiting there can stall the ring.
+ * buf is borrowed until the all-reduce completes: do not read or write it before then.
+ * Large chunks move in pieces of COMM_AR_PIECE floats, pipelined (a piece is forwarded as
+ * soon as it arrived and was added). Members first send each other a 24-byte notice
+ * (sequence number, n, op), so members that disagree on n or op all fail with PD_ECOMM
+ * ("members disagree on size or op") and a timeout names the member that has not started.
+ *
+ * Returns PD_OK and *out, or PD_EINVAL (op unknown, NULL buffer with n > 0, more than
+ * COMM_AR_WINDOW outstanding on g: nothing started, no sequence number used) or PD_ECOMM (the
+ * group is broken: an all-reduce on it failed or was cancelled, the message says which). */
+#define COMM_AR_WINDOW 1024            /* all-reduces outstanding on one group, at most */
+#define COMM_AR_PIECE ((size_t)65536)  /* floats per pipelined piece (256 KiB) */
+typedef struct CommAr CommAr;
+int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr **out, Err *err);
+
+/* Advances every outstanding all-reduce of a's Comm (never blocks) and sets *done when a
+ * has finished. Returns PD_OK, or a's error (then *done = 1). Either way a is still the
+ * caller's: free it with comm_ar_wait (which returns the same result) or comm_ar_cancel. */
+int comm_ar_test(CommAr *a, int *done, Err *err);
+
+/* Completes *a, waiting at most timeout_s seconds (0 = no deadline) while advancing every
+ * outstanding all-reduce of the Comm.
+ * - Finished: frees it, *a = NULL, returns PD_OK (buf holds the result) or its error
+ *   (PD_ECOMM: members disagree on n or op, a member's endpoint closed, abort, MPI error).
+ * - Deadline passed: returns PD_ECOMM naming the member it waits for and leaves *a pending
+ *   (wait again, or comm_ar_cancel). The late member is the lowest group member whose notice
+ *   has not come ("rank 0: timed out after 0.5 s in all-reduce #3 of 1000 floats: waiting
+ *   for rank 1 (group rank 1), which has not started it"); if every member started, the ring
+ *   neighbour this member waits for ("waiting for rank 3 (group rank 3) to pass piece 2 of
+ *   step 1 of 6").
+ * *a == NULL returns PD_OK at once. */
+int comm_ar_wait(CommAr **a, double timeout_s, Err *err);
+
+/* Gives up *a and frees it (*a = NULL; NULL is fine). If it had not finished, the group is
+ * broken: later all-reduces on it fail at once, the other members' copies of this one fail
+ * or time out. MPI: a send or receive that cannot be withdrawn is left to MPI, so buf must
+ * then stay valid until comm_free. */
+void comm_ar_cancel(CommAr **a);
+
+/* Blocking all-reduce: comm_group_iallreduce, then comm_ar_wait with the collective
+ * deadline (comm_set_coll_timeout); on a timeout the all-reduce is cancelled (the group is
+ * then broken). Same order and result as above. Returns PD_OK, or PD_EINVAL / PD_ECOMM. */
 int comm_group_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err);
 
-/* The serial reference of comm_group_allreduce: out[i] = (...((x[0][i] + x[1][i]) + x[2][i])
- * ...) (/ nx for COMM_MEAN). For single-process emulations and tests. out may alias x[0]. */
+/* The serial reference of comm_group_allreduce: out = the all-reduce of the nx buffers x[0..nx-1]
+ * (n floats each; x[g] is group rank g's), in exactly the order above (chunks of n over nx,
+ * each summed from x[k+1] round to x[k]; / nx for COMM_MEAN); nx = 1 copies x[0]. For
+ * single-process emulations and tests. out may alias any x[g]. An emulation of bucketed
+ * all-reduces must call it once per bucket, with the bucket's own n (the chunks are the
+ * bucket's). */
 void comm_sum_serial(const float *const *x, int nx, size_t n, CommOp op, float *out);
+
+/* Chunk k (0..r) boundary of the all-reduce of n floats over r members: floor(k * n / r),
+ * computed without overflow. Chunk k is [comm_ar_chunk(n, r, k), comm_ar_chunk(n, r, k + 1)). */
+size_t comm_ar_chunk(size_t n, int r, int k);
+
+/* Bytes this endpoint has handed to the transport for sending, since it was created: every
+ * data message (64-byte header + 4 * count payload, comm_isend), every control message
+ * (64-byte header + payload: comm_ctrl_send, broadcast, gather, agree_t, group set-up) and
+ * every all-reduce message (4 * floats of each ring piece, and a 24-byte notice to each other
+ * member; no headers). An all-reduce of n floats by group rank g of r therefore adds exactly
+ * 4 * (2n - len(g) - len(g + 1 mod r)) + 24 (r - 1) bytes, len(k) = chunk k's floats; that is
+ * 2 (r - 1) / r * 4n + 24 (r - 1) within 8 bytes. Not counted: MPI's own collectives
+ * (comm_barrier, comm_agree) and MPI's envelopes. */
+uint64_t comm_bytes_sent(const Comm *c);
 
 /* Helpers for messages and logs. */
 const char *comm_kind_name(CommKind k);   /* "activation", "gradient", "control" */
@@ -248,9 +333,15 @@ int comm_tag(CommKind kind, int64_t mb, int part, int64_t window);
  * COMM_CHANNELS and COMM_CHANNELS + 1 (COMM_CTRL_TAG_COUNT channels in all). */
 #define COMM_CTRL_TAG_COUNT (COMM_CHANNELS + 2)
 int comm_ctrl_tag(int channel, int64_t window);
+/* The tags of group all-reduce number seq (its group's sequence number): part 0 = the
+ * members' notices, part 1 = the ring's pieces: 2 * COMM_KIND_COUNT * window +
+ * COMM_CTRL_TAG_COUNT + 2 * (seq mod COMM_AR_WINDOW) + part, above every control tag. */
+#define COMM_AR_TAG_COUNT (2 * COMM_AR_WINDOW)
+int comm_ar_tag(int64_t seq, int part, int64_t window);
 /* The tag window for a transport whose largest tag is tag_ub (MPI_TAG_UB): the largest
- * window <= 2^20 with 2 * COMM_KIND_COUNT * window + COMM_CTRL_TAG_COUNT - 1 <= tag_ub, or 0
- * if none (tag_ub < 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT - 1; MPI guarantees 32767). */
+ * window <= 2^20 with 2 * COMM_KIND_COUNT * window + COMM_CTRL_TAG_COUNT + COMM_AR_TAG_COUNT
+ * - 1 <= tag_ub, or 0 if none (tag_ub < 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT +
+ * COMM_AR_TAG_COUNT - 1 = 2119; MPI guarantees 32767, which gives 5109). */
 int64_t comm_tag_window_for_ub(int64_t tag_ub);
 
 #endif

@@ -1,5 +1,5 @@
-/* comm_impl.h: what comm.c (the common layer) and the two transports (comm_mpi.c,
- * comm_threads.c) share: the ops table, the Comm / CommReq / CommGroup structs.
+/* comm_impl.h: what comm.c and comm_ar.c (the common layer) and the two transports
+ * (comm_mpi.c, comm_threads.c) share: the ops table, the Comm / CommReq / CommGroup structs.
  * The common layer builds and checks headers, computes tags and runs the deadline loop; a
  * transport only moves bytes and matches (source, tag). Not a public header. */
 #ifndef PD_COMM_IMPL_H
@@ -19,12 +19,16 @@ enum { COMM_CH_COLL = COMM_CHANNELS,        /* broadcast, gather, agree */
        COMM_CH_GROUP = COMM_CHANNELS + 1 }; /* group set-up (members only) */
 _Static_assert(COMM_CH_GROUP + 1 == COMM_CTRL_TAG_COUNT, "every control channel has its tag");
 /* Tag layout (docs/comm.md): data tags 0 .. 2*KINDS*window - 1 (comm_tag), then one tag per
- * control channel. The whole range must be a C int (the tag type of both transports), and
+ * control channel, then two per all-reduce sequence number modulo COMM_AR_WINDOW (notices,
+ * ring pieces). The whole range must be a C int (the tag type of both transports), and
  * even MPI's smallest allowed MPI_TAG_UB (32767) must leave a window of at least 1. */
-_Static_assert((int64_t)2 * COMM_KIND_COUNT * COMM_TAG_WINDOW + COMM_CTRL_TAG_COUNT - 1 <= 2147483647,
-               "data and control tags fit in an int");
-_Static_assert((32767 + 1 - COMM_CTRL_TAG_COUNT) / (2 * COMM_KIND_COUNT) >= 1,
-               "the smallest MPI tag space still holds a window and the control tags");
+#define COMM_RESERVED_TAGS (COMM_CTRL_TAG_COUNT + COMM_AR_TAG_COUNT)   /* above the data tags */
+_Static_assert((int64_t)2 * COMM_KIND_COUNT * COMM_TAG_WINDOW + COMM_RESERVED_TAGS - 1 <= 2147483647,
+               "data, control and all-reduce tags fit in an int");
+_Static_assert((32767 + 1 - COMM_RESERVED_TAGS) / (2 * COMM_KIND_COUNT) >= 1,
+               "the smallest MPI tag space still holds a window, the control and the all-reduce tags");
+_Static_assert(COMM_AR_TAG_COUNT == 2 * COMM_AR_WINDOW, "two tags per all-reduce: notices and pieces");
+_Static_assert(COMM_AR_PIECE * sizeof(float) <= 2147483647, "a piece is one MPI message (int count)");
 
 /* One request. A transport allocates it (with its own state after this common part) in
  * req_new and frees it in req_free. */
@@ -84,7 +88,29 @@ typedef struct CommOps {
      * and nothing is left to free. */
     int (*group_new)(CommGroup *g, Err *err);
     void (*group_free)(CommGroup *g);   /* frees g->ctx only (comm.c frees g) */
-    int (*allreduce)(CommGroup *g, float *buf, size_t n, CommOp op, Err *err);
+    /* Group messages, for the all-reduce engine (comm_ar.c): `bytes` raw bytes (no header)
+     * to / from group rank peer of g on tag, in the group's own context (MPI: the group's
+     * communicator; threads: matched on (group, source, tag)), so they never match a data or
+     * control message, nor another group's. Messages with equal (source, tag) match
+     * receives in posting order. A request from g_isend / g_irecv (common part: is_recv,
+     * peer = group rank, tag, buf) is finished with g_test and freed with g_free. */
+    int (*g_isend)(CommGroup *g, int peer, int tag, const void *data, size_t bytes, CommReq **out, Err *err);
+    int (*g_irecv)(CommGroup *g, int peer, int tag, void *buf, size_t bytes, CommReq **out, Err *err);
+    /* Tests once: COMM_DONE (receives: *got = bytes that came; more than posted is an
+     * error), COMM_PENDING, or -PD_ECOMM with err set (peer's endpoint closed, abort, MPI
+     * error; the request is then finished). */
+    int (*g_test)(CommGroup *g, CommReq *r, size_t *got, Err *err);
+    /* Frees r, withdrawing it first if pending. Returns 1, or 0 if the transport may still
+     * use r's buffer (MPI: a matched receive or a send that could not be withdrawn was left
+     * to MPI): the caller must then keep that buffer alive. */
+    int (*g_free)(CommGroup *g, CommReq *r);
+    /* Waiting without spinning: events(c) is a counter that changes whenever something may
+     * have completed on c (threads: a message delivered to it, abort, an endpoint closed;
+     * MPI: always 0). idle(c, mark, t0, deadline) returns at once if events(c) != mark, else
+     * after something happened or a short nap (MPI: spin, yield or nap depending on how long
+     * since t0), or at the absolute deadline (0 = none). */
+    uint64_t (*events)(Comm *c);
+    void (*idle)(Comm *c, uint64_t mark, double t0, double deadline);
     void (*free)(Comm *c);
 } CommOps;
 
@@ -95,6 +121,8 @@ struct Comm {
     int64_t tag_window;     /* COMM_TAG_WINDOW, or less if MPI's tag space is small */
     double coll_timeout;    /* seconds, 0 = none */
     int64_t coll_seq;       /* control-plane collectives started on this rank */
+    uint64_t bytes_sent;    /* comm_bytes_sent */
+    CommAr *ars, *ars_tail; /* all-reduces still running, in start order (comm_ar.c) */
 };
 
 struct CommGroup {
@@ -102,9 +130,20 @@ struct CommGroup {
     int rank, size;         /* the caller's position in the list; its length */
     int *ranks;             /* world ranks in group order (owned) */
     void *ctx;              /* the transport's state */
+    int64_t ar_seq;         /* all-reduces started on this group by this member */
+    int ar_running;         /* of them, still running */
+    int broken;             /* an all-reduce failed or was cancelled: why says which */
+    char why[320];
 };
 
 /* Absolute deadline for a collective on c: 0 or pd_now() + timeout. */
 double comm_coll_deadline(const Comm *c);
+
+/* The all-reduce engine (comm_ar.c). comm_ar_progress_all advances every running
+ * all-reduce of c without blocking; returns 1 if anything moved. comm_ar_detach fails every
+ * running all-reduce of c (g == NULL) or of g, with why, and forgets them (comm_free,
+ * comm_group_free). */
+int comm_ar_progress_all(Comm *c);
+void comm_ar_detach(Comm *c, CommGroup *g, const char *why);
 
 #endif

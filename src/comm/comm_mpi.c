@@ -5,9 +5,9 @@
  * comm_tag. Waits poll MPI_Test (spin, then yield, then short sleeps) so that they can give
  * up at a deadline instead of blocking forever. Collectives (barrier, agree) are the
  * non-blocking MPI ones polled the same way. Group all-reduce is NOT MPI_Allreduce (its
- * summation order is unspecified): a chain in group rank order (rank 0 sends its chunk to
- * rank 1, which adds its own and passes it on, ...; chunks pipelined) ends on the last rank
- * with exactly the serial rank-order sum, which MPI_Ibcast then copies to everyone.
+ * summation order is unspecified): comm_ar.c runs a ring on the group messages this file
+ * provides, one MPI message (MPI_BYTE) per piece or notice on the group's own communicator
+ * (MPI_Comm_create_group over the listed ranks, group rank = list position).
  * Control blocks (comm.c's control plane) are one MPI message each (header and payload
  * packed, MPI_BYTE) on the channel's tag, above every data tag; a control receive matches
  * with MPI_Improbe (source by source, so it can give up at a deadline without taking
@@ -44,11 +44,8 @@ typedef struct MReq {
     int got[2];
 } MReq;
 
-enum { CHAIN_CHUNK = 1 << 16 };   /* floats per pipelined piece of the all-reduce chain */
-
 typedef struct MGroup {
     MPI_Comm comm;         /* the group's communicator, errors return */
-    float *tmp[2];         /* CHAIN_CHUNK floats each: double-buffered receives */
 } MGroup;
 
 static const CommOps MPI_OPS;
@@ -121,7 +118,7 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
     MPI_Comm_rank(m->comm, &c->rank);
     MPI_Comm_size(m->comm, &c->size);
     /* the tag space must hold 2 * COMM_KIND_COUNT tags per minibatch of the window, then
-     * the control channels' tags (docs/comm.md, tag layout) */
+     * the control channels' tags, then the all-reduce tags (docs/comm.md, tag layout) */
     int *tag_ub = NULL, flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
     int64_t ub = flag && tag_ub ? (int64_t)*tag_ub : 32767;
@@ -133,7 +130,8 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
         if (finalize) MPI_Finalize();
         return err_set(err, PD_ECOMM, "MPI_TAG_UB is %" PRId64 ": too small for the data and control tags", ub);
     }
-    PD_ASSERT(comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, c->tag_window) <= ub &&
+    PD_ASSERT(comm_ar_tag(COMM_AR_WINDOW - 1, 1, c->tag_window) <= ub &&
+              comm_ctrl_tag(COMM_CTRL_TAG_COUNT - 1, c->tag_window) < comm_ar_tag(0, 0, c->tag_window) &&
               comm_tag(COMM_KIND_COUNT - 1, c->tag_window - 1, 1, c->tag_window) < comm_ctrl_tag(0, c->tag_window));
     c->ops = &MPI_OPS;
     c->ctx = m;
@@ -431,89 +429,110 @@ static int m_group_new(CommGroup *g, Err *err) {
     return PD_OK;
 }
 
+/* A broken group's communicator is not freed: a failed or cancelled all-reduce may have left
+ * messages in flight on it, and once freed its context id can be reused by a later
+ * communicator, which such a message could then reach (Open MPI crashes on one in
+ * MPI_Comm_create_group). MPI_Finalize releases it. */
 static void m_group_free(CommGroup *g) {
     MGroup *mg = g->ctx;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Comm_free(&mg->comm);
-    pd_free(mg->tmp[0]);
-    pd_free(mg->tmp[1]);
+    if (!fin && !g->broken) MPI_Comm_free(&mg->comm);
     free(mg);
 }
 
-/* The chain: group rank k receives the partial sum of ranks 0..k-1 chunk by chunk, adds
- * its own (partial + x_k: the serial order), and passes it to k + 1; the last rank
- * divides for COMM_MEAN. Sends are non-blocking so that chunks pipeline down the chain. */
-static int chain_reduce(CommGroup *g, float *buf, size_t n, CommOp op, double deadline, Err *err) {
+/* ---- group messages (the all-reduce engine's) --------------------------------------- */
+
+/* A group message is one MPI message in r[1] of an MReq (r[0] unused). */
+static int m_g_post(CommGroup *g, int is_recv, int peer, int tag, void *buf, size_t bytes, CommReq **out, Err *err) {
+    Comm *c = g->comm;
     MGroup *mg = g->ctx;
-    const int me = g->rank, last = g->size - 1, wr = g->comm->rank;
-    const size_t nchunks = (n + CHAIN_CHUNK - 1) / CHAIN_CHUNK;
-    if (nchunks == 0) return PD_OK;
-    if (me > 0 && !mg->tmp[0]) {
-        mg->tmp[0] = pd_alloc(CHAIN_CHUNK * sizeof(float));
-        mg->tmp[1] = pd_alloc(CHAIN_CHUNK * sizeof(float));
+    *out = NULL;
+    if (bytes > (size_t)INT_MAX)
+        return err_set(err, PD_EINVAL, "rank %d: all-reduce message of %zu bytes is too large for MPI", c->rank, bytes);
+    MReq *r = (MReq *)m_req_new(c);
+    r->base.is_recv = is_recv;
+    r->base.peer = peer;
+    r->base.tag = tag;
+    r->base.buf = buf;
+    r->got[0] = 1;
+    int mrc = is_recv ? MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, mg->comm, &r->r[1])
+                      : MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, mg->comm, &r->r[1]);
+    if (mrc != MPI_SUCCESS) {
+        free(r);
+        char what[96];
+        snprintf(what, sizeof what, "all-reduce (%s group rank %d)", is_recv ? "MPI_Irecv from" : "MPI_Isend to", peer);
+        return mpi_err(err, c->rank, mrc, what, NULL);
     }
-    MPI_Request *sends = NULL, rq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    if (me < last) {
-        sends = malloc(nchunks * sizeof *sends);
-        PD_ASSERT(sends);
-    }
-    const float fn = (float)g->size;
-    int rc = PD_OK, mrc = MPI_SUCCESS;
-    if (me > 0)   /* post the first receive; each step posts the next one before adding */
-        mrc = MPI_Irecv(mg->tmp[0], (int)(n < CHAIN_CHUNK ? n : CHAIN_CHUNK), MPI_FLOAT, me - 1, 1, mg->comm, &rq[0]);
-    for (size_t k = 0; k < nchunks && mrc == MPI_SUCCESS && !rc; k++) {
-        size_t lo = k * CHAIN_CHUNK, len = n - lo < CHAIN_CHUNK ? n - lo : CHAIN_CHUNK;
-        float *x = buf + lo;   /* (len,) */
-        if (me > 0) {
-            if (k + 1 < nchunks) {
-                size_t nlen = n - lo - len < CHAIN_CHUNK ? n - lo - len : CHAIN_CHUNK;
-                mrc = MPI_Irecv(mg->tmp[(k + 1) & 1], (int)nlen, MPI_FLOAT, me - 1, 1, mg->comm, &rq[(k + 1) & 1]);
-                if (mrc != MPI_SUCCESS) break;
-            }
-            rc = poll_all(&rq[k & 1], 1, deadline, wr, "all-reduce (chain)", err);
-            if (rc) break;
-            const float *p = mg->tmp[k & 1];
-            if (me == last && op == COMM_MEAN)
-                for (size_t i = 0; i < len; i++) x[i] = (p[i] + x[i]) / fn;
-            else
-                for (size_t i = 0; i < len; i++) x[i] = p[i] + x[i];
-        }
-        if (me < last) mrc = MPI_Isend(x, (int)len, MPI_FLOAT, me + 1, 1, mg->comm, &sends[k]);
-    }
-    if (mrc != MPI_SUCCESS && !rc) rc = mpi_err(err, wr, mrc, "all-reduce (chain)", NULL);
-    if (!rc && me < last) rc = poll_all(sends, (int)nchunks, deadline, wr, "all-reduce (chain sends)", err);
-    free(sends);
-    return rc;
+    *out = &r->base;
+    return PD_OK;
 }
 
-static int m_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) {
-    MGroup *mg = g->ctx;
-    const int wr = g->comm->rank;
-    double deadline = comm_coll_deadline(g->comm);
-    /* every member must bring the same n and op: max of (n, -n, op, -op) tells */
-    long long v[4] = {(long long)n, -(long long)n, op, -(long long)op}, mx[4];
-    MPI_Request rq;
-    int mrc = MPI_Iallreduce(v, mx, 4, MPI_LONG_LONG, MPI_MAX, mg->comm, &rq);
-    if (mrc != MPI_SUCCESS) return mpi_err(err, wr, mrc, "all-reduce (size check)", NULL);
-    int rc = poll_all(&rq, 1, deadline, wr, "all-reduce (size check)", err);
-    if (rc) return rc;
-    if (mx[0] != -mx[1] || mx[2] != -mx[3])
-        return err_set(err, PD_ECOMM,
-                       "rank %d: all-reduce: members disagree on size or op (this rank: %zu floats op %d; "
-                       "sizes range %lld..%lld)",
-                       wr, n, (int)op, -mx[1], mx[0]);
-    if (g->size == 1) return PD_OK;   /* x / 1.0f == x: nothing to do for either op */
-    rc = chain_reduce(g, buf, n, op, deadline, err);
-    if (rc) return err_prefix(err, "all-reduce of %zu floats", n);
-    for (size_t lo = 0; lo < n; lo += (size_t)INT_MAX) {   /* the last rank holds the result */
-        size_t len = n - lo < (size_t)INT_MAX ? n - lo : (size_t)INT_MAX;
-        mrc = MPI_Ibcast(buf + lo, (int)len, MPI_FLOAT, g->size - 1, mg->comm, &rq);
-        if (mrc != MPI_SUCCESS) return mpi_err(err, wr, mrc, "all-reduce (broadcast)", NULL);
-        rc = poll_all(&rq, 1, deadline, wr, "all-reduce (broadcast)", err);
-        if (rc) return rc;
+static int m_g_isend(CommGroup *g, int peer, int tag, const void *data, size_t bytes, CommReq **out, Err *err) {
+    return m_g_post(g, 0, peer, tag, (void *)data, bytes, out, err);
+}
+
+static int m_g_irecv(CommGroup *g, int peer, int tag, void *buf, size_t bytes, CommReq **out, Err *err) {
+    return m_g_post(g, 1, peer, tag, buf, bytes, out, err);
+}
+
+static int m_g_test(CommGroup *g, CommReq *req, size_t *got, Err *err) {
+    MReq *r = (MReq *)req;
+    if (r->got[1]) return COMM_DONE;
+    int flag = 0;
+    MPI_Status st;
+    int mrc = MPI_Test(&r->r[1], &flag, &st);
+    if (mrc != MPI_SUCCESS) {
+        r->got[1] = 1;
+        r->r[1] = MPI_REQUEST_NULL;   /* an erroneous request is completed */
+        char what[96];
+        snprintf(what, sizeof what, "all-reduce (%s rank %d)", req->is_recv ? "receiving from" : "sending to",
+                 g->ranks[req->peer]);
+        return -mpi_err(err, g->comm->rank, mrc, what, NULL);
     }
-    return PD_OK;
+    if (!flag) return COMM_PENDING;
+    r->got[1] = 1;
+    if (req->is_recv && got) {
+        int cnt = 0;
+        MPI_Get_count(&st, MPI_BYTE, &cnt);
+        *got = (size_t)cnt;
+    }
+    return COMM_DONE;
+}
+
+/* A pending receive is cancelled (an unmatched one goes at once; a matched one is given a
+ * moment to finish); what cannot be withdrawn is left to MPI: returns 0 then. */
+static int m_g_free(CommGroup *g, CommReq *req) {
+    (void)g;
+    MReq *r = (MReq *)req;
+    int clean = 1;
+    if (!r->got[1] && r->r[1] != MPI_REQUEST_NULL) {
+        int done = 0;
+        if (req->is_recv) {
+            MPI_Cancel(&r->r[1]);
+            double t0 = pd_now();
+            while (MPI_Test(&r->r[1], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && pd_now() - t0 < 0.5)
+                backoff(t0);
+        } else {
+            MPI_Test(&r->r[1], &done, MPI_STATUS_IGNORE);
+        }
+        if (!done && r->r[1] != MPI_REQUEST_NULL) {
+            MPI_Request_free(&r->r[1]);
+            clean = 0;
+        }
+    }
+    free(r);
+    return clean;
+}
+
+static uint64_t m_events(Comm *c) {
+    (void)c;
+    return 0;
+}
+
+static void m_idle(Comm *c, uint64_t mark, double t0, double deadline) {
+    (void)c, (void)mark, (void)deadline;
+    backoff(t0);
 }
 
 static const CommOps MPI_OPS = {
@@ -532,6 +551,11 @@ static const CommOps MPI_OPS = {
     .abort = m_abort,
     .group_new = m_group_new,
     .group_free = m_group_free,
-    .allreduce = m_allreduce,
+    .g_isend = m_g_isend,
+    .g_irecv = m_g_irecv,
+    .g_test = m_g_test,
+    .g_free = m_g_free,
+    .events = m_events,
+    .idle = m_idle,
     .free = m_free,
 };

@@ -4,8 +4,13 @@
  * receive with the same (source, tag), and a receive the first unexpected message with the
  * same (source, tag), so messages with equal (source, tag) are non-overtaking. Sends are
  * eager: the payload is copied into the mailbox (or straight into a posted receive's
- * buffer), so a send completes at once. Collectives run in rounds on a shared group state
- * (arrive, the last arrival acts, everyone leaves); all-reduce sums in group rank order.
+ * buffer), so a send completes at once. Barrier, agree and group set-up run in rounds on a
+ * shared group state (arrive, the last arrival acts, everyone leaves). Group messages (the
+ * all-reduce engine's, comm_ar.c) are raw bytes in the same FIFOs, matched on (source, tag)
+ * and the group's id (its context, like an MPI communicator's), so they never match data,
+ * control or another group's messages. Each endpoint counts events (deliveries to it,
+ * aborts, closed endpoints) so that a waiter can sleep on its condition variable without
+ * missing one.
  * Control blocks (comm.c's control plane) go through the same per-destination FIFO of
  * unexpected messages, on their own tags; a control receive takes the first one from any of
  * its peers, waiting on the endpoint's condition variable.
@@ -23,9 +28,11 @@
 typedef struct TMsg {          /* a sent message nobody has received yet */
     struct TMsg *next;
     int src, tag;
+    int ctx;                   /* 0: data or control; > 0: a message of the group with that id */
     int ctrl;                  /* a control block: data is it (malloc'd), len bytes; hdr unused */
-    CommHeader hdr;
-    void *data;                /* data message: copy of hdr.count floats (pd_alloc'd), NULL if 0 */
+    CommHeader hdr;            /* data message (ctx 0, not ctrl) */
+    void *data;                /* data message: copy of hdr.count floats; group message: len bytes
+                                  (pd_alloc'd, NULL if empty) */
     size_t len;
 } TMsg;
 
@@ -34,30 +41,30 @@ typedef struct TReq {
     struct TReq *next;         /* in the owner's posted list */
     int posted;                /* still in the posted list */
     int done;
-    size_t cap;                /* floats base.buf can take */
+    int ctx;                   /* as TMsg.ctx */
+    size_t cap;                /* data: floats base.buf can take; group message: bytes */
+    size_t got;                /* group message received: its bytes (copied only if <= cap) */
 } TReq;
 
 typedef struct TEndpoint {
     TMsg *unexp_head, *unexp_tail;   /* messages to this rank, unmatched, in arrival order */
     TReq *posted_head, *posted_tail; /* receives of this rank, unmatched, in post order */
     pthread_cond_t cv;               /* signalled when one of its receives completes */
+    uint64_t events;                 /* bumped with every signal of cv */
     int closed;
 } TEndpoint;
 
 typedef struct TGroupState {   /* shared by the members of one group */
     struct TGroupState *next;  /* registry */
+    int id;                    /* > 0, unique in the box: the context of its messages */
     int n, *ranks;             /* world ranks in group order */
     char *joined;              /* [n] member i has attached */
     int refs;
     int arrived, broken;
     char why[200];             /* what broke it, for every member's message */
     uint64_t gen;              /* completed rounds */
-    float **bufs;              /* [n] all-reduce: member buffers of this round */
-    size_t *counts;            /* [n] */
-    int *ops, *vals;           /* [n] */
-    int result, bad;           /* of the last round */
-    float *scratch;            /* all-reduce result, cap floats */
-    size_t cap;
+    int *vals;                 /* [n] agree: the codes of this round */
+    int result;                /* of the last round */
 } TGroupState;
 
 typedef struct TBox {
@@ -69,6 +76,7 @@ typedef struct TBox {
     char abort_msg[256];
     TGroupState *groups;       /* registry of user groups */
     TGroupState *world;        /* all ranks: barrier and agree */
+    int next_group_id;
 } TBox;
 
 typedef struct TComm {         /* Comm.ctx of one endpoint */
@@ -83,9 +91,14 @@ static const CommOps THREADS_OPS;
 
 /* ---- helpers (called with box->mu held unless said otherwise) --------------------- */
 
+static void signal_ep(TEndpoint *e) {
+    e->events++;
+    pthread_cond_broadcast(&e->cv);
+}
+
 static void wake_all(TBox *b) {
     pthread_cond_broadcast(&b->coll_cv);
-    for (int i = 0; i < b->n; i++) pthread_cond_broadcast(&b->ep[i].cv);
+    for (int i = 0; i < b->n; i++) signal_ep(&b->ep[i]);
 }
 
 /* Waits on cv until woken or the absolute deadline (pd_now seconds; 0 = forever).
@@ -117,6 +130,14 @@ static void deliver(TReq *r, const CommHeader *hdr, const void *data) {
     r->done = 1;
 }
 
+/* Delivers a group message of len bytes: copied if it fits (a longer one is an error in
+ * t_g_test). */
+static void deliver_raw(TReq *r, const void *data, size_t len) {
+    r->got = len;
+    if (len <= r->cap && len > 0) memcpy(r->base.buf, data, len);
+    r->done = 1;
+}
+
 static void msg_free(TMsg *m) {
     if (m->ctrl) free(m->data);
     else pd_free(m->data);
@@ -127,11 +148,7 @@ static void group_state_free(TGroupState *gs) {
     if (!gs) return;
     free(gs->ranks);
     free(gs->joined);
-    free(gs->bufs);
-    free(gs->counts);
-    free(gs->ops);
     free(gs->vals);
-    pd_free(gs->scratch);
     free(gs);
 }
 
@@ -141,11 +158,8 @@ static TGroupState *group_state_new(const int *ranks, int n) {
     gs->n = n;
     gs->ranks = malloc((size_t)n * sizeof(int));
     gs->joined = calloc((size_t)n, 1);
-    gs->bufs = calloc((size_t)n, sizeof(float *));
-    gs->counts = calloc((size_t)n, sizeof(size_t));
-    gs->ops = calloc((size_t)n, sizeof(int));
     gs->vals = calloc((size_t)n, sizeof(int));
-    PD_ASSERT(gs->ranks && gs->joined && gs->bufs && gs->counts && gs->ops && gs->vals);
+    PD_ASSERT(gs->ranks && gs->joined && gs->vals);
     memcpy(gs->ranks, ranks, (size_t)n * sizeof(int));
     return gs;
 }
@@ -259,7 +273,7 @@ static int t_isend(Comm *c, CommReq *req, const float *data, Err *err) {
     }
     TEndpoint *d = &b->ep[peer];
     TReq *prev = NULL, *p = d->posted_head;
-    while (p && !(p->base.peer == c->rank && p->base.tag == tag)) {
+    while (p && !(p->ctx == 0 && p->base.peer == c->rank && p->base.tag == tag)) {
         prev = p;
         p = p->next;
     }
@@ -270,7 +284,7 @@ static int t_isend(Comm *c, CommReq *req, const float *data, Err *err) {
         p->posted = 0;
         p->next = NULL;
         deliver(p, hdr, data);
-        pthread_cond_broadcast(&d->cv);
+        signal_ep(d);
     } else {   /* keep a copy until a receive is posted */
         TMsg *m = calloc(1, sizeof *m);
         PD_ASSERT(m);
@@ -303,7 +317,7 @@ static int t_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
     }
     TEndpoint *me = &b->ep[c->rank];
     TMsg *prev = NULL, *m = me->unexp_head;
-    while (m && !(!m->ctrl && m->src == req->peer && m->tag == req->tag)) {
+    while (m && !(!m->ctrl && m->ctx == 0 && m->src == req->peer && m->tag == req->tag)) {
         prev = m;
         m = m->next;
     }
@@ -407,7 +421,7 @@ static int t_ctrl_post(Comm *c, int peer, int tag, void *blob, size_t len, Err *
         else d->unexp_head = m;
         d->unexp_tail = m;
         blob = NULL;
-        pthread_cond_broadcast(&d->cv);
+        signal_ep(d);
     }
     pthread_mutex_unlock(&b->mu);
     free(blob);
@@ -600,6 +614,7 @@ static int t_group_new(CommGroup *g, Err *err) {
         if (gs->n == n && !memcmp(gs->ranks, g->ranks, (size_t)n * sizeof(int)) && !gs->joined[me]) break;
     if (!gs) {
         gs = group_state_new(g->ranks, n);
+        gs->id = ++b->next_group_id;
         gs->next = b->groups;
         b->groups = gs;
     }
@@ -620,52 +635,151 @@ static int t_group_new(CommGroup *g, Err *err) {
     return rc;
 }
 
-static void allreduce_last(TGroupState *gs) {
-    gs->bad = 0;
-    for (int i = 1; i < gs->n; i++)
-        if (gs->counts[i] != gs->counts[0] || gs->ops[i] != gs->ops[0]) gs->bad = 1;
-    if (!gs->bad && gs->counts[0] > gs->cap) {
-        pd_free(gs->scratch);
-        gs->scratch = pd_alloc(gs->counts[0] * sizeof(float));
-        gs->cap = gs->counts[0];
-    }
-}
+/* ---- group messages (the all-reduce engine's) --------------------------------------- */
 
-static int t_allreduce(CommGroup *g, float *buf, size_t n, CommOp op, Err *err) {
+/* Eager, like t_isend; but a message to an endpoint that has closed is dropped instead of
+ * failing: the members that wait for that rank name it (its notice or pieces never come),
+ * rather than each blaming whichever neighbour failed first. */
+static int t_g_isend(CommGroup *g, int peer, int tag, const void *data, size_t bytes, CommReq **out, Err *err) {
     Comm *c = g->comm;
     TBox *b = ((TComm *)c->ctx)->box;
-    TGroupState *gs = ((TGroup *)g->ctx)->gs;
-    double deadline = comm_coll_deadline(c);
+    const int id = ((TGroup *)g->ctx)->gs->id, to = g->ranks[peer];
+    int rc = PD_OK;
+    *out = NULL;
     pthread_mutex_lock(&b->mu);
-    gs->bufs[g->rank] = buf;
-    gs->counts[g->rank] = n;
-    gs->ops[g->rank] = op;
+    if (b->aborted) {
+        rc = aborted_err(b, c->rank, err);
+        goto out;
+    }
+    TEndpoint *d = &b->ep[to];
+    TReq *prev = NULL, *p = d->posted_head;
+    if (d->closed) p = NULL, prev = NULL;   /* dropped below: it can never be received */
+    while (p && !(p->ctx == id && p->base.peer == c->rank && p->base.tag == tag)) {
+        prev = p;
+        p = p->next;
+    }
+    if (p) {   /* a receive is waiting: copy straight into its buffer */
+        if (prev) prev->next = p->next;
+        else d->posted_head = p->next;
+        if (d->posted_tail == p) d->posted_tail = prev;
+        p->posted = 0;
+        p->next = NULL;
+        deliver_raw(p, data, bytes);
+        signal_ep(d);
+    } else if (!d->closed) {   /* keep a copy until a receive is posted */
+        TMsg *m = calloc(1, sizeof *m);
+        PD_ASSERT(m);
+        m->src = c->rank;
+        m->tag = tag;
+        m->ctx = id;
+        m->len = bytes;
+        if (bytes > 0) {
+            m->data = pd_alloc(bytes);
+            memcpy(m->data, data, bytes);
+        }
+        if (d->unexp_tail) d->unexp_tail->next = m;
+        else d->unexp_head = m;
+        d->unexp_tail = m;
+    }
+    TReq *r = (TReq *)t_req_new(c);
+    r->base.is_recv = 0;
+    r->base.peer = to;
+    r->base.tag = tag;
+    r->ctx = id;
+    r->done = 1;   /* eager */
+    *out = &r->base;
+out:
     pthread_mutex_unlock(&b->mu);
-    int rc = round_sync(b, gs, c->rank, deadline, allreduce_last, err);
-    if (rc) return err_prefix(err, "all-reduce of %zu floats", n);
-    /* bufs, counts, bad and scratch stay put until the next round 1 completes, which needs
-     * every member to arrive again; the mutex above made the other members' stores visible. */
-    if (gs->bad) {
-        char list[256];
-        size_t len = 0;
-        list[0] = 0;
-        for (int i = 0; i < gs->n && len + 40 < sizeof list; i++)
-            len += (size_t)snprintf(list + len, sizeof list - len, "%s rank %d: %zu floats op %d", i ? "," : "",
-                                    gs->ranks[i], gs->counts[i], gs->ops[i]);
-        return err_set(err, PD_ECOMM, "rank %d: all-reduce: members disagree on size or op:%s", c->rank, list);
+    return rc;
+}
+
+static int t_g_irecv(CommGroup *g, int peer, int tag, void *buf, size_t bytes, CommReq **out, Err *err) {
+    Comm *c = g->comm;
+    TBox *b = ((TComm *)c->ctx)->box;
+    const int id = ((TGroup *)g->ctx)->gs->id, from = g->ranks[peer];
+    TReq *r = (TReq *)t_req_new(c);
+    r->base.is_recv = 1;
+    r->base.peer = from;
+    r->base.tag = tag;
+    r->base.buf = buf;
+    r->ctx = id;
+    r->cap = bytes;
+    int rc = PD_OK;
+    pthread_mutex_lock(&b->mu);
+    if (b->aborted) {
+        rc = aborted_err(b, c->rank, err);
+        goto out;
     }
-    /* each member sums a slice of the elements, in group rank order */
-    size_t chunk = (n + (size_t)gs->n - 1) / (size_t)gs->n;
-    size_t lo = chunk * (size_t)g->rank, hi = lo + chunk < n ? lo + chunk : n;
-    if (lo < hi) {
-        const float *xs[gs->n];
-        for (int i = 0; i < gs->n; i++) xs[i] = gs->bufs[i] + lo;
-        comm_sum_serial(xs, gs->n, hi - lo, op, gs->scratch + lo);
+    TEndpoint *me = &b->ep[c->rank];
+    TMsg *prev = NULL, *m = me->unexp_head;
+    while (m && !(m->ctx == id && m->src == from && m->tag == tag)) {
+        prev = m;
+        m = m->next;
     }
-    rc = round_sync(b, gs, c->rank, deadline, NULL, err);
-    if (rc) return err_prefix(err, "all-reduce of %zu floats", n);
-    if (n > 0) memcpy(buf, gs->scratch, n * sizeof(float));
+    if (m) {   /* already here */
+        if (prev) prev->next = m->next;
+        else me->unexp_head = m->next;
+        if (me->unexp_tail == m) me->unexp_tail = prev;
+        deliver_raw(r, m->data, m->len);
+        msg_free(m);
+    } else {
+        r->posted = 1;
+        if (me->posted_tail) me->posted_tail->next = r;
+        else me->posted_head = r;
+        me->posted_tail = r;
+    }
+out:
+    pthread_mutex_unlock(&b->mu);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = &r->base;
     return PD_OK;
+}
+
+static int t_g_test(CommGroup *g, CommReq *req, size_t *got, Err *err) {
+    Comm *c = g->comm;
+    TBox *b = ((TComm *)c->ctx)->box;
+    TReq *r = (TReq *)req;
+    int st = COMM_PENDING;
+    pthread_mutex_lock(&b->mu);
+    if (r->done) {
+        if (req->is_recv && r->got > r->cap)
+            st = -err_set(err, PD_ECOMM, "rank %d: all-reduce: rank %d sent %zu bytes, this rank expected %zu", c->rank,
+                          req->peer, r->got, r->cap);
+        else st = COMM_DONE;
+        if (got) *got = r->got;
+    } else if (b->aborted) {
+        st = -aborted_err(b, c->rank, err);
+    } else if (b->ep[req->peer].closed) {
+        st = -err_set(err, PD_ECOMM, "rank %d: all-reduce: rank %d closed its endpoint (its worker ended) before "
+                      "sending its part", c->rank, req->peer);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}
+
+static int t_g_free(CommGroup *g, CommReq *req) {
+    t_req_free(g->comm, req);
+    return 1;
+}
+
+static uint64_t t_events(Comm *c) {
+    TBox *b = ((TComm *)c->ctx)->box;
+    pthread_mutex_lock(&b->mu);
+    uint64_t v = b->ep[c->rank].events;
+    pthread_mutex_unlock(&b->mu);
+    return v;
+}
+
+static void t_idle(Comm *c, uint64_t mark, double t0, double deadline) {
+    (void)t0;
+    TBox *b = ((TComm *)c->ctx)->box;
+    TEndpoint *me = &b->ep[c->rank];
+    pthread_mutex_lock(&b->mu);
+    if (me->events == mark && !b->aborted) timed_wait(&me->cv, &b->mu, deadline);
+    pthread_mutex_unlock(&b->mu);
 }
 
 static const CommOps THREADS_OPS = {
@@ -684,7 +798,12 @@ static const CommOps THREADS_OPS = {
     .abort = t_abort,
     .group_new = t_group_new,
     .group_free = t_group_free,
-    .allreduce = t_allreduce,
+    .g_isend = t_g_isend,
+    .g_irecv = t_g_irecv,
+    .g_test = t_g_test,
+    .g_free = t_g_free,
+    .events = t_events,
+    .idle = t_idle,
     .free = t_free,
 };
 

@@ -2,9 +2,12 @@
  * cmocka) and tests/test_comm_mpi.c (MPI, under mpirun): the same functions run on every
  * rank of either transport, so both are held to the same semantics. Each check is a
  * CommWorkerFn: it returns PD_OK, or prints "rank R: <check>: <what>" on stderr and returns
- * PD_EINVAL. They need 4 ranks. Oracles: payloads are a pure function of (source, kind, mb,
- * index); all-reduce is compared bitwise with comm_sum_serial in group rank order; control
- * payloads are a pure function of (source, channel, message, index).
+ * PD_EINVAL. They need 4 ranks, except the all-reduce checks (ar_*), which run on any
+ * number (test_comm.c also runs them on 1, 2, 3 and 5 threads). Oracles: payloads are a
+ * pure function of (source, kind, mb, index); all-reduce is compared bitwise with
+ * comm_sum_serial (the ring order of comm.h) over every member's data, regenerated from the
+ * members' world ranks; control payloads are a pure function of (source, channel, message,
+ * index).
  * Checks leave the comm clean (every message sent is received, collectives line up), since
  * under MPI they all run one after the other on one comm. */
 #ifndef PD_COMM_CHECKS_H
@@ -230,14 +233,42 @@ static int chk_deadline(Comm *c, int rank, void *arg) {
 }
 
 /* Values with very different magnitudes, so that the summation order shows in the bits. */
-static void chk_rand(float *x, size_t n, int world_rank, int salt) {
+static inline void chk_rand(float *x, size_t n, int world_rank, int salt) {
     Rng r;
     rng_init(&r, 1234, (uint64_t)salt, (uint64_t)world_rank);
     for (size_t i = 0; i < n; i++) x[i] = rng_normal(&r) * ldexpf(1.0f, (int)rng_below(&r, 24) - 12);
 }
 
-/* One all-reduce of n floats on g, checked bitwise against the serial rank-order sum of
- * every member's data (regenerated here from the members' world ranks). */
+/* What the all-reduce of n floats (op) over the members ranks[0..gn-1] must give, each
+ * member's data being chk_rand(world rank, salt): comm_sum_serial into want; the plain
+ * rank-order sum x_0 + x_1 + ... into plain (optional). */
+static void chk_expect(const int *ranks, int gn, size_t n, CommOp op, int salt, float *want, float *plain) {
+    float **xs = calloc((size_t)gn, sizeof *xs);
+    PD_ASSERT(xs);
+    for (int i = 0; i < gn; i++) {
+        xs[i] = pd_alloc_f32(n + 1);
+        chk_rand(xs[i], n, ranks[i], salt);
+    }
+    comm_sum_serial((const float *const *)xs, gn, n, op, want);
+    if (plain)
+        for (size_t i = 0; i < n; i++) {
+            float s = xs[0][i];
+            for (int g = 1; g < gn; g++) s = s + xs[g][i];
+            plain[i] = op == COMM_MEAN && gn > 1 ? s / (float)gn : s;
+        }
+    for (int i = 0; i < gn; i++) pd_free(xs[i]);
+    free(xs);
+}
+
+/* Index of the first element of x (n) whose bits differ from want's, or n. */
+static size_t chk_first_diff(const float *x, const float *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &want[i], sizeof(float))) return i;
+    return n;
+}
+
+/* One all-reduce of n floats on g, checked bitwise against comm_sum_serial of every
+ * member's data (regenerated here from the members' world ranks). */
 static int chk_allreduce_one(Comm *c, CommGroup *g, const int *ranks, size_t n, CommOp op, int salt) {
     Err err = {0};
     const int gn = comm_group_size(g);
@@ -267,7 +298,7 @@ static int chk_allreduce_one(Comm *c, CommGroup *g, const int *ranks, size_t n, 
     pd_free(want);
     pd_free(rev);
     CHECK(rc == PD_OK, "all-reduce of %zu: rc %d: %s", n, rc, err.msg);
-    CHECK(first == n, "all-reduce of %zu floats op %d: element %zu: got %.9g, serial rank-order sum %.9g", n, (int)op,
+    CHECK(first == n, "all-reduce of %zu floats op %d: element %zu: got %.9g, comm_sum_serial %.9g", n, (int)op,
           first, got0, want0);
     /* the data is such that another order gives other bits (so the test can fail) */
     CHECK(gn < 3 || n < 1000 || order_matters > 0, "reverse order gave the same bits: weak test data");
@@ -862,6 +893,363 @@ static int chk_ctrl_bad_args(Comm *c, int rank, void *arg) {
     return PD_OK;
 }
 
+/* ---- all-reduce (the ring) ------------------------------------------------------------
+ * These run on any number of ranks: groups are built from comm_size(c); ranks outside a
+ * group skip it (and meet the others at a barrier). */
+
+/* The world ranks of the group of r members "list" l: l = 0: (0, 1, ..., r - 1); l = 1: the
+ * top r ranks listed downwards (size - 1, ..., size - r), so group order != world order. */
+static void chk_ar_list(int size, int r, int l, int *ranks) {
+    for (int j = 0; j < r; j++) ranks[j] = l == 0 ? j : size - 1 - j;
+}
+
+static int chk_in(const int *ranks, int n, int rank) {
+    for (int j = 0; j < n; j++)
+        if (ranks[j] == rank) return 1;
+    return 0;
+}
+
+/* One all-reduce of n floats over g (members ranks), blocking or not: bitwise equal to
+ * comm_sum_serial on every member; for 3+ members and enough data, other bits than the plain
+ * rank-order sum (so the ring order is really the one computed, and the test can fail). */
+static int chk_ar_one(Comm *c, CommGroup *g, const int *ranks, size_t n, CommOp op, int salt, int nonblocking) {
+    Err err = {0};
+    const int gn = comm_group_size(g);
+    float *buf = pd_alloc_f32(n + 1), *want = pd_alloc_f32(n + 1), *plain = pd_alloc_f32(n + 1);
+    chk_expect(ranks, gn, n, op, salt, want, plain);
+    chk_rand(buf, n, comm_rank(c), salt);
+    int rc;
+    if (nonblocking) {
+        CommAr *a = NULL;
+        rc = comm_group_iallreduce(g, buf, n, op, &a, &err);
+        int done = 0;
+        for (double t0 = pd_now(); !rc && !done && pd_now() - t0 < 60;) rc = comm_ar_test(a, &done, &err);
+        if (!rc && !done) rc = err_set(&err, PD_ECOMM, "not done after 60 s of comm_ar_test");
+        int rc2 = comm_ar_wait(&a, 10, &err);
+        if (!rc) rc = rc2;
+        comm_ar_cancel(&a);
+    } else {
+        rc = comm_group_allreduce(g, buf, n, op, &err);
+    }
+    size_t first = chk_first_diff(buf, want, n);
+    size_t ring_vs_plain = 0;
+    for (size_t i = 0; i < n; i++) ring_vs_plain += memcmp(&plain[i], &want[i], sizeof(float)) != 0;
+    float got0 = first < n ? buf[first] : 0, want0 = first < n ? want[first] : 0;
+    pd_free(buf);
+    pd_free(want);
+    pd_free(plain);
+    CHECK(rc == PD_OK, "all-reduce of %zu over %d: rc %d: %s", n, gn, rc, err.msg);
+    CHECK(first == n, "all-reduce of %zu floats over %d op %d: element %zu: got %.9g, comm_sum_serial %.9g", n, gn,
+          (int)op, first, got0, want0);
+    CHECK(gn < 3 || n < 1000 || ring_vs_plain > 0, "the ring order gave the plain rank order's bits: weak test data");
+    CHECK(gn > 2 || ring_vs_plain == 0, "%d members: the ring order must equal the plain rank order", gn);
+    return PD_OK;
+}
+
+/* Bitwise equality with comm_sum_serial for every group size 1 .. size (two lists each),
+ * n = 0, 1, r - 1, r + 1, 7, 1001 and 300007 (> 1 MiB, several pieces per chunk), SUM and
+ * MEAN, blocking and (alternately) non-blocking. */
+static int chk_ar_exact(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    int *ranks = malloc((size_t)size * sizeof *ranks);
+    PD_ASSERT(ranks);
+    int rc = PD_OK;
+    for (int r = 1; r <= size && !rc; r++)
+        for (int l = 0; l < 2 && !rc; l++) {
+            chk_ar_list(size, r, l, ranks);
+            if (!chk_in(ranks, r, rank)) continue;
+            CommGroup *g = NULL;
+            rc = comm_group_new(c, ranks, r, &g, &err);
+            if (rc) {
+                fprintf(stderr, "rank %d: group of %d: %s\n", rank, r, err.msg);
+                break;
+            }
+            const size_t sizes[7] = {0, 1, (size_t)r - 1, (size_t)r + 1, 7, 1001, 300007};
+            for (int si = 0; si < 7 && !rc; si++)
+                for (int op = 0; op < COMM_OP_COUNT && !rc; op++)
+                    rc = chk_ar_one(c, g, ranks, sizes[si], (CommOp)op, 1000 + 100 * r + 10 * si + op + 50 * l,
+                                    (si + op + l) % 2);
+            comm_group_free(g);
+        }
+    free(ranks);
+    if (rc) return rc;
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* Several all-reduces outstanding at once: five on the world group and two on a pair group
+ * (the same sequence numbers, so the same tags, between the same ranks: groups keep them
+ * apart), started in the same order everywhere; meanwhile point-to-point gradients go round
+ * the ranks on minibatch tags (0, 1, window - 1, window + 5, 2^40) and are waited for with
+ * comm_wait (which advances the all-reduces); one all-reduce is polled to completion with
+ * comm_ar_test, the world ones are completed in reverse order. Then members that disagree on
+ * the op all fail, naming it, and the group is broken. */
+static int chk_ar_outstanding(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    enum { K = 5, KP = 2, LEN = 1000, NMB = 5 };
+    const size_t ns[K] = {300007, 5, 0, 70001, 1}, nps[KP] = {131075, 3};
+    int *world = malloc((size_t)size * sizeof *world);
+    PD_ASSERT(world);
+    for (int j = 0; j < size; j++) world[j] = j;
+    int pair[2] = {rank & ~1, (rank & ~1) + 1}, np = pair[1] < size ? 2 : 1;
+    if (np == 1) pair[0] = rank;
+    CommGroup *gw = NULL, *gp = NULL;
+    CHECK_OK(comm_group_new(c, world, size, &gw, &err), err);
+    CHECK_OK(comm_group_new(c, pair, np, &gp, &err), err);
+    float *bw[K], *bp[KP];
+    CommAr *aw[K] = {0}, *ap[KP] = {0};
+    for (int k = 0; k < K; k++) {
+        bw[k] = pd_alloc_f32(ns[k] + 1);
+        chk_rand(bw[k], ns[k], rank, 300 + k);
+        CHECK_OK(comm_group_iallreduce(gw, bw[k], ns[k], (CommOp)(k % 2), &aw[k], &err), err);
+        if (k < KP) {
+            bp[k] = pd_alloc_f32(nps[k] + 1);
+            chk_rand(bp[k], nps[k], rank, 400 + k);
+            CHECK_OK(comm_group_iallreduce(gp, bp[k], nps[k], COMM_SUM, &ap[k], &err), err);
+        }
+    }
+    /* point to point meanwhile, on minibatch tags */
+    const int64_t w = comm_tag_window(c), mbs[NMB] = {0, 1, w - 1, w + 5, (int64_t)1 << 40};
+    const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    float *out = pd_alloc_f32((size_t)NMB * LEN), *in = pd_alloc_f32((size_t)NMB * LEN);
+    CommReq *rq[NMB] = {0}, *sq[NMB] = {0};
+    for (int i = 0; i < NMB; i++)
+        CHECK_OK(comm_irecv(c, from, COMM_GRAD, mbs[i], shape1(LEN), in + (size_t)i * LEN, &rq[i], &err), err);
+    for (int i = 0; i < NMB; i++) {
+        chk_fill(out + (size_t)i * LEN, LEN, rank, COMM_GRAD, mbs[i]);
+        CHECK_OK(comm_isend(c, to, COMM_GRAD, mbs[i], i, shape1(LEN), out + (size_t)i * LEN, &sq[i], &err), err);
+    }
+    for (int i = NMB - 1; i >= 0; i--) {
+        CHECK_OK(comm_wait(c, &rq[i], 30, NULL, &err), err);
+        long bad = chk_bad(in + (size_t)i * LEN, LEN, from, COMM_GRAD, mbs[i]);
+        CHECK(bad < 0, "gradient of minibatch %" PRId64 ": element %ld wrong", mbs[i], bad);
+    }
+    for (int i = 0; i < NMB; i++) CHECK_OK(comm_wait(c, &sq[i], 30, NULL, &err), err);
+    pd_free(out);
+    pd_free(in);
+    /* the pair's second one, by polling */
+    int done = 0;
+    for (double t0 = pd_now(); !done && pd_now() - t0 < 60;) CHECK_OK(comm_ar_test(ap[1], &done, &err), err);
+    CHECK(done, "pair all-reduce not done after 60 s of comm_ar_test");
+    CHECK_OK(comm_ar_wait(&ap[1], 10, &err), err);
+    CHECK(ap[1] == NULL, "wait frees");
+    for (int k = K - 1; k >= 0; k--) CHECK_OK(comm_ar_wait(&aw[k], 30, &err), err);
+    CHECK_OK(comm_ar_wait(&ap[0], 30, &err), err);
+    int rc = PD_OK;
+    for (int k = 0; k < K + KP && !rc; k++) {
+        const int isw = k < K;
+        const size_t n = isw ? ns[k] : nps[k - K];
+        float *want = pd_alloc_f32(n + 1);
+        chk_expect(isw ? world : pair, isw ? size : np, n, isw ? (CommOp)(k % 2) : COMM_SUM, isw ? 300 + k : 400 + k - K,
+                   want, NULL);
+        size_t first = chk_first_diff(isw ? bw[k] : bp[k - K], want, n);
+        pd_free(want);
+        if (first < n) {
+            fprintf(stderr, "rank %d: %s all-reduce %d (%zu floats): element %zu differs from comm_sum_serial\n", rank,
+                    isw ? "world" : "pair", isw ? k : k - K, n, first);
+            rc = PD_EINVAL;
+        }
+    }
+    for (int k = 0; k < K; k++) pd_free(bw[k]);
+    for (int k = 0; k < KP; k++) pd_free(bp[k]);
+    if (rc) return rc;
+    /* members disagreeing on the op: every member fails, naming it; the group is broken */
+    if (size > 1) {
+        float x[9] = {0};
+        CommAr *a = NULL;
+        CHECK_OK(comm_group_iallreduce(gw, x, 9, rank == size - 1 ? COMM_MEAN : COMM_SUM, &a, &err), err);
+        rc = comm_ar_wait(&a, 30, &err);
+        CHECK(rc == PD_ECOMM && a == NULL && strstr(err.msg, "disagree on size or op") && strstr(err.msg, "op "),
+              "rc %d: %s", rc, err.msg);
+        rc = comm_group_iallreduce(gw, x, 9, COMM_SUM, &a, &err);
+        CHECK(rc == PD_ECOMM && a == NULL && strstr(err.msg, "broken group") && strstr(err.msg, "disagree"), "rc %d: %s",
+              rc, err.msg);
+    }
+    comm_group_free(gp);
+    comm_group_free(gw);
+    free(world);
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* comm_bytes_sent: an all-reduce of n floats by group rank g of r adds exactly
+ * 4 (2n - len(g) - len(g + 1)) + 24 (r - 1) bytes (pieces and notices), within 8 bytes of
+ * 2 (r - 1) / r * 4n + 24 (r - 1); a data message adds 64 + 4 count, a control message 64 + n. */
+static int chk_ar_bytes(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    int *ranks = malloc((size_t)size * sizeof *ranks);
+    PD_ASSERT(ranks);
+    const int rs[3] = {size, size > 1 ? 2 : 1, 1};
+    for (int t = 0; t < 3; t++) {
+        const int r = rs[t];
+        chk_ar_list(size, r, t == 1, ranks);
+        if (r == 1) ranks[0] = rank;   /* everyone, alone */
+        if (!chk_in(ranks, r, rank)) continue;
+        CommGroup *g = NULL;
+        CHECK_OK(comm_group_new(c, ranks, r, &g, &err), err);
+        const int me = comm_group_rank(g);
+        const size_t sizes[3] = {1000003, 5, 0};
+        for (int si = 0; si < 3; si++) {
+            const size_t n = sizes[si];
+            float *x = pd_alloc_f32(n + 1);
+            const uint64_t b0 = comm_bytes_sent(c);
+            CHECK_OK(comm_group_allreduce(g, x, n, COMM_SUM, &err), err);
+            const uint64_t got = comm_bytes_sent(c) - b0;
+            pd_free(x);
+            const size_t len_me = comm_ar_chunk(n, r, me + 1) - comm_ar_chunk(n, r, me);
+            const int nx = (me + 1) % r;
+            const size_t len_next = comm_ar_chunk(n, r, nx + 1) - comm_ar_chunk(n, r, nx);
+            const uint64_t want = r == 1 ? 0 : 4 * (2 * (uint64_t)n - len_me - len_next) + 24 * (uint64_t)(r - 1);
+            CHECK(got == want, "group of %d, %zu floats: %" PRIu64 " bytes sent, want %" PRIu64, r, n, got, want);
+            const double ideal = 2.0 * (r - 1) / r * 4.0 * (double)n + 24.0 * (r - 1);
+            CHECK(fabs((double)got - ideal) <= 8, "group of %d, %zu floats: %" PRIu64 " bytes, ideal %.1f", r, n, got,
+                  ideal);
+            if (rank == 0 && si == 0 && getenv("PD_COMM_VERBOSE"))
+                printf("ar_bytes: group of %d, %zu floats: %" PRIu64 " bytes sent by rank 0 (2(r-1)/r * 4n = %.0f)\n", r,
+                       n, got, 2.0 * (r - 1) / r * 4.0 * (double)n);
+        }
+        comm_group_free(g);
+    }
+    free(ranks);
+    CHECK_OK(comm_barrier(c, &err), err);
+    /* a data message and a control message, to the next rank */
+    const int to = (rank + 1) % size, from = (rank + size - 1) % size;
+    float x[10] = {0}, y[10];
+    unsigned char m[5] = {1, 2, 3, 4, 5}, mm[5];
+    CommReq *rq = NULL, *sq = NULL;
+    CHECK_OK(comm_irecv(c, from, COMM_ACT, 77, shape1(10), y, &rq, &err), err);
+    uint64_t b0 = comm_bytes_sent(c);
+    CHECK_OK(comm_isend(c, to, COMM_ACT, 77, 0, shape1(10), x, &sq, &err), err);
+    CHECK(comm_bytes_sent(c) - b0 == 64 + 40, "data message: %" PRIu64 " bytes", comm_bytes_sent(c) - b0);
+    CHECK_OK(comm_wait(c, &rq, 30, NULL, &err), err);
+    CHECK_OK(comm_wait(c, &sq, 30, NULL, &err), err);
+    b0 = comm_bytes_sent(c);   /* even ranks to the next one */
+    if (rank % 2 == 0 && rank + 1 < size) {
+        CHECK_OK(comm_ctrl_send(c, rank + 1, 11, m, 5, 30, &err), err);
+        CHECK(comm_bytes_sent(c) - b0 == 64 + 5, "control message: %" PRIu64 " bytes", comm_bytes_sent(c) - b0);
+    }
+    if (rank % 2 == 1) CHECK_OK(comm_ctrl_recv(c, rank - 1, 11, mm, 5, NULL, 30, &err), err);
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* A member that starts late is named by every other member within the deadline (not just
+ * by its ring neighbour); the all-reduce stays pending, completes once it comes, and is
+ * right. */
+static int chk_ar_timeout(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    if (size < 2) return PD_OK;
+    const int late = 1;
+    const double T = 0.5;
+    const size_t n = 100003;
+    int *world = malloc((size_t)size * sizeof *world);
+    PD_ASSERT(world);
+    for (int j = 0; j < size; j++) world[j] = j;
+    CommGroup *g = NULL;
+    CHECK_OK(comm_group_new(c, world, size, &g, &err), err);
+    float *x = pd_alloc_f32(n), *want = pd_alloc_f32(n);
+    chk_rand(x, n, rank, 77);
+    chk_expect(world, size, n, COMM_SUM, 77, want, NULL);
+    CommAr *a = NULL;
+    if (rank != late) {
+        CHECK_OK(comm_group_iallreduce(g, x, n, COMM_SUM, &a, &err), err);
+        double t0 = pd_now();
+        int rc = comm_ar_wait(&a, T, &err);
+        double dt = pd_now() - t0;
+        char who[64];
+        snprintf(who, sizeof who, "waiting for rank %d (group rank %d), which has not started it", late, late);
+        CHECK(rc == PD_ECOMM && a != NULL && strstr(err.msg, "timed out") && strstr(err.msg, who) &&
+                  strstr(err.msg, "all-reduce #0 of 100003 floats"),
+              "rc %d: %s", rc, err.msg);
+        CHECK(dt >= T && dt < 30, "returned after %.3f s for a %g s deadline", dt, T);
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == late) CHECK_OK(comm_group_iallreduce(g, x, n, COMM_SUM, &a, &err), err);
+    CHECK_OK(comm_ar_wait(&a, 30, &err), err);
+    size_t first = chk_first_diff(x, want, n);
+    pd_free(x);
+    pd_free(want);
+    CHECK(first == n, "late all-reduce: element %zu differs from comm_sum_serial", first);
+    comm_group_free(g);
+    free(world);
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* Groups of one (nothing moves, nothing is counted, the bits stay, MEAN too), bad
+ * arguments, NULL handles; and a cancelled all-reduce breaks its group on every member. */
+static int chk_ar_single(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int me[1] = {rank};
+    CommGroup *g = NULL;
+    CHECK_OK(comm_group_new(c, me, 1, &g, &err), err);
+    const size_t sizes[3] = {0, 1, 1001};
+    for (int si = 0; si < 3; si++)
+        for (int op = 0; op < COMM_OP_COUNT; op++) {
+            const size_t n = sizes[si];
+            float *x = pd_alloc_f32(n + 1), *y = pd_alloc_f32(n + 1);
+            chk_rand(x, n, rank, 5);
+            if (n) memcpy(y, x, n * sizeof *x);
+            uint64_t b0 = comm_bytes_sent(c);
+            CommAr *a = NULL;
+            int done = 0;
+            CHECK_OK(comm_group_iallreduce(g, x, n, (CommOp)op, &a, &err), err);
+            CHECK_OK(comm_ar_test(a, &done, &err), err);
+            CHECK(done, "a group of one is done at once");
+            CHECK_OK(comm_ar_wait(&a, 1, &err), err);
+            CHECK_OK(comm_group_allreduce(g, x, n, (CommOp)op, &err), err);
+            CHECK(a == NULL && comm_bytes_sent(c) == b0, "bytes sent by a group of one");
+            CHECK(n == 0 || !memcmp(x, y, n * sizeof *x), "a group of one changed the data (n %zu op %d)", n, op);
+            pd_free(x);
+            pd_free(y);
+        }
+    float x[4] = {0};
+    CommAr *a = (CommAr *)1;
+    int rc = comm_group_iallreduce(g, x, 4, COMM_OP_COUNT, &a, &err);
+    CHECK(rc == PD_EINVAL && a == NULL && strstr(err.msg, "unknown op"), "rc %d: %s", rc, err.msg);
+    rc = comm_group_iallreduce(g, NULL, 4, COMM_SUM, &a, &err);
+    CHECK(rc == PD_EINVAL && a == NULL && strstr(err.msg, "NULL"), "rc %d: %s", rc, err.msg);
+    CHECK_OK(comm_ar_wait(&a, 1, &err), err);   /* NULL: nothing to do */
+    comm_ar_cancel(&a);
+    comm_group_free(g);
+    /* Cancelled before it finished: the group is broken. Rank 0 starts one and cancels it
+     * before the others start (it cannot have finished: their notices are missing); then
+     * the others start theirs, which cannot finish (rank 0 will not pass its part), time
+     * out, and are cancelled in turn. (A cancel after the end just frees the handle.) */
+    const int size = comm_size(c);
+    if (size > 1) {
+        int *world = malloc((size_t)size * sizeof *world);
+        PD_ASSERT(world);
+        for (int j = 0; j < size; j++) world[j] = j;
+        CHECK_OK(comm_group_new(c, world, size, &g, &err), err);
+        free(world);
+        if (rank == 0) {
+            CHECK_OK(comm_group_iallreduce(g, x, 4, COMM_SUM, &a, &err), err);
+            comm_ar_cancel(&a);
+            CHECK(a == NULL, "cancel frees");
+        }
+        CHECK_OK(comm_barrier(c, &err), err);
+        if (rank != 0) {
+            CHECK_OK(comm_group_iallreduce(g, x, 4, COMM_SUM, &a, &err), err);
+            rc = comm_ar_wait(&a, 0.3, &err);
+            CHECK(rc == PD_ECOMM && a != NULL && strstr(err.msg, "timed out"), "rc %d: %s", rc, err.msg);
+            comm_ar_cancel(&a);
+        }
+        err = (Err){0};
+        rc = comm_group_iallreduce(g, x, 4, COMM_SUM, &a, &err);
+        CHECK(rc == PD_ECOMM && a == NULL && strstr(err.msg, "broken") && strstr(err.msg, "cancelled"), "rc %d: %s",
+              rc, err.msg);
+        CHECK_OK(comm_barrier(c, &err), err);
+        comm_group_free(g);
+    }
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
 typedef struct ChkCase {
     const char *name;
     CommWorkerFn fn;
@@ -875,6 +1263,8 @@ static const ChkCase CHK_CASES[] = {
     {"ctrl_oversize", chk_ctrl_oversize}, {"ctrl_timeout", chk_ctrl_timeout}, {"bcast", chk_bcast},
     {"gather", chk_gather},           {"agree_t", chk_agree_t},           {"coll_timeout", chk_coll_timeout},
     {"group_lists", chk_group_lists}, {"ctrl_bad_args", chk_ctrl_bad_args},
+    {"ar_exact", chk_ar_exact},       {"ar_outstanding", chk_ar_outstanding}, {"ar_bytes", chk_ar_bytes},
+    {"ar_timeout", chk_ar_timeout},   {"ar_single", chk_ar_single},
 };
 enum { CHK_NCASES = sizeof CHK_CASES / sizeof CHK_CASES[0] };
 
