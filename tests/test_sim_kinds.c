@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sim.h"
 
@@ -300,6 +301,33 @@ static void test_split_from_profile(void **state) {
     sim_costs_release(&c);
     sched_release(&s);
     free_plan(p);
+    /* the profile JSON: both keys or neither; written back only when measured */
+    const char *head = "{\"format\": \"pipedream-profile\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [";
+    char text[1024];
+    snprintf(text, sizeof text, "%s{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
+             "\"activation_bytes\": 4, \"parameter_bytes\": 8, \"backward_input_s\": 0.75, \"backward_weight_s\": 1.5}, "
+             "{\"name\": \"b\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, "
+             "\"parameter_bytes\": 8}]}", head);
+    Profile q;
+    assert_int_equal(profile_parse(text, "t.json", &q, &err), PD_OK);
+    assert_near(q.layers[0].bwd_in_s, 0.75, 0);
+    assert_near(q.layers[0].bwd_w_s, 1.5, 0);
+    assert_near(q.layers[1].bwd_in_s + q.layers[1].bwd_w_s, 0, 0);
+    char path[] = "/tmp/pd_split_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(profile_save(&q, path, &err), PD_OK);
+    Profile q2;
+    assert_int_equal(profile_load(path, &q2, &err), PD_OK);
+    assert_near(q2.layers[0].bwd_w_s, 1.5, 0);
+    assert_near(q2.layers[1].bwd_w_s, 0, 0);
+    unlink(path);
+    profile_release(&q), profile_release(&q2);
+    snprintf(text, sizeof text, "%s{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
+             "\"activation_bytes\": 4, \"parameter_bytes\": 8, \"backward_input_s\": 0.75}]}", head);
+    assert_int_equal(profile_parse(text, "t.json", &q, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "both backward_input_s and backward_weight_s"));
 }
 
 int main(void) {

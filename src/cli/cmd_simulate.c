@@ -179,10 +179,12 @@ int cmd_simulate(int argc, char **argv) {
     if (svg_path || trace_path) ev = sim_events(&s, &r, &n_ev);
     if (svg_path) {
         char title[256];
-        snprintf(title, sizeof title, "%s: %s%s, %d workers, %d minibatches%s%.0d%s, %.4g s per minibatch, bubble %.3f",
+        char units[64];
+        if (s.n_micro > 1) snprintf(units, sizeof units, "%d x %d micro-batches", s.n_minibatches, s.n_micro);
+        else snprintf(units, sizeof units, "%d minibatches", s.n_minibatches);
+        snprintf(title, sizeof title, "%s: %s%s, %d workers, %s, %.4g s per minibatch, bubble %.3f",
                  p->model[0] ? p->model : prof.model, sched_kind_name(so.kind), so.recompute ? " + recompute" : "", s.n_ranks,
-                 s.n_minibatches, s.n_micro > 1 ? " x " : "", s.n_micro > 1 ? s.n_micro : 0,
-                 s.n_micro > 1 ? " micro-batches" : "", r.time_per_minibatch_s, r.bubble_fraction);
+                 units, r.time_per_minibatch_s, r.bubble_fraction);
         char (*lab)[32] = malloc((size_t)s.n_ranks * sizeof *lab);
         const char **labp = malloc((size_t)s.n_ranks * sizeof *labp);
         PD_ASSERT(lab && labp);

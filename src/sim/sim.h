@@ -117,7 +117,11 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f);
 void sim_print_summary(const Schedule *s, const SimResult *r, FILE *f);
 
 /* ---- timelines ------------------------------------------------------------------- */
-typedef enum TraceKind { TRACE_FWD, TRACE_BWD, TRACE_SEND, TRACE_RECV_WAIT, TRACE_ALLREDUCE, TRACE_STEP, TRACE_COUNT } TraceKind;
+/* TRACE_BWD is a whole backward or zb's input-gradient half (BI); TRACE_WGRAD zb's weight-gradient
+ * half (BW); TRACE_RECOMPUTE a recomputed forward. */
+typedef enum TraceKind {
+    TRACE_FWD, TRACE_BWD, TRACE_SEND, TRACE_RECV_WAIT, TRACE_ALLREDUCE, TRACE_STEP, TRACE_WGRAD, TRACE_RECOMPUTE, TRACE_COUNT
+} TraceKind;
 
 /* One box on a timeline; generic so measured runtime traces draw the same way. */
 typedef struct TraceEvent {

@@ -10,11 +10,11 @@
 
 int sim_trace_kind(int op) {
     switch (op) {
-    case OP_FORWARD:
-    case OP_RECOMPUTE: return TRACE_FWD;
+    case OP_FORWARD: return TRACE_FWD;
+    case OP_RECOMPUTE: return TRACE_RECOMPUTE;
     case OP_BACKWARD:
-    case OP_BACKWARD_B:
-    case OP_BACKWARD_W: return TRACE_BWD;
+    case OP_BACKWARD_B: return TRACE_BWD;
+    case OP_BACKWARD_W: return TRACE_WGRAD;
     case OP_SEND_ACT:
     case OP_SEND_GRAD: return TRACE_SEND;
     case OP_RECV_ACT:
@@ -38,7 +38,7 @@ TraceEvent *sim_events(const Schedule *s, const SimResult *r, int *n) {
             double a = r->start[w][i], b = r->end[w][i];
             int kind = sim_trace_kind(in->op);
             if (kind < 0) continue;
-            if (kind != TRACE_FWD && kind != TRACE_BWD && !(b > a)) continue;
+            if (kind != TRACE_FWD && kind != TRACE_BWD && kind != TRACE_WGRAD && kind != TRACE_RECOMPUTE && !(b > a)) continue;
             ev[k++] = (TraceEvent){w, kind, in->mb, in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD ? in->peer : -1, a, b};
         }
     }
@@ -77,7 +77,9 @@ static void xml_text(FILE *f, const char *s) {
     }
 }
 
-static int is_compute(const TraceEvent *e) { return e->kind == TRACE_FWD || e->kind == TRACE_BWD; }
+static int is_compute(const TraceEvent *e) {
+    return e->kind == TRACE_FWD || e->kind == TRACE_BWD || e->kind == TRACE_WGRAD || e->kind == TRACE_RECOMPUTE;
+}
 
 /* [first start, last end] of the compute boxes of units lo..hi (below n_units); 0 if none. */
 static int unit_span(const TraceEvent *ev, int n, int lo, int hi, double *a, double *b) {
@@ -174,9 +176,17 @@ static void draw_event(FILE *f, const TraceEvent *e, const PanelGeo *g, int k, d
     if (is_compute(e)) {
         char col[48];
         mb_colour(e->mb, e->kind == TRACE_BWD, col, sizeof col);
+        if (e->kind == TRACE_WGRAD || e->kind == TRACE_RECOMPUTE)   /* zb's weight gradient: mid; recompute: pale */
+            snprintf(col, sizeof col, "hsl(%.0f,%d%%,%d%%)", fmod((e->mb < 0 ? 0 : e->mb) * 0.6180339887, 1.0) * 360.0,
+                     e->kind == TRACE_WGRAD ? 45 : 60, e->kind == TRACE_WGRAD ? 52 : 88);
         fprintf(f, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\">"
                    "<title>%s %d: %.6g-%.6g s</title></rect>\n",
-                x, y, w > 0.5 ? w : 0.5, SVG_BOX_H, col, e->kind == TRACE_FWD ? "forward" : "backward", e->mb, e->start,
+                x, y, w > 0.5 ? w : 0.5, SVG_BOX_H, col,
+                e->kind == TRACE_FWD     ? "forward"
+                : e->kind == TRACE_BWD   ? "backward"
+                : e->kind == TRACE_WGRAD ? "weight gradient"
+                                         : "recompute",
+                e->mb, e->start,
                 e->end);
         int digits = e->mb >= 1000 ? 4 : e->mb >= 100 ? 3 : e->mb >= 10 ? 2 : 1;
         int fs = w >= digits * 7 + 3 ? 11 : w >= digits * 5.5 + 2 ? 9 : 0;
@@ -322,8 +332,12 @@ int sim_svg_write_panels(const char *path, const SvgPanel *p, int np, const char
             for (int k = 0; k < G->nw; k++) draw_event(f, e, G, k, sx, top + e->worker * row_h, o);
         }
     }
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">light: forward, dark: backward, colour and number: "
+    int any_w = 0, any_r = 0;
+    for (int q = 0; q < np; q++)
+        for (int i = 0; i < p[q].n; i++) any_w |= p[q].ev[i].kind == TRACE_WGRAD, any_r |= p[q].ev[i].kind == TRACE_RECOMPUTE;
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\">light: forward, dark: backward%s%s, colour and number: "
                "unit (minibatch, or micro-batch when minibatches are split)%s%s</text>\n", left, height - 10,
+            any_w ? ", mid: weight grad." : "", any_r ? ", pale: recompute" : "",
             any_comm ? "; thin bars: sends (blue), all-reduce (red)" : "",
             max_nw > 1 ? "; time from the start of the run" : "");
     fputs("</svg>\n", f);
@@ -349,7 +363,7 @@ int sim_svg_write(const char *path, const TraceEvent *ev, int n, int n_workers, 
 }
 
 int sim_trace_write(const char *path, const TraceEvent *ev, int n, Err *err) {
-    static const char *const names[] = {"F", "B", "send", "recv wait", "all-reduce", "step"};
+    static const char *const names[] = {"F", "B", "send", "recv wait", "all-reduce", "step", "W", "R"};
     _Static_assert(sizeof names / sizeof names[0] == TRACE_COUNT, "trace names");
     FILE *f = fopen(path, "w");
     if (!f) return err_set(err, PD_EIO, "%s: cannot write", path);
@@ -367,11 +381,12 @@ int sim_trace_write(const char *path, const TraceEvent *ev, int n, Err *err) {
         const TraceEvent *e = &ev[i];
         if (e->kind < 0 || e->kind >= TRACE_COUNT) continue;
         char name[48];
-        if (e->kind <= TRACE_BWD) snprintf(name, sizeof name, "%s%d", names[e->kind], e->mb);
+        int comp = e->kind <= TRACE_BWD || e->kind >= TRACE_WGRAD;
+        if (comp) snprintf(name, sizeof name, "%s%d", names[e->kind], e->mb);
         else snprintf(name, sizeof name, "%s", names[e->kind]);
         fprintf(f, "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
                    "\"args\": {\"mb\": %d, \"peer\": %d}}",
-                first ? "" : ",\n", name, e->kind <= TRACE_BWD ? "compute" : "comm", e->worker, e->start * 1e6,
+                first ? "" : ",\n", name, comp ? "compute" : "comm", e->worker, e->start * 1e6,
                 (e->end - e->start) * 1e6, e->mb, e->peer);
         first = 0;
     }
