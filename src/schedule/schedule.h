@@ -26,6 +26,8 @@ typedef enum SchedKind {
     SCHED_2BW,         /* PipeDream-2BW: 1F1B without flush, double-buffered weights */
     SCHED_DP,          /* data parallel BSP: every worker the whole model */
     SCHED_MP,          /* model parallel: replica 0 of each stage, one minibatch in flight */
+    SCHED_ASP,         /* asynchronous parallel: every worker the whole model, no synchronisation
+                        * (lists: F u, B u, U per own unit; the runtime's rt_asp.c, docs/asp.md) */
     SCHED_ZB_H1,       /* Zero Bubble's ZB-H1: 1F1B-flush with backward split into BI (input gradient)
                         * and BW (weight gradient), BW deferred into the drain (peak memory of 1f1b-flush) */
     SCHED_ZB_H2,       /* Zero Bubble's ZB-H2 with a flush: ZB-H1 with 2(S-s)-1 warm-up forwards (more memory) */
@@ -117,7 +119,7 @@ typedef struct SchedOpts {
 int  sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err);
 void sched_release(Schedule *s);   /* zeroed is fine */
 
-/* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "zb-h1",
+/* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
  * "zb-h2", "interleaved". */
 const char *sched_kind_name(SchedKind k);
 int         sched_kind_parse(const char *name, SchedKind *out);   /* PD_OK or PD_EINVAL */
