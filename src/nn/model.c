@@ -480,6 +480,11 @@ const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, con
 }
 
 void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw) {
+    model_backward_hook(m, c, w, dy, dx, dw, NULL, NULL);
+}
+
+void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw,
+                         NnLayerDone done, void *arg) {
     PD_ASSERT(c->m == m && c->have_fwd);
     int f = c->first, n = c->run.n;
     const float *g = dy;
@@ -494,6 +499,7 @@ void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *
         }
         l->ops->backward(l, &c->run, w + (m->poff[i] - m->poff[f]), xi, c->y[i - f], c->saved[i - f], g, dxi,
                          dw + (m->poff[i] - m->poff[f]));
+        if (done) done(arg, i);
         g = dxi;
     }
 }

@@ -120,6 +120,12 @@ const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, con
  * dx (n, in shape) += dL/dx unless dx is NULL (input gradient not wanted: cheaper). dy must
  * not point into c. */
 void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw);
+/* The same, calling done(arg, i) right after top-level layer i's backward (i descending): from
+ * then on its part of dw is final for this call, so a caller may start reducing it (gradient
+ * buckets all-reduced while the backward of earlier layers still runs). */
+typedef void (*NnLayerDone)(void *arg, int layer);
+void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw,
+                         NnLayerDone done, void *arg);
 
 /* ---- optimizers ------------------------------------------------------------------------ */
 typedef enum OptKind { OPT_SGD, OPT_ADAM, OPT_KIND_COUNT } OptKind;

@@ -31,6 +31,14 @@ typedef struct Worker {
     int rank, stage, first, last;
     int is_input, is_last, classes;
     int tlen;                 /* targets per sample: 1 (a class), or T (a language model's positions) */
+    /* gradient buckets (replicated stages): bucket b is the contiguous part [lo[b], lo[b] + n[b])
+     * of dw holding top-level layers [layer[b], ...); buckets are numbered from the LAST layer,
+     * all-reduced as soon as the last backward before an all-reduce has finished their layers */
+    int n_buckets;
+    int *bk_layer;
+    size_t *bk_lo, *bk_n;
+    CommAr **bk_ar;           /* started all-reduces (NULL: not started) */
+    int bk_overlap;           /* the backward running now is the last before an all-reduce */
     Shape in_shape, out_shape;   /* with the batch dimension */
     Model *m;
     int m_borrowed;           /* m is cfg->model: not freed here */
@@ -61,6 +69,12 @@ void rt_worker_release(Worker *w);
 int  rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err);
 /* Completes every slot's pending sends (so that buffers may be reused or freed). */
 int  rt_worker_drain(Worker *w, Err *err);
+/* The gradient buckets of layers [first, last) of m: from the last layer down, layers are
+ * added to a bucket until it holds at least bucket_bytes (0: RT_BUCKET_BYTES). Writes up to
+ * last - first buckets (first layer, offset from the range's start, floats); returns how many. A
+ * pure function of the model and bucket_bytes, so every replica and the emulation agree. */
+#define RT_BUCKET_BYTES ((size_t)4 << 20)
+int  rt_buckets(const Model *m, int first, int last, size_t bucket_bytes, int *layer, size_t *lo, size_t *n);
 void rt_worker_finish(Worker *w);
 int  rt_exec(Worker *w, int blocking, Err *err);
 /* Forward-only pass of cfg->test through replica 0 of every stage; the last stage counts

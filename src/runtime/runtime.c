@@ -109,6 +109,74 @@ static CommOp rt_allreduce_op(const Schedule *s) {
     return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW ? COMM_SUM : COMM_MEAN;
 }
 
+/* ---- gradient buckets: all-reduce while backward runs ---------------------------------------- */
+
+int rt_buckets(const Model *m, int first, int last, size_t bucket_bytes, int *layer, size_t *lo, size_t *n) {
+    size_t cap = bucket_bytes ? bucket_bytes : RT_BUCKET_BYTES, base = model_param_offset(m, first);
+    int nb = 0, end = last;
+    for (int i = last - 1; i >= first; i--) {
+        size_t floats = model_param_offset(m, end) - model_param_offset(m, i);
+        if (floats * sizeof(float) >= cap || i == first) {
+            if (floats) {
+                layer[nb] = i;
+                lo[nb] = model_param_offset(m, i) - base;
+                n[nb] = floats;
+                nb++;
+            }
+            end = i;
+        }
+    }
+    return nb;
+}
+
+/* Starts the all-reduce of bucket b (idempotent). */
+static int bucket_start(Worker *w, int b, Err *err) {
+    if (w->bk_ar[b]) return PD_OK;
+    return comm_group_iallreduce(w->group, w->dw + w->bk_lo[b], w->bk_n[b], rt_allreduce_op(w->s), &w->bk_ar[b], err);
+}
+
+typedef struct BkHook {
+    Worker *w;
+    Err *err;
+    int rc;
+} BkHook;
+
+/* After top-level layer i's backward: every bucket whose layers are all done starts, and the
+ * all-reduces in flight advance. */
+static void bucket_hook(void *arg, int i) {
+    BkHook *h = arg;
+    Worker *w = h->w;
+    if (h->rc) return;
+    int any = -1;
+    for (int b = 0; b < w->n_buckets && !h->rc; b++) {
+        if (w->bk_layer[b] >= i) h->rc = bucket_start(w, b, h->err);
+        if (w->bk_ar[b]) any = b;
+    }
+    int done;
+    if (!h->rc && any >= 0) h->rc = comm_ar_test(w->bk_ar[any], &done, h->err);
+}
+
+/* The stage's all-reduce: buckets not started yet start now, then all complete in order. The
+ * result is the same whether or not they overlapped the backward (same buckets, same order). */
+static int bucket_allreduce(Worker *w, Err *err) {
+    int rc = PD_OK;
+    for (int b = 0; b < w->n_buckets && !rc; b++) rc = bucket_start(w, b, err);
+    for (int b = 0; b < w->n_buckets && !rc; b++) rc = comm_ar_wait(&w->bk_ar[b], w->cfg->recv_timeout_s, err);
+    for (int b = 0; b < w->n_buckets; b++) comm_ar_cancel(&w->bk_ar[b]);
+    return rc;
+}
+
+/* True if the instruction after pc that is not a send or receive is an all-reduce: the
+ * backward at pc is then the last before it and may start buckets. */
+static int last_backward_before_ar(const Worker *w, int pc) {
+    for (int k = pc + 1; k < w->sw->n; k++) {
+        int op = w->sw->ins[k].op;
+        if (op == OP_ALLREDUCE) return 1;
+        if (op != OP_SEND_ACT && op != OP_SEND_GRAD && op != OP_RECV_ACT && op != OP_RECV_GRAD) return 0;
+    }
+    return 0;
+}
+
 /* Completes a slot's pending sends (blocking, counted as waiting) so its buffers may be
  * reused. */
 static int slot_drain(Worker *w, Slot *sl, Err *err) {
@@ -306,7 +374,13 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
         dx = sl->dx;
         memset(dx, 0, shape_numel(w->in_shape) * sizeof(float));
     }
-    model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
+    if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
+        BkHook h = {w, err, PD_OK};
+        model_backward_hook(w->m, sl->ctx, wv, sl->dy, dx, w->dw, bucket_hook, &h);
+        if (h.rc) return h.rc;
+    } else {
+        model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
+    }
     w->res->n_bwd++;
     if (w->cfg->nan_check == RT_NAN_ALL)
         for (size_t i = 0; i < w->np; i++)
@@ -379,7 +453,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             if (!w->group) return RT_AT_AR;
             if (w->np) {
                 double a0 = pd_now();
-                rc = comm_group_allreduce(w->group, w->dw, w->np, rt_allreduce_op(w->s), err);
+                rc = bucket_allreduce(w, err);
                 w->res->wait_s += pd_now() - a0;
             }
             break;
@@ -500,6 +574,14 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     w->newest = 0;
     w->state = pd_alloc_f32(w->nst);
     w->dw = pd_alloc_f32(w->np);
+    int nl_range = w->last - w->first;
+    w->bk_layer = malloc((size_t)nl_range * sizeof(int));
+    w->bk_lo = malloc((size_t)nl_range * sizeof(size_t));
+    w->bk_n = malloc((size_t)nl_range * sizeof(size_t));
+    PD_ASSERT(w->bk_layer && w->bk_lo && w->bk_n);
+    w->n_buckets = rt_buckets(w->m, w->first, w->last, cfg->bucket_bytes, w->bk_layer, w->bk_lo, w->bk_n);
+    w->bk_ar = calloc((size_t)(w->n_buckets ? w->n_buckets : 1), sizeof(CommAr *));
+    PD_ASSERT(w->bk_ar);
     optim_init(&w->opt, &cfg->opt, w->np);
     const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
     if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
@@ -584,6 +666,12 @@ void rt_worker_release(Worker *w) {
     free(w->last_read);
     pd_free(w->state);
     pd_free(w->dw);
+    if (w->bk_ar)
+        for (int b = 0; b < w->n_buckets; b++) comm_ar_cancel(&w->bk_ar[b]);
+    free(w->bk_ar);
+    free(w->bk_layer);
+    free(w->bk_lo);
+    free(w->bk_n);
     optim_release(&w->opt);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
@@ -796,8 +884,10 @@ int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
             for (int j = 0; j < ss->replicas && ready; j++) ready = state[ss->ranks[j]] == RT_AT_AR;
             if (!ready) continue;
             Worker *w0 = &ws[ss->ranks[0]];
-            for (int j = 0; j < ss->replicas; j++) parts[j] = ws[ss->ranks[j]].dw;
-            comm_sum_serial(parts, ss->replicas, w0->np, rt_allreduce_op(s), w0->dw);
+            for (int b = 0; b < w0->n_buckets; b++) {   /* bucket by bucket, as the transports do */
+                for (int j = 0; j < ss->replicas; j++) parts[j] = ws[ss->ranks[j]].dw + w0->bk_lo[b];
+                comm_sum_serial(parts, ss->replicas, w0->bk_n[b], rt_allreduce_op(s), w0->dw + w0->bk_lo[b]);
+            }
             for (int j = 0; j < ss->replicas; j++) {
                 Worker *wj = &ws[ss->ranks[j]];
                 if (j) memcpy(wj->dw, w0->dw, wj->np * sizeof(float));

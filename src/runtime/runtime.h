@@ -60,6 +60,7 @@ typedef struct RtConfig {
     const RtStageState *init; /* per rank (sched->n_ranks entries), or NULL: fresh from seed */
     int nan_check;            /* RT_NAN_LOSS (default 0), RT_NAN_ALL: also every stage's gradients, RT_NAN_OFF */
     int no_stash;             /* ablation: backward uses the newest weights, not its forward's version */
+    size_t bucket_bytes;      /* gradient bucket size for replicated stages (0: RT_BUCKET_BYTES, 4 MiB) */
     int64_t eval_base;        /* message id of the first evaluation batch (0: the one after the list's
                                * last unit); a session gives every evaluation its own ids */
 } RtConfig;
