@@ -225,6 +225,7 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
         }
         acc->n_events += seg->n_events;
     }
+    rt_asp_acc_add(acc, seg);
     rt_result_release(seg);
 }
 
@@ -320,12 +321,16 @@ typedef struct Wire {
         n_hist, crc, n_params, n_state;
     double wall_s, compute_s, wait_s, loss_sum, last_loss, test_loss_sum;
     RtMem mem;
+    int64_t asp_applied, asp_staleness_max, asp_pulls;   /* asp (rt_asp.c) */
+    double asp_staleness_mean, asp_pull_ms_mean, asp_pull_ms_max;
 } Wire;
 
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
     Wire x = {a->rank, a->stage, a->replica, a->n_fwd, a->n_bwd, a->units_done, a->test_correct, a->test_total,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
-              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem};
+              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
+              a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
+              a->asp_pull_ms_max};
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     size_t n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(n);
@@ -358,7 +363,10 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
                               .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
                               .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
                               .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
-                              .test_loss_sum = y.test_loss_sum, .mem = y.mem};
+                              .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
+                              .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
+                              .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
+                              .asp_pull_ms_max = y.asp_pull_ms_max};
         const char *p = (const char *)parts[r] + sizeof y;
         if (y.n_events) {
             o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
@@ -433,6 +441,7 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
         g->weights_crc = res[st->ranks[0]].params_crc;
     }
+    if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
     if (!sp->profile) return;
     SimCosts costs;
     SimResult sr;
