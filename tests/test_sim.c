@@ -134,7 +134,7 @@ static void test_1f1b_steady_state(void **state) {
 static void test_replication(void **state) {
     (void)state;
     /* one stage replicated r times: time per minibatch (f + b + allreduce) / r */
-    Cluster cl = {1, {{64, 1e9, 1e-5}}, 0};
+    Cluster cl = {1, {{64, 1e9, 1e-5}}, 0, 0};
     for (int r_ = 1; r_ <= 4; r_++) {
         int rep[1] = {r_};
         Plan *p = make_plan(1, rep);
@@ -182,7 +182,7 @@ static void test_bandwidth_bound(void **state) {
     build(p, SCHED_1F1B, 40, 1, 0, &s);
     SimCosts c = uniform_costs(4, 0, 0);
     c.stage[1].in_bytes = 1e6;
-    Cluster cl = {1, {{4, 1e6, 0.01}}, 0};
+    Cluster cl = {1, {{4, 1e6, 0.01}}, 0, 0};
     SimResult r;
     run(&s, &c, &cl, &r);
     assert_near(r.time_per_minibatch_s, 1.01, 1e-9);
@@ -197,7 +197,7 @@ static void test_bandwidth_bound(void **state) {
         }
     sim_result_release(&r);
     /* two levels: ranks 0, 1 in different level-0 groups use level 1 */
-    Cluster cl2 = {2, {{1, 1e9, 0}, {4, 2e6, 0}}, 0};
+    Cluster cl2 = {2, {{1, 1e9, 0}, {4, 2e6, 0}}, 0, 0};
     assert_int_equal(cluster_link_level(&cl2, 0, 1), 1);
     assert_int_equal(cluster_link_level(&cl2, 1, 1), -1);
     run(&s, &c, &cl2, &r);
@@ -348,7 +348,7 @@ static void test_random_plans(void **state) {
             c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
             c.stage[i].stash_bytes = 1e5;
         }
-        Cluster cl = {2, {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0};
+        Cluster cl = {2, {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0, 0};
         /* every kind on plans of one stage per rank (interleaved: test_new_kinds_random; asp:
          * its runtime's tests), and (last) 1f1b with vertical sync */
         static const int kinds[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP,
@@ -429,7 +429,7 @@ static void test_new_kinds_random(void **state) {
             c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
             c.stage[i].stash_bytes = c.stage[i].in_bytes + 1e5;
         }
-        Cluster cl = {2, {{1 + (int)rng_below(&rng, 4), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0};
+        Cluster cl = {2, {{1 + (int)rng_below(&rng, 4), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0, 0};
         SchedOpts o = {.kind = SCHED_INTERLEAVED, .n_minibatches = N, .n_micro = M, .recompute = rc};
         Schedule s;
         Err err = {0};
@@ -664,7 +664,7 @@ static void test_pictures(void **state) {
     SimCosts c = uniform_costs(3, 1e-3, 2e-3);
     c.stage[1].in_bytes = c.stage[2].in_bytes = 1e5;
     c.stage[1].param_bytes = 1e6;
-    Cluster cl = {1, {{8, 1e9, 1e-5}}, 0};
+    Cluster cl = {1, {{8, 1e9, 1e-5}}, 0, 0};
     SimResult r;
     run(&s, &c, &cl, &r);
     int n;
@@ -742,7 +742,7 @@ static double time_big(int W, int N, SchedKind k, int M) {
     build(p, k, N, M, 0, &s);
     SimCosts c = uniform_costs(W, 1e-3, 2e-3);
     for (int i = 1; i < W; i++) c.stage[i].in_bytes = 1e5;
-    Cluster cl = {2, {{8, 1e10, 1e-6}, {1 << 12, 1e9, 1e-5}}, 0};
+    Cluster cl = {2, {{8, 1e10, 1e-6}, {1 << 12, 1e9, 1e-5}}, 0, 0};
     SimResult r;
     run(&s, &c, &cl, &r);
     double dt = pd_now() - t0;

@@ -29,7 +29,7 @@ echo
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of
 # $WORKERS stages, which is what this demo shows. PLAN_ARGS= lets the planner choose.
 echo "== 2. plan for $WORKERS workers (one host: shared memory, ~10 GB/s between ranks)"
-"$PD" plan "$OUT/vgg16.profile.json" --workers "$WORKERS" --bandwidth 1e10 ${PLAN_ARGS---straight} -o "$OUT/vgg16.plan.json"
+"$PD" plan "$OUT/vgg16.profile.json" --workers "$WORKERS" --bandwidth 1e10 --cores "$(nproc)" ${PLAN_ARGS---straight} -o "$OUT/vgg16.plan.json"
 echo
 echo "== 3. train with $SCHEDULE over MPI ($WORKERS ranks on $(nproc) cores)"
 mpirun -np "$WORKERS" --oversubscribe --bind-to none "$PD" train models/vgg16.json --plan "$OUT/vgg16.plan.json" \

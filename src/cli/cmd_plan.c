@@ -24,6 +24,9 @@ static void help(FILE *f) {
             "server at 10 GB/s, 4 servers at 1.25 GB/s. Bandwidths in bytes/s (one level: 1e9 if\n"
             "omitted, as in the authors' optimizer).\n\n"
             "  --straight                 no replication: one worker per stage\n"
+            "  --cores N                  cores per machine (a level-0 group of workers); the simulator\n"
+            "                             slows compute by workers/cores when more workers share them\n"
+            "                             (default: the cluster file's cores_per_machine, else one each)\n"
             "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
             "                             memory_per_worker; 0 = none)\n"
             "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
@@ -122,7 +125,7 @@ int cmd_plan(int argc, char **argv) {
     }
     const char *profile_path = NULL, *cluster_path = NULL, *out_path = NULL;
     double workers[PD_MAX_LEVELS], bw[PD_MAX_LEVELS];
-    int n_workers = 0, n_bw = 0, have_mem = 0;
+    int n_workers = 0, n_bw = 0, have_mem = 0, cores = 0;
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
@@ -144,6 +147,9 @@ int cmd_plan(int argc, char **argv) {
             o.allow_idle = 1;
         } else if (!strcmp(a, "--overlap-allreduce")) {
             o.overlap_allreduce = 1;
+        } else if (!strcmp(a, "--cores")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &cores))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--memory-limit")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 0, 1e300, &o.memory_limit))
                 return CLI_USAGE;
@@ -232,6 +238,7 @@ int cmd_plan(int argc, char **argv) {
         if (n_workers || n_bw) return cli_usage_error("plan", "give either --cluster or --workers/--bandwidth, not both");
         if (cluster_load(cluster_path, &cl, &err)) return cli_fail(&err);
         if (!have_mem) o.memory_limit = cl.memory_per_worker;
+        if (cores) cl.cores_per_machine = cores;
     } else {
         if (!n_workers) return cli_usage_error("plan", "give --cluster FILE or --workers N1[,N2,...]");
         if (n_bw == 0 && n_workers == 1) bw[n_bw++] = 1e9;
@@ -241,6 +248,7 @@ int cmd_plan(int argc, char **argv) {
         cl.n_levels = n_workers;
         for (int l = 0; l < n_workers; l++) cl.level[l] = (ClusterLevel){(int)workers[l], bw[l], 0};
         cl.memory_per_worker = o.memory_limit;
+        cl.cores_per_machine = cores;
         if (cluster_check(&cl, &err)) return cli_fail(&err);
     }
     Profile prof;

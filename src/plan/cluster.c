@@ -74,6 +74,7 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     }
     out->n_levels = l;
     if ((rc = jobj_num(&j, "memory_per_worker", 0, 0, 1e300, &out->memory_per_worker, err))) return rc;
+    if ((rc = jobj_int(&j, "cores_per_machine", 0, 0, 1 << 20, &out->cores_per_machine, err))) return rc;
     if ((rc = jobj_done(&j, err))) return rc;
     if ((rc = cluster_check(out, err))) return err_prefix(err, "%s", path);
     return PD_OK;
@@ -91,4 +92,11 @@ int cluster_load(const char *path, Cluster *out, Err *err) {
     rc = cluster_from_json(root, path, out, err);
     cJSON_Delete(root);
     return rc;
+}
+
+double cluster_compute_slowdown(const Cluster *cl, int r, const int *active, int n_ranks) {
+    if (!cl || cl->cores_per_machine <= 0 || cl->n_levels < 1) return 1.0;
+    int per = cl->level[0].workers, m = r / per, k = 0;
+    for (int q = m * per; q < (m + 1) * per && q < n_ranks; q++) k += active ? active[q] != 0 : 1;
+    return k > cl->cores_per_machine ? (double)k / cl->cores_per_machine : 1.0;
 }

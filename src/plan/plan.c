@@ -384,6 +384,8 @@ int plan_save(const Plan *p, const char *path, Err *err) {
         cJSON_AddItemToArray(lv, o);
     }
     cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(p->cluster.memory_per_worker));
+    if (p->cluster.cores_per_machine > 0)
+        cJSON_AddItemToObject(clj, "cores_per_machine", pd_json_num(p->cluster.cores_per_machine));
     cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
     if (p->chunks > 1) cJSON_AddItemToObject(root, "chunks", pd_json_num(p->chunks));
     if (p->schedule[0]) {

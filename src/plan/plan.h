@@ -23,7 +23,14 @@ typedef struct Cluster {
     int n_levels;
     ClusterLevel level[PD_MAX_LEVELS];
     double memory_per_worker;   /* bytes; 0 = unlimited */
+    int cores_per_machine;      /* cores of one machine (a level-0 group of workers); 0 = a core per
+                                 * worker. The simulator slows the compute of the workers a machine
+                                 * runs by max(1, workers on it / cores) */
 } Cluster;
+
+/* The factor by which the compute of rank r slows when the n_active ranks marked in active
+ * (NULL: all ranks below n_ranks) share their machines' cores (1 without cores_per_machine). */
+double cluster_compute_slowdown(const Cluster *cl, int r, const int *active, int n_ranks);
 
 /* Reads a cluster JSON file (docs/formats.md). On error returns non-zero with err naming
  * the file and key; *out is zeroed. */

@@ -100,6 +100,7 @@ typedef struct WState {
     int blocked;        /* 0 running/done, 1 on recv, 2 on all-reduce */
     double clock;
     double busy;
+    double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
     int n_links, cap_links;
     Link *links;
 } WState;
@@ -255,6 +256,7 @@ static int run_worker(Engine *e, int rank) {
                        : in->op == OP_BACKWARD                        ? sc->bwd_s
                        : in->op == OP_BACKWARD_B                      ? sim_bwd_in(sc)
                                                                       : sim_bwd_w(sc);
+            d *= w->slow;
             st[i] = w->clock;
             w->clock += d;
             w->busy += d;
@@ -560,6 +562,13 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     e.tab_mask = cap - 1;
     PD_ASSERT(e.ws && e.groups && e.tab && e.stack);
     for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
+    {   /* workers that compute share their machine's cores */
+        int *active = calloc((size_t)W + 1, sizeof(int));
+        PD_ASSERT(active);
+        for (int w = 0; w < W; w++) active[w] = s->workers[w].n > 0;
+        for (int w = 0; w < W; w++) e.ws[w].slow = cluster_compute_slowdown(o->cluster, w, active, W);
+        free(active);
+    }
     for (int w = W - 1; w >= 0; w--) e.stack[e.n_stack++] = w;
     int rc = PD_OK;
     while (e.n_stack && !rc) {

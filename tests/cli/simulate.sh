@@ -90,4 +90,18 @@ assert a < 0.5 * b, (a, b)
 slow = json.load(open(tmp + "/slow_out.json"))["time_per_minibatch_s"]
 assert slow > 1.5 * a, (slow, a)
 EOF
+# cores: 4 workers sharing 2 cores compute at half speed (the same plan, --cores 2), exactly
+"$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --cores 2 -o "$tmp/plan2c.json" >/dev/null 2>"$tmp/err" ||
+    fail "plan --cores: $(cat "$tmp/err")"
+tr -d ' \t\n' <"$tmp/plan2c.json" | grep -q '"cores_per_machine":2' || fail "cores not in the plan"
+"$PD" simulate "$tmp/plan2c.json" --profile "$PROF" --schedule model-parallel --json >"$tmp/c2.json" 2>"$tmp/err" ||
+    fail "simulate cores: $(cat "$tmp/err")"
+python3 - "$tmp/c2.json" "$tmp/model-parallel.json" <<'PY' || fail "cores"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+busy = lambda d: sum(x.get("busy_s", 0) for x in d["per_worker"])
+ta, tb = a["time_per_minibatch_s"], b["time_per_minibatch_s"]
+print("model-parallel, 4 workers: %.6f s per minibatch on 2 cores, %.6f s on 4" % (ta, tb))
+assert ta > 1.5 * tb, (ta, tb)   # compute doubles; communication does not
+PY
 echo OK
