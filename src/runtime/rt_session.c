@@ -499,6 +499,7 @@ static int evaluate(Rank *R, Worker *w, RtConfig *cfg, const Schedule *s, int64_
 
 /* A failure during a segment: the rank ends the job, naming itself and the last checkpoint. */
 static int fail_segment(Rank *R, int rc, Err *err) {
+    if (!strstr(err->msg, "(stage ")) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
     char msg[1100];
     snprintf(msg, sizeof msg, "%.400s; last checkpoint to resume from: %.600s", err->msg,
              R->last_ckpt[0] ? R->last_ckpt : "none");

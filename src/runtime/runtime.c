@@ -484,7 +484,12 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             const Instr *nx = &sw->ins[k];
             if (nx->op != OP_RECV_ACT && nx->op != OP_RECV_GRAD) continue;
             seen++;
-            if ((rc = post_recv(w, nx, err))) return RT_ERR;
+            if ((rc = post_recv(w, nx, err))) {
+                char t[64];
+                err_prefix(err, "rank %d (stage %d), posting instruction %d (%s) ahead", w->rank, w->stage, k,
+                           sched_instr_str(nx, 1, t, sizeof t));
+                return RT_ERR;
+            }
         }
     }
     return RT_DONE;
