@@ -22,8 +22,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 LEN="--epochs ${EPOCHS:-1}"
 [ -n "${STEPS:-}" ] && LEN="--steps $STEPS"
 
-echo "== 1. profile vgg16 (minibatch 64, 1 thread)"
-"$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 10 -o "$OUT/vgg16.profile.json"
+# The profile is taken at the size the stages will compute: a micro-batch (64 / 4 for the
+# micro-batch schedules), since per-sample times do not scale linearly with the batch.
+case "$SCHEDULE" in gpipe|1f1b-flush|2bw) UNIT=16 ;; *) UNIT=64 ;; esac
+echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread)"
+"$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 10 -o "$OUT/vgg16.profile.json"
 echo
 # On links this fast the planner prefers data parallelism for this small vgg16 (its weights are
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of

@@ -455,7 +455,9 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         costs.stage[i].bwd_s *= scale;
         costs.stage[i].in_bytes *= scale;
         costs.stage[i].stash_bytes *= scale;
-        out->stage[i].predicted_ms = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s);
+        /* as the simulator charges it: slowed where workers share a machine's cores */
+        double slow = cluster_compute_slowdown(&sp->plan->cluster, s->stages[i].ranks[0], NULL, s->n_ranks);
+        out->stage[i].predicted_ms = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s) * slow;
     }
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         out->predicted_time_per_unit_ms = 1e3 * sr.time_per_unit_s;
