@@ -22,6 +22,8 @@ static const char *USAGE =
     "                        (asp: every worker the whole model, gradients applied at sharded\n"
     "                        parameter owners without waiting; launched like dp)\n"
     "  --vertical-sync       1f1b: every stage uses the input stage's weight version\n"
+    "  --recompute           keep only each stage's input per unit in flight and recompute the\n"
+    "                        forward before the backward (activation memory for time)\n"
     "  --no-stash            ablation: backward uses the newest weights instead of the version its\n"
     "                        forward used (no weight stashing)\n"
     "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw; default 4)\n"
@@ -53,7 +55,7 @@ static const char *USAGE =
 typedef struct PipeOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
-        eval_every, no_stash;
+        eval_every, no_stash, recompute;
     double target;
     SchedKind kind;
     double lr, momentum, wd, timeout;
@@ -68,6 +70,10 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         int rc = CLI_OK;
         if (!strcmp(a, "--vertical-sync")) {
             o->vsync = 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute")) {
+            o->recompute = 1;
             continue;
         }
         if (!strcmp(a, "--no-stash")) {
@@ -200,7 +206,7 @@ int cmd_train_pipelined(int argc, char **argv) {
                         .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every,
-                        .target_accuracy = o.target, .no_stash = o.no_stash};
+                        .target_accuracy = o.target, .no_stash = o.no_stash, .recompute = o.recompute};
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .trace = o.trace, .svg = o.svg, .curve = o.curve};

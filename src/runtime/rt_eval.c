@@ -18,6 +18,7 @@ int rt_eval(Worker *w, Err *err) {
     int next = w->is_last ? -1 : s->stages[w->stage + 1].ranks[0];
     int first = s->stages[0].ranks[0], lastr = s->stages[s->n_stages - 1].ranks[0];
     Slot *sl = &w->slots[0];
+    if (w->recompute) sl->ctx = w->pool[0];   /* nothing is in flight: lend context 0 */
     const float *wv = NULL;
     for (int k = 0; k < w->n_vslots; k++)
         if (w->vver[k] == w->newest) wv = w->vbuf[k];
@@ -62,5 +63,6 @@ int rt_eval(Worker *w, Err *err) {
         if (sl->s_lab && (rc = comm_wait(w->c, &sl->s_lab, w->cfg->recv_timeout_s, NULL, err))) break;
     }
     if (rc) err_prefix(err, "rank %d (stage %d): evaluation", w->rank, w->stage);
+    if (w->recompute) sl->ctx = NULL;
     return rc;
 }

@@ -10,7 +10,9 @@ enum { RT_DONE = 0, RT_BLOCKED = 1, RT_AT_AR = 2, RT_ERR = 3 };
 /* One unit in flight at a worker: its activations context and message buffers. */
 typedef struct Slot {
     int unit;                 /* -1: free (its sends may still be completing) */
-    NnCtx *ctx;               /* input copy, activations, saved state */
+    NnCtx *ctx;               /* input copy, activations, saved state (recompute: a pool context
+                               * while the unit holds one, else NULL) */
+    float *in_buf, *out_buf;  /* recompute only: the kept stage input (B, in) and the output to send */
     float *dy;                /* (B, out): gradient from the next stage, or dlogits */
     float *dx;                /* (B, in): gradient for the previous stage (NULL at stage 0) */
     float *labels_f;          /* (B): labels as a control message payload */
@@ -39,6 +41,12 @@ typedef struct Worker {
     size_t *bk_lo, *bk_n;
     CommAr **bk_ar;           /* started all-reduces (NULL: not started) */
     int bk_overlap;           /* the backward running now is the last before an all-reduce */
+    /* recomputation (the schedule's recompute): slots keep only inputs; max_full contexts are
+     * lent to a unit from its forward (or recompute) to its backward */
+    int recompute, n_pool;
+    NnCtx **pool;
+    char *pool_busy;
+    float *state_scratch;     /* running statistics a recompute may write (the real ones: once, in F) */
     Shape in_shape, out_shape;   /* with the batch dimension */
     Model *m;
     int m_borrowed;           /* m is cfg->model: not freed here */

@@ -91,7 +91,8 @@ static int agree(Rank *R, int rc, Err *err) {
 }
 
 static int plan_ranks(const RtTrainSpec *sp, Schedule *probe, Err *err) {
-    SchedOpts so = {.kind = sp->kind, .n_minibatches = 1, .n_micro = sp->n_micro > 0 ? sp->n_micro : 1};
+    SchedOpts so = {.kind = sp->kind, .n_minibatches = 1, .n_micro = sp->n_micro > 0 ? sp->n_micro : 1,
+                    .recompute = sp->recompute};
     return sched_build(sp->plan, &so, probe, err);
 }
 
@@ -440,6 +441,8 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
         g->weights_crc = res[st->ranks[0]].params_crc;
+        g->mem = res[st->ranks[0]].mem;
+        g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = NAN;
     }
     if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
     if (!sp->profile) return;
@@ -462,6 +465,12 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         out->predicted_time_per_unit_ms = 1e3 * sr.time_per_unit_s;
         if (sp->trace) out->sim_events = sim_events(s, &sr, &out->n_sim_events);
+        for (int i = 0; i < s->n_stages; i++) {
+            const SimMem *pm = &sr.mem[s->stages[i].ranks[0]];
+            out->stage[i].predicted_bytes = pm->allocated;
+            out->stage[i].predicted_activation_bytes = pm->alloc_activations;
+            out->stage[i].predicted_stashed_bytes = pm->alloc_stashed;
+        }
         sim_result_release(&sr);
     }
     sim_costs_release(&costs);
@@ -587,7 +596,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         }
         int len = (int)(end - R.mb_done);
         SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = probe.n_micro,
-                        .vertical_sync = sp->vertical_sync};
+                        .vertical_sync = sp->vertical_sync,
+                        .recompute = sp->recompute};
         sched_release(&seg);
         if ((rc = sched_build(sp->plan, &so, &seg, err))) goto out;
         cfg.sched = &seg;
@@ -703,7 +713,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         if (rank == 0) {
             Schedule whole;
             SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)R.mb_done, .n_micro = probe.n_micro,
-                            .vertical_sync = sp->vertical_sync};
+                            .vertical_sync = sp->vertical_sync,
+                        .recompute = sp->recompute};
             if ((rc = sched_build(sp->plan, &so, &whole, err))) {
                 for (int r = 0; r < comm_size(c); r++) rt_result_release(&all[r]);
                 free(all);

@@ -48,10 +48,15 @@ static void worker_mem(Worker *w) {
     m->workspace = w->nst * f;
     if (w->n_slots) {
         const Slot *sl = &w->slots[0];
-        slot = nnctx_bytes(sl->ctx) + shape_numel(w->out_shape) * f + (sl->dx ? shape_numel(w->in_shape) * f : 0) +
+        slot = (w->recompute ? (shape_numel(w->in_shape) + shape_numel(w->out_shape)) * f : nnctx_bytes(sl->ctx)) +
+               shape_numel(w->out_shape) * f + (sl->dx ? shape_numel(w->in_shape) * f : 0) +
                B * w->tlen * (f + sizeof(int32_t));
     }
     m->activations = (size_t)w->n_slots * slot;
+    if (w->recompute) {   /* the contexts lent from forward or recompute to backward */
+        m->activations += (size_t)w->n_pool * nnctx_bytes(w->pool[0]);
+        m->workspace += w->nst * f;   /* the recompute's scratch statistics */
+    }
     m->comm = 0;
     m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace;
 }
@@ -233,6 +238,43 @@ static Slot *slot_for(Worker *w, int u, Err *err, int *rc) {
 
 static void slot_free(Slot *sl) { sl->unit = -1; }
 
+/* Where a unit's stage input lives, and the output its activation send reads. */
+static float *slot_in(const Worker *w, Slot *sl) { return w->recompute ? sl->in_buf : nnctx_input(sl->ctx); }
+static const float *slot_out(const Worker *w, const Slot *sl) {
+    return w->recompute && !sl->ctx ? sl->out_buf : nnctx_output(sl->ctx);
+}
+
+/* Recompute: lends a free pool context to the slot / takes it back. */
+static int ctx_lend(Worker *w, Slot *sl, Err *err) {
+    for (int k = 0; k < w->n_pool; k++)
+        if (!w->pool_busy[k]) {
+            w->pool_busy[k] = 1;
+            sl->ctx = w->pool[k];
+            return PD_OK;
+        }
+    return err_set(err, PD_EINVAL, "rank %d: unit %d needs an activation context, all %d are lent", w->rank, sl->unit,
+                   w->n_pool);
+}
+
+static void ctx_return(Worker *w, Slot *sl) {
+    if (!w->recompute || !sl->ctx) return;
+    for (int k = 0; k < w->n_pool; k++)
+        if (w->pool[k] == sl->ctx) w->pool_busy[k] = 0;
+    sl->ctx = NULL;
+}
+
+/* Recompute: does the unit of the forward at pc keep its activations (its backward is this
+ * worker's next compute instruction, so no recompute was scheduled)? */
+static int keeps_activations(const Worker *w, int pc) {
+    int u = w->sw->ins[pc].mb;
+    for (int k = pc + 1; k < w->sw->n; k++) {
+        const Instr *x = &w->sw->ins[k];
+        if (!sched_op_computes(x->op)) continue;
+        return x->mb == u && (x->op == OP_BACKWARD || x->op == OP_BACKWARD_B);
+    }
+    return 0;
+}
+
 /* Posts the receives of instruction `in` if not posted yet (returns PD_OK if it cannot:
  * no free slot, it will be posted when executed). */
 static int post_recv(Worker *w, const Instr *in, Err *err) {
@@ -242,7 +284,7 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, in->mb, w->in_shape, nnctx_input(sl->ctx), &sl->r_act, err);
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, in->mb, w->in_shape, slot_in(w, sl), &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
@@ -296,7 +338,7 @@ static void trace_add(Worker *w, const Instr *in, double t0, double t1) {
 
 /* Fills the input (and labels) of unit u at the input stage from the data sampler. */
 static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
-    int n = data_sampler_get(&w->sampler, w->cfg->unit_base + (uint64_t)u, nnctx_input(sl->ctx), sl->labels);
+    int n = data_sampler_get(&w->sampler, w->cfg->unit_base + (uint64_t)u, slot_in(w, sl), sl->labels);
     if (n != w->cfg->unit_batch)
         return err_set(err, PD_EINVAL, "rank %d: unit %d has %d samples, expected %d", w->rank, u, n,
                        w->cfg->unit_batch);
@@ -332,8 +374,15 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
     const float *wv = vstore_get(w, in->version);
     NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
                  .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
-    const float *y = model_forward(w->m, sl->ctx, wv, w->state, nnctx_input(sl->ctx), &run);
+    if (w->recompute && (rc = ctx_lend(w, sl, err))) return rc;
+    const float *y = model_forward(w->m, sl->ctx, wv, w->state, slot_in(w, sl), &run);
     sl->version = in->version;
+    /* recompute: keep only the input; R rebuilds the rest (the last stage's loss reads y first) */
+    int drop = w->recompute && !keeps_activations(w, w->pc);
+    if (drop && !w->is_last) {
+        memcpy(sl->out_buf, y, shape_numel(w->out_shape) * sizeof(float));
+        ctx_return(w, sl);
+    }
     if (w->is_last) {
         int B = w->cfg->unit_batch, rows = B * w->tlen;   /* one row of logits per target */
         memset(sl->dy, 0, (size_t)rows * w->classes * sizeof(float));
@@ -355,8 +404,25 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
             w->mb_loss_n = 0;
         }
         sl->grad_ready = 1;
+        if (drop) ctx_return(w, sl);
     }
     w->res->n_fwd++;
+    return PD_OK;
+}
+
+/* Recompute: unit mb's forward again from its kept input, with its forward's version and
+ * dropout key, into a lent context. Running statistics go to scratch: F updated the real ones. */
+static int do_recompute(Worker *w, const Instr *in, Err *err) {
+    Slot *sl = slot_find(w, in->mb);
+    PD_ASSERTF(sl && sl->version == in->version, "rank %d: recompute of unit %d (version %d) without its forward",
+               w->rank, in->mb, in->version);
+    if (sl->ctx) return PD_OK;   /* kept */
+    int rc = ctx_lend(w, sl, err);
+    if (rc) return rc;
+    if (w->nst) memcpy(w->state_scratch, w->state, w->nst * sizeof(float));
+    NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
+                 .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
+    model_forward(w->m, sl->ctx, vstore_get(w, in->version), w->state_scratch, slot_in(w, sl), &run);
     return PD_OK;
 }
 
@@ -382,6 +448,7 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
         model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
     }
     w->res->n_bwd++;
+    ctx_return(w, sl);   /* recompute: the activations go back to the pool */
     if (w->cfg->nan_check == RT_NAN_ALL)
         for (size_t i = 0; i < w->np; i++)
             if (!isfinite(w->dw[i]))
@@ -440,7 +507,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         case OP_SEND_ACT:
             sl = slot_find(w, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(w->c, in->peer, COMM_ACT, in->mb, sl->version, w->out_shape, nnctx_output(sl->ctx),
+            rc = comm_isend(w->c, in->peer, COMM_ACT, in->mb, sl->version, w->out_shape, slot_out(w, sl),
                             &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
@@ -457,6 +524,12 @@ int rt_exec(Worker *w, int blocking, Err *err) {
                 w->res->wait_s += pd_now() - a0;
             }
             break;
+        case OP_RECOMPUTE: {
+            double c0 = pd_now();
+            rc = do_recompute(w, in, err);
+            w->res->compute_s += pd_now() - c0;
+            break;
+        }
         case OP_STEP: {
             double c0 = pd_now();
             vstore_step(w, in->version, w->pc);
@@ -610,13 +683,27 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     SchedWorkerInfo wi;
     if ((rc = sched_analyze_worker(s, rank, &wi, err))) return rc;
     w->n_slots = wi.n_slots;
+    w->recompute = s->recompute;
+    w->n_pool = w->recompute ? (wi.max_full > 0 ? wi.max_full : 1) : 0;
     sched_worker_info_release(&wi);
+    if (w->recompute) {   /* max_full contexts for the whole range; slots keep inputs and outputs */
+        w->pool = calloc((size_t)w->n_pool, sizeof(NnCtx *));
+        w->pool_busy = calloc((size_t)w->n_pool, 1);
+        PD_ASSERT(w->pool && w->pool_busy);
+        for (int k = 0; k < w->n_pool; k++) w->pool[k] = nnctx_new(w->m, w->first, w->last, B);
+        w->state_scratch = pd_alloc_f32(w->nst);
+    }
     w->slots = calloc((size_t)w->n_slots, sizeof(Slot));
     PD_ASSERT(w->slots);
     for (int k = 0; k < w->n_slots; k++) {
         Slot *sl = &w->slots[k];
         sl->unit = -1;
-        sl->ctx = nnctx_new(w->m, w->first, w->last, B);
+        if (w->recompute) {
+            sl->in_buf = pd_alloc_f32(shape_numel(w->in_shape));
+            sl->out_buf = pd_alloc_f32(shape_numel(w->out_shape));
+        } else {
+            sl->ctx = nnctx_new(w->m, w->first, w->last, B);
+        }
         sl->dy = pd_alloc_f32(shape_numel(w->out_shape));
         sl->dx = w->is_input ? NULL : pd_alloc_f32(shape_numel(w->in_shape));
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
@@ -633,6 +720,7 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
  * no trace in the training state. */
 static void worker_warmup(Worker *w) {
     Slot *sl = &w->slots[0];
+    if (w->recompute) sl->ctx = w->pool[0];   /* lent for the warm-up only */
     float *saved = pd_alloc_f32(w->nst);
     if (w->nst) memcpy(saved, w->state, w->nst * sizeof(float));
     int B = w->cfg->unit_batch;
@@ -644,6 +732,7 @@ static void worker_warmup(Worker *w) {
     if (w->nst) memcpy(w->state, saved, w->nst * sizeof(float));
     if (w->np) memset(w->dw, 0, w->np * sizeof(float));
     if (sl->dx) memset(sl->dx, 0, shape_numel(w->in_shape) * sizeof(float));
+    if (w->recompute) sl->ctx = NULL;
     pd_free(saved);
 }
 
@@ -657,7 +746,9 @@ void rt_worker_release(Worker *w) {
             comm_cancel(w->c, &sl->s_act);
             comm_cancel(w->c, &sl->s_grad);
             comm_cancel(w->c, &sl->s_lab);
-            nnctx_free(sl->ctx);
+            if (!w->recompute) nnctx_free(sl->ctx);
+            pd_free(sl->in_buf);
+            pd_free(sl->out_buf);
             pd_free(sl->dy);
             pd_free(sl->dx);
             pd_free(sl->labels_f);
@@ -674,6 +765,11 @@ void rt_worker_release(Worker *w) {
     pd_free(w->dw);
     if (w->bk_ar)
         for (int b = 0; b < w->n_buckets; b++) comm_ar_cancel(&w->bk_ar[b]);
+    if (w->pool)
+        for (int k = 0; k < w->n_pool; k++) nnctx_free(w->pool[k]);
+    free(w->pool);
+    free(w->pool_busy);
+    pd_free(w->state_scratch);
     free(w->bk_ar);
     free(w->bk_layer);
     free(w->bk_lo);
@@ -755,8 +851,14 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     SchedWorkerInfo wi;
     int rc = sched_analyze_worker(s, w->rank, &wi, err);
     if (rc) return rc;
-    int need = wi.n_slots;
+    int need = wi.n_slots, need_full = wi.max_full;
     sched_worker_info_release(&wi);
+    if (w->recompute != s->recompute)
+        return err_set(err, PD_EINVAL, "rank %d: a worker built %s recomputation bound to a list %s it", w->rank,
+                       w->recompute ? "with" : "without", s->recompute ? "with" : "without");
+    if (w->recompute && need_full > w->n_pool)
+        return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation contexts, %d were made", w->rank, need_full,
+                       w->n_pool);
     if (need > w->n_slots)   /* segments only get shorter; a longer list needs a new worker */
         return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation slots, %d were made", w->rank, need,
                        w->n_slots);

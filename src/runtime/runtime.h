@@ -221,6 +221,7 @@ typedef struct RtTrainSpec {
                                   * the pipeline drains there, as at a checkpoint */
     double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */
     int no_stash;                /* ablation of weight stashing (RtConfig.no_stash) */
+    int recompute;               /* keep only stage inputs; recompute the forward before backward */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -237,6 +238,9 @@ typedef struct RtStageSummary {
     double busy;                 /* compute / wall, mean over replicas */
     int versions;                /* most weight versions alive at a replica */
     uint32_t weights_crc;        /* CRC-32 of replica 0's final weights */
+    RtMem mem;                   /* what replica 0 allocated, by category (the memory ledger) */
+    double predicted_bytes;      /* the simulator's allocation for that worker (NAN without a profile) */
+    double predicted_activation_bytes, predicted_stashed_bytes;
 } RtStageSummary;
 
 typedef struct RtTrainSummary {
