@@ -620,14 +620,7 @@ int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs,
     PD_ASSERT(errs && rcs);
     AspThreadArg t = {cfg, res, logs, errs};
     int rc = comm_threads_run(n, asp_thread, &t, rcs, err);
-    if (rc) {   /* the first worker that failed on its own (not because a peer went away) */
-        int pick = -1;
-        for (int r = 0; r < n && pick < 0; r++)
-            if (rcs[r] && rcs[r] != PD_ECOMM) pick = r;
-        for (int r = 0; r < n && pick < 0; r++)
-            if (rcs[r]) pick = r;
-        if (pick >= 0) *err = errs[pick], rc = rcs[pick];
-    }
+    if (rc) rc = rt_first_failure(rc, rcs, errs, n, err);
     free(errs);
     free(rcs);
     return rc;

@@ -77,6 +77,10 @@ void rt_worker_release(Worker *w);
 int  rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err);
 /* Completes every slot's pending sends (so that buffers may be reused or freed). */
 int  rt_worker_drain(Worker *w, Err *err);
+/* After comm_threads_run failed: copies into err the error of the first worker that failed on
+ * its own (not with PD_ECOMM because a peer went away), else of the first that failed; returns
+ * its code (rc if none failed). */
+int  rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err);
 /* The gradient buckets of layers [first, last) of m: from the last layer down, layers are
  * added to a bucket until it holds at least bucket_bytes (0: RT_BUCKET_BYTES). Writes up to
  * last - first buckets (first layer, offset from the range's start, floats); returns how many. A

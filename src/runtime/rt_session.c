@@ -790,14 +790,7 @@ int rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err) {
         int *rcs = calloc((size_t)n, sizeof(int));
         PD_ASSERT(S.errs && rcs);
         rc = comm_threads_run(n, session_thread, &S, rcs, err);
-        if (rc) {   /* the first worker that failed on its own (not because a peer went away) */
-            int pick = -1;
-            for (int r = 0; r < n && pick < 0; r++)
-                if (rcs[r] && rcs[r] != PD_ECOMM) pick = r;
-            for (int r = 0; r < n && pick < 0; r++)
-                if (rcs[r]) pick = r;
-            if (pick >= 0) *err = S.errs[pick];
-        }
+        if (rc) rt_first_failure(rc, rcs, S.errs, n, err);
         free(S.errs);
         free(rcs);
     }

@@ -923,6 +923,17 @@ int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     return rc;
 }
 
+int rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err) {
+    int pick = -1;
+    for (int r = 0; r < n && pick < 0; r++)
+        if (rcs[r] && rcs[r] != PD_ECOMM) pick = r;
+    for (int r = 0; r < n && pick < 0; r++)
+        if (rcs[r]) pick = r;
+    if (pick < 0) return rc;
+    *err = errs[pick];
+    return rcs[pick];
+}
+
 typedef struct ThreadArg {
     const RtConfig *cfg;
     RtWorkerResult *res;
@@ -941,18 +952,7 @@ int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     PD_ASSERT(errs && rcs);
     ThreadArg a = {cfg, res, errs};
     int rc = comm_threads_run(n, thread_main, &a, rcs, err);
-    if (rc) {
-        /* Report the first worker that failed on its own (not because a peer went away). */
-        int pick = -1;
-        for (int r = 0; r < n; r++)
-            if (rcs[r] && rcs[r] != PD_ECOMM) {
-                pick = r;
-                break;
-            }
-        for (int r = 0; r < n && pick < 0; r++)
-            if (rcs[r]) pick = r;
-        if (pick >= 0) *err = errs[pick];
-    }
+    if (rc) rt_first_failure(rc, rcs, errs, n, err);
     free(errs);
     free(rcs);
     return rc;
