@@ -14,6 +14,7 @@
  *    weights by more than 1e-3 relative.
  * And the profiler's output for a small MLP. The MPI transport is checked by
  * tests/cli/runtime_mpi.sh. */
+#include "rt_fixture.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -46,18 +47,10 @@ static const char *CNN_JSON =
 static char mlp_path[64], cnn_path[64];
 static Dataset train;
 
-static void write_tmp(char *path, const char *text) {
-    strcpy(path, "/tmp/pd_rt_model_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-}
-
 static int setup(void **state) {
     (void)state;
-    write_tmp(mlp_path, MLP_JSON);
-    write_tmp(cnn_path, CNN_JSON);
+    rt_write_tmp(mlp_path, MLP_JSON);
+    rt_write_tmp(cnn_path, CNN_JSON);
     Err err = {0};
     if (data_synthetic(640, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
     return 0;
@@ -69,34 +62,6 @@ static int teardown(void **state) {
     unlink(cnn_path);
     data_release(&train);
     return 0;
-}
-
-/* A plan with stages given as layer ranges [bounds[i], bounds[i+1]) and replica counts;
- * ranks assigned in stage order. */
-typedef struct TPlan {
-    Plan p;
-    PlanStage st[8];
-    int layers[8][16];
-    int ranks[8][8];
-} TPlan;
-
-static void tplan(TPlan *t, int n_stages, const int *bounds, const int *reps) {
-    memset(t, 0, sizeof *t);
-    int rank = 0;
-    for (int i = 0; i < n_stages; i++) {
-        PlanStage *s = &t->st[i];
-        s->n_layers = bounds[i + 1] - bounds[i];
-        s->layers = t->layers[i];
-        for (int l = 0; l < s->n_layers; l++) s->layers[l] = bounds[i] + l;
-        s->replicas = reps[i];
-        s->ranks = t->ranks[i];
-        for (int r = 0; r < reps[i]; r++) s->ranks[r] = rank++;
-    }
-    t->p.n_stages = n_stages;
-    t->p.stages = t->st;
-    t->p.n_layers = bounds[n_stages];
-    t->p.n_workers = rank;
-    t->p.noam = (rank + reps[0] - 1) / reps[0];
 }
 
 static RtConfig config(const char *model, const Schedule *s, int B) {

@@ -16,6 +16,7 @@
  *  - sessions (rt_train on threads, Fashion-MNIST; skipped without it): one worker asp is
  *    bitwise dp; lenet5 on 4 workers learns; checkpoint segments keep the ranks identical.
  * MPI: tests/cli/asp.sh. */
+#include "rt_fixture.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -49,18 +50,10 @@ enum { B = 8, SEED = 11, MAXR = 8 };
 static char mlp_path[64], cnn_path[64];
 static Dataset train;
 
-static void write_tmp(char *path, const char *text) {
-    strcpy(path, "/tmp/pd_asp_model_XXXXXX");
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-}
-
 static int setup(void **state) {
     (void)state;
-    write_tmp(mlp_path, MLP_JSON);
-    write_tmp(cnn_path, CNN_JSON);
+    rt_write_tmp(mlp_path, MLP_JSON);
+    rt_write_tmp(cnn_path, CNN_JSON);
     Err err = {0};
     if (data_synthetic(640, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
     return 0;
@@ -75,25 +68,9 @@ static int teardown(void **state) {
 }
 
 /* A one-stage plan: every layer, R replicas on ranks 0..R-1 (asp merges stages anyway). */
-typedef struct TPlan {
-    Plan p;
-    PlanStage st;
-    int layers[32], ranks[MAXR];
-} TPlan;
-
-static void tplan(TPlan *t, int n_layers, int R) {
-    memset(t, 0, sizeof *t);
-    t->st.n_layers = n_layers;
-    t->st.layers = t->layers;
-    for (int l = 0; l < n_layers; l++) t->layers[l] = l;
-    t->st.replicas = R;
-    t->st.ranks = t->ranks;
-    for (int r = 0; r < R; r++) t->ranks[r] = r;
-    t->p.n_stages = 1;
-    t->p.stages = &t->st;
-    t->p.n_layers = n_layers;
-    t->p.n_workers = R;
-    t->p.noam = 1;
+static void asp_plan(TPlan *t, int n_layers, int R) {
+    int bounds[2] = {0, n_layers}, reps[1] = {R};
+    tplan(t, 1, bounds, reps);
     t->p.cluster.n_levels = 1;
     t->p.cluster.level[0] = (ClusterLevel){.workers = R, .bandwidth = 1e10, .latency = 0};
 }
@@ -119,7 +96,7 @@ static void run_asp(Run *x, const char *model, int R, int N, OptConfig oc) {
     Err err = {0};
     Model *m = model_load(model, &err);
     if (!m) fail_msg("%s", err.msg);
-    tplan(&x->tp, model_n_layers(m), R);
+    asp_plan(&x->tp, model_n_layers(m), R);
     model_free(m);
     SchedOpts so = {.kind = SCHED_ASP, .n_minibatches = N, .n_micro = 1};
     if (sched_build(&x->tp.p, &so, &x->s, &err)) fail_msg("sched_build: %s", err.msg);
@@ -441,7 +418,7 @@ static void test_failure_unwinds(void **state) {
     Run x;
     memset(&x, 0, sizeof x);
     Err err = {0};
-    tplan(&x.tp, 5, 3);
+    asp_plan(&x.tp, 5, 3);
     SchedOpts so = {.kind = SCHED_ASP, .n_minibatches = 30, .n_micro = 1};
     if (sched_build(&x.tp.p, &so, &x.s, &err)) fail_msg("%s", err.msg);
     x.cfg = (RtConfig){.model_path = mlp_path, .sched = &x.s, .unit_batch = B, .opt = sgd(1e6f, 0.9f),
@@ -468,7 +445,7 @@ static void session(const char *model, int R, SchedKind kind, int steps, int eve
     Model *m = model_load(model, &err);
     if (!m) fail_msg("%s", err.msg);
     TPlan tp;
-    tplan(&tp, model_n_layers(m), R);
+    asp_plan(&tp, model_n_layers(m), R);
     model_free(m);
     RtTrainSpec sp = {.model_path = model, .plan = &tp.p, .kind = kind, .n_micro = 1, .steps = steps,
                       .minibatch = 64, .opt = oc, .seed = 1, .threads = 1, .timeout_s = 60,
@@ -551,7 +528,7 @@ static void test_session_segments(void **state) {
     Err err = {0};
     Model *m = model_load(path, &err);
     TPlan tp;
-    tplan(&tp, model_n_layers(m), 1);
+    asp_plan(&tp, model_n_layers(m), 1);
     model_free(m);
     RtTrainSpec sp = {.model_path = path, .plan = &tp.p, .kind = SCHED_ASP, .n_micro = 1, .steps = 10,
                       .minibatch = 64, .opt = sgd(0.01f, 0.9f), .seed = 1, .threads = 1, .timeout_s = 60,
