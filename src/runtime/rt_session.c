@@ -506,6 +506,30 @@ static int evaluate(Rank *R, Worker *w, RtConfig *cfg, const Schedule *s, int64_
     return PD_OK;
 }
 
+/* The run's evaluations; ct and loss_sum are the newest one's totals over targets. */
+typedef struct EvalLog {
+    RtEvalPoint *pts;
+    int n;
+    int64_t ct[2];
+    double loss_sum;
+} EvalLog;
+
+/* Evaluates after R->mb_done minibatches (train_s seconds of training) and logs the point; every
+ * evaluation gets its own message ids after the run's units (eval_batches each). */
+static int eval_point(Rank *R, Worker *w, RtConfig *cfg, const Schedule *seg, int64_t run_units, int64_t eval_batches,
+                      int64_t n_train, double train_s, EvalLog *log, Err *err) {
+    int64_t base = run_units + (int64_t)log->n * eval_batches;
+    int rc = evaluate(R, w, cfg, seg, base, log->ct, &log->loss_sum, err);
+    if (rc) return rc;
+    int64_t n = log->ct[1];
+    RtEvalPoint pt = {R->mb_done, (double)R->mb_done * R->S->spec->minibatch / (double)(n_train ? n_train : 1),
+                      train_s, n ? (double)log->ct[0] / (double)n : NAN, n ? log->loss_sum / (double)n : NAN};
+    log->pts = realloc(log->pts, (size_t)(log->n + 1) * sizeof *log->pts);
+    PD_ASSERT(log->pts);
+    log->pts[log->n++] = pt;
+    return PD_OK;
+}
+
 /* ---- one rank ------------------------------------------------------------------------------ */
 
 /* A failure during a segment: the rank ends the job, naming itself and the last checkpoint. */
@@ -527,8 +551,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
     memset(&w, 0, sizeof w);
     RtWorkerResult segres = {0};
     RtStageState *init = NULL;
-    int n_evals = 0;
-    RtEvalPoint *evals = NULL;
+    EvalLog ev = {0};
     uint64_t target_mb = 0;
     double train_s = 0, target_s = 0;
     int rc = plan_ranks(sp, &probe, err);   /* the same on every rank: no agreement needed */
@@ -580,6 +603,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
     if (sp->threads > 0) kern_set_threads(sp->threads);
     int built = 0;
     int64_t eval_batches = R.have_test ? (int64_t)((R.test.n + (size_t)unit_batch - 1) / (size_t)unit_batch) : 0;
+    int64_t run_units = (int64_t)n_mb * probe.n_micro;   /* evaluation ids start after them */
     if ((rc = rt_fail_setup(c, &probe, R.timeout, err))) goto out;
     rt_fail_set_checkpoint(R.last_ckpt[0] ? R.last_ckpt : "none");
     while (R.mb_done < (uint64_t)n_mb) {
@@ -634,18 +658,11 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
                                               R.mb_done == (uint64_t)n_mb);
         if (ck_due && sp->checkpoint_dir && (rc = checkpoint(&R, &w, &seg, err))) goto out;
         if (sp->eval_every && R.have_test && R.mb_done % (uint64_t)sp->eval_every == 0 && R.mb_done < (uint64_t)n_mb) {
-            int64_t ct[2];
-            double ls = 0;
-            int64_t base = (int64_t)n_mb * seg.n_micro + (int64_t)n_evals * eval_batches;
-            if ((rc = evaluate(&R, &w, &cfg, &seg, base, ct, &ls, err))) {
+            if ((rc = eval_point(&R, &w, &cfg, &seg, run_units, eval_batches, n_train, train_s, &ev, err))) {
                 rc = fail_segment(&R, rc, err);
                 goto out;
             }
-            RtEvalPoint pt = {R.mb_done, (double)R.mb_done * sp->minibatch / (double)(n_train ? n_train : 1), train_s,
-                              ct[1] ? (double)ct[0] / (double)ct[1] : NAN, ct[1] ? ls / (double)ct[1] : NAN};
-            evals = realloc(evals, (size_t)(n_evals + 1) * sizeof *evals);
-            PD_ASSERT(evals);
-            evals[n_evals++] = pt;
+            const RtEvalPoint pt = ev.pts[ev.n - 1];
             if (rank == 0)
                 fprintf(stderr, "pipedream: evaluation after %llu minibatches (%.0f s of training): test accuracy %.4f\n",
                         (unsigned long long)R.mb_done, train_s, pt.test_accuracy);
@@ -671,30 +688,13 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         R.acc.n_state = fin.n_state;
         w.res = NULL;
         rt_result_release(&fin);
-        if (R.have_test && n_evals && evals[n_evals - 1].minibatches == R.mb_done) {   /* just evaluated */
-            const RtEvalPoint *pt = &evals[n_evals - 1];
-            if (rank == 0) {   /* totals over targets (a language model: positions) */
-                double tot = (double)R.test.n * data_targets(&R.test);
-                R.acc.test_total = (long)tot;
-                R.acc.test_correct = lround(pt->test_accuracy * tot);
-                R.acc.test_loss_sum = pt->test_loss * tot;
-            }
-        } else if (R.have_test) {
-            int64_t ct[2];
-            double ls = 0;
-            int64_t base = (int64_t)n_mb * seg.n_micro + (int64_t)n_evals * eval_batches;
-            rc = evaluate(&R, &w, &cfg, &seg, base, ct, &ls, err);
-            if (!rc) {
-                RtEvalPoint pt = {R.mb_done, (double)R.mb_done * sp->minibatch / (double)(n_train ? n_train : 1),
-                                  train_s, ct[1] ? (double)ct[0] / (double)ct[1] : NAN, ct[1] ? ls / (double)ct[1] : NAN};
-                evals = realloc(evals, (size_t)(n_evals + 1) * sizeof *evals);
-                PD_ASSERT(evals);
-                evals[n_evals++] = pt;
-                if (rank == 0) R.acc.test_correct = ct[0], R.acc.test_total = ct[1], R.acc.test_loss_sum = ls;
-                if (sp->target_accuracy > 0 && pt.test_accuracy >= sp->target_accuracy && !target_mb)
-                    target_mb = R.mb_done, target_s = train_s;
-            }
+        if (R.have_test && !(ev.n && ev.pts[ev.n - 1].minibatches == R.mb_done)) {   /* unless just evaluated */
+            rc = eval_point(&R, &w, &cfg, &seg, run_units, eval_batches, n_train, train_s, &ev, err);
+            if (!rc && sp->target_accuracy > 0 && ev.pts[ev.n - 1].test_accuracy >= sp->target_accuracy && !target_mb)
+                target_mb = R.mb_done, target_s = train_s;
         }
+        if (!rc && R.have_test && rank == 0)   /* totals over targets (a language model: positions) */
+            R.acc.test_correct = ev.ct[0], R.acc.test_total = ev.ct[1], R.acc.test_loss_sum = ev.loss_sum;
         if (rc) {
             rc = fail_segment(&R, rc, err);
             goto out;
@@ -722,8 +722,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
             }
             S->out->res = all;
             summarize(sp, &whole, unit_batch, comm_name(c), S->out);
-            S->out->evals = evals, S->out->n_evals = n_evals;
-            evals = NULL;
+            S->out->evals = ev.pts, S->out->n_evals = ev.n;
+            ev.pts = NULL;
             S->out->target_minibatches = target_mb, S->out->target_train_s = target_s;
             S->out->resumed_from = resumed;
             snprintf(S->out->last_checkpoint, sizeof S->out->last_checkpoint, "%s", R.last_ckpt);
@@ -743,7 +743,7 @@ out:
     }
     rt_result_release(&segres);
     rt_result_release(&R.acc);
-    free(evals);
+    free(ev.pts);
     free(init);
     sched_release(&seg);
     sched_release(&probe);
