@@ -40,14 +40,14 @@ static void linear_forward(Layer *l, const NnRun *r, const float *w, float *stat
                            void *saved) {
     const float *b = l->bias ? w + (size_t)l->cout * l->cin : NULL;
     kern_linear_fwd(x, w, b, y, r->n, l->cin, l->cout);
-    if (l->relu) nn_relu_inplace(y, (size_t)r->n * l->cout);
+    if (l->relu) kern_relu_inplace(y, (size_t)r->n * l->cout);
 }
 
 static void linear_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                             const void *saved, const float *dy, float *dx, float *dw) {
     size_t cnt = (size_t)r->n * l->cout;
     if (l->relu) {   // dy through the fused relu: g = dy * (y > 0)
-        nn_relu_mask(y, dy, l->scratch, cnt);
+        kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
     kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);

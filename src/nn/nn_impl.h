@@ -121,17 +121,6 @@ extern const LayerOps LAYER_LINEAR, LAYER_CONV2D, LAYER_MAXPOOL, LAYER_GAP, LAYE
  * layer_gelu.c, layer_dense.c, layer_block.c) */
 extern const LayerOps LAYER_EMBED, LAYER_LAYERNORM, LAYER_ATTENTION, LAYER_GELU, LAYER_DENSE, LAYER_BLOCK;
 
-/* y = max(y, 0) in place (the kernels' relu takes distinct buffers). */
-static inline void nn_relu_inplace(float *y, size_t count) {
-    for (size_t i = 0; i < count; i++) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
-}
-
-/* g = dy * (y > 0), overwriting g: the gradient through a fused relu in one pass (the
- * kernels' relu backward accumulates, which would need a memset first). */
-static inline void nn_relu_mask(const float *restrict y, const float *restrict dy, float *restrict g, size_t count) {
-    for (size_t i = 0; i < count; i++) g[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-}
-
 /* Frees a layer's built resources and its sub-layer arrays (recursively). */
 void nn_layer_destroy(Layer *l);
 
