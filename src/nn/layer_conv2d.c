@@ -53,6 +53,21 @@ static void conv_backward(Layer *l, const NnRun *r, const float *w, const float 
     kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, dx, dw, db);
 }
 
+/* The split backward: kern_conv2d_bwd computes dx (oneDNN's backward-data primitive, or W^T g
+ * and col2im) and dW, db (backward-weights, or g col^T and row sums) independently from the
+ * masked dy, each only when asked for, so the halves are bitwise the whole. The relu mask is
+ * applied in both (from y, still in the context). */
+static void conv_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                               const void *saved, const float *dy, float *dx) {
+    if (dx) kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, dx, NULL, NULL);
+}
+
+static void conv_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dw) {
+    float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
+    kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, NULL, dw, db);
+}
+
 const LayerOps LAYER_CONV2D = {
     .name = "conv2d",
     .parse = conv_parse,
@@ -60,4 +75,6 @@ const LayerOps LAYER_CONV2D = {
     .release = conv_release,
     .forward = conv_forward,
     .backward = conv_backward,
+    .backward_data = conv_backward_data,
+    .backward_weights = conv_backward_weights,
 };

@@ -34,9 +34,24 @@ static void dense_backward(Layer *l, const NnRun *r, const float *w, const float
     kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, rows(l, r->n), l->cin, l->cout);
 }
 
+/* The split backward: kern_linear_bwd's dx GEMM, then its dW GEMM and db sums (independent
+ * of each other, so the halves are bitwise the whole). */
+static void dense_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                const void *saved, const float *dy, float *dx) {
+    if (dx) kern_linear_bwd(x, w, dy, dx, NULL, NULL, rows(l, r->n), l->cin, l->cout);
+}
+
+static void dense_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dw) {
+    kern_linear_bwd(x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, rows(l, r->n), l->cin,
+                    l->cout);
+}
+
 const LayerOps LAYER_DENSE = {
     .name = "dense",
     .parse = dense_parse,
     .forward = dense_forward,
     .backward = dense_backward,
+    .backward_data = dense_backward_data,
+    .backward_weights = dense_backward_weights,
 };

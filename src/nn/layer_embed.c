@@ -39,9 +39,21 @@ static void embed_backward(Layer *l, const NnRun *r, const float *w, const float
     kern_embed_bwd(x, dy, dw, l->k ? dw + (size_t)v * d : NULL, r->n, t, d, v);
 }
 
+/* The split backward: token ids have no gradient, so the data pass does nothing and the
+ * weight pass is the whole backward (an input stage's embedding is all BW). */
+static void embed_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                const void *saved, const float *dy, float *dx) {}
+
+static void embed_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dw) {
+    embed_backward(l, r, w, x, y, saved, dy, NULL, dw);
+}
+
 const LayerOps LAYER_EMBED = {
     .name = "embed",
     .parse = embed_parse,
     .forward = embed_forward,
     .backward = embed_backward,
+    .backward_data = embed_backward_data,
+    .backward_weights = embed_backward_weights,
 };

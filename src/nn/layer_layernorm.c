@@ -42,6 +42,19 @@ static void layernorm_backward(Layer *l, const NnRun *r, const float *w, const f
     kern_layernorm_bwd(&l->ln, rows(l, r->n), x, w, saved, dy, dx, dw, dw + l->cin);
 }
 
+/* The split backward: kern_layernorm_bwd computes dx and the gamma/beta sums independently,
+ * each only when asked for (its C loops split for real; its oneDNN path computes all three and
+ * keeps what was asked), so the halves are bitwise the whole. */
+static void layernorm_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dx) {
+    if (dx) kern_layernorm_bwd(&l->ln, rows(l, r->n), x, w, saved, dy, dx, NULL, NULL);
+}
+
+static void layernorm_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dw) {
+    kern_layernorm_bwd(&l->ln, rows(l, r->n), x, w, saved, dy, NULL, dw, dw + l->cin);
+}
+
 const LayerOps LAYER_LAYERNORM = {
     .name = "layernorm",
     .parse = layernorm_parse,
@@ -50,4 +63,6 @@ const LayerOps LAYER_LAYERNORM = {
     .saved_bytes = layernorm_saved,
     .forward = layernorm_forward,
     .backward = layernorm_backward,
+    .backward_data = layernorm_backward_data,
+    .backward_weights = layernorm_backward_weights,
 };

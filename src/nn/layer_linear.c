@@ -53,6 +53,30 @@ static void linear_backward(Layer *l, const NnRun *r, const float *w, const floa
     kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);
 }
 
+/* The split backward: the same masking and the same GEMMs as linear_backward, one half each
+ * (kern_linear_bwd computes dx, dW and db independently), so the sum is bitwise backward's. The
+ * relu mask is applied again in the weight pass (y is still in the context). */
+static void linear_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                 const void *saved, const float *dy, float *dx) {
+    if (!dx) return;
+    size_t cnt = (size_t)r->n * l->cout;
+    if (l->relu) {
+        kern_relu_mask(y, dy, l->scratch, cnt);
+        dy = l->scratch;
+    }
+    kern_linear_bwd(x, w, dy, dx, NULL, NULL, r->n, l->cin, l->cout);
+}
+
+static void linear_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                                    const void *saved, const float *dy, float *dw) {
+    size_t cnt = (size_t)r->n * l->cout;
+    if (l->relu) {
+        kern_relu_mask(y, dy, l->scratch, cnt);
+        dy = l->scratch;
+    }
+    kern_linear_bwd(x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);
+}
+
 const LayerOps LAYER_LINEAR = {
     .name = "linear",
     .parse = linear_parse,
@@ -60,4 +84,6 @@ const LayerOps LAYER_LINEAR = {
     .release = linear_release,
     .forward = linear_forward,
     .backward = linear_backward,
+    .backward_data = linear_backward_data,
+    .backward_weights = linear_backward_weights,
 };

@@ -503,3 +503,61 @@ void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, fl
         g = dxi;
     }
 }
+
+/* ---- the split backward (zero-bubble BI and BW) ---------------------------------------------- */
+
+/* Layer i's weight gradient is computed in the weight pass: it has parameters and the split. */
+static int splits(const Layer *l) { return l->n_params > 0 && l->ops->backward_weights; }
+
+/* Floats of keep before the region of layer i (the gradient w.r.t. its output) in the layout
+ * of model_split_floats: one region per splitting layer of [first, last - 1), in layer order,
+ * each n_max x its output, 16-float aligned. The last layer's is the caller's dy. */
+static size_t keep_off(const Model *m, int first, int i, int n_max) {
+    size_t off = 0;
+    for (int k = first; k < i; k++)
+        if (splits(&m->layers[k])) off += nn_align((size_t)n_max * nn_numel(m->layers[k].out) * sizeof(float)) / sizeof(float);
+    return off;
+}
+
+size_t model_split_floats(const Model *m, int first, int last, int n_max) {
+    check_range(m, first, last);
+    return first < last ? keep_off(m, first, last - 1, n_max) : 0;
+}
+
+void model_backward_b(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw, float *keep) {
+    PD_ASSERT(c->m == m && c->have_fwd);
+    int f = c->first, n = c->run.n;
+    const float *g = dy;
+    for (int i = c->last - 1; i >= f; i--) {
+        Layer *l = &m->layers[i];
+        const float *xi = i == f ? c->in : c->y[i - 1 - f];
+        const float *wi = w + (m->poff[i] - m->poff[f]);
+        /* the input gradient goes where the layer below reads it: kept when that one splits */
+        float *dxi = dx;
+        if (i > f) {
+            dxi = splits(&m->layers[i - 1]) ? keep + keep_off(m, f, i - 1, c->n_max) : m->gbuf[i & 1];
+            PD_ASSERT(dxi != g);
+            memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
+        }
+        if (splits(l))
+            l->ops->backward_data(l, &c->run, wi, xi, c->y[i - f], c->saved[i - f], g, dxi);
+        else
+            l->ops->backward(l, &c->run, wi, xi, c->y[i - f], c->saved[i - f], g, dxi, dw + (m->poff[i] - m->poff[f]));
+        g = dxi;
+    }
+}
+
+void model_backward_w(Model *m, NnCtx *c, const float *w, const float *dy, const float *keep, float *dw,
+                      NnLayerDone done, void *arg) {
+    PD_ASSERT(c->m == m && c->have_fwd);
+    int f = c->first;
+    for (int i = c->last - 1; i >= f; i--) {
+        Layer *l = &m->layers[i];
+        if (splits(l)) {
+            const float *g = i == c->last - 1 ? dy : keep + keep_off(m, f, i, c->n_max);
+            l->ops->backward_weights(l, &c->run, w + (m->poff[i] - m->poff[f]), i == f ? c->in : c->y[i - 1 - f],
+                                     c->y[i - f], c->saved[i - f], g, dw + (m->poff[i] - m->poff[f]));
+        }
+        if (done) done(arg, i);
+    }
+}

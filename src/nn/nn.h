@@ -127,6 +127,20 @@ typedef void (*NnLayerDone)(void *arg, int layer);
 void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw,
                          NnLayerDone done, void *arg);
 
+/* The backward in two passes (the zero-bubble kinds' BI and BW), with the SAME w and dy as one
+ * model_backward would get: model_backward_b computes dx (as model_backward; NULL: not wanted)
+ * and, for layers whose weight gradient does not split (lstm, attention, block, residual,
+ * batchnorm), also their part of dw; for the layers that split (linear, dense, conv2d, embed,
+ * layernorm) it stores the gradient w.r.t. their output into keep, a per-unit buffer of
+ * model_split_floats(m, first, last, n_max of c) floats that the caller owns, and leaves their
+ * dw alone. model_backward_w, later (c, dy and keep untouched in between), adds those layers'
+ * dw. The two leave dx and dw bitwise as model_backward does. done(arg, i) (may be NULL) is
+ * called after top-level layer i of the weight pass, i descending, as in model_backward_hook. */
+size_t model_split_floats(const Model *m, int first, int last, int n_max);
+void model_backward_b(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw, float *keep);
+void model_backward_w(Model *m, NnCtx *c, const float *w, const float *dy, const float *keep, float *dw,
+                      NnLayerDone done, void *arg);
+
 /* ---- optimizers ------------------------------------------------------------------------ */
 typedef enum OptKind { OPT_SGD, OPT_ADAM, OPT_KIND_COUNT } OptKind;
 

@@ -66,6 +66,17 @@ typedef struct LayerOps {
     /* dx (may be NULL) += dL/dx, dw += dL/dw, from dy; x, y, saved as forward left them. */
     void (*backward)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y, const void *saved,
                      const float *dy, float *dx, float *dw);
+    /* The split backward of the zero-bubble kinds (BI and BW), optional, both or neither:
+     * backward_data does backward's dx part alone (dx may be NULL: nothing to do), and
+     * backward_weights its dw part alone, later, from the same w, x, y, saved and dy. Together
+     * they must leave dx and dw bitwise as backward does (the same kernel calls, split), which
+     * tests/test_nn_split.c checks per kind. A layer with parameters but without them (its
+     * weight gradient needs intermediates of the data pass: lstm, attention, block, residual,
+     * batchnorm) runs backward whole in BI; a layer without parameters only has a data pass. */
+    void (*backward_data)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                          const void *saved, const float *dy, float *dx);
+    void (*backward_weights)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
+                             const void *saved, const float *dy, float *dw);
 } LayerOps;
 
 struct Layer {
