@@ -251,3 +251,39 @@ class Text:
             cache[key] = epoch_order(self.n_train, seed, epoch)
         order = cache[key]
         return self.batch(0, order[b * batch:min((b + 1) * batch, self.n_train)])
+
+# ---- a starting checkpoint (src/runtime/rt_ckpt.c) -------------------------------------------
+
+
+def write_start_checkpoint(directory, model, params, seed, optimizer='adam', schedule='1f1b', states=()):
+    """Writes DIRECTORY/ckpt-0000000000.safetensors: a checkpoint taken before any step (weights
+    `params` in parameter order, zero optimizer moments, zero minibatches and steps done), so
+    that `pipedream train ... --resume DIRECTORY` starts a pipelined run from given weights as
+    one-worker `train --init` does (Adam's first step then sees zero moments and step 1, as a
+    fresh optimizer). The metadata keys are those rt_ckpt_load requires; --seed must match."""
+    import os
+    if isinstance(model, str):
+        model = json.load(open(model))
+    names, snames = param_names(model), state_names(model)
+    if len(names) != len(params):
+        raise ValueError('%d parameter tensors, the model JSON has %d' % (len(params), len(names)))
+    out, moments = [], []
+    for (name, shape), a in zip(names, params):
+        a = np.asarray(a, dtype=np.float32)
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError('%s: shape %s, the model JSON says %s' % (name, tuple(a.shape), tuple(shape)))
+        out.append((name, a))
+        moments.append(('optim.m.' + name, np.zeros(shape, np.float32)))
+        if optimizer == 'adam':
+            moments.append(('optim.v.' + name, np.zeros(shape, np.float32)))
+    if len(states) != len(snames):
+        raise ValueError('%d state tensors, the model JSON has %d' % (len(states), len(snames)))
+    out += [(name, np.asarray(a, np.float32).reshape(cnt)) for (name, cnt), a in zip(snames, states)]
+    total = sum(int(np.prod(s)) for _, s in names)
+    meta = {'pipedream.model': model['name'], 'pipedream.params': str(total), 'pipedream.minibatches_done': '0',
+            'pipedream.units_done': '0', 'pipedream.optimizer_step': '0', 'pipedream.seed': str(seed),
+            'pipedream.schedule': schedule, 'pipedream.optimizer': optimizer}
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, 'ckpt-0000000000.safetensors')
+    write_safetensors(path, out + moments, meta)
+    return path

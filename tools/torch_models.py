@@ -303,3 +303,44 @@ def lm_hash_fill(model):
     with torch.no_grad():
         for j, (p, kind, fan) in enumerate(lm_param_kinds(model)):
             p.copy_(torch.from_numpy(hash_values(j, p.numel(), kind, fan)).reshape(p.shape))
+
+
+def lm_top_layers(model):
+    """The modules of a language-model twin that are the model JSON's top-level layers, in
+    order (pipeline stages cut between them): an nn.Sequential's children; LstmLm's four."""
+    if isinstance(model, nn.Sequential):
+        return list(model)
+    if isinstance(model, LstmLm):
+        return [model.embed, model.l1, model.l2, model.head]
+    raise ValueError('lm_top_layers: %s is neither nn.Sequential nor LstmLm' % type(model).__name__)
+
+
+def lm_load_weights(model, model_json, path):
+    """Copies a pipedream weights file (names of model_json, parameter order) into model."""
+    import pd_io
+    w, _ = pd_io.read_safetensors(path)
+    names = pd_io.param_names(model_json)
+    ps = list(model.parameters())
+    if len(ps) != len(names):
+        raise ValueError('%s: the twin has %d parameter tensors, %s has %d' % (path, len(ps), model_json, len(names)))
+    with torch.no_grad():
+        for (name, shape), p in zip(names, ps):
+            if name not in w:
+                raise ValueError('%s: no tensor %s' % (path, name))
+            p.copy_(torch.from_numpy(w[name]).reshape(p.shape))
+
+
+def lm_evaluate(model, text, batch=256):
+    """(test loss in nats per token, accuracy) over the held-out tail of a pd_io.Text, in eval
+    mode, weighted by sequences as pipedream's evaluation."""
+    model.eval()
+    tot, hits = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, text.n_test, batch):
+            idx = np.arange(i, min(i + batch, text.n_test))
+            x, y = text.batch(1, idx)
+            logits = model(torch.from_numpy(x))
+            tot += lm_loss(logits, torch.from_numpy(y)).item() * len(idx)
+            hits += (logits.argmax(-1) == torch.from_numpy(y)).sum().item()
+    model.train()
+    return tot / text.n_test, hits / (text.n_test * text.ctx)

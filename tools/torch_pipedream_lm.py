@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""torch_pipedream_lm.py: an independent oracle of pipedream's pipelined training semantics in
+PyTorch, for the language models: the twin of models/<model>.json (tools/torch_models.py) split
+into the stages of a straight plan, trained on pipedream's exact minibatches (tools/pd_io.py)
+with the weight versions each schedule kind reads (docs/schedules.md, "Weight versions"):
+
+    kind          stage s of p computes minibatch m's forward and backward on its version
+    seq, 1f1b-flush, gpipe   m                  (sequential training; micro-batches change only
+                                                 the summation order, so they are not split here)
+    1f1b          max(0, m - (p - 1 - s))       (weight stashing: forward i of a worker with
+                                                 warm-up p - s follows backward i - (p - s))
+    1f1b --vertical-sync    max(0, m - (p - 1)) (every stage uses the input stage's version)
+    2bw           max(0, m - 1)                 (PipeDream-2BW: W(k+1) = W(k) - lr g(W(k-1)))
+
+and in every kind the stage's optimizer (Adam or SGD, one state per stage, one step per
+minibatch) applies that gradient to the stage's newest weights, making version m + 1. This is
+an ordinary autograd graph per minibatch whose stage parameters hold the versions above, so the
+oracle shares no code with the runtime: it checks the runtime's versions, stashes, message
+matching and optimizer, not just its kernels. (--no-stash is not modelled: its backward mixes
+the forward's activations with newer weights inside each layer, which autograd cannot express.)
+
+    /usr/bin/python3 tools/torch_pipedream_lm.py --text kjv.txt --plan plan.json --kind 1f1b \\
+        --steps 200 --minibatch 32 --lr 1e-3 --init init.safetensors
+
+--plan takes the stages (straight: one replica each) from a pipedream plan; --cuts 0,1:2:3:4,5,6
+gives them by hand. --warmup-steps W multiplies the learning rate of step t (0-based) by
+min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an oracle-only experiment, for
+the sequential and pipelined kinds alike). Output: one JSON line {"framework": "torch-oracle",
+"kind", "delays", "test_loss", "test_accuracy", "final_loss" (the last minibatch's loss, as
+pipedream's pipelined summary), "mean_loss", "losses" (with --losses: every minibatch's loss)}.
+--save W.safetensors writes the final weights in pipedream's names (compare with a checkpoint)."""
+import argparse
+import json
+import os
+import sys
+
+ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+ap.add_argument('--text', required=True)
+ap.add_argument('--model', default='gpt-mini', help='gpt-mini or lstm-lm, or a model JSON path with --twin')
+ap.add_argument('--twin', help='FILE.py:FACTORY building the PyTorch twin of --model (a JSON path)')
+ap.add_argument('--plan', help='pipedream plan (straight) whose stages to use')
+ap.add_argument('--cuts', help='stages by hand: top-level layer indices, stages separated by ":", e.g. 0,1:2:3:4,5,6')
+ap.add_argument('--kind', default='1f1b', choices=['seq', '1f1b', '1f1b-flush', 'gpipe', '2bw'])
+ap.add_argument('--vertical-sync', action='store_true')
+ap.add_argument('--steps', type=int, default=200)
+ap.add_argument('--minibatch', type=int, default=32)
+ap.add_argument('--optimizer', default='adam', choices=['adam', 'sgd'])
+ap.add_argument('--lr', type=float, default=1e-3)
+ap.add_argument('--momentum', type=float, default=0.9)
+ap.add_argument('--warmup-steps', type=int, default=0)
+ap.add_argument('--seed', type=int, default=1)
+ap.add_argument('--threads', type=int, default=1)
+ap.add_argument('--init', help='start from this weights file (else PyTorch\'s init of the twin, seeded by --seed)')
+ap.add_argument('--save', help='write the final weights here (pipedream names)')
+ap.add_argument('--losses', action='store_true', help='include every minibatch\'s loss in the output')
+args = ap.parse_args()
+os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pd_io  # noqa: E402
+import torch_models as tm  # noqa: E402
+
+
+def fail(msg):
+    sys.exit('torch_pipedream_lm: error: ' + msg)
+
+
+torch.set_num_threads(args.threads)
+if args.twin:
+    import importlib.util
+    f, _, fac = args.twin.partition(':')
+    spec = importlib.util.spec_from_file_location('twin', f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model_json, factory = args.model, getattr(mod, fac)
+else:
+    if args.model not in tm.LM_MODELS:
+        fail('unknown model %r (gpt-mini, lstm-lm, or a JSON path with --twin)' % args.model)
+    model_json, factory = os.path.join(HERE, '..', 'models', args.model + '.json'), tm.LM_MODELS[args.model]
+spec_json = json.load(open(model_json))
+ctx = spec_json['input'][0]
+text = pd_io.Text(open(args.text, 'rb').read(), ctx)
+
+torch.manual_seed(args.seed)
+model = factory()
+layers = tm.lm_top_layers(model)
+if len(layers) != len(spec_json['layers']):
+    fail('the twin has %d top-level modules, %s has %d layers' % (len(layers), model_json, len(spec_json['layers'])))
+if args.init:
+    tm.lm_load_weights(model, model_json, args.init)
+
+# Stages: lists of top-level layer indices, in order, covering every layer once.
+if args.plan and args.cuts:
+    fail('--plan and --cuts exclude each other')
+if args.plan:
+    plan = json.load(open(args.plan))
+    if any(s.get('replicas', 1) != 1 for s in plan['stages']):
+        fail('%s: the oracle models straight plans only (one replica per stage)' % args.plan)
+    stages = [list(s['layers']) for s in plan['stages']]
+elif args.cuts:
+    stages = [[int(i) for i in part.split(',')] for part in args.cuts.split(':')]
+else:
+    stages = [list(range(len(layers)))]
+if [i for s in stages for i in s] != list(range(len(layers))):
+    fail('stages %s do not cover layers 0..%d in order' % (stages, len(layers) - 1))
+p = len(stages)
+if args.vertical_sync and args.kind != '1f1b':
+    fail('--vertical-sync applies only to 1f1b')
+if args.kind == '1f1b':
+    delays = [p - 1] * p if args.vertical_sync else [p - 1 - s for s in range(p)]
+elif args.kind == '2bw':
+    delays = [1] * p
+else:
+    delays = [0] * p
+
+# Every stage's parameters and its weight versions (version v = after v steps at the stage).
+params = [[q for i in s for q in layers[i].parameters()] for s in stages]
+versions = [{0: [q.detach().clone() for q in ps]} for ps in params]
+if args.optimizer == 'adam':
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+else:
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+
+
+def load(s, v):
+    with torch.no_grad():
+        for q, w in zip(params[s], versions[s][v]):
+            q.copy_(w)
+
+
+model.train()
+losses = []
+for m in range(args.steps):
+    # Forward and backward of minibatch m: stage s holds version max(0, m - delay_s).
+    for s in range(p):
+        load(s, max(0, m - delays[s]))
+    x, y = text.minibatch(m, args.minibatch, args.seed)
+    opt.zero_grad(set_to_none=True)
+    loss = tm.lm_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+    loss.backward()
+    losses.append(loss.item())
+    # The step: that gradient applied to each stage's newest weights (version m), making m + 1.
+    grads = [[q.grad for q in ps] for ps in params]
+    for s in range(p):
+        load(s, m)
+        for q, g in zip(params[s], grads[s]):
+            q.grad = g
+    for group in opt.param_groups:
+        group['lr'] = args.lr * (min(1.0, (m + 1) / args.warmup_steps) if args.warmup_steps > 0 else 1.0)
+    opt.step()
+    for s in range(p):
+        versions[s][m + 1] = [q.detach().clone() for q in params[s]]
+        for v in [v for v in versions[s] if v < m + 1 - delays[s]]:
+            del versions[s][v]
+
+# The final weights are every stage's newest version (the parameters now hold them).
+test_loss, test_acc = tm.lm_evaluate(model, text)
+out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kind, 'vertical_sync': args.vertical_sync,
+       'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
+       'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps,
+       'final_loss': round(losses[-1], 6) if losses else None,
+       'mean_loss': round(sum(losses) / len(losses), 6) if losses else None,
+       'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4)}
+if args.losses:
+    out['losses'] = [round(v, 6) for v in losses]
+if args.save:
+    pd_io.write_weights(args.save, model_json, [q.detach().numpy() for q in model.parameters()])
+print(json.dumps(out), flush=True)
