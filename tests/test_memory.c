@@ -9,6 +9,7 @@
  *   - the same bytes in every category when its costs are given the runtime's bytes of one
  *     version and of one slot: versions x param_bytes + slots x stash_bytes (+ gradients and
  *     optimizer state) is exactly what the runtime allocated.
+ * zb-h1 and zb-h2 too: their slots also hold the output gradients a unit's BI keeps for its BW.
  * The runtime's per-slot bytes are also recomputed here from the nn API (context, gradient
  * and label buffers), so RtMem is checked against the allocation itself, not only against
  * the simulator. Linked with pd_runtime (CMakeLists.txt). */
@@ -64,8 +65,9 @@ static int teardown(void **state) {
 }
 
 /* Bytes of one activation slot of the stage running layers [first, last), from the nn API:
- * the context, dy (output), dx (input, not at the input stage), float and int labels. */
-static size_t slot_bytes(const char *model, int first, int last, int is_input) {
+ * the context, dy (output), dx (input, not at the input stage), float and int labels, and for
+ * the zb kinds (split) the output gradients BI keeps for BW (model_split_floats). */
+static size_t slot_bytes(const char *model, int first, int last, int is_input, int split) {
     Err err = {0};
     Model *m = model_load(model, &err);
     if (!m) fail_msg("%s", err.msg);
@@ -73,7 +75,8 @@ static size_t slot_bytes(const char *model, int first, int last, int is_input) {
     NnCtx *c = nnctx_new(m, first, last, B);
     size_t n = nnctx_bytes(c) + (size_t)B * shape_numel(model_layer_out_shape(m, last - 1)) * sizeof(float) +
                (is_input ? 0 : (size_t)B * shape_numel(model_layer_in_shape(m, first)) * sizeof(float)) +
-               (size_t)B * (sizeof(float) + sizeof(int32_t));
+               (size_t)B * (sizeof(float) + sizeof(int32_t)) +
+               (split ? model_split_floats(m, first, last, B) * sizeof(float) : 0);
     nnctx_free(c);
     model_free(m);
     return n;
@@ -126,7 +129,8 @@ static void run_case(const Case *k) {
         c.stage[i].stash_bytes = (double)(m0->activations / (size_t)m0->slots);
         assert_int_equal(m0->activations % (size_t)m0->slots, 0);
         const SchedStage *ss = &s.stages[i];
-        size_t want = slot_bytes(k->model, ss->layers[0], ss->layers[ss->n_layers - 1] + 1, i == 0);
+        size_t want = slot_bytes(k->model, ss->layers[0], ss->layers[ss->n_layers - 1] + 1, i == 0,
+                                 sched_splits_backward(&s));
         if (m0->activations / (size_t)m0->slots != want)
             fail_msg("stage %d: the runtime counts %zu bytes per slot, the nn API gives %zu", i,
                      m0->activations / (size_t)m0->slots, want);
@@ -205,6 +209,39 @@ static void test_flush_kinds(void **state) {
     run_case(&(Case){mlp_path, 3, {0, 2, 3, 5}, {1, 1, 1}, SCHED_1F1B_FLUSH, 3, 3, 0, 0, 1});
 }
 
+/* The zb kinds: slots live from a unit's forward to its BW and hold the output gradients its
+ * BI keeps. */
+static void test_zb(void **state) {
+    (void)state;
+    run_case(&(Case){mlp_path, 3, {0, 2, 3, 5}, {1, 1, 1}, SCHED_ZB_H1, 2, 6, 0, 0, 0});
+    run_case(&(Case){mlp_path, 3, {0, 2, 3, 5}, {1, 2, 1}, SCHED_ZB_H1, 2, 4, 0, 1, 0});
+    run_case(&(Case){cnn_path, 3, {0, 2, 5, 7}, {1, 1, 1}, SCHED_ZB_H1, 2, 4, 0, 1, 1});
+    run_case(&(Case){cnn_path, 2, {0, 5, 7}, {1, 1}, SCHED_ZB_H2, 2, 4, 0, 0, 0});
+    run_case(&(Case){mlp_path, 4, {0, 2, 3, 4, 5}, {1, 1, 1, 1}, SCHED_ZB_H2, 2, 8, 0, 1, 0});
+    /* zb-h1 defers BWs so that every worker holds up to warmup_0 units, the input stage's:
+     * the most slots over the workers are 1f1b-flush's, the later stages hold more */
+    TPlan tp;
+    tplan(&tp, 4, (int[]){0, 2, 3, 4, 5}, (int[]){1, 1, 1, 1});
+    Schedule a, b;
+    Err err = {0};
+    SchedOpts oa = {.kind = SCHED_ZB_H1, .n_minibatches = 2, .n_micro = 8}, ob = oa;
+    ob.kind = SCHED_1F1B_FLUSH;
+    if (sched_build(&tp.p, &oa, &a, &err) || sched_build(&tp.p, &ob, &b, &err)) fail_msg("%s", err.msg);
+    int most_a = 0, most_b = 0;
+    for (int r = 0; r < 4; r++) {
+        SchedWorkerInfo wa, wb;
+        if (sched_analyze_worker(&a, r, &wa, &err) || sched_analyze_worker(&b, r, &wb, &err)) fail_msg("%s", err.msg);
+        assert_true(wa.n_slots >= wb.n_slots);
+        if (wa.n_slots > most_a) most_a = wa.n_slots;
+        if (wb.n_slots > most_b) most_b = wb.n_slots;
+        sched_worker_info_release(&wa);
+        sched_worker_info_release(&wb);
+    }
+    assert_int_equal(most_a, most_b);
+    sched_release(&a);
+    sched_release(&b);
+}
+
 static void test_2bw_dp_mp(void **state) {
     (void)state;
     run_case(&(Case){mlp_path, 3, {0, 2, 3, 5}, {1, 1, 1}, SCHED_2BW, 4, 3, 0, 0, 0});
@@ -219,6 +256,7 @@ int main(void) {
         cmocka_unit_test(test_1f1b),
         cmocka_unit_test(test_flush_kinds),
         cmocka_unit_test(test_2bw_dp_mp),
+        cmocka_unit_test(test_zb),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -12,6 +12,9 @@
  *    micro-batches), whose rounding error after 20 steps of lr 0.05 is far below that
  *    bound, while a wrong version, a lost or doubled micro-batch or a wrong scale moves
  *    weights by more than 1e-3 relative.
+ *  - The zero-bubble kinds (zb-h1, zb-h2: backward split into BI and BW) equal sequential SGD
+ *    as above, and their final weights equal 1f1b-flush's BITWISE (same units, same flush
+ *    points, same order of every gradient addition); threads equal the emulation bitwise.
  * And the profiler's output for a small MLP. The MPI transport is checked by
  * tests/cli/runtime_mpi.sh. */
 #include "rt_fixture.h"
@@ -92,6 +95,9 @@ static void assert_moved(const Model *m, int first, int last, uint64_t seed, con
     if (!(moved > 1e-3)) fail_msg("layers [%d, %d): weights within %g of their initial values", first, last, moved);
 }
 
+/* Forward, backward and the zb kinds' split backward (BI, BW). */
+static int is_fb(int op) { return op == OP_FORWARD || op == OP_BACKWARD || op == OP_BACKWARD_B || op == OP_BACKWARD_W; }
+
 /* Every forward/backward event used the version the schedule names, in the same order. */
 static void check_versions(const Schedule *s, const RtWorkerResult *res) {
     for (int r = 0; r < s->n_ranks; r++) {
@@ -99,8 +105,8 @@ static void check_versions(const Schedule *s, const RtWorkerResult *res) {
         int e = 0;
         for (int i = 0; i < w->n; i++) {
             const Instr *in = &w->ins[i];
-            if (in->op != OP_FORWARD && in->op != OP_BACKWARD) continue;
-            while (e < res[r].n_events && res[r].events[e].op != OP_FORWARD && res[r].events[e].op != OP_BACKWARD) e++;
+            if (!is_fb(in->op)) continue;
+            while (e < res[r].n_events && !is_fb(res[r].events[e].op)) e++;
             assert_true(e < res[r].n_events);
             assert_int_equal(res[r].events[e].op, in->op);
             assert_int_equal(res[r].events[e].mb, in->mb);
@@ -268,6 +274,69 @@ static void test_sync_equals_sequential(void **state) {
     run_sync_case(cnn_path, 3, c3, r121, SCHED_GPIPE, 4);
     run_sync_case(cnn_path, 3, c3, r121, SCHED_1F1B_FLUSH, 2);
     run_sync_case(cnn_path, 1, c1, r3, SCHED_DP, 1);
+    /* the zero-bubble kinds: the split backward (BI, then BW deferred) */
+    int b4[] = {0, 2, 3, 4, 5}, r1111[] = {1, 1, 1, 1};
+    run_sync_case(mlp_path, 3, b3, r121, SCHED_ZB_H1, 4);
+    run_sync_case(mlp_path, 4, b4, r1111, SCHED_ZB_H1, 8);
+    run_sync_case(mlp_path, 4, b4, r1111, SCHED_ZB_H2, 8);
+    run_sync_case(cnn_path, 3, c3, r121, SCHED_ZB_H1, 4);
+}
+
+/* Runs kind on threads and returns every rank's results in res. */
+static void run_threads(const char *model, const TPlan *tp, SchedKind kind, int n_mb, int n_micro, Schedule *s,
+                        RtWorkerResult *res) {
+    Err err = {0};
+    SchedOpts so = {.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro};
+    if (sched_build(&tp->p, &so, s, &err)) fail_msg("sched_build: %s", err.msg);
+    RtConfig cfg = config(model, s, 8);
+    if (rt_run_threads(&cfg, res, &err)) fail_msg("%s threads: %s", sched_kind_name(kind), err.msg);
+    check_versions(s, res);
+}
+
+/* zb-h1 and zb-h2 run the units of 1f1b-flush, with the same flush points, and each layer's
+ * weight gradient of a unit is added at the same place in the same order (the split layers'
+ * in BW, the others' in BI; units in order): the final weights are BITWISE 1f1b-flush's. The
+ * serial emulation of the same lists gives the same bits too, and the weight passes ran. */
+static void zb_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind, int n_mb,
+                    int n_micro) {
+    TPlan tp;
+    tplan(&tp, n_stages, bounds, reps);
+    Schedule sz, sf;
+    RtWorkerResult z[16], f[16];
+    memset(z, 0, sizeof z);
+    memset(f, 0, sizeof f);
+    run_threads(model, &tp, kind, n_mb, n_micro, &sz, z);
+    run_threads(model, &tp, SCHED_1F1B_FLUSH, n_mb, n_micro, &sf, f);
+    for (int r = 0; r < sz.n_ranks; r++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s stages=%d rank %d", sched_kind_name(kind), n_stages, r);
+        assert_int_equal(z[r].n_params, f[r].n_params);
+        if (memcmp(z[r].params, f[r].params, z[r].n_params * sizeof(float))) {
+            tu_compare(what, z[r].params, f[r].params, z[r].n_params, 0, 0);
+            fail_msg("%s: final weights differ from 1f1b-flush's", what);
+        }
+        assert_int_equal(z[r].n_bwd, f[r].n_bwd);
+        assert_int_equal(z[r].n_wgrad, z[r].n_bwd);   /* one BW per BI */
+        assert_int_equal(f[r].n_wgrad, 0);
+        assert_true(z[r].n_bwd == n_mb * n_micro / reps[z[r].stage]);
+    }
+    run_async_case(model, n_stages, bounds, reps, kind, 0, n_mb, n_micro);   /* emulation == threads */
+    for (int r = 0; r < 16; r++) rt_result_release(&z[r]), rt_result_release(&f[r]);
+    sched_release(&sz);
+    sched_release(&sf);
+}
+
+static void test_zb_equals_1f1b_flush(void **state) {
+    (void)state;
+    int b2[] = {0, 2, 5}, b3[] = {0, 2, 3, 5}, b4[] = {0, 2, 3, 4, 5};
+    int r11[] = {1, 1}, r121[] = {1, 2, 1}, r1111[] = {1, 1, 1, 1};
+    zb_case(mlp_path, 2, b2, r11, SCHED_ZB_H1, 3, 4);
+    zb_case(mlp_path, 4, b4, r1111, SCHED_ZB_H1, 3, 8);
+    zb_case(mlp_path, 4, b4, r1111, SCHED_ZB_H2, 3, 8);
+    zb_case(mlp_path, 3, b3, r121, SCHED_ZB_H1, 3, 4);
+    int c3[] = {0, 2, 5, 7};
+    zb_case(cnn_path, 3, c3, r121, SCHED_ZB_H1, 3, 4);
+    zb_case(cnn_path, 3, c3, r121, SCHED_ZB_H2, 2, 6);
 }
 
 
@@ -436,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_async_equals_emulation),
         cmocka_unit_test(test_sync_equals_sequential),
         cmocka_unit_test(test_1f1b_oracle),
+        cmocka_unit_test(test_zb_equals_1f1b_flush),
         cmocka_unit_test(test_bad_launch),
         cmocka_unit_test(test_profiler),
     };

@@ -18,7 +18,9 @@ static const char *USAGE =
     "briefly and planned for N workers.\n"
     "  --plan PLAN.json      stages, replicas and ranks (from 'pipedream plan')\n"
     "  --workers N           run N workers as threads in this process\n"
-    "  --schedule KIND       1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel, asp\n"
+    "  --schedule KIND       1f1b (default), gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, dp, model-parallel,\n"
+    "                        asp (zb-h1, zb-h2: 1f1b-flush with the backward split into input and\n"
+    "                        weight gradient, the weight passes deferred into the bubbles)\n"
     "                        (asp: every worker the whole model, gradients applied at sharded\n"
     "                        parameter owners without waiting; launched like dp)\n"
     "  --vertical-sync       1f1b: every stage uses the input stage's weight version\n"
@@ -26,7 +28,7 @@ static const char *USAGE =
     "                        forward before the backward (activation memory for time)\n"
     "  --no-stash            ablation: backward uses the newest weights instead of the version its\n"
     "                        forward used (no weight stashing)\n"
-    "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw; default 4)\n"
+    "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw, zb; default 4)\n"
     "  --epochs N | --steps N   training length (default 1 epoch); steps = minibatches fed\n"
     "  --minibatch B         samples per minibatch (default 64; split into M micro-batches)\n"
     "  --lr X  --momentum M  --weight-decay W  --optimizer sgd|adam  --seed S\n"
@@ -136,10 +138,11 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         if (rc) return rc;
     }
     if (!o->model) return cli_usage_error(C, "no MODEL.json given");
-    int micro_kind = o->kind == SCHED_GPIPE || o->kind == SCHED_1F1B_FLUSH || o->kind == SCHED_2BW;
+    int micro_kind = o->kind == SCHED_GPIPE || o->kind == SCHED_1F1B_FLUSH || o->kind == SCHED_2BW ||
+                     o->kind == SCHED_ZB_H1 || o->kind == SCHED_ZB_H2;
     if (o->micro == 0) o->micro = micro_kind ? 4 : 1;
     if (o->micro > 1 && !micro_kind)
-        return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush and 2bw");
+        return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1 and zb-h2");
     if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
     if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
     if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");

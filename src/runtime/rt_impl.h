@@ -15,6 +15,8 @@ typedef struct Slot {
     float *in_buf, *out_buf;  /* recompute only: the kept stage input (B, in) and the output to send */
     float *dy;                /* (B, out): gradient from the next stage, or dlogits */
     float *dx;                /* (B, in): gradient for the previous stage (NULL at stage 0) */
+    float *keep;              /* zb kinds: the output gradients of the splitting layers, kept by BI
+                               * for BW (model_split_floats); NULL otherwise */
     float *labels_f;          /* (B): labels as a control message payload */
     int32_t *labels;          /* (B) */
     CommReq *r_act, *r_grad, *r_lab;   /* posted receives */
@@ -44,6 +46,8 @@ typedef struct Worker {
     /* recomputation (the schedule's recompute): slots keep only inputs; max_full contexts are
      * lent to a unit from its forward (or recompute) to its backward */
     int recompute, n_pool;
+    int split;                /* the list splits backwards (BI, BW: the zb kinds): a unit keeps its slot,
+                               * activations and slot->keep from its BI to its BW */
     NnCtx **pool;
     char *pool_busy;
     float *state_scratch;     /* running statistics a recompute may write (the real ones: once, in F) */

@@ -764,10 +764,10 @@ int rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err) {
     if (spec->minibatch < 1 || (spec->n_micro > 1 && spec->minibatch % spec->n_micro))
         return err_set(err, PD_EINVAL, "minibatch %d is not a positive multiple of %d micro-batches", spec->minibatch,
                        spec->n_micro);
-    if (spec->kind == SCHED_ZB_H1 || spec->kind == SCHED_ZB_H2 || spec->kind == SCHED_INTERLEAVED)
+    if (spec->kind == SCHED_INTERLEAVED)
         return err_set(err, PD_EINVAL,
                        "schedule %s is simulated and planned (pipedream simulate, plan --choose-schedule) but the "
-                       "runtime does not execute it yet (split backward and several stages per worker are missing)",
+                       "runtime does not execute it yet (several stages per worker are missing)",
                        sched_kind_name(spec->kind));
     if ((spec->checkpoint_every > 0) != (spec->checkpoint_dir != NULL))
         return err_set(err, PD_EINVAL, "checkpoints need both an interval and a directory");

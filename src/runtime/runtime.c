@@ -32,8 +32,11 @@ static void vstore_plan(Worker *w) {
     w->n_vslots = wi.max_versions_alive;
 }
 
+static size_t split_floats(const Worker *w);
+
 /* What the worker allocated for its stage, by category (RtMem): the version store, the
- * gradient and optimizer buffers, the running statistics and the activation slots. */
+ * gradient and optimizer buffers, the running statistics and the activation slots (with,
+ * for the zb kinds, the output gradients BI keeps for BW). */
 static void worker_mem(Worker *w) {
     RtMem *m = &w->res->mem;
     size_t f = sizeof(float), B = (size_t)w->cfg->unit_batch, slot = 0;
@@ -50,7 +53,7 @@ static void worker_mem(Worker *w) {
         const Slot *sl = &w->slots[0];
         slot = (w->recompute ? (shape_numel(w->in_shape) + shape_numel(w->out_shape)) * f : nnctx_bytes(sl->ctx)) +
                shape_numel(w->out_shape) * f + (sl->dx ? shape_numel(w->in_shape) * f : 0) +
-               B * w->tlen * (f + sizeof(int32_t));
+               B * w->tlen * (f + sizeof(int32_t)) + (sl->keep ? split_floats(w) * f : 0);
     }
     m->activations = (size_t)w->n_slots * slot;
     if (w->recompute) {   /* the contexts lent from forward or recompute to backward */
@@ -104,6 +107,11 @@ static void vstore_step(Worker *w, int to, int pc) {
 
 /* ---- slots: one per unit in flight ------------------------------------------------------ */
 
+/* Floats of a slot's keep buffer (zb kinds: what BI keeps for BW). */
+static size_t split_floats(const Worker *w) {
+    return model_split_floats(w->m, w->first, w->last, w->cfg->unit_batch);
+}
+
 static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
 
 /* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
@@ -111,7 +119,10 @@ static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].rank
  * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
  * 1/n_micro: the sum is the minibatch's mean gradient. */
 static CommOp rt_allreduce_op(const Schedule *s) {
-    return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW ? COMM_SUM : COMM_MEAN;
+    return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW || s->kind == SCHED_ZB_H1 ||
+                   s->kind == SCHED_ZB_H2
+               ? COMM_SUM
+               : COMM_MEAN;
 }
 
 /* ---- gradient buckets: all-reduce while backward runs ---------------------------------------- */
@@ -426,7 +437,12 @@ static int do_recompute(Worker *w, const Instr *in, Err *err) {
     return PD_OK;
 }
 
+/* B, or the zb kinds' BI (in->op == OP_BACKWARD_B): the input gradient, and the weight
+ * gradient of the layers that do not split; the unit then keeps its slot until its BW. */
+static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err);
+
 static int do_backward(Worker *w, const Instr *in, Err *err) {
+    int half = in->op == OP_BACKWARD_B;
     Slot *sl = slot_find(w, in->mb);
     PD_ASSERTF(sl && sl->grad_ready, "rank %d: backward of unit %d before its gradient", w->rank, in->mb);
     PD_ASSERTF(sl->version == in->version, "rank %d: unit %d forward used version %d, backward asks %d", w->rank,
@@ -440,6 +456,11 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
         dx = sl->dx;
         memset(dx, 0, shape_numel(w->in_shape) * sizeof(float));
     }
+    if (half) {   /* BW follows: no bucket may start before it */
+        model_backward_b(w->m, sl->ctx, wv, sl->dy, dx, w->dw, sl->keep);
+        w->res->n_bwd++;
+        return PD_OK;
+    }
     if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
         BkHook h = {w, err, PD_OK};
         model_backward_hook(w->m, sl->ctx, wv, sl->dy, dx, w->dw, bucket_hook, &h);
@@ -448,18 +469,46 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
         model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
     }
     w->res->n_bwd++;
-    ctx_return(w, sl);   /* recompute: the activations go back to the pool */
+    return unit_done(w, sl, in, err);
+}
+
+/* After a unit's last backward op (B, or BW): its activations go back to the pool
+ * (recompute), the gradient is checked (--nan-check all), and at the input stage, which sends
+ * nothing back, the slot is free (elsewhere SG frees it, or BW when it comes after SG). */
+static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err) {
+    ctx_return(w, sl);
     if (w->cfg->nan_check == RT_NAN_ALL)
         for (size_t i = 0; i < w->np; i++)
             if (!isfinite(w->dw[i]))
                 return err_set(err, PD_EINVAL,
                                "gradient of parameter %zu of the stage is %g after minibatch %llu", i, (double)w->dw[i],
                                (unsigned long long)(w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro);
-    if (w->is_input) {   /* nothing to send back: the unit is finished here */
-        if ((rc = slot_drain(w, sl, err))) return rc;
+    if (w->is_input || in->op == OP_BACKWARD_W) {
+        int rc = slot_drain(w, sl, err);
+        if (rc) return rc;
         slot_free(sl);
     }
     return PD_OK;
+}
+
+/* The zb kinds' BW: the weight gradient of the splitting layers from what the unit's BI kept
+ * (its activations and slot->keep), with the version its F and BI read; the unit leaves
+ * flight. When it is the last compute before the all-reduce, gradient buckets start as its
+ * layers finish, as after a whole backward. */
+static int do_backward_w(Worker *w, const Instr *in, Err *err) {
+    Slot *sl = slot_find(w, in->mb);
+    PD_ASSERTF(sl && sl->version == in->version, "rank %d: weight pass of unit %d (version %d) without its forward",
+               w->rank, in->mb, in->version);
+    const float *wv = vstore_get(w, w->cfg->no_stash ? w->newest : in->version);
+    if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
+        BkHook h = {w, err, PD_OK};
+        model_backward_w(w->m, sl->ctx, wv, sl->dy, sl->keep, w->dw, bucket_hook, &h);
+        if (h.rc) return h.rc;
+    } else {
+        model_backward_w(w->m, sl->ctx, wv, sl->dy, sl->keep, w->dw, NULL, NULL);
+    }
+    w->res->n_wgrad++;
+    return unit_done(w, sl, in, err);
 }
 
 /* Executes instructions from w->pc until the list ends (RT_DONE), a receive is not ready in
@@ -498,9 +547,16 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             w->res->compute_s += pd_now() - c0;
             break;
         }
-        case OP_BACKWARD: {
+        case OP_BACKWARD:
+        case OP_BACKWARD_B: {
             double c0 = pd_now();
             rc = do_backward(w, in, err);
+            w->res->compute_s += pd_now() - c0;
+            break;
+        }
+        case OP_BACKWARD_W: {
+            double c0 = pd_now();
+            rc = do_backward_w(w, in, err);
             w->res->compute_s += pd_now() - c0;
             break;
         }
@@ -514,7 +570,9 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             sl = slot_find(w, in->mb);
             PD_ASSERT(sl);
             rc = comm_isend(w->c, in->peer, COMM_GRAD, in->mb, sl->version, w->in_shape, sl->dx, &sl->s_grad, err);
-            slot_free(sl);   /* its buffers stay untouched until the send completes (slot_drain) */
+            /* its buffers stay untouched until the send completes (slot_drain); a split
+             * backward's unit stays until its BW */
+            if (!w->split) slot_free(sl);
             break;
         case OP_ALLREDUCE:
             if (!w->group) return RT_AT_AR;
@@ -540,7 +598,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             for (int k = 0; k < w->n_slots; k++)
                 PD_ASSERTF(w->slots[k].unit < 0 || w->slots[k].version < 0, "rank %d: unit %d in flight at a flush", w->rank, w->slots[k].unit);
             break;
-        default:   /* zb's split backward, recomputation: the simulator's (rt_train refuses them) */
+        default:   /* not an instruction of any list sched_build makes */
             rc = err_set(err, PD_EINVAL, "the runtime does not execute %s instructions", sched_op_name((InstrOp)in->op));
         }
         if (rc) {
@@ -684,6 +742,7 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     if ((rc = sched_analyze_worker(s, rank, &wi, err))) return rc;
     w->n_slots = wi.n_slots;
     w->recompute = s->recompute;
+    w->split = sched_splits_backward(s);
     w->n_pool = w->recompute ? (wi.max_full > 0 ? wi.max_full : 1) : 0;
     sched_worker_info_release(&wi);
     if (w->recompute) {   /* max_full contexts for the whole range; slots keep inputs and outputs */
@@ -706,6 +765,7 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         }
         sl->dy = pd_alloc_f32(shape_numel(w->out_shape));
         sl->dx = w->is_input ? NULL : pd_alloc_f32(shape_numel(w->in_shape));
+        sl->keep = w->split ? pd_alloc_f32(split_floats(w)) : NULL;
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
     }
@@ -751,6 +811,7 @@ void rt_worker_release(Worker *w) {
             pd_free(sl->out_buf);
             pd_free(sl->dy);
             pd_free(sl->dx);
+            pd_free(sl->keep);
             pd_free(sl->labels_f);
             pd_free(sl->labels);
         }
@@ -856,6 +917,9 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     if (w->recompute != s->recompute)
         return err_set(err, PD_EINVAL, "rank %d: a worker built %s recomputation bound to a list %s it", w->rank,
                        w->recompute ? "with" : "without", s->recompute ? "with" : "without");
+    if (w->split != sched_splits_backward(s))
+        return err_set(err, PD_EINVAL, "rank %d: a worker built %s split backwards bound to a list %s them", w->rank,
+                       w->split ? "with" : "without", w->split ? "without" : "with");
     if (w->recompute && need_full > w->n_pool)
         return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation contexts, %d were made", w->rank, need_full,
                        w->n_pool);

@@ -110,7 +110,8 @@ typedef struct RtWorkerResult {
     double wall_s;           /* from start to the end of the instruction list */
     double compute_s;        /* in forward/backward/step */
     double wait_s;           /* blocked in receives and all-reduces */
-    int n_fwd, n_bwd;
+    int n_fwd, n_bwd;       /* forwards; backwards (B, or the zb kinds' BI) */
+    int n_wgrad;             /* the zb kinds' weight passes (BW) */
     int n_events;
     RtEvent *events;         /* when cfg->trace, owned */
     RtMem mem;               /* what it allocated (filled by rt_worker_init) */

@@ -146,6 +146,9 @@ static inline int sched_instr_stage(const SchedWorker *w, const Instr *in) {
     return w->stages && in->chunk > 0 && in->chunk < w->n_chunks ? w->stages[in->chunk] : w->stage;
 }
 
+/* 1 for the kinds whose backwards are split into BI and BW (the zb kinds). */
+static inline int sched_splits_backward(const Schedule *s) { return s->kind == SCHED_ZB_H1 || s->kind == SCHED_ZB_H2; }
+
 /* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
  * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */
 static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }

@@ -41,6 +41,11 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             c[i].param_bytes += prof->layers[l].param_bytes;
             /* graph.txt's Input node "outputs" the model input: counted as in_bytes */
             if (strncmp(prof->layers[l].type, "Input", 5)) c[i].stash_bytes += prof->layers[l].act_bytes;
+            c[i].stash_bytes += L->saved_bytes;   /* what the layer keeps besides its output (0 unmeasured) */
+            /* the zb kinds' BI keeps, until BW, the gradient w.r.t. the output of every layer with a
+             * weight pass but the stage's last (whose is the received gradient, in the slot) */
+            if (sched_splits_backward(s) && k < st->n_layers - 1 && sim_layer_keeps_grad(L))
+                c[i].stash_bytes += L->act_bytes;
         }
     }
     if (!rc) {
@@ -57,7 +62,15 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
                 c[i].in_bytes += prof->layers[a].act_bytes;
             }
         }
-        for (int i = 0; i < s->n_stages; i++) c[i].stash_bytes += c[i].in_bytes;
+        for (int i = 0; i < s->n_stages; i++) {
+            c[i].stash_bytes += c[i].in_bytes;
+            /* our profiles: a unit also holds the gradient w.r.t. the stage's output (received)
+             * and, past stage 0, w.r.t. its input (sent), as the runtime allocates them */
+            if (prof->saved_measured && s->stages[i].n_layers > 0) {
+                c[i].stash_bytes += prof->layers[s->stages[i].layers[s->stages[i].n_layers - 1]].act_bytes;
+                if (i > 0) c[i].stash_bytes += c[i].in_bytes;
+            }
+        }
     }
     free(stage_of);
     free(mark);

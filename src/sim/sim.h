@@ -53,6 +53,13 @@ typedef struct SimCosts {
  * stage 0 (read locally, not transferred); stash_bytes = in_bytes + the stage's layer
  * outputs. Fails if a stage names a layer outside the profile. */
 int  sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out, Err *err);
+/* The zb kinds (sched_splits_backward) also keep in stash_bytes, from BI to BW, the gradient
+ * w.r.t. the output of each layer of the stage but its last that has a weight pass: measured
+ * (backward_weight_s > 0), or, without the split in the profile, any layer with parameters
+ * (as the times count half of its backward for BW). */
+static inline int sim_layer_keeps_grad(const ProfileLayer *L) {
+    return L->bwd_in_s + L->bwd_w_s > 0 ? L->bwd_w_s > 0 : L->param_bytes > 0;
+}
 void sim_costs_release(SimCosts *c);
 
 typedef struct SimOpts {
