@@ -54,6 +54,7 @@ double comm_coll_deadline(const Comm *c) { return c->coll_timeout > 0 ? pd_now()
 void comm_free(Comm *c) {
     if (!c) return;
     comm_ar_detach(c, NULL, "the comm was freed");
+    comm_ar_fini(c);   /* the progress thread, if any, ends before the transport goes */
     c->ops->free(c);
 }
 
@@ -182,12 +183,13 @@ static int finish(Comm *c, CommReq **req, CommHeader *hdr, Err *err) {
     return rc;
 }
 
-/* The transport's wait for r, advancing the running all-reduces of c meanwhile (they move
- * only inside comm calls). Without any, the transport waits alone. */
+/* The transport's wait for r, advancing the running all-reduces of c meanwhile where no
+ * progress thread does (then they move only inside comm calls). Otherwise the transport
+ * waits alone. */
 static int wait_req(Comm *c, CommReq *r, double deadline, Err *err) {
     double t0 = pd_now();
     for (;;) {
-        if (!c->ars) return c->ops->wait(c, r, deadline, err);
+        if (!comm_ar_caller_progress(c)) return c->ops->wait(c, r, deadline, err);
         uint64_t mark = c->ops->events(c);
         int moved = comm_ar_progress_all(c);
         int st = c->ops->wait(c, r, -1, err);

@@ -35,9 +35,12 @@
  * (ar_pass) by every comm_ar_test / comm_ar_wait / comm_wait / comm_test. */
 #include "comm_impl.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { AR_RUNNING = 0, AR_DONE = 1, AR_FAILED = 2 };
 enum { AR_DEPTH = 4 };     /* receives posted ahead */
@@ -53,6 +56,8 @@ typedef struct ArPiece {
 struct CommAr {
     CommAr *prev, *next;   /* in c->ars while running */
     Comm *c;               /* while running; NULL once finished (then nothing touches c or g) */
+    Comm *home;            /* the same, never cleared: the caller's way to c->ar_mu while
+                              running (read only while fin is 0, when c is alive) */
     CommGroup *g;
     float *buf;
     size_t n;
@@ -62,6 +67,9 @@ struct CommAr {
     int wme;                  /* world rank, for messages */
     int tag_note, tag_data;
     int state, rc;
+    _Atomic int fin;          /* set last, once state, rc and err are final and the engine
+                                 will not touch this handle again: the caller may then read
+                                 them (and free it) without ar_mu */
     Err err;
     char what[80];            /* "all-reduce #3 of 1000 floats" */
     int leak;                 /* a transport kept a buffer of ours: never free tmp / notices */
@@ -220,12 +228,20 @@ static void ar_drop_ring(CommAr *a) {
     a->note_in = a->note_out = NULL;
 }
 
+/* The last thing the engine does to a finished a: wake comm_ar_wait, then publish fin. */
+static void ar_finish(CommAr *a, Comm *c) {
+    pthread_cond_broadcast(&c->ar_done);
+    atomic_store_explicit(&a->fin, 1, memory_order_release);
+}
+
 static void ar_done(CommAr *a) {
+    Comm *c = a->c;
     ar_unlink(a);
     a->state = AR_DONE;
     a->c = NULL;
     a->g = NULL;
     ar_drop_ring(a);
+    ar_finish(a, c);
 }
 
 /* Ends a with code rc and message e (its own words); the group is broken from now on. */
@@ -241,10 +257,12 @@ static void ar_fail(CommAr *a, int rc, const Err *e) {
         g->broken = 1;
         snprintf(g->why, sizeof g->why, "%s failed: %.200s", a->what, e->msg);
     }
+    Comm *c = a->c;
     ar_unlink(a);
     a->c = NULL;
     a->g = NULL;
     ar_drop_ring(a);
+    ar_finish(a, c);
 }
 
 /* An error the transport reported ("rank W: [all-reduce: ]what") in a's words: "rank W:
@@ -291,19 +309,19 @@ static int ar_test1(CommAr *a, CommReq **q, size_t *got, Err *e) {
 }
 
 /* The notices: receives that came are checked, sends that completed are freed. Returns 1 if
- * something moved; a failure ends a. */
+ * something moved, 0 if not, -1 if a failed (then a is finished: not to be touched). */
 static int ar_notices(CommAr *a) {
     int moved = 0;
     Err e = {0};
     size_t got = 0;
-    for (int i = 0; i < a->r && a->state == AR_RUNNING; i++) {
+    for (int i = 0; i < a->r; i++) {
         if (a->note_rq[i]) {
             int st = ar_test1(a, &a->note_rq[i], &got, &e);
             if (st != COMM_PENDING) {
                 moved = 1;
                 if (st < 0) {
                     ar_fail_t(a, -st, &e);
-                    break;
+                    return -1;
                 }
                 a->notes_missing--;
                 const int64_t *v = a->note_in + (size_t)i * NOTE_WORDS;
@@ -329,7 +347,7 @@ static int ar_notices(CommAr *a) {
                 a->note_sends--;
                 if (st < 0) {
                     ar_fail_t(a, -st, &e);
-                    break;
+                    return -1;
                 }
             }
         }
@@ -337,7 +355,9 @@ static int ar_notices(CommAr *a) {
     return moved;
 }
 
-/* Does everything a can do now without blocking. Returns 1 if anything moved. */
+/* Does everything a can do now without blocking (under ar_mu). Returns 1 if anything
+ * moved. Once a has finished (ar_done, ar_fail) it returns at once without touching a: the
+ * caller may already be freeing it. */
 static int ar_pass(CommAr *a) {
     if (a->state != AR_RUNNING) return 0;
     Comm *c = a->c;
@@ -346,7 +366,7 @@ static int ar_pass(CommAr *a) {
     Err e = {0};
     size_t got = 0;
     int moved = ar_notices(a);
-    if (a->state != AR_RUNNING) return 1;
+    if (moved < 0) return 1;
     if (a->notes_missing > 0) return moved;   /* the ring starts once every member is known to agree */
     if (a->bad) {
         ar_fail(a, PD_ECOMM, &a->bad_err);
@@ -440,7 +460,12 @@ static int ar_pass(CommAr *a) {
     return moved;
 }
 
-int comm_ar_progress_all(Comm *c) {
+/* ---- progress: a thread, or the caller --------------------------------------------------- */
+
+enum { AR_NAP_NS = 100000 };   /* default nap of the progress thread (MPI): 100 us */
+
+/* One pass over every running all-reduce of c (under ar_mu). */
+static int progress_locked(Comm *c) {
     int moved = 0;
     for (CommAr *a = c->ars, *nx; a; a = nx) {
         nx = a->next;   /* a may finish (and leave the list) */
@@ -449,7 +474,126 @@ int comm_ar_progress_all(Comm *c) {
     return moved;
 }
 
+int comm_ar_progress_all(Comm *c) {
+    if (c->ar_mode != COMM_PROGRESS_CALLER) return 0;   /* the thread does it */
+    pthread_mutex_lock(&c->ar_mu);
+    int moved = progress_locked(c);
+    pthread_mutex_unlock(&c->ar_mu);
+    return moved;
+}
+
+int comm_ar_caller_progress(Comm *c) { return c->ar_mode == COMM_PROGRESS_CALLER && c->ars; }
+
+/* Waits on cv until the absolute pd_now() time deadline (0 = no deadline). */
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline) {
+    if (deadline <= 0) {
+        pthread_cond_wait(cv, mu);
+        return;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)deadline;
+    long ns = (long)((deadline - (double)ts.tv_sec) * 1e9);
+    ts.tv_nsec = ns < 0 ? 0 : ns > 999999999 ? 999999999 : ns;
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* The progress thread: a pass over the running all-reduces; if nothing moved, a nap (MPI
+ * cannot say when a message comes, so a fixed one; threads: until a delivery to this
+ * endpoint, at most 5 ms); while none runs, a sleep until one starts. Never spins unless
+ * COMM_PROGRESS_SPIN asks it to. */
+static void *ar_thread_main(void *arg) {
+    Comm *c = arg;
+    pthread_mutex_lock(&c->ar_mu);
+    while (!c->ar_stop) {
+        if (!c->ars) {
+            pthread_cond_wait(&c->ar_work, &c->ar_mu);
+            continue;
+        }
+        const uint64_t mark = c->ops->events(c);
+        const int moved = progress_locked(c);
+        pthread_mutex_unlock(&c->ar_mu);   /* between passes the caller may take it */
+        if (!moved && c->ar_mode == COMM_PROGRESS_THREAD) {
+            if (c->ops->has_events) {
+                c->ops->idle(c, mark, 0, pd_now() + 0.005);
+            } else if (c->ar_nap_ns > 0) {
+                struct timespec ts = {c->ar_nap_ns / 1000000000L, c->ar_nap_ns % 1000000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+        pthread_mutex_lock(&c->ar_mu);
+    }
+    pthread_mutex_unlock(&c->ar_mu);
+    return NULL;
+}
+
+/* Starts c's progress thread if its mode has one and it is not running (under ar_mu). If
+ * the thread cannot be made, c falls back to progress by the caller, saying so. */
+static void ar_thread_start(Comm *c) {
+    if (c->ar_mode == COMM_PROGRESS_CALLER || c->ar_thread_on) return;
+    int rc = pthread_create(&c->ar_thread, NULL, ar_thread_main, c);
+    if (rc) {
+        pd_log(LOG_WARN, "rank %d: comm: cannot start the all-reduce progress thread (%s): all-reduces advance "
+               "only inside comm calls", c->rank, strerror(rc));
+        c->ar_mode = COMM_PROGRESS_CALLER;
+        return;
+    }
+    c->ar_thread_on = 1;
+}
+
+int comm_progress_mode(CommProgress *mode, long *nap_ns, Err *err) {
+    *mode = COMM_PROGRESS_THREAD;
+    *nap_ns = AR_NAP_NS;
+    const char *v = getenv("PD_COMM_PROGRESS");
+    if (!v || !*v || !strcmp(v, "thread")) return PD_OK;
+    if (!strcmp(v, "spin")) {
+        *mode = COMM_PROGRESS_SPIN;
+        *nap_ns = 0;
+        return PD_OK;
+    }
+    if (!strcmp(v, "caller")) {
+        *mode = COMM_PROGRESS_CALLER;
+        return PD_OK;
+    }
+    if (!strncmp(v, "thread:", 7)) {
+        char *end = NULL;
+        errno = 0;
+        long us = strtol(v + 7, &end, 10);
+        if (end != v + 7 && !*end && !errno && us >= 0 && us <= 1000000) {
+            *nap_ns = us * 1000;
+            return PD_OK;
+        }
+    }
+    return err_set(err, PD_EINVAL, "PD_COMM_PROGRESS=%s: expected thread, thread:MICROSECONDS (the nap, 0 .. 1000000), "
+                   "spin or caller", v);
+}
+
+void comm_ar_init(Comm *c, CommProgress mode, long nap_ns, int threads_ok) {
+    c->ar_mode = threads_ok ? mode : COMM_PROGRESS_CALLER;
+    c->ar_nap_ns = nap_ns;
+    PD_ASSERT(pthread_mutex_init(&c->ar_mu, NULL) == 0);
+    pthread_condattr_t at;
+    pthread_condattr_init(&at);
+    pthread_condattr_setclock(&at, CLOCK_MONOTONIC);   /* the clock of pd_now() */
+    PD_ASSERT(pthread_cond_init(&c->ar_work, &at) == 0 && pthread_cond_init(&c->ar_done, &at) == 0);
+    pthread_condattr_destroy(&at);
+}
+
+void comm_ar_fini(Comm *c) {
+    if (c->ar_thread_on) {
+        pthread_mutex_lock(&c->ar_mu);
+        c->ar_stop = 1;
+        pthread_cond_broadcast(&c->ar_work);
+        pthread_mutex_unlock(&c->ar_mu);
+        pthread_join(c->ar_thread, NULL);
+        c->ar_thread_on = 0;
+    }
+    pthread_cond_destroy(&c->ar_work);
+    pthread_cond_destroy(&c->ar_done);
+    pthread_mutex_destroy(&c->ar_mu);
+}
+
 void comm_ar_detach(Comm *c, CommGroup *g, const char *why) {
+    pthread_mutex_lock(&c->ar_mu);
     for (CommAr *a = c->ars, *nx; a; a = nx) {
         nx = a->next;
         if (g && a->g != g) continue;
@@ -457,6 +601,7 @@ void comm_ar_detach(Comm *c, CommGroup *g, const char *why) {
         err_set(&e, PD_ECOMM, "rank %d: %s: %s before it finished", a->wme, a->what, why);
         ar_fail(a, PD_ECOMM, &e);
     }
+    pthread_mutex_unlock(&c->ar_mu);
 }
 
 /* ---- the API ------------------------------------------------------------------------------ */
@@ -467,13 +612,21 @@ int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr 
     if (op < 0 || op >= COMM_OP_COUNT)
         return err_set(err, PD_EINVAL, "rank %d: all-reduce: unknown op %d", c->rank, (int)op);
     if (n > 0 && !buf) return err_set(err, PD_EINVAL, "rank %d: all-reduce: NULL buffer", c->rank);
-    if (g->broken) return err_set(err, PD_ECOMM, "rank %d: all-reduce on a broken group (%s)", c->rank, g->why);
-    if (g->ar_running >= COMM_AR_WINDOW)
-        return err_set(err, PD_EINVAL, "rank %d: all-reduce: %d already running on this group (at most %d)", c->rank,
-                       g->ar_running, COMM_AR_WINDOW);
+    pthread_mutex_lock(&c->ar_mu);   /* g's all-reduce fields and c's list are shared with the thread */
+    if (g->broken) {
+        int rc = err_set(err, PD_ECOMM, "rank %d: all-reduce on a broken group (%s)", c->rank, g->why);
+        pthread_mutex_unlock(&c->ar_mu);
+        return rc;
+    }
+    if (g->ar_running >= COMM_AR_WINDOW) {
+        int rc = err_set(err, PD_EINVAL, "rank %d: all-reduce: %d already running on this group (at most %d)",
+                         c->rank, g->ar_running, COMM_AR_WINDOW);
+        pthread_mutex_unlock(&c->ar_mu);
+        return rc;
+    }
     CommAr *a = calloc(1, sizeof *a);
     PD_ASSERT(a);
-    a->c = c;
+    a->c = a->home = c;
     a->g = g;
     a->buf = buf;
     a->n = n;
@@ -493,6 +646,8 @@ int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr 
         a->state = AR_DONE;
         a->c = NULL;
         a->g = NULL;
+        atomic_store_explicit(&a->fin, 1, memory_order_release);
+        pthread_mutex_unlock(&c->ar_mu);
         return PD_OK;
     }
     /* running from here: on the list, so that a failure below unwinds like any other */
@@ -526,15 +681,21 @@ int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr 
             c->bytes_sent += NOTE_WORDS * sizeof(int64_t);
         }
     }
-    if (rc) ar_fail_t(a, rc, &e);   /* reported by comm_ar_test / comm_ar_wait */
-    else ar_pass(a);              /* the first pieces go as soon as the notices are in */
+    if (rc) {
+        ar_fail_t(a, rc, &e);   /* reported by comm_ar_test / comm_ar_wait */
+    } else {
+        ar_pass(a);             /* the first pieces go as soon as the notices are in */
+        ar_thread_start(c);
+        pthread_cond_broadcast(&c->ar_work);
+    }
+    pthread_mutex_unlock(&c->ar_mu);
     return PD_OK;
 }
 
 int comm_ar_test(CommAr *a, int *done, Err *err) {
-    if (a->state == AR_RUNNING) comm_ar_progress_all(a->c);
-    *done = a->state != AR_RUNNING;
-    if (a->state == AR_FAILED) {
+    if (!atomic_load_explicit(&a->fin, memory_order_acquire)) comm_ar_progress_all(a->home);   /* no-op with a thread */
+    *done = atomic_load_explicit(&a->fin, memory_order_acquire);
+    if (*done && a->state == AR_FAILED) {
         if (err) *err = a->err;
         return a->rc;
     }
@@ -572,21 +733,39 @@ static int ar_timeout_err(const CommAr *a, double waited, Err *err) {
 int comm_ar_wait(CommAr **ap, double timeout_s, Err *err) {
     CommAr *a = *ap;
     if (!a) return PD_OK;
-    if (a->state == AR_RUNNING) {
-        Comm *c = a->c;
+    if (!atomic_load_explicit(&a->fin, memory_order_acquire)) {
+        Comm *c = a->home;
         const double start = pd_now(), deadline = timeout_s > 0 ? start + timeout_s : 0;
         double t0 = start;
+        pthread_mutex_lock(&c->ar_mu);
         for (;;) {
+            if (c->ar_mode != COMM_PROGRESS_CALLER) {   /* the thread moves it and wakes us */
+                if (a->fin) break;
+                if (deadline > 0 && pd_now() >= deadline) {
+                    int rc = ar_timeout_err(a, pd_now() - start, err);
+                    pthread_mutex_unlock(&c->ar_mu);
+                    return rc;
+                }
+                timed_wait(&c->ar_done, &c->ar_mu, deadline);
+                continue;
+            }
             uint64_t mark = c->ops->events(c);
-            int moved = comm_ar_progress_all(c);
-            if (a->state != AR_RUNNING) break;
-            if (deadline > 0 && pd_now() >= deadline) return ar_timeout_err(a, pd_now() - start, err);
+            int moved = progress_locked(c);
+            if (a->fin) break;
+            if (deadline > 0 && pd_now() >= deadline) {
+                int rc = ar_timeout_err(a, pd_now() - start, err);
+                pthread_mutex_unlock(&c->ar_mu);
+                return rc;
+            }
             if (moved) {
                 t0 = pd_now();
                 continue;
             }
+            pthread_mutex_unlock(&c->ar_mu);
             c->ops->idle(c, mark, t0, deadline);
+            pthread_mutex_lock(&c->ar_mu);
         }
+        pthread_mutex_unlock(&c->ar_mu);
     }
     int rc = PD_OK;
     if (a->state == AR_FAILED) {
@@ -601,10 +780,15 @@ int comm_ar_wait(CommAr **ap, double timeout_s, Err *err) {
 void comm_ar_cancel(CommAr **ap) {
     CommAr *a = *ap;
     if (!a) return;
-    if (a->state == AR_RUNNING) {
-        Err e;
-        err_set(&e, PD_ECOMM, "rank %d: %s was cancelled", a->wme, a->what);
-        ar_fail(a, PD_ECOMM, &e);
+    if (!atomic_load_explicit(&a->fin, memory_order_acquire)) {
+        Comm *c = a->home;
+        pthread_mutex_lock(&c->ar_mu);
+        if (!a->fin) {
+            Err e;
+            err_set(&e, PD_ECOMM, "rank %d: %s was cancelled", a->wme, a->what);
+            ar_fail(a, PD_ECOMM, &e);
+        }
+        pthread_mutex_unlock(&c->ar_mu);
     }
     ar_free(a);
     *ap = NULL;

@@ -5,6 +5,9 @@
 #ifndef PD_COMM_IMPL_H
 #define PD_COMM_IMPL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include "comm.h"
 
 /* Minibatches mb and mb + COMM_TAG_WINDOW share a tag; the header check tells them apart. */
@@ -111,8 +114,18 @@ typedef struct CommOps {
      * since t0), or at the absolute deadline (0 = none). */
     uint64_t (*events)(Comm *c);
     void (*idle)(Comm *c, uint64_t mark, double t0, double deadline);
+    /* 1: idle wakes when something is delivered (threads), so the progress thread waits in
+     * it; 0: it cannot tell (MPI), so the progress thread naps a fixed time instead. */
+    int has_events;
     void (*free)(Comm *c);
 } CommOps;
+
+/* How the running all-reduces of a Comm advance (comm.h, "Progress"). */
+typedef enum CommProgress {
+    COMM_PROGRESS_THREAD = 0,   /* a progress thread that naps between passes (the default) */
+    COMM_PROGRESS_SPIN = 1,     /* a progress thread that never naps (for measuring only) */
+    COMM_PROGRESS_CALLER = 2,   /* no thread: inside the caller's comm calls only */
+} CommProgress;
 
 struct Comm {
     const CommOps *ops;
@@ -121,8 +134,19 @@ struct Comm {
     int64_t tag_window;     /* COMM_TAG_WINDOW, or less if MPI's tag space is small */
     double coll_timeout;    /* seconds, 0 = none */
     int64_t coll_seq;       /* control-plane collectives started on this rank */
-    uint64_t bytes_sent;    /* comm_bytes_sent */
-    CommAr *ars, *ars_tail; /* all-reduces still running, in start order (comm_ar.c) */
+    _Atomic uint64_t bytes_sent;   /* comm_bytes_sent (the progress thread adds to it too) */
+    /* The all-reduce engine's (comm_ar.c). ar_mu guards ars / ars_tail, every running
+     * CommAr and the all-reduce fields of this Comm's groups; the progress thread holds it
+     * while it makes a pass, never while it naps. */
+    CommAr *ars, *ars_tail; /* all-reduces still running, in start order */
+    CommProgress ar_mode;   /* fixed at creation (comm_ar_init) */
+    long ar_nap_ns;         /* COMM_PROGRESS_THREAD: nap between passes that moved nothing */
+    pthread_mutex_t ar_mu;
+    pthread_cond_t ar_work; /* the thread waits here while nothing runs; comm_free wakes it */
+    pthread_cond_t ar_done; /* comm_ar_wait waits here; broadcast when an all-reduce ends */
+    pthread_t ar_thread;
+    int ar_thread_on;       /* started (at the first all-reduce with more than one member) */
+    int ar_stop;            /* comm_free asks the thread to end */
 };
 
 struct CommGroup {
@@ -139,11 +163,23 @@ struct CommGroup {
 /* Absolute deadline for a collective on c: 0 or pd_now() + timeout. */
 double comm_coll_deadline(const Comm *c);
 
-/* The all-reduce engine (comm_ar.c). comm_ar_progress_all advances every running
- * all-reduce of c without blocking; returns 1 if anything moved. comm_ar_detach fails every
- * running all-reduce of c (g == NULL) or of g, with why, and forgets them (comm_free,
- * comm_group_free). */
+/* The all-reduce engine (comm_ar.c).
+ * comm_progress_mode reads PD_COMM_PROGRESS (comm.h) into *mode and *nap_ns: PD_OK, or
+ * PD_EINVAL naming a value it does not know. A transport calls it before it creates
+ * anything, and comm_ar_init(c, mode, nap_ns, threads_ok) once c is otherwise complete;
+ * threads_ok = 0 (MPI without MPI_THREAD_MULTIPLE) turns a thread mode into
+ * COMM_PROGRESS_CALLER. comm_ar_fini (comm_free, after comm_ar_detach) stops and joins the
+ * thread.
+ * comm_ar_progress_all advances every running all-reduce of c without blocking and returns
+ * 1 if anything moved; where a progress thread does that, it returns 0 at once.
+ * comm_ar_caller_progress: whether a waiting caller must call it (no thread, and
+ * all-reduces are running). comm_ar_detach fails every running all-reduce of c (g == NULL)
+ * or of g, with why, and forgets them (comm_free, comm_group_free). */
+int comm_progress_mode(CommProgress *mode, long *nap_ns, Err *err);
+void comm_ar_init(Comm *c, CommProgress mode, long nap_ns, int threads_ok);
+void comm_ar_fini(Comm *c);
 int comm_ar_progress_all(Comm *c);
+int comm_ar_caller_progress(Comm *c);
 void comm_ar_detach(Comm *c, CommGroup *g, const char *why);
 
 #endif

@@ -89,10 +89,16 @@ static int poll_all(MPI_Request *rq, int n, double deadline, int me, const char 
 
 int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
     *out = NULL;
+    CommProgress mode;
+    long nap_ns;
+    int rc = comm_progress_mode(&mode, &nap_ns, err);
+    if (rc) return rc;
+    /* a progress thread calls MPI beside the caller: MPI_THREAD_MULTIPLE */
+    const int want = mode == COMM_PROGRESS_CALLER ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE;
     int inited = 0, provided = 0, finalize = 0;
     MPI_Initialized(&inited);
     if (!inited) {
-        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        if (MPI_Init_thread(argc, argv, want, &provided) != MPI_SUCCESS)
             return err_set(err, PD_ECOMM, "MPI_Init_thread failed");
         finalize = 1;
     } else {
@@ -135,6 +141,15 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
               comm_tag(COMM_KIND_COUNT - 1, c->tag_window - 1, 1, c->tag_window) < comm_ctrl_tag(0, c->tag_window));
     c->ops = &MPI_OPS;
     c->ctx = m;
+    const int threads_ok = provided >= MPI_THREAD_MULTIPLE;
+    if (!threads_ok && mode != COMM_PROGRESS_CALLER) {
+        static atomic_int said;   /* once per process */
+        if (!atomic_exchange(&said, 1))
+            pd_log(LOG_WARN, "rank %d: comm: MPI gives thread level %d, not MPI_THREAD_MULTIPLE (%d): no all-reduce "
+                   "progress thread, all-reduces advance only inside comm calls", c->rank, provided,
+                   MPI_THREAD_MULTIPLE);
+    }
+    comm_ar_init(c, mode, nap_ns, threads_ok);
     *out = c;
     return PD_OK;
 }
@@ -557,5 +572,6 @@ static const CommOps MPI_OPS = {
     .g_free = m_g_free,
     .events = m_events,
     .idle = m_idle,
+    .has_events = 0,
     .free = m_free,
 };

@@ -196,6 +196,10 @@ static int init_cond(pthread_cond_t *cv) {
 
 int comm_threads_create(int n, Comm **eps, Err *err) {
     if (n < 1) return err_set(err, PD_EINVAL, "threads transport: %d endpoints (need at least 1)", n);
+    CommProgress mode;
+    long nap_ns;
+    int rc = comm_progress_mode(&mode, &nap_ns, err);
+    if (rc) return rc;
     TBox *b = calloc(1, sizeof *b);
     PD_ASSERT(b);
     b->n = n;
@@ -220,6 +224,7 @@ int comm_threads_create(int n, Comm **eps, Err *err) {
         c->rank = i;
         c->size = n;
         c->tag_window = COMM_TAG_WINDOW;
+        comm_ar_init(c, mode, nap_ns, 1);   /* the mailbox is one mutex: any thread may call */
         eps[i] = c;
     }
     return PD_OK;
@@ -804,6 +809,7 @@ static const CommOps THREADS_OPS = {
     .g_free = t_g_free,
     .events = t_events,
     .idle = t_idle,
+    .has_events = 1,
     .free = t_free,
 };
 
