@@ -28,6 +28,7 @@
 
 #include "kernels.h"
 #include "runtime.h"
+#include "sim.h"
 
 static const char *MLP_JSON =
     "{\"name\": \"tiny-mlp\", \"input\": [1, 28, 28], \"layers\": ["
@@ -326,6 +327,49 @@ static void zb_case(const char *model, int n_stages, const int *bounds, const in
     sched_release(&sf);
 }
 
+/* The deadlock checks cover the zb kinds: their lists run in the emulation and the simulator;
+ * with worker 0's first gradient receive moved before the activation send it depends on, both
+ * report a deadlock (instead of hanging). */
+static void test_zb_deadlock(void **state) {
+    (void)state;
+    TPlan tp;
+    tplan(&tp, 2, (int[]){0, 2, 5}, (int[]){1, 1});
+    for (int kind = SCHED_ZB_H1; kind <= SCHED_ZB_H2; kind++) {
+        Schedule s;
+        Err err = {0};
+        SchedOpts so = {.kind = (SchedKind)kind, .n_minibatches = 2, .n_micro = 4};
+        if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
+        SimCosts c = {2, calloc(2, sizeof(SimStageCost))};
+        for (int i = 0; i < 2; i++) c.stage[i] = (SimStageCost){.fwd_s = 1e-3, .bwd_s = 2e-3, .in_bytes = 1e3, .stash_bytes = 2e3};
+        SimOpts o = {NULL, 1, 0, 0};
+        SimResult sr;
+        if (sim_run(&s, &c, &o, &sr, &err)) fail_msg("%s: %s", sched_kind_name(s.kind), err.msg);
+        sim_result_release(&sr);
+        SchedWorker *w = &s.workers[0];
+        int sa = -1, rg = -1;
+        for (int i = 0; i < w->n; i++) {
+            if (sa < 0 && w->ins[i].op == OP_SEND_ACT) sa = i;
+            if (rg < 0 && w->ins[i].op == OP_RECV_GRAD) rg = i;
+        }
+        PD_ASSERT(sa >= 0 && rg > sa);
+        Instr moved = w->ins[rg];
+        memmove(w->ins + sa + 1, w->ins + sa, (size_t)(rg - sa) * sizeof *w->ins);
+        w->ins[sa] = moved;
+        assert_int_equal(sim_run(&s, &c, &o, &sr, &err), PD_EINVAL);
+        assert_non_null(strstr(err.msg, "deadlock"));
+        RtConfig cfg = config(mlp_path, &s, 8);
+        RtWorkerResult res[2];
+        memset(res, 0, sizeof res);
+        err = (Err){0};
+        assert_int_not_equal(rt_emulate(&cfg, res, &err), PD_OK);
+        if (!strstr(err.msg, "deadlock")) fail_msg("%s: emulation: %s", sched_kind_name(s.kind), err.msg);
+        print_message("%s, a receive moved: %s\n", sched_kind_name(s.kind), err.msg);
+        for (int r = 0; r < 2; r++) rt_result_release(&res[r]);
+        sim_costs_release(&c);
+        sched_release(&s);
+    }
+}
+
 static void test_zb_equals_1f1b_flush(void **state) {
     (void)state;
     int b2[] = {0, 2, 5}, b3[] = {0, 2, 3, 5}, b4[] = {0, 2, 3, 4, 5};
@@ -506,6 +550,7 @@ int main(void) {
         cmocka_unit_test(test_sync_equals_sequential),
         cmocka_unit_test(test_1f1b_oracle),
         cmocka_unit_test(test_zb_equals_1f1b_flush),
+        cmocka_unit_test(test_zb_deadlock),
         cmocka_unit_test(test_bad_launch),
         cmocka_unit_test(test_profiler),
     };

@@ -3,7 +3,9 @@
 #  - 1f1b with a replicated stage, 1f1b with vertical sync and 2bw on 3 MPI ranks must end
 #    with weights bitwise equal (CRC-32 per stage) to the same run on threads; the threads
 #    run is checked against the serial emulation and an independent oracle in
-#    test_runtime.c, so this closes the chain MPI = threads = emulation = oracle.
+#    test_runtime.c, so this closes the chain MPI = threads = emulation = oracle. So must
+#    gpipe, dp, 1f1b-flush, zb-h1 and zb-h2 (the split backward); zb-h1's and zb-h2's weights
+#    are also bitwise 1f1b-flush's (the same units, flushes and order of additions).
 #  - bad launches fail on every rank with a clear message and no hang: a plan for more
 #    ranks than started, a plan made for another model, --plan missing under mpirun.
 set -u
@@ -34,7 +36,9 @@ cat >"$tmp/plan.json" <<JSON
 JSON
 
 crc() { sed -n 's/.*"weights_crc":\[\([^]]*\)\].*/\1/p' "$1"; }
-for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --microbatches 2" "dp"; do
+declare -A CRC
+for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --microbatches 2" "dp" \
+    "1f1b-flush --microbatches 4" "zb-h1 --microbatches 4" "zb-h2 --microbatches 4"; do
     args="$MODEL --plan $tmp/plan.json --schedule $sched --steps 24 --minibatch 16 --timeout 60"
     $MPIRUN -np 3 "$PD" train $args >"$tmp/mpi.out" 2>"$tmp/mpi.err" || fail "mpi $sched: $(tail -5 "$tmp/mpi.err")"
     "$PD" train $args --workers 3 >"$tmp/thr.out" 2>"$tmp/thr.err" || fail "threads $sched: $(tail -5 "$tmp/thr.err")"
@@ -44,8 +48,15 @@ for sched in "1f1b" "1f1b --vertical-sync" "2bw --microbatches 4" "gpipe --micro
     [ "$a" = "$b" ] || fail "$sched: MPI weights $a differ from threads $b"
     grep -q '"transport":"mpi"' "$tmp/mpi.out" || fail "mpi $sched: transport"
     grep -q '"test_accuracy":0\.[0-9]' "$tmp/mpi.out" || fail "mpi $sched: no accuracy: $(cat "$tmp/mpi.out")"
+    CRC[$sched]=$a
     echo "ok: $sched: mpi = threads ($a)"
 done
+# zb's split backward adds every gradient in 1f1b-flush's order: the same bits
+for zb in zb-h1 zb-h2; do
+    [ "${CRC[$zb --microbatches 4]}" = "${CRC[1f1b-flush --microbatches 4]}" ] ||
+        fail "$zb weights ${CRC[$zb --microbatches 4]} differ from 1f1b-flush's ${CRC[1f1b-flush --microbatches 4]}"
+done
+echo "ok: zb-h1 = zb-h2 = 1f1b-flush bitwise"
 
 # Bad launches: every rank exits non-zero with a message, quickly.
 start=$(date +%s)
