@@ -76,6 +76,10 @@ static void test_json_round_trip(void **state) {
     for (int dag = 0; dag < 2; dag++) {
         Profile a, b;
         make_profile(&a, 7, dag);
+        if (dag) {   /* saved bytes, as our profiler writes them (one in the chain case: absent) */
+            a.saved_measured = 1;
+            for (int i = 0; i < a.n_layers; i++) a.layers[i].saved_bytes = i % 3 ? 64.0 * i : 0;
+        }
         Err err = {0};
         const char *path = tmp_path("rt.json");
         assert_int_equal(profile_save(&a, path, &err), PD_OK);
@@ -96,7 +100,9 @@ static void test_json_round_trip(void **state) {
             assert_true(b.layers[i].bwd_s == a.layers[i].bwd_s);
             assert_true(b.layers[i].act_bytes == a.layers[i].act_bytes);
             assert_true(b.layers[i].param_bytes == a.layers[i].param_bytes);
+            assert_true(b.layers[i].saved_bytes == a.layers[i].saved_bytes);
         }
+        assert_int_equal(b.saved_measured, dag);
         assert_int_equal(b.n_edges, dag ? a.n_edges : 0);
         for (int e = 0; e < b.n_edges; e++) {
             assert_int_equal(b.edges[e][0], a.edges[e][0]);
@@ -163,6 +169,9 @@ static void test_graph_txt(void **state) {
 #define JSON_LAYER                                                                                                   \
     "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, " \
     "\"parameter_bytes\": 8}"
+#define JSON_SAVED(b)                                                                                      \
+    "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, " \
+    "\"parameter_bytes\": 8, \"saved_bytes\": " #b "}"
 
 static void test_bad_graph_txt(void **state) {
     (void)state;
@@ -201,6 +210,10 @@ static void test_bad_json(void **state) {
                  "\"activation_bytes\": 4, \"parameter_bytes\": 8}]}",
                  "forward_s");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 5]]}", "unknown layer");
+    /* saved_bytes: all layers or none, never negative */
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_SAVED(16) "]}", "saved_bytes given for some");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_SAVED(16) ", " JSON_LAYER "]}", "saved_bytes missing");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_SAVED(-1) "]}", "saved_bytes");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[1, 0]]}", "topological order");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 0]]}", "cycle");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 1.5]]}", "edge 0");

@@ -22,6 +22,10 @@ typedef struct ProfileLayer {
      * zero-bubble schedules run them separately). Both 0: not measured, and the simulator
      * counts half of bwd_s for each (graph.txt never has them). */
     double bwd_in_s, bwd_w_s;
+    /* Optional: bytes the layer keeps for its backward besides its output, per minibatch
+     * (batch-norm statistics, pooling indices, dropout masks, a residual or block's inner
+     * activations): what the runtime's context holds for it. 0 when not measured. */
+    double saved_bytes;
 } ProfileLayer;
 
 typedef struct Profile {
@@ -31,6 +35,8 @@ typedef struct Profile {
     char measured_on[128];    /* free text: host/CPU, when known */
     int threads, iterations;  /* how it was measured (0: unknown) */
     double input_bytes;       /* bytes of the model input per minibatch (what stage 0 reads) */
+    int saved_measured;       /* layers carry saved_bytes (our profiler): the simulator then also
+                               * counts a unit's gradient buffers, as the runtime allocates them */
     int n_layers;
     ProfileLayer *layers;     /* in a topological order */
     int n_edges;              /* 0 means a chain: layer i feeds layer i+1 */

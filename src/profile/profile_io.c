@@ -45,10 +45,11 @@ int profile_validate(const Profile *p, Err *err) {
     if (p->n_layers <= 0) return err_set(err, PD_EINVAL, "profile has no layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
-        const double v[6] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s};
-        static const char *what[6] = {"forward time", "backward time", "activation bytes", "parameter bytes",
-                                      "backward input time", "backward weight time"};
-        for (int k = 0; k < 6; k++)
+        const double v[7] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s,
+                             l->saved_bytes};
+        static const char *what[7] = {"forward time", "backward time", "activation bytes", "parameter bytes",
+                                      "backward input time", "backward weight time", "saved bytes"};
+        for (int k = 0; k < 7; k++)
             if (!isfinite(v[k]) || v[k] < 0)
                 return err_set(err, PD_EINVAL, "layer %d (\"%s\"): %s %g is negative or not finite", i,
                                l->name, what[k], v[k]);
@@ -142,6 +143,17 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
         if ((rc = jobj_num(&lj, "backward_s", 1, 0, 1e30, &l->bwd_s, err))) goto done;
         if ((rc = jobj_num(&lj, "activation_bytes", 1, 0, 1e300, &l->act_bytes, err))) goto done;
         if ((rc = jobj_num(&lj, "parameter_bytes", 1, 0, 1e300, &l->param_bytes, err))) goto done;
+        if (jobj_has(&lj, "saved_bytes")) {
+            if (i > 0 && !p->saved_measured) {
+                rc = err_set(err, PD_EINVAL, "%s: saved_bytes given for some layers but not for all", ctx);
+                goto done;
+            }
+            if ((rc = jobj_num(&lj, "saved_bytes", 1, 0, 1e300, &l->saved_bytes, err))) goto done;
+            p->saved_measured = 1;
+        } else if (p->saved_measured) {
+            rc = err_set(err, PD_EINVAL, "%s: saved_bytes missing (the layers before have it)", ctx);
+            goto done;
+        }
         int has_bi = jobj_has(&lj, "backward_input_s"), has_bw = jobj_has(&lj, "backward_weight_s");
         if (has_bi != has_bw) {
             rc = err_set(err, PD_EINVAL, "%s: give both backward_input_s and backward_weight_s, or neither", ctx);
@@ -183,6 +195,7 @@ int profile_save(const Profile *p, const char *path, Err *err) {
         cJSON_AddItemToObject(o, "backward_s", pd_json_num(l->bwd_s));
         cJSON_AddItemToObject(o, "activation_bytes", pd_json_num(l->act_bytes));
         cJSON_AddItemToObject(o, "parameter_bytes", pd_json_num(l->param_bytes));
+        if (p->saved_measured) cJSON_AddItemToObject(o, "saved_bytes", pd_json_num(l->saved_bytes));
         if (l->bwd_in_s + l->bwd_w_s > 0) {   /* the split backward, when measured */
             cJSON_AddItemToObject(o, "backward_input_s", pd_json_num(l->bwd_in_s));
             cJSON_AddItemToObject(o, "backward_weight_s", pd_json_num(l->bwd_w_s));
