@@ -5,14 +5,17 @@
  * plane: byte round trips, channels, control vs data tags, oversize messages, timeouts
  * naming the late rank, broadcast, gather, agree_t, recovery after a late rank, group lists;
  * the ring all-reduce: exactness for every group size, outstanding all-reduces with
- * point-to-point traffic, bytes sent, a late member named, groups of one) on 4 worker
+ * point-to-point traffic, bytes sent, a late member named, groups of one, buckets finished
+ * by the progress thread while the caller computes, a member that never comes) on 4 worker
  * threads, the all-reduce checks also on 1, 2, 3 and 5, plus what only threads can show in
  * one process: a worker that ends early or aborts does not hang the others (data, control,
  * collectives, all-reduce), collective deadlines, a single rank talking to itself, the tag
- * layout for any tag space, the serial oracle.
+ * layout for any tag space, the serial oracle; the progress modes (PD_COMM_PROGRESS: thread,
+ * spin, caller, a bad value), and a progress thread that naps instead of spinning.
  * The same checks run over MPI in test_comm_mpi.c. */
 #include "testutil.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -53,14 +56,17 @@ SHARED(ar_outstanding)
 SHARED(ar_bytes)
 SHARED(ar_timeout)
 SHARED(ar_single)
+SHARED(ar_background)
+SHARED(ar_abandon)
 
 /* The all-reduce checks on 1, 2, 3 and 5 threads (groups of up to 5 members). */
 static void test_ar_sizes(void **s) {
     (void)s;
-    const char *names[5] = {"ar_exact", "ar_outstanding", "ar_bytes", "ar_timeout", "ar_single"};
+    const char *names[7] = {"ar_exact", "ar_outstanding", "ar_bytes", "ar_timeout", "ar_single", "ar_background",
+                            "ar_abandon"};
     const int ns[4] = {1, 2, 3, 5};
     for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 7; k++) {
             Err err = {0};
             int rcs[5] = {0};
             int rc = comm_threads_run(ns[i], chk_case(names[k])->fn, NULL, rcs, &err);
@@ -426,6 +432,104 @@ static void test_sum_serial(void **s) {
     assert_int_equal(comm_tag(COMM_GRAD, 5 + (1 << 20), 1, 1 << 20), comm_tag(COMM_GRAD, 5, 1, 1 << 20));
 }
 
+
+/* ---- progress modes -------------------------------------------------------------------- */
+
+/* The all-reduce checks under each PD_COMM_PROGRESS mode (read when the transport is made):
+ * the same results whoever moves the ring; comm_ar_progress_thread says which. */
+static int w_mode(Comm *c, int rank, void *arg) {
+    (void)rank;
+    return comm_ar_progress_thread(c) == *(int *)arg ? PD_OK : PD_EINVAL;
+}
+
+static void test_progress_modes(void **s) {
+    (void)s;
+    const char *modes[4] = {"caller", "spin", "thread:0", "thread:1000"};
+    const int thread[4] = {0, 1, 1, 1};
+    const char *names[4] = {"ar_background", "ar_outstanding", "ar_abandon", "ar_timeout"};
+    for (int m = 0; m < 4; m++) {
+        setenv("PD_COMM_PROGRESS", modes[m], 1);
+        Err err = {0};
+        int want = thread[m];
+        assert_int_equal(comm_threads_run(3, w_mode, &want, NULL, &err), PD_OK);
+        for (int k = 0; k < 4; k++) {
+            int rc = comm_threads_run(3, chk_case(names[k])->fn, NULL, NULL, &err);
+            if (rc) fprintf(stderr, "%s with PD_COMM_PROGRESS=%s: rc %d: %s\n", names[k], modes[m], rc, err.msg);
+            assert_int_equal(rc, PD_OK);
+        }
+    }
+    const char *bad[4] = {"threads", "thread:", "thread:-1", "thread:5x"};
+    for (int b = 0; b < 4; b++) {
+        setenv("PD_COMM_PROGRESS", bad[b], 1);
+        Comm *eps[2] = {0};
+        Err err = {0};
+        assert_int_equal(comm_threads_create(2, eps, &err), PD_EINVAL);
+        assert_non_null(strstr(err.msg, "PD_COMM_PROGRESS="));
+        assert_non_null(strstr(err.msg, bad[b]));
+        assert_null(eps[0]);
+    }
+    unsetenv("PD_COMM_PROGRESS");
+    Err err = {0};
+    int want = 1;   /* the default has a thread */
+    assert_int_equal(comm_threads_run(2, w_mode, &want, NULL, &err), PD_OK);
+}
+
+/* Ranks 0 and 1 start an all-reduce that rank 2 joins only after 0.8 s: meanwhile nothing
+ * can move, and the waiting costs next to no CPU (callers asleep in comm_ar_wait, the
+ * progress threads waiting for a delivery). A spinning thread (PD_COMM_PROGRESS=spin) would
+ * burn a core each: this fails then. */
+typedef struct NapArg {
+    double wall, cpu;
+} NapArg;
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int w_ar_nap(Comm *c, int rank, void *arg) {
+    NapArg *na = arg;
+    Err err = {0};
+    const int all[3] = {0, 1, 2};
+    const size_t n = 100003;
+    CommGroup *g = NULL;
+    int rc = comm_group_new(c, all, 3, &g, &err);
+    if (rc) return rc;
+    float *x = pd_alloc_f32(n), *want = pd_alloc_f32(n);
+    chk_rand(x, n, rank, 31);
+    chk_expect(all, 3, n, COMM_SUM, 31, want, NULL);
+    if (rank == 2) {
+        struct timespec ts = {0, 800000000};
+        nanosleep(&ts, NULL);
+    }
+    CommAr *a = NULL;
+    rc = comm_group_iallreduce(g, x, n, COMM_SUM, &a, &err);
+    double t0 = pd_now(), c0 = cpu_now();
+    if (!rc) rc = comm_ar_wait(&a, 30, &err);
+    if (rank == 0) {
+        na->wall = pd_now() - t0;
+        na->cpu = cpu_now() - c0;
+    }
+    if (!rc && chk_first_diff(x, want, n) != n) rc = PD_EINVAL;
+    pd_free(x);
+    pd_free(want);
+    comm_group_free(g);
+    return rc;
+}
+
+static void test_ar_nap(void **s) {
+    (void)s;
+    NapArg na = {0};
+    Err err = {0};
+    int rc = comm_threads_run(3, w_ar_nap, &na, NULL, &err);
+    if (rc) fprintf(stderr, "ar_nap: rc %d: %s\n", rc, err.msg);
+    assert_int_equal(rc, PD_OK);
+    printf("ar_nap: rank 0 waited %.3f s; the process used %.3f s of CPU meanwhile\n", na.wall, na.cpu);
+    assert_true(na.wall >= 0.5);
+    assert_true(na.cpu < 0.25 * na.wall);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sum_serial),
@@ -456,6 +560,10 @@ int main(void) {
         cmocka_unit_test(test_ar_bytes),
         cmocka_unit_test(test_ar_timeout),
         cmocka_unit_test(test_ar_single),
+        cmocka_unit_test(test_ar_background),
+        cmocka_unit_test(test_ar_abandon),
+        cmocka_unit_test(test_progress_modes),
+        cmocka_unit_test(test_ar_nap),
         cmocka_unit_test(test_ar_sizes),
         cmocka_unit_test(test_ar_peer_gone),
         cmocka_unit_test(test_early_exit_codes),

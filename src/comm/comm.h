@@ -15,8 +15,9 @@
  * of a rank (a dead peer becomes an error naming it, then the runtime aborts).
  * See docs/comm.md.
  *
- * Threading: an endpoint (Comm) is used by one thread at a time. Under MPI only the thread
- * that created the Comm calls into it (MPI_THREAD_FUNNELED). */
+ * Threading: an endpoint (Comm) is used by one thread at a time (the caller's). Besides it,
+ * each Comm may have one progress thread of its own that advances its running all-reduces
+ * (see "Progress" below); under MPI that needs MPI_THREAD_MULTIPLE. */
 #ifndef PD_COMM_H
 #define PD_COMM_H
 
@@ -63,17 +64,20 @@ typedef struct CommGroup CommGroup;
 typedef struct CommReq CommReq;
 
 /* ---- creation -------------------------------------------------------------------- */
-/* MPI transport. Initialises MPI with MPI_Init_thread(MPI_THREAD_FUNNELED) unless it is
- * already initialised (then it needs at least FUNNELED), duplicates MPI_COMM_WORLD and sets
- * MPI_ERRORS_RETURN on it, so MPI failures come back as PD_ECOMM instead of aborting.
- * argc/argv may be NULL. Returns PD_OK and *out (caller owns: comm_free), or PD_ECOMM. Call
- * once per process: comm_free finalises MPI if this call initialised it. */
+/* MPI transport. Initialises MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) (FUNNELED with
+ * PD_COMM_PROGRESS=caller) unless it is already initialised; it needs at least FUNNELED, and
+ * without MULTIPLE it runs without a progress thread (said once on stderr). Duplicates
+ * MPI_COMM_WORLD and sets MPI_ERRORS_RETURN on it, so MPI failures come back as PD_ECOMM
+ * instead of aborting. argc/argv may be NULL. Returns PD_OK and *out (caller owns:
+ * comm_free), or PD_ECOMM, or PD_EINVAL for a PD_COMM_PROGRESS it does not know. Call once
+ * per process: comm_free finalises MPI if this call initialised it. */
 int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err);
 
 /* Threads transport: n endpoints (ranks 0..n-1) sharing one mailbox. eps[r] is rank r's
  * endpoint; the caller owns each (comm_free; the mailbox goes with the last). A message is
  * copied when sent (eager), so a send completes at once and its buffer may be reused as
- * soon as comm_isend returns. Returns PD_OK, or PD_EINVAL if n < 1. */
+ * soon as comm_isend returns. Returns PD_OK, or PD_EINVAL if n < 1 or PD_COMM_PROGRESS is
+ * unknown. */
 int comm_threads_create(int n, Comm **eps, Err *err);
 
 /* Runs fn(eps[r], r, arg) on n threads (one per rank) over a fresh threads transport and
@@ -85,7 +89,8 @@ typedef int (*CommWorkerFn)(Comm *c, int rank, void *arg);
 int comm_threads_run(int n, CommWorkerFn fn, void *arg, int *rcs, Err *err);
 
 /* Frees the endpoint; NULL is fine. Pending requests must have been waited for or
- * cancelled. Threads: peers waiting for a message from this rank that was never sent
+ * cancelled. Running all-reduces fail ("the comm was freed") and its progress thread is
+ * joined before the transport goes. Threads: peers waiting for a message from this rank that was never sent
  * now fail with PD_ECOMM ("rank r closed its endpoint ..."). MPI: frees the communicator and finalises MPI
  * if comm_mpi_create initialised it. */
 void comm_free(Comm *c);
@@ -247,14 +252,42 @@ int comm_group_size(const CommGroup *g);
  * COMM_AR_WINDOW may be outstanding on a group (gradient buckets): every member must start
  * the same all-reduces (same n and op) in the same order (each gets the group's next
  * sequence number, which its tags carry: docs/comm.md, tag layout); they may be completed
- * in any order. There is no progress thread (MPI_THREAD_FUNNELED): all-reduces move only
- * inside comm calls on this Comm: comm_ar_test, comm_ar_wait, comm_wait and comm_test each
- * advance EVERY outstanding all-reduce of the Comm as far as it can go without blocking
- * (reduce the pieces that arrived, post the next ring step's sends and receives). So call
- * comm_ar_test now and then (say, between layers of backward) to overlap; and do not block
- * in other calls (barrier, agree, the control plane, group set-up) while all-reduces are
- * outstanding: those do not advance them, and a member waiting there can stall the ring.
- * buf is borrowed until the all-reduce completes: do not read or write it before then.
+ * in any order. buf is borrowed until the all-reduce completes: do not read or write it
+ * before then.
+ *
+ * Progress. A ring step needs this member's code to run (add the piece that came, send it
+ * on), so someone must call the engine while the caller computes. By default each Comm has
+ * a progress thread for that (comm_ar_progress_thread() says whether it has), started at
+ * its first all-reduce of more than one member and joined by comm_free:
+ *   - it makes passes over every running all-reduce of the Comm (test what arrived, reduce,
+ *     post the next sends and receives) under a mutex that the API calls also take, so the
+ *     engine's state has one owner at a time and the caller never blocks on the network
+ *     inside comm_group_iallreduce or comm_ar_test;
+ *   - after a pass that moved nothing it naps, not spins: the ranks of a job may share
+ *     cores with the compute threads, and a spinning thread would take a core from one.
+ *     MPI cannot say when a message comes, so the nap is fixed (100 us: at 1 Gbit/s that is
+ *     12 KB, which the kernel's socket buffers absorb; a 256 KiB piece takes 2 ms); the
+ *     threads transport waits until something is delivered to the endpoint. While no
+ *     all-reduce runs it sleeps on a condition variable;
+ *   - under MPI its messages are on the group's own communicator, so they never match the
+ *     caller's point-to-point or control messages (which go on as before, on the caller's
+ *     thread); MPI must give MPI_THREAD_MULTIPLE. comm_ar_wait sleeps on a condition
+ *     variable that the thread signals when an all-reduce ends (or at the deadline).
+ * The summation order is the engine's, whoever runs it: the results do not depend on which
+ * thread moved a piece or when (the tests compare bitwise with comm_sum_serial).
+ * Without the thread (PD_COMM_PROGRESS=caller, MPI without MPI_THREAD_MULTIPLE, or a thread
+ * that could not be made), all-reduces move only inside comm calls on this Comm:
+ * comm_ar_test, comm_ar_wait, comm_wait and comm_test each advance EVERY outstanding
+ * all-reduce of the Comm as far as it can go without blocking. Then call comm_ar_test now
+ * and then (say, between layers of backward) to overlap, and do not block in other calls
+ * (barrier, agree, the control plane, group set-up) while all-reduces are outstanding: those
+ * do not advance them, and a member waiting there can stall the ring. (Calling comm_ar_test
+ * between layers is harmless with the thread: it only looks.)
+ * PD_COMM_PROGRESS (read when the Comm is created): "thread" (the default), "thread:US"
+ * (nap US microseconds, 0 .. 1000000), "spin" (never nap: for measuring what a spinning
+ * thread costs), "caller" (no thread: as before the thread existed); anything else fails
+ * the creation with PD_EINVAL.
+ *
  * Large chunks move in pieces of COMM_AR_PIECE floats, pipelined (a piece is forwarded as
  * soon as it arrived and was added). Members first send each other a 24-byte notice
  * (sequence number, n, op), so members that disagree on n or op all fail with PD_ECOMM
@@ -268,13 +301,13 @@ int comm_group_size(const CommGroup *g);
 typedef struct CommAr CommAr;
 int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr **out, Err *err);
 
-/* Advances every outstanding all-reduce of a's Comm (never blocks) and sets *done when a
- * has finished. Returns PD_OK, or a's error (then *done = 1). Either way a is still the
+/* Without a progress thread, advances every outstanding all-reduce of a's Comm (never
+ * blocks); with one, only looks. Sets *done when a has finished. Returns PD_OK, or a's error (then *done = 1). Either way a is still the
  * caller's: free it with comm_ar_wait (which returns the same result) or comm_ar_cancel. */
 int comm_ar_test(CommAr *a, int *done, Err *err);
 
 /* Completes *a, waiting at most timeout_s seconds (0 = no deadline) while advancing every
- * outstanding all-reduce of the Comm.
+ * outstanding all-reduce of the Comm (or, with a progress thread, asleep until it ends).
  * - Finished: frees it, *a = NULL, returns PD_OK (buf holds the result) or its error
  *   (PD_ECOMM: members disagree on n or op, a member's endpoint closed, abort, MPI error).
  * - Deadline passed: returns PD_ECOMM naming the member it waits for and leaves *a pending
@@ -291,6 +324,10 @@ int comm_ar_wait(CommAr **a, double timeout_s, Err *err);
  * or time out. MPI: a send or receive that cannot be withdrawn is left to MPI, so buf must
  * then stay valid until comm_free. */
 void comm_ar_cancel(CommAr **a);
+
+/* 1 if all-reduces on c advance on c's own progress thread (started at the first one),
+ * 0 if only inside comm calls (see "Progress" above). */
+int comm_ar_progress_thread(const Comm *c);
 
 /* Blocking all-reduce: comm_group_iallreduce, then comm_ar_wait with the collective
  * deadline (comm_set_coll_timeout); on a timeout the all-reduce is cancelled (the group is

@@ -32,7 +32,13 @@
  * freed communicator can reach a later one that reuses its context id); and a timeout names
  * the lowest member that has not started. The cost is one exchange of tiny messages before
  * the first piece moves. Running all-reduces are kept on their Comm's list and advanced
- * (ar_pass) by every comm_ar_test / comm_ar_wait / comm_wait / comm_test. */
+ * (ar_pass) by the Comm's progress thread (ar_thread_main), or, without one, by every
+ * comm_ar_test / comm_ar_wait / comm_wait / comm_test.
+ *
+ * Threads: c->ar_mu guards the list and every running CommAr; each pass and each API call
+ * that touches a running one holds it. A handle ends (ar_done, ar_fail) under it, and
+ * a->fin is published last: from then on the engine never touches a, so the caller may
+ * read its result and free it without the mutex (and after comm_free, when a->home is gone). */
 #include "comm_impl.h"
 
 #include <errno.h>
@@ -481,6 +487,8 @@ int comm_ar_progress_all(Comm *c) {
     pthread_mutex_unlock(&c->ar_mu);
     return moved;
 }
+
+int comm_ar_progress_thread(const Comm *c) { return c->ar_mode != COMM_PROGRESS_CALLER; }
 
 int comm_ar_caller_progress(Comm *c) { return c->ar_mode == COMM_PROGRESS_CALLER && c->ars; }
 

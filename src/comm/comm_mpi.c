@@ -14,7 +14,9 @@
  * anything) and receives the matched message with MPI_Imrecv at its exact size. Sends in
  * flight are kept (request and block) until they complete.
  * Error handler MPI_ERRORS_RETURN everywhere: MPI failures come back as PD_ECOMM.
- * What it does not: call MPI from more than one thread (MPI_THREAD_FUNNELED). */
+ * Threads: MPI_THREAD_MULTIPLE where MPI gives it: the all-reduce progress thread (comm_ar.c)
+ * calls the group-message functions below while the caller's thread uses the rest. Without
+ * it (PD_COMM_PROGRESS=caller, or an MPI that gives only FUNNELED) one thread calls MPI. */
 #include "comm_impl.h"
 
 #include <inttypes.h>

@@ -1250,6 +1250,131 @@ static int chk_ar_single(Comm *c, int rank, void *arg) {
     return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
 }
 
+/* Busy "compute" for seconds of wall time, calling nothing of comm (a layer's backward). */
+static inline double chk_compute(double seconds) {
+    volatile double x = 0;
+    for (double t0 = pd_now(); pd_now() - t0 < seconds;)
+        for (int i = 0; i < 2000; i++) x = x + (double)i * 1e-9;
+    return x;
+}
+
+/* Gradient buckets: K all-reduces of mixed sizes (empty, tiny, several pieces per chunk)
+ * started one by one with compute in between (its length differs by rank and bucket, so
+ * timing differs everywhere), then the caller computes. With a progress thread
+ * (comm_ar_progress_thread) nothing but comm_ar_test, which then only looks, is called
+ * until all have finished: the thread alone must finish them. Without one, comm_ar_test
+ * moves them. Completed in a shuffled order; each is bitwise comm_sum_serial. */
+static int chk_ar_background(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    enum { K = 24 };
+    int *world = malloc((size_t)size * sizeof *world);
+    PD_ASSERT(world);
+    for (int j = 0; j < size; j++) world[j] = j;
+    CommGroup *g = NULL;
+    CHECK_OK(comm_group_new(c, world, size, &g, &err), err);
+    const int bg = comm_ar_progress_thread(c);
+    size_t n[K];
+    float *x[K];
+    CommAr *a[K] = {0};
+    for (int k = 0; k < K; k++) {
+        n[k] = k % 4 == 0 ? 70001 + (size_t)k : k % 4 == 1 ? (size_t)k / 4 : k % 4 == 2 ? 300007 - (size_t)k : 4099;
+        x[k] = pd_alloc_f32(n[k] + 1);
+        chk_rand(x[k], n[k], rank, 600 + k);
+        chk_compute(1e-4 * (double)((rank * 7 + k * 3) % 5));
+        CHECK_OK(comm_group_iallreduce(g, x[k], n[k], (CommOp)(k % 2), &a[k], &err), err);
+    }
+    int all = 0;
+    for (double t0 = pd_now(); !all && pd_now() - t0 < 60;) {
+        chk_compute(2e-3);
+        all = 1;
+        for (int k = 0; k < K; k++) {
+            int done = 0;
+            CHECK_OK(comm_ar_test(a[k], &done, &err), err);
+            all &= done;
+        }
+    }
+    CHECK(all, "%d all-reduces not finished after 60 s (%s)", K,
+          bg ? "progress thread: only it could move them" : "moved by comm_ar_test");
+    int rc = PD_OK;
+    for (int i = 0; i < K; i++) {
+        const int k = (i * 7) % K;   /* 7 and 24 are coprime: every k once */
+        CHECK_OK(comm_ar_wait(&a[k], 30, &err), err);
+        float *want = pd_alloc_f32(n[k] + 1);
+        chk_expect(world, size, n[k], (CommOp)(k % 2), 600 + k, want, NULL);
+        size_t first = chk_first_diff(x[k], want, n[k]);
+        pd_free(want);
+        if (first < n[k]) {
+            fprintf(stderr, "rank %d: bucket %d (%zu floats): element %zu differs from comm_sum_serial\n", rank, k, n[k],
+                    first);
+            rc = PD_EINVAL;
+        }
+    }
+    for (int k = 0; k < K; k++) pd_free(x[k]);
+    comm_group_free(g);
+    free(world);
+    if (rc) return rc;
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
+/* A member that does not come while all-reduces are in flight (on the progress thread where
+ * there is one): the others time out within the deadline naming it, then free the group
+ * with them still running: each then ends "its group was freed" (the thread lets go of
+ * them) and its handle is freed by comm_ar_wait. The late member starts its copy after the
+ * barrier and cancels it (its group is broken too, so no member frees a communicator with
+ * messages in flight). Then the comm works on: a fresh group all-reduces exactly. */
+static int chk_ar_abandon(Comm *c, int rank, void *arg) {
+    (void)arg;
+    Err err = {0};
+    const int size = comm_size(c);
+    if (size < 2) return PD_OK;
+    const int late = size - 1;
+    const double T = 0.3;
+    enum { K = 3 };
+    const size_t n = 100003;
+    int *world = malloc((size_t)size * sizeof *world);
+    PD_ASSERT(world);
+    for (int j = 0; j < size; j++) world[j] = j;
+    CommGroup *g = NULL;
+    CHECK_OK(comm_group_new(c, world, size, &g, &err), err);
+    float *x = pd_alloc_f32((size_t)K * n);
+    chk_rand(x, (size_t)K * n, rank, 91);
+    CommAr *a[K] = {0};
+    if (rank != late) {
+        for (int k = 0; k < K; k++) CHECK_OK(comm_group_iallreduce(g, x + (size_t)k * n, n, COMM_SUM, &a[k], &err), err);
+        double t0 = pd_now();
+        int rc = comm_ar_wait(&a[K - 1], T, &err);
+        double dt = pd_now() - t0;
+        char who[96];
+        snprintf(who, sizeof who, "waiting for rank %d (group rank %d), which has not started it", late, late);
+        CHECK(rc == PD_ECOMM && a[K - 1] != NULL && strstr(err.msg, "timed out") && strstr(err.msg, who),
+              "rc %d: %s", rc, err.msg);
+        CHECK(dt >= T && dt < 30, "returned after %.3f s for a %g s deadline", dt, T);
+        comm_group_free(g);   /* with all K still running */
+        for (int k = 0; k < K; k++) {
+            err = (Err){0};
+            rc = comm_ar_wait(&a[k], 5, &err);
+            CHECK(rc == PD_ECOMM && a[k] == NULL && strstr(err.msg, "its group was freed"), "#%d: rc %d: %s", k, rc,
+                  err.msg);
+        }
+    }
+    CHECK_OK(comm_barrier(c, &err), err);
+    if (rank == late) {
+        CHECK_OK(comm_group_iallreduce(g, x, n, COMM_SUM, &a[0], &err), err);
+        comm_ar_cancel(&a[0]);
+        comm_group_free(g);
+    }
+    pd_free(x);
+    CHECK_OK(comm_barrier(c, &err), err);
+    CHECK_OK(comm_group_new(c, world, size, &g, &err), err);
+    int rc = chk_ar_one(c, g, world, 70001, COMM_MEAN, 92, 1);
+    comm_group_free(g);
+    free(world);
+    if (rc) return rc;
+    return comm_barrier(c, &err) == PD_OK ? PD_OK : PD_EINVAL;
+}
+
 typedef struct ChkCase {
     const char *name;
     CommWorkerFn fn;
@@ -1264,7 +1389,8 @@ static const ChkCase CHK_CASES[] = {
     {"gather", chk_gather},           {"agree_t", chk_agree_t},           {"coll_timeout", chk_coll_timeout},
     {"group_lists", chk_group_lists}, {"ctrl_bad_args", chk_ctrl_bad_args},
     {"ar_exact", chk_ar_exact},       {"ar_outstanding", chk_ar_outstanding}, {"ar_bytes", chk_ar_bytes},
-    {"ar_timeout", chk_ar_timeout},   {"ar_single", chk_ar_single},
+    {"ar_timeout", chk_ar_timeout},   {"ar_single", chk_ar_single},       {"ar_background", chk_ar_background},
+    {"ar_abandon", chk_ar_abandon},
 };
 enum { CHK_NCASES = sizeof CHK_CASES / sizeof CHK_CASES[0] };
 
