@@ -28,7 +28,9 @@ min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an oracle-only 
 the sequential and pipelined kinds alike). Output: one JSON line {"framework": "torch-oracle",
 "kind", "delays", "test_loss", "test_accuracy", "final_loss" (the last minibatch's loss, as
 pipedream's pipelined summary), "mean_loss", "losses" (with --losses: every minibatch's loss)}.
---save W.safetensors writes the final weights in pipedream's names (compare with a checkpoint)."""
+--save W.safetensors writes the final weights in pipedream's names (compare with a checkpoint);
+--start-checkpoint DIR writes the initial ones as a step-0 checkpoint, so that `pipedream train
+... --plan P --resume DIR` starts from the same weights (the pipelined command has no --init)."""
 import argparse
 import json
 import os
@@ -52,6 +54,9 @@ ap.add_argument('--seed', type=int, default=1)
 ap.add_argument('--threads', type=int, default=1)
 ap.add_argument('--init', help='start from this weights file (else PyTorch\'s init of the twin, seeded by --seed)')
 ap.add_argument('--save', help='write the final weights here (pipedream names)')
+ap.add_argument('--init-out', help='write the initial weights here (pipedream names; for one-worker train --init)')
+ap.add_argument('--start-checkpoint', metavar='DIR',
+                help='write the initial weights as a step-0 checkpoint in DIR (for pipelined train --resume DIR)')
 ap.add_argument('--losses', action='store_true', help='include every minibatch\'s loss in the output')
 args = ap.parse_args()
 os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
@@ -92,6 +97,11 @@ if len(layers) != len(spec_json['layers']):
     fail('the twin has %d top-level modules, %s has %d layers' % (len(layers), model_json, len(spec_json['layers'])))
 if args.init:
     tm.lm_load_weights(model, model_json, args.init)
+init = [q.detach().numpy().copy() for q in model.parameters()]
+if args.init_out:
+    pd_io.write_weights(args.init_out, model_json, init)
+if args.start_checkpoint:
+    pd_io.write_start_checkpoint(args.start_checkpoint, model_json, init, args.seed, args.optimizer)
 
 # Stages: lists of top-level layer indices, in order, covering every layer once.
 if args.plan and args.cuts:

@@ -38,7 +38,6 @@ ap.add_argument('--pipedream', help='also run this pipedream executable with the
 args = ap.parse_args()
 os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,12 +52,8 @@ text = pd_io.Text(open(args.text, 'rb').read(), ctx)
 
 torch.manual_seed(args.seed)
 model = tm.LM_MODELS[args.model]()
-names = pd_io.param_names(model_json)
 if args.init:
-    w, _ = pd_io.read_safetensors(args.init)
-    with torch.no_grad():
-        for (name, shape), p in zip(names, model.parameters()):
-            p.copy_(torch.from_numpy(w[name]).reshape(p.shape))
+    tm.lm_load_weights(model, model_json, args.init)
 init_path = args.init
 if args.init_out:
     pd_io.write_weights(args.init_out, model_json, [p.detach().numpy() for p in model.parameters()])
@@ -84,18 +79,10 @@ for g in range(args.steps):
         print('step %d loss %.4f %.1f samples/s' % (g + 1, last_loss, samples / t_train), file=sys.stderr)
         win = []
 
-model.eval()
-tot, hits = 0.0, 0
-with torch.no_grad():
-    for i in range(0, text.n_test, 256):
-        idx = np.arange(i, min(i + 256, text.n_test))
-        x, y = text.batch(1, idx)
-        logits = model(torch.from_numpy(x))
-        tot += tm.lm_loss(logits, torch.from_numpy(y)).item() * len(idx)
-        hits += (logits.argmax(-1) == torch.from_numpy(y)).sum().item()
+test_loss, test_acc = tm.lm_evaluate(model, text)
 ours = {'framework': 'pytorch', 'torch': torch.__version__, 'model': args.model, 'steps': args.steps,
         'minibatch': args.minibatch, 'threads': args.threads, 'lr': args.lr, 'final_loss': round(last_loss, 6),
-        'test_loss': round(tot / text.n_test, 6), 'test_accuracy': round(hits / (text.n_test * ctx), 4),
+        'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4),
         'samples_per_s': round(samples / t_train, 1), 'train_time_s': round(t_train, 3),
         'samples_per_cpu_s': round(samples / t_cpu, 1)}
 print(json.dumps(ours), flush=True)
