@@ -537,6 +537,14 @@ static void test_profiler(void **state) {
         assert_true(l->param_bytes == 4.0 * par[i]);
         assert_true(isfinite(l->fwd_s) && isfinite(l->bwd_s) && l->fwd_s >= 0 && l->bwd_s >= 0);
         if (i) assert_true(l->fwd_s > 0 && l->bwd_s > 0);
+        /* the split backward: the linears have a weight pass (layer 1's input gradient is not
+         * wanted, as at a pipeline's input stage, but it runs), flatten has none: all in BI */
+        if (i) {
+            assert_true(l->bwd_in_s > 0 && l->bwd_w_s > 0);
+        } else {
+            assert_true(l->bwd_w_s == 0);
+            assert_true(l->bwd_in_s == l->bwd_s);
+        }
     }
     assert_int_equal(profile_validate(&p, &err), PD_OK);
     profile_release(&p);

@@ -519,6 +519,11 @@ static size_t keep_off(const Model *m, int first, int i, int n_max) {
     return off;
 }
 
+int model_layer_splits(const Model *m, int i) {
+    check_range(m, i, i + 1);
+    return splits(&m->layers[i]);
+}
+
 size_t model_split_floats(const Model *m, int first, int last, int n_max) {
     check_range(m, first, last);
     return first < last ? keep_off(m, first, last - 1, n_max) : 0;

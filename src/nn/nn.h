@@ -137,6 +137,9 @@ void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, fl
  * dw. The two leave dx and dw bitwise as model_backward does. done(arg, i) (may be NULL) is
  * called after top-level layer i of the weight pass, i descending, as in model_backward_hook. */
 size_t model_split_floats(const Model *m, int first, int last, int n_max);
+/* 1 if top-level layer i has a weight pass of its own in model_backward_w (it has parameters and
+ * splits), 0 if its whole backward runs in model_backward_b. */
+int    model_layer_splits(const Model *m, int i);
 void model_backward_b(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw, float *keep);
 void model_backward_w(Model *m, NnCtx *c, const float *w, const float *dy, const float *keep, float *dw,
                       NnLayerDone done, void *arg);

@@ -1,6 +1,6 @@
 /* profiler.c: the paper's profiler: times a model's training steps on one worker and records,
- * per top-level layer, the median forward and backward time and the byte counts the planner
- * needs. Each top-level layer runs as its own range [i, i+1) with its own context, so its
+ * per top-level layer, the median forward and backward time, the backward's input-gradient and
+ * weight-gradient passes as the zb kinds run them apart, and the byte counts the planner needs. Each top-level layer runs as its own range [i, i+1) with its own context, so its
  * forward and backward are timed separately (the same calls the pipeline makes at a stage
  * boundary); rt_time_layers does that timing, for `pipedream bench --layers` too. It lives
  * in the runtime module, not in profile/, so that the profile and plan modules build without
@@ -23,7 +23,13 @@ static double median(double *v, int n) {
 
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s) {
-    int nl = model_n_layers(m);
+    rt_time_layers_split(m, w, st, x, labels, B, warmup, iterations, progress, fwd_s, bwd_s, NULL, NULL);
+}
+
+void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
+                          int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
+                          double *bwd_w_s) {
+    int nl = model_n_layers(m), split = bwd_in_s && bwd_w_s;
     int classes = 0, rows = B * model_loss_positions(m, &classes);   /* one row of logits per target */
     PD_ASSERT(classes > 0 && B >= 1 && warmup >= 0 && iterations >= 1);
     size_t np = model_param_count(m, 0, nl);
@@ -38,7 +44,15 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
     float **grad = calloc((size_t)nl + 1, sizeof *grad);   /* grad[i]: dL/d(input of layer i) */
     double *tf = calloc((size_t)nl * (size_t)iterations, sizeof(double));
     double *tb = calloc((size_t)nl * (size_t)iterations, sizeof(double));
-    PD_ASSERT(opts && ctx && grad && tf && tb);
+    /* the split: BI and BW + step per layer and iteration, on scratch gradients (sdx, sdw) */
+    double *tbi = calloc((size_t)nl * (size_t)iterations, sizeof(double));
+    double *tbw = calloc((size_t)nl * (size_t)iterations, sizeof(double));
+    size_t in_max = 1;
+    for (int i = 0; i < nl; i++)
+        if ((size_t)B * shape_numel(model_layer_in_shape(m, i)) > in_max) in_max = (size_t)B * shape_numel(model_layer_in_shape(m, i));
+    float *sdx = split ? pd_alloc_f32(in_max) : NULL, *sdw = split ? pd_alloc_f32(np ? np : 1) : NULL;
+    float keep[1];   /* a one-layer range keeps nothing: its output gradient is the caller's */
+    PD_ASSERT(opts && ctx && grad && tf && tb && tbi && tbw);
     for (int i = 0; i < nl; i++) {
         optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
         ctx[i] = nnctx_new(m, i, i + 1, B);
@@ -64,10 +78,24 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
             size_t off = model_param_offset(m, i);
             float *dx = i ? grad[i] : NULL;
             if (dx) memset(dx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
+            if (split) {   /* before the whole one, with the same weights: BI, then BW */
+                PD_ASSERT(model_split_floats(m, i, i + 1, B) == 0);
+                if (dx) memset(sdx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
+                double s0 = pd_now();
+                model_backward_b(m, ctx[i], w + off, grad[i + 1], dx ? sdx : NULL, sdw + off, keep);
+                double s1 = pd_now();
+                model_backward_w(m, ctx[i], w + off, grad[i + 1], keep, sdw + off, NULL, NULL);
+                double s2 = pd_now();
+                if (it >= warmup) tbi[lo + (size_t)(it - warmup)] = s1 - s0, tbw[lo + (size_t)(it - warmup)] = s2 - s1;
+            }
             double t0 = pd_now();
             model_backward(m, ctx[i], w + off, grad[i + 1], dx, dw + off);
+            double t1 = pd_now();
             if (opts[i].n) optim_step(&opts[i], w + off, dw + off);
-            if (it >= warmup) tb[lo + (size_t)(it - warmup)] = pd_now() - t0;
+            if (it >= warmup) {
+                tb[lo + (size_t)(it - warmup)] = pd_now() - t0;
+                tbw[lo + (size_t)(it - warmup)] += pd_now() - t1;   /* the step's share goes with the weights */
+            }
             if (opts[i].n) memset(dw + off, 0, opts[i].n * sizeof(float));
         }
         if (progress) {
@@ -80,6 +108,13 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
     for (int i = 0; i < nl; i++) {
         fwd_s[i] = median(tf + (size_t)i * (size_t)iterations, iterations);
         bwd_s[i] = median(tb + (size_t)i * (size_t)iterations, iterations);
+        if (split && model_layer_splits(m, i)) {
+            bwd_in_s[i] = median(tbi + (size_t)i * (size_t)iterations, iterations);
+            bwd_w_s[i] = median(tbw + (size_t)i * (size_t)iterations, iterations);
+        } else if (split) {   /* all of it in BI: nothing deferred, nothing kept */
+            bwd_in_s[i] = bwd_s[i];
+            bwd_w_s[i] = 0;
+        }
         optim_release(&opts[i]);
         nnctx_free(ctx[i]);
     }
@@ -89,6 +124,10 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
     free(grad);
     free(tf);
     free(tb);
+    free(tbi);
+    free(tbw);
+    pd_free(sdx);
+    pd_free(sdw);
     pd_free(dw);
 }
 
@@ -140,8 +179,9 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         syn.y = y, syn.y_len = tpos;
     }
     double *fwd = calloc((size_t)nl, sizeof *fwd), *bwd = calloc((size_t)nl, sizeof *bwd);
-    PD_ASSERT(fwd && bwd);
-    rt_time_layers(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, fwd, bwd);
+    double *bwd_in = calloc((size_t)nl, sizeof *bwd_in), *bwd_w = calloc((size_t)nl, sizeof *bwd_w);
+    PD_ASSERT(fwd && bwd && bwd_in && bwd_w);
+    rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, fwd, bwd, bwd_in, bwd_w);
     /* the profile */
     snprintf(out->model, sizeof out->model, "%s", model_name(m));
     out->minibatch = B;
@@ -159,6 +199,8 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         snprintf(L->type, sizeof L->type, "%s", model_layer_type(m, i));
         L->fwd_s = fwd[i];
         L->bwd_s = bwd[i];
+        L->bwd_in_s = bwd_in[i];
+        L->bwd_w_s = bwd_w[i];
         L->act_bytes = 4.0 * B * (double)shape_numel(model_layer_out_shape(m, i));
         L->param_bytes = 4.0 * (double)model_param_count(m, i, i + 1);
         L->saved_bytes = layer_saved_bytes(m, i, B);
@@ -166,6 +208,8 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     out->saved_measured = 1;
     free(fwd);
     free(bwd);
+    free(bwd_in);
+    free(bwd_w);
     data_release(&syn);
 out:
     pd_free(w);

@@ -456,6 +456,8 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     for (int i = 0; i < costs.n_stages; i++) {
         costs.stage[i].fwd_s *= scale;
         costs.stage[i].bwd_s *= scale;
+        costs.stage[i].bwd_in_s *= scale;   /* the zb kinds' split backward, when measured */
+        costs.stage[i].bwd_w_s *= scale;
         costs.stage[i].in_bytes *= scale;
         costs.stage[i].stash_bytes *= scale;
         /* as the simulator charges it: slowed where workers share a machine's cores */

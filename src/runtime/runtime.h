@@ -182,6 +182,14 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
  * progress line on stderr. */
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s);
+/* The same, also timing each layer's backward split as the zb kinds run it (model_backward_b,
+ * then model_backward_w, on scratch gradients right after the whole backward): bwd_in_s[i] = the
+ * median input-gradient pass, bwd_w_s[i] = the median weight pass plus the layer's optimizer
+ * step share (as bwd_s has it). A layer without a weight pass of its own
+ * (model_layer_splits == 0) gets bwd_in_s = bwd_s and bwd_w_s = 0 exactly. */
+void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
+                          int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
+                          double *bwd_w_s);
 
 /* ---- training sessions (rt_session.c) -------------------------------------------------------
  * A whole training run: set-up checks on every rank (model, plan, data, checkpoint directory,
