@@ -6,6 +6,8 @@
 # (3*30/2)/(240+45) (interleaved). --recompute, usage errors. `plan --choose-schedule` on the
 # authors' vgg16 with a memory limit under 1f1b's need: a plan that fits, the runner-up and what
 # was given up, the schedule recorded in the plan and used by `simulate`; an impossible limit.
+# `train` (threads) runs zb-h1 and zb-h2, with and without --recompute, on mlp with a replicated
+# stage: weights bitwise 1f1b-flush's (CRC-32 per stage).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -19,6 +21,30 @@ layers = [{"name": "l%d" % i, "type": "linear", "forward_s": 0.005, "backward_s"
 json.dump({"format": "pipedream-profile", "version": 1, "model": "uniform8", "minibatch": 32,
            "input_bytes": 1e6, "layers": layers}, open(sys.argv[1], "w"))
 PY
+# the runtime executes the zb kinds: the split backward adds every gradient in 1f1b-flush's order
+cat >"$tmp/mlp_plan.json" <<JSON
+{"format": "pipedream-plan", "version": 1, "model": "mlp", "profile_crc32": "00000000", "n_layers": 4,
+ "cost_model": {"kind": "ours", "straight": false, "allow_idle": false, "memory_limit": 0,
+                "activation_compression": 0, "overlap_allreduce": false},
+ "cluster": {"levels": [{"workers": 3, "bandwidth": 1e10, "latency": 0}], "memory_per_worker": 0},
+ "n_workers": 3, "noam": 2,
+ "predicted": {"pipeline_s": 1, "single_worker_s": 1, "data_parallel_s": 1, "speedup_over_single": 1,
+               "speedup_over_data_parallel": 1},
+ "stages": [{"layers": [0, 1], "replicas": 2, "ranks": [0, 1], "compute_s": 1, "time_s": 1},
+            {"layers": [2, 3], "replicas": 1, "ranks": [2], "compute_s": 1, "time_s": 1}]}
+JSON
+crc() { sed -n 's/.*"weights_crc":\[\([^]]*\)\].*/\1/p' "$1"; }
+want=""
+for run in "1f1b-flush" "zb-h1" "zb-h2" "zb-h1 --recompute" "zb-h2 --recompute"; do
+    "$PD" train "$SRC/models/mlp.json" --plan "$tmp/mlp_plan.json" --workers 3 --schedule $run --microbatches 4 \
+        --steps 12 --minibatch 16 --timeout 60 >"$tmp/out" 2>"$tmp/err" || fail "train $run: $(tail -3 "$tmp/err")"
+    got=$(crc "$tmp/out")
+    [ -n "$got" ] || fail "train $run: no weights_crc in $(cat "$tmp/out")"
+    [ -n "$want" ] || want=$got
+    [ "$got" = "$want" ] || fail "train $run: weights $got, 1f1b-flush's $want"
+done
+echo "ok: train zb-h1, zb-h2 (and --recompute) = 1f1b-flush bitwise ($want)"
+
 "$PD" plan "$tmp/u8.json" --workers 4 --bandwidth 1e30 --straight -o "$tmp/p4.json" >/dev/null 2>"$tmp/err" || fail "plan: $(cat "$tmp/err")"
 "$PD" plan "$tmp/u8.json" --workers 8 --bandwidth 1e30 --straight -o "$tmp/p8.json" >/dev/null 2>"$tmp/err" || fail "plan 8: $(cat "$tmp/err")"
 "$PD" plan "$tmp/u8.json" --workers 4 --bandwidth 1e30 --chunks 2 -o "$tmp/p4c2.json" >"$tmp/out" 2>"$tmp/err" ||
@@ -42,13 +68,15 @@ check interleaved "$(bubble "$tmp/c.json")" "(3*30/2)/(240+45)"
 check "interleaved (default)" "$(bubble "$tmp/c2.json")" "(3*30/2)/(240+45)"
 "$PD" simulate "$tmp/p8.json" $S --chunks 2 >"$tmp/d.json" || fail "--chunks 2"
 check "--chunks 2" "$(bubble "$tmp/d.json")" "(3*30/2)/(240+45)"
-# ZB-H1's peak activation memory is 1F1B-flush's
+# ZB-H1's peak activation memory is 1F1B-flush's in units in flight (warmup_0 = 4 units); per
+# unit a stage holds its input and 2 layer outputs (3 MB), and zb-h1 also the output gradient
+# of its first layer, kept from BI to BW for the weight pass (the second's is the received one)
 python3 - "$tmp/a.json" "$tmp/b.json" <<'PY' || fail "zb-h1 memory"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:])
 ma = max(w["activations_bytes"] for w in a["per_worker"])
 mb = max(w["activations_bytes"] for w in b["per_worker"])
-assert ma == mb, (ma, mb)
+assert (ma, mb) == (4 * 3e6, 4 * 4e6), (ma, mb)
 PY
 "$PD" simulate "$tmp/p4.json" --profile "$tmp/u8.json" --schedule zb-h1 --microbatches 8 --recompute --dump >"$tmp/out" 2>"$tmp/err" ||
     fail "--recompute: $(cat "$tmp/err")"
