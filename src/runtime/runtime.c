@@ -437,10 +437,10 @@ static int do_recompute(Worker *w, const Instr *in, Err *err) {
     return PD_OK;
 }
 
-/* B, or the zb kinds' BI (in->op == OP_BACKWARD_B): the input gradient, and the weight
- * gradient of the layers that do not split; the unit then keeps its slot until its BW. */
 static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err);
 
+/* B, or the zb kinds' BI (in->op == OP_BACKWARD_B): the input gradient, and the weight
+ * gradient of the layers that do not split; the unit then keeps its slot until its BW. */
 static int do_backward(Worker *w, const Instr *in, Err *err) {
     int half = in->op == OP_BACKWARD_B;
     Slot *sl = slot_find(w, in->mb);
@@ -473,8 +473,11 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
 }
 
 /* After a unit's last backward op (B, or BW): its activations go back to the pool
- * (recompute), the gradient is checked (--nan-check all), and at the input stage, which sends
- * nothing back, the slot is free (elsewhere SG frees it, or BW when it comes after SG). */
+ * (recompute), the gradient is checked (--nan-check all), and the slot is free: at the input
+ * stage, which sends nothing back, once its sends have completed (its activation has been
+ * received, since its gradient came back); elsewhere SG frees it, or BW, which comes after SG,
+ * without waiting for the gradient's send to complete (the previous stage may not have posted
+ * its receive yet; slot_for completes it before the slot is reused). */
 static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err) {
     ctx_return(w, sl);
     if (w->cfg->nan_check == RT_NAN_ALL)
@@ -483,9 +486,11 @@ static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err) {
                 return err_set(err, PD_EINVAL,
                                "gradient of parameter %zu of the stage is %g after minibatch %llu", i, (double)w->dw[i],
                                (unsigned long long)(w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro);
-    if (w->is_input || in->op == OP_BACKWARD_W) {
+    if (w->is_input) {
         int rc = slot_drain(w, sl, err);
         if (rc) return rc;
+        slot_free(sl);
+    } else if (in->op == OP_BACKWARD_W) {
         slot_free(sl);
     }
     return PD_OK;
