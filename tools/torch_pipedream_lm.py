@@ -22,7 +22,8 @@ the forward's activations with newer weights inside each layer, which autograd c
     /usr/bin/python3 tools/torch_pipedream_lm.py --text kjv.txt --plan plan.json --kind 1f1b \\
         --steps 200 --minibatch 32 --lr 1e-3 --init init.safetensors
 
---plan takes the stages (straight: one replica each) from a pipedream plan; --cuts 0,1:2:3:4,5,6
+--delays d0,d1,... sets every stage's delay by hand (an experiment: which stage's staleness
+costs what). --plan takes the stages (straight: one replica each) from a pipedream plan; --cuts 0,1:2:3:4,5,6
 gives them by hand. --warmup-steps W multiplies the learning rate of step t (0-based) by
 min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an oracle-only experiment, for
 the sequential and pipelined kinds alike). Output: one JSON line {"framework": "torch-oracle",
@@ -44,6 +45,7 @@ ap.add_argument('--plan', help='pipedream plan (straight) whose stages to use')
 ap.add_argument('--cuts', help='stages by hand: top-level layer indices, stages separated by ":", e.g. 0,1:2:3:4,5,6')
 ap.add_argument('--kind', default='1f1b', choices=['seq', '1f1b', '1f1b-flush', 'gpipe', '2bw'])
 ap.add_argument('--vertical-sync', action='store_true')
+ap.add_argument('--delays', help='experiment: every stage\'s delay by hand (e.g. 1,0,0,0), overriding --kind\'s')
 ap.add_argument('--steps', type=int, default=200)
 ap.add_argument('--minibatch', type=int, default=32)
 ap.add_argument('--optimizer', default='adam', choices=['adam', 'sgd'])
@@ -126,6 +128,10 @@ elif args.kind == '2bw':
     delays = [1] * p
 else:
     delays = [0] * p
+if args.delays:
+    delays = [int(d) for d in args.delays.split(',')]
+    if len(delays) != p or min(delays) < 0:
+        fail('--delays needs %d non-negative integers, one per stage' % p)
 
 # Every stage's parameters and its weight versions (version v = after v steps at the stage).
 params = [[q for i in s for q in layers[i].parameters()] for s in stages]
