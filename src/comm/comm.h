@@ -266,7 +266,7 @@ int comm_group_size(const CommGroup *g);
  *   - after a pass that moved nothing it naps, not spins: the ranks of a job may share
  *     cores with the compute threads, and a spinning thread would take a core from one.
  *     MPI cannot say when a message comes, so the nap is fixed (100 us: at 1 Gbit/s that is
- *     12 KB, which the kernel's socket buffers absorb; a 256 KiB piece takes 2 ms); the
+ *     12 KB, which the kernel's socket buffers absorb; a 60 KiB piece takes 0.5 ms); the
  *     threads transport waits until something is delivered to the endpoint. While no
  *     all-reduce runs it sleeps on a condition variable;
  *   - under MPI its messages are on the group's own communicator, so they never match the
@@ -297,7 +297,11 @@ int comm_group_size(const CommGroup *g);
  * COMM_AR_WINDOW outstanding on g: nothing started, no sequence number used) or PD_ECOMM (the
  * group is broken: an all-reduce on it failed or was cancelled, the message says which). */
 #define COMM_AR_WINDOW 1024            /* all-reduces outstanding on one group, at most */
-#define COMM_AR_PIECE ((size_t)65536)  /* floats per pipelined piece (256 KiB) */
+/* 60 KiB: under Open MPI's TCP eager limit (64 KiB with its headers), so a piece is sent
+ * at once instead of by rendezvous, whose go-ahead message queues behind this rank's own
+ * outgoing data on a shaped full-duplex link (256 KiB pieces reached half the link rate at
+ * 100 Mbit/s on the emulated cluster, 60 KiB pieces 96%: docs/cluster.md). */
+#define COMM_AR_PIECE ((size_t)15360)  /* floats per pipelined piece */
 typedef struct CommAr CommAr;
 int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr **out, Err *err);
 
