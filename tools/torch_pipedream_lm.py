@@ -22,9 +22,9 @@ the forward's activations with newer weights inside each layer, which autograd c
     /usr/bin/python3 tools/torch_pipedream_lm.py --text kjv.txt --plan plan.json --kind 1f1b \\
         --steps 200 --minibatch 32 --lr 1e-3 --init init.safetensors
 
---delays d0,d1,... sets every stage's delay by hand (an experiment: which stage's staleness
-costs what). --plan takes the stages (straight: one replica each) from a pipedream plan; --cuts 0,1:2:3:4,5,6
-gives them by hand. --warmup-steps W multiplies the learning rate of step t (0-based) by
+--plan takes the stages (straight: one replica each) from a pipedream plan; --cuts
+0,1:2:3:4,5,6 gives them by hand. --delays d0,d1,... sets every stage's delay by hand (an
+experiment: which stage's staleness costs what). --warmup-steps W multiplies the learning rate of step t (0-based) by
 min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an oracle-only experiment, for
 the sequential and pipelined kinds alike). Output: one JSON line {"framework": "torch-oracle",
 "kind", "delays", "test_loss", "test_accuracy", "final_loss" (the last minibatch's loss, as
