@@ -63,7 +63,6 @@ ap.add_argument('--losses', action='store_true', help='include every minibatch\'
 args = ap.parse_args()
 os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
