@@ -24,11 +24,12 @@ the forward's activations with newer weights inside each layer, which autograd c
 
 --plan takes the stages (straight: one replica each) from a pipedream plan; --cuts
 0,1:2:3:4,5,6 gives them by hand. --delays d0,d1,... sets every stage's delay by hand (an
-experiment: which stage's staleness costs what). --warmup-steps W multiplies the learning rate of step t (0-based) by
-min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an oracle-only experiment, for
-the sequential and pipelined kinds alike). Output: one JSON line {"framework": "torch-oracle",
-"kind", "delays", "test_loss", "test_accuracy", "final_loss" (the last minibatch's loss, as
-pipedream's pipelined summary), "mean_loss", "losses" (with --losses: every minibatch's loss)}.
+experiment: which stage's staleness costs what). --warmup-steps W multiplies the learning rate
+of step t (0-based) by min(1, (t + 1) / W) (a linear warm-up; pipedream's CLI has none: an
+oracle-only experiment, for the sequential and pipelined kinds alike). Output: one JSON line
+{"framework": "torch-oracle", "kind", "delays", "test_loss", "test_accuracy", "final_loss" (the
+last minibatch's loss, as pipedream's pipelined summary), "mean_loss", "losses" (with --losses:
+every minibatch's loss)}.
 --save W.safetensors writes the final weights in pipedream's names (compare with a checkpoint);
 --start-checkpoint DIR writes the initial ones as a step-0 checkpoint, so that `pipedream train
 ... --plan P --resume DIR` starts from the same weights (the pipelined command has no --init)."""
