@@ -265,10 +265,12 @@ int comm_group_size(const CommGroup *g);
  *     inside comm_group_iallreduce or comm_ar_test;
  *   - after a pass that moved nothing it naps, not spins: the ranks of a job may share
  *     cores with the compute threads, and a spinning thread would take a core from one.
- *     MPI cannot say when a message comes, so the nap is fixed (100 us: at 1 Gbit/s that is
- *     12 KB, which the kernel's socket buffers absorb; a 60 KiB piece takes 0.5 ms); the
- *     threads transport waits until something is delivered to the endpoint. While no
- *     all-reduce runs it sleeps on a condition variable;
+ *     MPI cannot say when a message comes, so the nap is timed: 100 us after a pass that
+ *     moved something, doubling up to 1 ms while passes move nothing (a member still in
+ *     its backward); at 1 Gbit/s 1 ms is 125 KB, which the kernel's socket buffers absorb,
+ *     and a 60 KiB piece takes 0.5 ms. The threads transport waits until something is
+ *     delivered to the endpoint. While no all-reduce runs it sleeps on a condition
+ *     variable;
  *   - under MPI its messages are on the group's own communicator, so they never match the
  *     caller's point-to-point or control messages (which go on as before, on the caller's
  *     thread); MPI must give MPI_THREAD_MULTIPLE. comm_ar_wait sleeps on a condition
@@ -284,7 +286,7 @@ int comm_group_size(const CommGroup *g);
  * do not advance them, and a member waiting there can stall the ring. (Calling comm_ar_test
  * between layers is harmless with the thread: it only looks.)
  * PD_COMM_PROGRESS (read when the Comm is created): "thread" (the default), "thread:US"
- * (nap US microseconds, 0 .. 1000000), "spin" (never nap: for measuring what a spinning
+ * (first nap US microseconds, 0 .. 1000000; 0 = never nap), "spin" (never nap: for measuring what a spinning
  * thread costs), "caller" (no thread: as before the thread existed); anything else fails
  * the creation with PD_EINVAL.
  *

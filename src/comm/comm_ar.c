@@ -468,7 +468,8 @@ static int ar_pass(CommAr *a) {
 
 /* ---- progress: a thread, or the caller --------------------------------------------------- */
 
-enum { AR_NAP_NS = 100000 };   /* default nap of the progress thread (MPI): 100 us */
+enum { AR_NAP_NS = 100000,       /* the progress thread's first nap (MPI): 100 us */
+       AR_NAP_MAX_NS = 1000000 };  /* its longest (1 ms: 125 KB at 1 Gbit/s, which socket buffers hold) */
 
 /* One pass over every running all-reduce of c (under ar_mu). */
 static int progress_locked(Comm *c) {
@@ -506,26 +507,34 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double deadline)
 }
 
 /* The progress thread: a pass over the running all-reduces; if nothing moved, a nap (MPI
- * cannot say when a message comes, so a fixed one; threads: until a delivery to this
- * endpoint, at most 5 ms); while none runs, a sleep until one starts. Never spins unless
- * COMM_PROGRESS_SPIN asks it to. */
+ * cannot say when a message comes: 100 us, doubling to 1 ms while nothing moves; threads:
+ * until a delivery to this endpoint, at most 5 ms); while none runs, a sleep until one
+ * starts. Never spins unless COMM_PROGRESS_SPIN asks it to. */
 static void *ar_thread_main(void *arg) {
     Comm *c = arg;
+    /* MPI: the nap doubles while passes move nothing (a member still computing its
+     * backward), up to AR_NAP_MAX_NS, and drops back to ar_nap_ns when something moves */
+    const long nap_max = c->ar_nap_ns > AR_NAP_MAX_NS ? c->ar_nap_ns : AR_NAP_MAX_NS;
+    long nap = c->ar_nap_ns;
     pthread_mutex_lock(&c->ar_mu);
     while (!c->ar_stop) {
         if (!c->ars) {
             pthread_cond_wait(&c->ar_work, &c->ar_mu);
+            nap = c->ar_nap_ns;
             continue;
         }
         const uint64_t mark = c->ops->events(c);
         const int moved = progress_locked(c);
         pthread_mutex_unlock(&c->ar_mu);   /* between passes the caller may take it */
-        if (!moved && c->ar_mode == COMM_PROGRESS_THREAD) {
+        if (moved) {
+            nap = c->ar_nap_ns;
+        } else if (c->ar_mode == COMM_PROGRESS_THREAD) {
             if (c->ops->has_events) {
                 c->ops->idle(c, mark, 0, pd_now() + 0.005);
-            } else if (c->ar_nap_ns > 0) {
-                struct timespec ts = {c->ar_nap_ns / 1000000000L, c->ar_nap_ns % 1000000000L};
+            } else if (nap > 0) {
+                struct timespec ts = {nap / 1000000000L, nap % 1000000000L};
                 nanosleep(&ts, NULL);
+                nap = 2 * nap < nap_max ? 2 * nap : nap_max;
             }
         }
         pthread_mutex_lock(&c->ar_mu);
