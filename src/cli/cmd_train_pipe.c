@@ -51,11 +51,12 @@ static const char *USAGE =
     "  --target-accuracy A   stop at the first evaluation with test accuracy >= A (time to accuracy)\n"
     "  --nan-check WHAT      stop at a NaN or Inf: loss (default: the last stage's loss), all\n"
     "                        (also every stage's gradients after each backward), off\n"
+    "  --init W.safetensors  start from these weights (train --save, tools/export_torch.py, a checkpoint)\n"
     "  --resume D            continue from the newest complete checkpoint in D (same settings;\n"
     "                        another plan or schedule also works: tensors are named by layer)\n";
 
 typedef struct PipeOpts {
-    const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume;
+    const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
         eval_every, no_stash, recompute;
     double target;
@@ -95,7 +96,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
                                                  "--steps", "--minibatch", "--lr", "--momentum", "--weight-decay",
                                                  "--optimizer", "--seed", "--threads", "--data", "--text", "--profile",
                                                  "--metrics", "--trace", "--svg", "--curve", "--timeout",
-                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", "--nan-check",
+                                                 "--checkpoint-every", "--checkpoint-dir", "--resume", "--init", "--nan-check",
                                                  "--eval-every", "--target-accuracy", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
@@ -128,6 +129,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         else if (!strcmp(a, "--eval-every")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->eval_every);
         else if (!strcmp(a, "--target-accuracy")) rc = cli_parse_double(C, a, v, 0, 1, &o->target);
         else if (!strcmp(a, "--resume")) o->resume = v;
+        else if (!strcmp(a, "--init")) o->init = v;
         else if (!strcmp(a, "--nan-check")) {
             if (!strcmp(v, "loss")) o->nan_check = RT_NAN_LOSS;
             else if (!strcmp(v, "all")) o->nan_check = RT_NAN_ALL;
@@ -144,6 +146,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
     if (o->micro > 1 && !micro_kind)
         return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1 and zb-h2");
     if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
+    if (o->init && o->resume) return cli_usage_error(C, "--init and --resume exclude each other");
     if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
     if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");
     if (o->batch % o->micro)
@@ -206,7 +209,7 @@ int cmd_train_pipelined(int argc, char **argv) {
                         .vertical_sync = o.vsync, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
                         .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
-                        .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .trace = o.trace || o.svg,
+                        .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .init_weights = o.init, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every,
                         .target_accuracy = o.target, .no_stash = o.no_stash, .recompute = o.recompute};

@@ -114,3 +114,21 @@ out:
     ckpt_close(ck);
     return rc;
 }
+
+int rt_weights_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
+    Ckpt *ck;
+    int rc = ckpt_open(path, &ck, err);
+    if (rc) return rc;
+    int nt, nl = model_n_layers(m);
+    const ParamInfo *pt = model_param_tensors(m, &nt);
+    for (int i = 0; i < nt && !rc; i++) rc = ckpt_copy_f32(ck, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
+    char key[160];
+    for (int l = 0; l < nl && !rc; l++) {
+        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
+        if (b == a) continue;
+        snprintf(key, sizeof key, "state.layers.%d", l);
+        rc = ckpt_copy_f32(ck, key, shape1((int)(b - a)), c->state + a, err);
+    }
+    ckpt_close(ck);
+    return rc;
+}

@@ -190,6 +190,10 @@ static int setup_local(Rank *R, const Schedule *probe, Err *err) {
                            (unsigned long long)R->ck.units_done, per);
         R->mb_done = R->ck.units_done / (uint64_t)per;
         snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
+    } else if (sp->init_weights) {   /* given weights, a fresh optimizer (zero moments, step 0) */
+        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
+        R->have_ck = 1;
+        if ((rc = rt_weights_load(sp->init_weights, R->m, &R->ck, err))) return rc;
     }
     return PD_OK;
 }

@@ -155,6 +155,9 @@ int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_ou
 /* Reads a checkpoint of model m into c's buffers (sized for m) and fields. Fails naming the
  * file if it is of another model, lacks a tensor, has a wrong shape, or is damaged. */
 int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err);
+/* Reads only the parameters and state of a weights file (train --save, tools/export_torch.py,
+ * any checkpoint) into c's buffers; optimizer buffers and counters are left as they are. */
+int rt_weights_load(const char *path, const Model *m, RtCkpt *c, Err *err);
 
 /* ---- the profiler (profiler.c) ------------------------------------------------------------ */
 typedef struct RtProfileOpts {
@@ -222,6 +225,8 @@ typedef struct RtTrainSpec {
     int checkpoint_every;        /* minibatches per segment; 0 = one segment, no checkpoints */
     const char *checkpoint_dir;  /* created if missing (mkdir -p) */
     const char *resume;          /* directory: continue from its newest valid checkpoint */
+    const char *init_weights;    /* or a weights file (a checkpoint's names): start from these
+                                  * parameters and state, optimizer fresh, minibatch 0 */
     int trace;                   /* record every instruction (timelines) */
     int progress;                /* see RtConfig.progress */
     int nan_check;               /* RT_NAN_* */

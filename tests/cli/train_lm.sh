@@ -41,6 +41,29 @@ assert 1.0 < b["test_loss"] < 5.6, b          # below uniform (ln 256 = 5.55) af
 assert abs(a["test_loss"] - b["test_loss"]) <= 2e-4 * a["test_loss"], (a["test_loss"], b["test_loss"])
 PY
 echo "ok: 1f1b-flush on 4 stages = one worker (up to summation order)"
+# --init: the pipelined run starts from a weights file (here one-worker --save after 3 steps),
+# with a fresh optimizer, exactly as continuing from a step-0 checkpoint of those weights
+"$PD" train "$tmp/gpt.json" --text "$tmp/t.txt" --steps 3 --minibatch 8 --save "$tmp/w.st" >/dev/null 2>&1 ||
+    fail "one worker --save"
+"$PD" train "$tmp/gpt.json" $A --workers 4 --plan "$tmp/p4.json" --init "$tmp/w.st" >"$tmp/i.out" 2>"$tmp/i.err" ||
+    fail "--init: $(tail -3 "$tmp/i.err")"
+"$PD" train "$tmp/gpt.json" $A --workers 4 --plan "$tmp/p4.json" >"$tmp/n.out" 2>/dev/null || fail "no --init"
+[ "$(crc "$tmp/i.out")" != "$(crc "$tmp/n.out")" ] || fail "--init changed nothing"
+"$PD" train "$tmp/gpt.json" $A --workers 4 --plan "$tmp/p4.json" --init "$tmp/w.st" --resume "$tmp" \
+    >/dev/null 2>"$tmp/x.err" && fail "--init with --resume accepted"
+grep -q "exclude each other" "$tmp/x.err" || fail "--init with --resume: $(cat "$tmp/x.err")"
+/usr/bin/python3 -c "import numpy" 2>/dev/null && {
+    /usr/bin/python3 - "$SRC/tools" "$tmp" <<'PY' || fail "step-0 checkpoint"
+import sys; sys.path.insert(0, sys.argv[1]); import pd_io
+w, _ = pd_io.read_safetensors(sys.argv[2] + '/w.st')
+m = sys.argv[2] + '/gpt.json'
+pd_io.write_start_checkpoint(sys.argv[2] + '/ck0', m, [w[n] for n, _ in pd_io.param_names(m)], 1)
+PY
+    "$PD" train "$tmp/gpt.json" $A --workers 4 --plan "$tmp/p4.json" --resume "$tmp/ck0" >"$tmp/r.out" 2>/dev/null ||
+        fail "resume from the step-0 checkpoint"
+    [ "$(crc "$tmp/i.out")" = "$(crc "$tmp/r.out")" ] || fail "--init $(crc "$tmp/i.out") != step-0 checkpoint $(crc "$tmp/r.out")"
+    echo "ok: pipelined --init = resuming a step-0 checkpoint of the same weights ($(crc "$tmp/i.out"))"
+}
 if command -v mpirun >/dev/null; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
     "$PD" train "$tmp/gpt.json" $A --workers 4 --plan "$tmp/p4.json" >"$tmp/t.out" 2>"$tmp/t.err" || fail "threads: $(tail -3 "$tmp/t.err")"
