@@ -186,10 +186,12 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s);
 /* The same, also timing each layer's backward split as the zb kinds run it (model_backward_b,
- * then model_backward_w, on scratch gradients right after the whole backward): bwd_in_s[i] = the
- * median input-gradient pass, bwd_w_s[i] = the median weight pass plus the layer's optimizer
- * step share (as bwd_s has it). A layer without a weight pass of its own
- * (model_layer_splits == 0) gets bwd_in_s = bwd_s and bwd_w_s = 0 exactly. */
+ * then model_backward_w, on scratch gradients, beside the whole backward; each timed only in
+ * the iterations where it runs before the other, alternately, so that neither finds the
+ * layer's data in cache from the other): bwd_in_s[i] = the median input-gradient pass,
+ * bwd_w_s[i] = the median weight pass plus the layer's optimizer step share (as bwd_s has it).
+ * A layer without a weight pass of its own (model_layer_splits == 0) gets bwd_in_s = bwd_s and
+ * bwd_w_s = 0 exactly; with iterations == 1 the split is not timed (both 0). */
 void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                           int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
                           double *bwd_w_s);
