@@ -273,8 +273,11 @@ int comm_group_size(const CommGroup *g);
  *     variable;
  *   - under MPI its messages are on the group's own communicator, so they never match the
  *     caller's point-to-point or control messages (which go on as before, on the caller's
- *     thread); MPI must give MPI_THREAD_MULTIPLE. comm_ar_wait sleeps on a condition
- *     variable that the thread signals when an all-reduce ends (or at the deadline).
+ *     thread); MPI must give MPI_THREAD_MULTIPLE;
+ *   - a caller in comm_ar_wait has nothing else to do, so it makes passes too, polling as
+ *     every comm wait does (MPI: spin briefly, yield, then 50 us naps; threads: until a
+ *     delivery): shorter latency than the thread's naps once the ring only waits for
+ *     handshakes (shared memory).
  * The summation order is the engine's, whoever runs it: the results do not depend on which
  * thread moved a piece or when (the tests compare bitwise with comm_sum_serial).
  * Without the thread (PD_COMM_PROGRESS=caller, MPI without MPI_THREAD_MULTIPLE, or a thread
@@ -313,7 +316,7 @@ int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr 
 int comm_ar_test(CommAr *a, int *done, Err *err);
 
 /* Completes *a, waiting at most timeout_s seconds (0 = no deadline) while advancing every
- * outstanding all-reduce of the Comm (or, with a progress thread, asleep until it ends).
+ * outstanding all-reduce of the Comm (beside the progress thread, if there is one).
  * - Finished: frees it, *a = NULL, returns PD_OK (buf holds the result) or its error
  *   (PD_ECOMM: members disagree on n or op, a member's endpoint closed, abort, MPI error).
  * - Deadline passed: returns PD_ECOMM naming the member it waits for and leaves *a pending

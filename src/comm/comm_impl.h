@@ -143,7 +143,6 @@ struct Comm {
     long ar_nap_ns;         /* COMM_PROGRESS_THREAD: nap between passes that moved nothing */
     pthread_mutex_t ar_mu;
     pthread_cond_t ar_work; /* the thread waits here while nothing runs; comm_free wakes it */
-    pthread_cond_t ar_done; /* comm_ar_wait waits here; broadcast when an all-reduce ends */
     pthread_t ar_thread;
     int ar_thread_on;       /* started (at the first all-reduce with more than one member) */
     int ar_stop;            /* comm_free asks the thread to end */
