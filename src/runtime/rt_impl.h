@@ -17,6 +17,8 @@ typedef struct Slot {
     float *dx;                /* (B, in): gradient for the previous stage (NULL at stage 0) */
     float *keep;              /* zb kinds: the output gradients of the splitting layers, kept by BI
                                * for BW (model_split_floats); NULL otherwise */
+    int fused;                /* zb kinds: BI ran the whole backward (its BW is the next instruction),
+                               * so BW has nothing left to compute */
     float *labels_f;          /* (B): labels as a control message payload */
     int32_t *labels;          /* (B) */
     CommReq *r_act, *r_grad, *r_lab;   /* posted receives */

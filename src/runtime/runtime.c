@@ -223,6 +223,7 @@ static Slot *slot_find(Worker *w, int u) {
 
 static Slot *slot_claim(Slot *f, int u) {
     f->unit = u;
+    f->fused = 0;
     f->act_ready = f->grad_ready = f->lab_ready = 0;
     f->version = -1;
     return f;
@@ -456,9 +457,25 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
         dx = sl->dx;
         memset(dx, 0, shape_numel(w->in_shape) * sizeof(float));
     }
-    if (half) {   /* BW follows: no bucket may start before it */
+    /* A BI whose BW is the very next instruction (the input stage of zb-h1, which sends no
+     * gradient back and defers nothing) runs the whole backward at once: the same numbers
+     * (model_backward_b + model_backward_w are bitwise model_backward), without keeping the
+     * output gradients in memory in between or the split's second relu mask. */
+    const Instr *nx = w->pc + 1 < w->sw->n ? &w->sw->ins[w->pc + 1] : NULL;
+    sl->fused = half && nx && nx->op == OP_BACKWARD_W && nx->mb == in->mb && nx->chunk == in->chunk;
+    if (half && !sl->fused) {   /* BW follows later: no bucket may start before it */
         model_backward_b(w->m, sl->ctx, wv, sl->dy, dx, w->dw, sl->keep);
         w->res->n_bwd++;
+        return PD_OK;
+    }
+    if (sl->fused) {   /* the buckets start with the layers' weight gradients, as in BW */
+        w->res->n_bwd++;
+        if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc + 1)) {
+            BkHook h = {w, err, PD_OK};
+            model_backward_hook(w->m, sl->ctx, wv, sl->dy, dx, w->dw, bucket_hook, &h);
+            return h.rc;
+        }
+        model_backward(w->m, sl->ctx, wv, sl->dy, dx, w->dw);
         return PD_OK;
     }
     if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
@@ -505,7 +522,9 @@ static int do_backward_w(Worker *w, const Instr *in, Err *err) {
     PD_ASSERTF(sl && sl->version == in->version, "rank %d: weight pass of unit %d (version %d) without its forward",
                w->rank, in->mb, in->version);
     const float *wv = vstore_get(w, w->cfg->no_stash ? w->newest : in->version);
-    if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
+    if (sl->fused) {   /* its BI ran the whole backward */
+        sl->fused = 0;
+    } else if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
         BkHook h = {w, err, PD_OK};
         model_backward_w(w->m, sl->ctx, wv, sl->dy, sl->keep, w->dw, bucket_hook, &h);
         if (h.rc) return h.rc;
