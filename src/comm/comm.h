@@ -289,9 +289,9 @@ int comm_group_size(const CommGroup *g);
  * do not advance them, and a member waiting there can stall the ring. (Calling comm_ar_test
  * between layers is harmless with the thread: it only looks.)
  * PD_COMM_PROGRESS (read when the Comm is created): "thread" (the default), "thread:US"
- * (first nap US microseconds, 0 .. 1000000; 0 = never nap), "spin" (never nap: for measuring what a spinning
- * thread costs), "caller" (no thread: as before the thread existed); anything else fails
- * the creation with PD_EINVAL.
+ * (first nap US microseconds, 0 .. 1000000; 0 = never nap), "spin" (never nap: for
+ * measuring what a spinning thread costs), "caller" (no thread: as before the thread
+ * existed); anything else fails the creation with PD_EINVAL.
  *
  * Large chunks move in pieces of COMM_AR_PIECE floats, pipelined (a piece is forwarded as
  * soon as it arrived and was added). Members first send each other a 24-byte notice
