@@ -61,7 +61,7 @@ static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Sch
 static SimCosts uniform_costs(int n, double f, double b) {
     PD_ASSERT(n > 0);
     SimCosts c = {n, calloc((size_t)n, sizeof(SimStageCost))};
-    for (int i = 0; i < n; i++) c.stage[i] = (SimStageCost){f, b, 0, 0, 0, 0, 0};
+    for (int i = 0; i < n; i++) c.stage[i] = (SimStageCost){.fwd_s = f, .bwd_s = b};
     return c;
 }
 
@@ -375,7 +375,7 @@ static void test_random_plans(void **state) {
             SimCosts cc = c;
             SimStageCost one;
             if (kind == SCHED_DP) {   /* one stage: the whole model */
-                one = (SimStageCost){0, 0, 0, 0, 1e5, 0, 0};
+                one = (SimStageCost){.stash_bytes = 1e5};
                 for (int i = 0; i < S; i++) one.fwd_s += c.stage[i].fwd_s, one.bwd_s += c.stage[i].bwd_s,
                                             one.param_bytes += c.stage[i].param_bytes;
                 cc = (SimCosts){1, &one};

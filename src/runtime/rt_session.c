@@ -456,14 +456,8 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
                   .samples_per_unit = unit_batch};
     Err e2 = {0};
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
-    double scale = sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0;
+    sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
     for (int i = 0; i < costs.n_stages; i++) {
-        costs.stage[i].fwd_s *= scale;
-        costs.stage[i].bwd_s *= scale;
-        costs.stage[i].bwd_in_s *= scale;   /* the zb kinds' split backward, when measured */
-        costs.stage[i].bwd_w_s *= scale;
-        costs.stage[i].in_bytes *= scale;
-        costs.stage[i].stash_bytes *= scale;
         /* as the simulator charges it: slowed where workers share a machine's cores */
         double slow = cluster_compute_slowdown(&sp->plan->cluster, s->stages[i].ranks[0], NULL, s->n_ranks);
         out->stage[i].predicted_ms = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s) * slow;

@@ -44,8 +44,10 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             c[i].stash_bytes += L->saved_bytes;   /* what the layer keeps besides its output (0 unmeasured) */
             /* the zb kinds' BI keeps, until BW, the gradient w.r.t. the output of every layer with a
              * weight pass but the stage's last (whose is the received gradient, in the slot) */
-            if (sched_splits_backward(s) && k < st->n_layers - 1 && sim_layer_keeps_grad(L))
+            if (sched_splits_backward(s) && k < st->n_layers - 1 && sim_layer_keeps_grad(L)) {
                 c[i].stash_bytes += L->act_bytes;
+                c[i].grad_bytes += L->act_bytes;   /* held in the unit's slot, as the runtime does */
+            }
         }
     }
     if (!rc) {
@@ -67,8 +69,10 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             /* our profiles: a unit also holds the gradient w.r.t. the stage's output (received)
              * and, past stage 0, w.r.t. its input (sent), as the runtime allocates them */
             if (prof->saved_measured && s->stages[i].n_layers > 0) {
-                c[i].stash_bytes += prof->layers[s->stages[i].layers[s->stages[i].n_layers - 1]].act_bytes;
-                if (i > 0) c[i].stash_bytes += c[i].in_bytes;
+                c[i].out_bytes = prof->layers[s->stages[i].layers[s->stages[i].n_layers - 1]].act_bytes;
+                double g = c[i].out_bytes + (i > 0 ? c[i].in_bytes : 0);
+                c[i].grad_bytes += g;
+                c[i].stash_bytes += g;
             }
         }
     }
@@ -81,6 +85,14 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
     out->n_stages = s->n_stages;
     out->stage = c;
     return PD_OK;
+}
+
+void sim_costs_scale(SimCosts *c, double f) {
+    for (int i = 0; i < c->n_stages; i++) {
+        SimStageCost *s = &c->stage[i];
+        s->fwd_s *= f, s->bwd_s *= f, s->bwd_in_s *= f, s->bwd_w_s *= f;
+        s->in_bytes *= f, s->stash_bytes *= f, s->grad_bytes *= f, s->out_bytes *= f;
+    }
 }
 
 void sim_costs_release(SimCosts *c) {
@@ -427,12 +439,14 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     memset(m, 0, sizeof *m);
     if (w->stage < 0) return;
     int nc = wi->n_chunks > 0 ? wi->n_chunks : 1, n = w->n;
-    double params = 0, max_in = 0, max_rest = 0, max_stash = 0;
+    double params = 0, max_stash = 0, max_keep = 0, max_ctx = 0;
     for (int k = 0; k < nc; k++) {
         const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
         params += c->param_bytes;
-        if (c->in_bytes > max_in) max_in = c->in_bytes;
-        if (c->stash_bytes - c->in_bytes > max_rest) max_rest = c->stash_bytes - c->in_bytes;
+        /* what the runtime allocates when recomputing: per slot the input, the output until it
+         * is sent and the gradient buffers; per context the rest and its own input */
+        if (c->in_bytes + c->out_bytes + c->grad_bytes > max_keep) max_keep = c->in_bytes + c->out_bytes + c->grad_bytes;
+        if (c->stash_bytes - c->grad_bytes > max_ctx) max_ctx = c->stash_bytes - c->grad_bytes;
         if (c->stash_bytes > max_stash) max_stash = c->stash_bytes;
     }
     int *alive = malloc(((size_t)n + 1) * sizeof(int));
@@ -462,7 +476,8 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     m->alloc_stashed = (wi->max_versions_alive - 1) * params;
     /* slots sized for the worker's largest chunk; recomputing: slots hold inputs, and
      * max_full contexts the rest */
-    m->alloc_activations = s->recompute ? wi->n_slots * max_in + wi->max_full * max_rest : wi->n_slots * max_stash;
+    m->alloc_activations = s->recompute ? wi->n_slots * max_keep + (wi->max_full > 0 ? wi->max_full : 1) * max_ctx
+                                        : wi->n_slots * max_stash;
     m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
     e->r->max_inflight[rank] = wi->max_inflight;
     e->r->max_full[rank] = wi->max_full;

@@ -36,6 +36,11 @@ typedef struct SimStageCost {
     /* Added: the split backward of the zb kinds, input gradient (BI) and weight gradient (BW);
      * both 0: half of bwd_s each (sim_bwd_in, sim_bwd_w). */
     double bwd_in_s, bwd_w_s;
+    /* Of stash_bytes: the gradient buffers a unit holds (the zb kinds' kept output gradients;
+     * with our profiles (saved_measured) also w.r.t. the stage's output, and its input past
+     * stage 0) and the stage's output (our profiles; 0 otherwise). A recomputing runtime keeps these per unit in flight besides the input;
+     * the recomputed context is the rest (its own copy of the input included). */
+    double grad_bytes, out_bytes;
 } SimStageCost;
 
 static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }
@@ -61,6 +66,9 @@ static inline int sim_layer_keeps_grad(const ProfileLayer *L) {
     return L->bwd_in_s + L->bwd_w_s > 0 ? L->bwd_w_s > 0 : L->param_bytes > 0;
 }
 void sim_costs_release(SimCosts *c);
+/* Costs of units of f times the profile's minibatch (micro-batches: f = 1/M): every time and
+ * every per-unit byte count scaled by f, parameter bytes unchanged. */
+void sim_costs_scale(SimCosts *c, double f);
 
 typedef struct SimOpts {
     const Cluster *cluster;     /* NULL or n_levels == 0: free communication */
@@ -82,7 +90,7 @@ typedef struct SimMem {
      * stash_bytes (the runtime's slot: its context, gradient and label buffers). */
     double alloc_stashed;       /* (max_versions_alive - 1) x params */
     double alloc_activations;   /* n_slots x stash_bytes (the largest chunk's); recomputing: n_slots x
-                                 * in_bytes + max_full x (stash_bytes - in_bytes) */
+                                 * (in + out + grad bytes) + max(max_full, 1) x (stash - grad bytes) */
     double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations */
 } SimMem;
 

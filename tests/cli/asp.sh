@@ -31,7 +31,7 @@ command -v mpirun >/dev/null || { have_mpi=0; echo "note: no mpirun: the MPI run
 # json KEY FILE: a number of the summary line
 json() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" "$2"; }
 
-"$PD" train --schedule asp --help | grep -q "dp, model-parallel, asp" || fail "--help does not name asp"
+"$PD" train --schedule asp --help | grep -A2 -e "--schedule KIND" | grep -qw asp || fail "--help does not name asp"
 "$PD" train "$MODEL" --workers 2 --schedule asp --microbatches 2 >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 2 ] || fail "asp --microbatches 2: want exit 2"
 grep -q "microbatches applies only to" "$tmp/err" || fail "asp --microbatches: $(cat "$tmp/err")"
