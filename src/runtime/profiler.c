@@ -48,7 +48,7 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
      * the split backward runs second finds the layer's data in cache, so each is timed only in
      * the timed iterations where it runs first: the split in odd ones, the whole in even ones
      * (all of them without the split); nwh/nsp count the samples per layer. With one timed
-     * iteration the split is not timed (both 0: the simulator counts half of backward each) */
+     * iteration the split is not timed: a splitting layer gets half of backward each */
     double *tbi = calloc((size_t)nl * (size_t)iterations, sizeof(double));
     double *tbw = calloc((size_t)nl * (size_t)iterations, sizeof(double));
     int *nwh = calloc((size_t)nl, sizeof(int)), *nsp = calloc((size_t)nl, sizeof(int));
@@ -124,6 +124,10 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
         if (split && model_layer_splits(m, i) && nsp[i] > 0) {
             bwd_in_s[i] = median(tbi + (size_t)i * (size_t)iterations, nsp[i]);
             bwd_w_s[i] = median(tbw + (size_t)i * (size_t)iterations, nsp[i]);
+        } else if (split && model_layer_splits(m, i)) {   /* split, but not timed (one timed
+                                                             * iteration): half each, as the simulator
+                                                             * assumes; BW > 0 says its gradient is kept */
+            bwd_in_s[i] = bwd_w_s[i] = bwd_s[i] / 2;
         } else if (split) {   /* all of it in BI: nothing deferred, nothing kept */
             bwd_in_s[i] = bwd_s[i];
             bwd_w_s[i] = 0;

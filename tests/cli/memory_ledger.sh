@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# memory_ledger.sh: the run summary's memory ledger. For every kind the runtime executes (and
+# with --recompute), a pipelined run given a profile of the same model reports, per stage,
+# what replica 0 allocated and what the simulator predicts from the profile (its layers'
+# output and saved bytes, scaled to the unit batch): they must agree within 2% (they agree to
+# alignment padding; the issue asks 10%). The model has what makes a prediction from output
+# sizes alone go wrong: batch norm (statistics, normalised input), max pooling (indices),
+# a residual block (inner activations), dropout (masks).
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+. "$SRC/tests/cli/lib/common.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cat >"$tmp/m.json" <<'JSON'
+{"name": "ledger", "input": [1, 28, 28],
+ "layers": [{"type": "conv2d", "in": 1, "out": 8, "kernel": 3, "stride": 1, "pad": 1},
+            {"type": "batchnorm", "features": 8, "relu": true}, {"type": "maxpool", "kernel": 2, "stride": 2},
+            {"type": "residual", "body": [
+                {"type": "conv2d", "in": 8, "out": 8, "kernel": 3, "stride": 1, "pad": 1, "bias": false},
+                {"type": "batchnorm", "features": 8, "relu": true},
+                {"type": "conv2d", "in": 8, "out": 8, "kernel": 3, "stride": 1, "pad": 1, "bias": false},
+                {"type": "batchnorm", "features": 8}]},
+            {"type": "flatten"}, {"type": "dropout", "p": 0.5}, {"type": "linear", "in": 1568, "out": 32, "relu": true},
+            {"type": "linear", "in": 32, "out": 10}]}
+JSON
+"$PD" profile "$tmp/m.json" --minibatch 16 --iterations 3 -o "$tmp/prof.json" >/dev/null 2>"$tmp/p.err" ||
+    fail "profile: $(tail -2 "$tmp/p.err")"
+grep -q '"saved_bytes"' "$tmp/prof.json" || fail "the profile has no saved_bytes"
+plan "$tmp/p3.json" 8 ledger "0, 1, 2" "3, 4" "5, 6, 7"
+n=0
+for k in 1f1b "1f1b --vertical-sync" "1f1b --recompute" gpipe "gpipe --recompute" 1f1b-flush "1f1b-flush --recompute" \
+         2bw zb-h1 "zb-h1 --recompute" zb-h2 model-parallel dp; do
+    "$PD" train "$tmp/m.json" --workers 3 --plan "$tmp/p3.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
+        --minibatch 16 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
+    python3 - "$tmp/m.jsonl" "$k" <<'PY' || fail "$k: ledger and prediction disagree"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"stage"')]
+assert rows, "no stage lines"
+for r in rows:
+    a, p = r["allocated_bytes"], r["predicted_allocated_bytes"]
+    assert p is not None and a > 0, r
+    err = abs(a - p) / a
+    print(f"{sys.argv[2]}: stage {r['stage']}: allocated {a} predicted {p:.0f} ({100 * err:.2f}%)")
+    assert err <= 0.02, f"stage {r['stage']}: allocated {a}, predicted {p:.0f}: {100 * err:.1f}% apart"
+PY
+    n=$((n + 1))
+done
+echo "ok: the ledger equals the profile-based prediction within 2% for $n runs"
