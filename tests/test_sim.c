@@ -277,8 +277,13 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
             case OP_BACKWARD_B:
             case OP_BACKWARD_W: {
                 const SimStageCost *sc = &c->stage[st];
+                const Instr *nx = i + 1 < s->workers[w].n ? &s->workers[w].ins[i + 1] : NULL, *pv = i ? in - 1 : NULL;
+                int fused = in->op == OP_BACKWARD_B && nx && nx->op == OP_BACKWARD_W && nx->mb == in->mb && nx->chunk == in->chunk;
+                int fused_w = in->op == OP_BACKWARD_W && pv && pv->op == OP_BACKWARD_B && pv->mb == in->mb && pv->chunk == in->chunk;
                 double d = in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
                            : in->op == OP_BACKWARD                        ? sc->bwd_s
+                           : fused                                        ? sc->bwd_s
+                           : fused_w                                      ? 0
                            : in->op == OP_BACKWARD_B ? (sc->bwd_in_s + sc->bwd_w_s > 0 ? sc->bwd_in_s : sc->bwd_s / 2)
                                                      : (sc->bwd_in_s + sc->bwd_w_s > 0 ? sc->bwd_w_s : sc->bwd_s / 2);
                 CHECK_T(fabs(a - t) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", t, d);

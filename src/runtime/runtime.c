@@ -461,8 +461,7 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
      * gradient back and defers nothing) runs the whole backward at once: the same numbers
      * (model_backward_b + model_backward_w are bitwise model_backward), without keeping the
      * output gradients in memory in between or the split's second relu mask. */
-    const Instr *nx = w->pc + 1 < w->sw->n ? &w->sw->ins[w->pc + 1] : NULL;
-    sl->fused = half && nx && nx->op == OP_BACKWARD_W && nx->mb == in->mb && nx->chunk == in->chunk;
+    sl->fused = half && sched_bw_follows(w->sw, w->pc);
     if (half && !sl->fused) {   /* BW follows later: no bucket may start before it */
         model_backward_b(w->m, sl->ctx, wv, sl->dy, dx, w->dw, sl->keep);
         w->res->n_bwd++;

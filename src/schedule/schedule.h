@@ -148,6 +148,12 @@ static inline int sched_instr_stage(const SchedWorker *w, const Instr *in) {
 
 /* 1 for the kinds whose backwards are split into BI and BW (the zb kinds). */
 static inline int sched_splits_backward(const Schedule *s) { return s->kind == SCHED_ZB_H1 || s->kind == SCHED_ZB_H2; }
+/* 1 if instruction i of w is a BI whose BW (same unit and chunk) is the next instruction: the
+ * runtime runs the pair as one whole backward, and the simulator charges it so. */
+static inline int sched_bw_follows(const SchedWorker *w, int i) {
+    const Instr *a = &w->ins[i], *b = i + 1 < w->n ? a + 1 : NULL;
+    return a->op == OP_BACKWARD_B && b && b->op == OP_BACKWARD_W && b->mb == a->mb && b->chunk == a->chunk;
+}
 
 /* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
  * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */

@@ -277,10 +277,12 @@ static int run_worker(Engine *e, int rank) {
         case OP_BACKWARD_B:
         case OP_BACKWARD_W: {
             const SimStageCost *sc = &e->c->stage[stage];
+            /* a BI with its BW next is one whole backward on the runtime (runtime.c, do_backward) */
+            int fused = sched_bw_follows(sw, i), fused_w = i > 0 && sched_bw_follows(sw, i - 1);
             double d = in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
                        : in->op == OP_BACKWARD                        ? sc->bwd_s
-                       : in->op == OP_BACKWARD_B                      ? sim_bwd_in(sc)
-                                                                      : sim_bwd_w(sc);
+                       : in->op == OP_BACKWARD_B                      ? (fused ? sc->bwd_s : sim_bwd_in(sc))
+                                                                      : (fused_w ? 0 : sim_bwd_w(sc));
             d *= w->slow;
             st[i] = w->clock;
             w->clock += d;
