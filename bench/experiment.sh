@@ -19,7 +19,9 @@
 # usage: bench/experiment.sh [--quick] [--out DIR] [--pd BINARY] [--only tput|tta|plot]
 #   as root (the cluster needs network namespaces); ~6 min quick, ~60 min full on 2 cores.
 #   Environment overrides: RATES ("1gbit 300mbit 100mbit"), STEPS, DDP_STEPS, TARGET,
-#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, PDC_NAME (cluster name).
+#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, PDC_NAME (cluster name),
+#   CORES (the cores the emulated hosts share: $(nproc); the plans tell the simulator, which
+#   slows compute by workers / cores, so its predictions are for this machine).
 # The cluster is taken down on every exit (trap). Raw outputs: OUT/raw/<run>.{cmd,json,err,jsonl}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +47,7 @@ fi
 : "${OUT:=out/experiment-$MODE}" "${RATES:=1gbit 300mbit 100mbit}" "${TARGET:=0.85}" "${TEST_IMAGES:=2000}"
 : "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}"
 NAME=${PDC_NAME:-pdexp}
+CORES=${CORES:-$(nproc)}
 WORKERS=4 MB=64 TRAIN_N=60000
 MODEL=models/vgg16.json
 FMNIST=/usr/share/datasets/fashion-mnist
@@ -82,7 +85,7 @@ cluster_rate() { log "cluster: $WORKERS hosts at $1"; CLUSTER_UP=1; tools/cluste
     echo "{\"mode\": \"$MODE\", \"started\": \"$(date -u +%FT%TZ)\", \"rates\": \"$RATES\", \"slowest\": \"$SLOWEST\","
     echo " \"steps\": $STEPS, \"ddp_steps\": $DDP_STEPS, \"target\": $TARGET, \"tta_budget_s\": $TTA_BUDGET_S,"
     echo " \"tta_max_epochs\": $TTA_MAX_EPOCHS, \"eval_every\": $EVAL_EVERY, \"test_images\": $TEST_IMAGES,"
-    echo " \"tta_kinds\": \"$TTA_KINDS\", \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
+    echo " \"tta_kinds\": \"$TTA_KINDS\", \"cores\": $CORES, \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
     echo " \"binary\": \"$PD\", \"binary_mtime\": \"$(date -u -r "$PD" +%FT%TZ)\","
     echo " \"git_head\": \"$(git rev-parse --short HEAD 2>/dev/null || echo none)\","
     echo " \"git_head_subject\": $("$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$(git log -1 --format=%s 2>/dev/null | cut -c1-120)"),"
@@ -119,8 +122,10 @@ if [ ! -f "$PROF" ] || [ "$ONLY" != tta ]; then
 fi
 for r in $RATES; do
     bw=$(payload_bps "$r")
-    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" -o "$OUT/plans/planner-$r.json" >"$OUT/plans/planner-$r.txt"
-    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
+    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" -o "$OUT/plans/planner-$r.json" \
+        >"$OUT/plans/planner-$r.txt"
+    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --straight \
+        -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
 done
 
 MANIFEST=$OUT/manifest.tsv

@@ -94,9 +94,10 @@ int cluster_load(const char *path, Cluster *out, Err *err) {
     return rc;
 }
 
-double cluster_compute_slowdown(const Cluster *cl, int r, const int *active, int n_ranks) {
+double cluster_compute_slowdown(const Cluster *cl, int r, const double *load, int n_ranks) {
     if (!cl || cl->cores_per_machine <= 0 || cl->n_levels < 1) return 1.0;
-    int per = cl->level[0].workers, m = r / per, k = 0;
-    for (int q = m * per; q < (m + 1) * per && q < n_ranks; q++) k += active ? active[q] != 0 : 1;
-    return k > cl->cores_per_machine ? (double)k / cl->cores_per_machine : 1.0;
+    int per = cl->level[0].workers, m = r / per;
+    double k = 0;
+    for (int q = m * per; q < (m + 1) * per && q < n_ranks; q++) k += load ? load[q] : 1.0;
+    return k > cl->cores_per_machine ? k / cl->cores_per_machine : 1.0;
 }

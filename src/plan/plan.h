@@ -25,12 +25,16 @@ typedef struct Cluster {
     double memory_per_worker;   /* bytes; 0 = unlimited */
     int cores_per_machine;      /* cores of one machine (a level-0 group of workers); 0 = a core per
                                  * worker. The simulator slows the compute of the workers a machine
-                                 * runs by max(1, workers on it / cores) */
+                                 * runs by max(1, k / cores), k the workers on it weighted by their
+                                 * compute (cluster_compute_slowdown) */
 } Cluster;
 
-/* The factor by which the compute of rank r slows when the n_active ranks marked in active
- * (NULL: all ranks below n_ranks) share their machines' cores (1 without cores_per_machine). */
-double cluster_compute_slowdown(const Cluster *cl, int r, const int *active, int n_ranks);
+/* The factor by which the compute of rank r slows when the ranks of its machine share its
+ * cores: max(1, k / cores), k the sum of their load over the machine (1 without
+ * cores_per_machine). load[q] in [0, 1]: the part of the time the machine's busiest worker
+ * computes that rank q computes too (0: idle), i.e. how many workers contend on average;
+ * NULL: every rank below n_ranks computes all the time. */
+double cluster_compute_slowdown(const Cluster *cl, int r, const double *load, int n_ranks);
 
 /* Reads a cluster JSON file (docs/formats.md). On error returns non-zero with err naming
  * the file and key; *out is zeroed. */

@@ -257,6 +257,19 @@ static double allreduce_cost(const Engine *e, int st) {
     return 2.0 * (r - 1) / r * bytes / cl->level[lv].bandwidth + 2.0 * (r - 1) * cl->level[lv].latency;
 }
 
+/* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
+ * with its BW next is one whole backward, as the runtime runs it (runtime.c, do_backward). */
+static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
+    const Instr *in = &sw->ins[i];
+    if (!sched_op_computes(in->op)) return 0;
+    const SimStageCost *sc = &e->c->stage[sched_instr_stage(sw, in)];
+    int fused = sched_bw_follows(sw, i), fused_w = i > 0 && sched_bw_follows(sw, i - 1);
+    return in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
+           : in->op == OP_BACKWARD                        ? sc->bwd_s
+           : in->op == OP_BACKWARD_B                      ? (fused ? sc->bwd_s : sim_bwd_in(sc))
+                                                          : (fused_w ? 0 : sim_bwd_w(sc));
+}
+
 /* Advances worker w until it finishes or blocks. Returns PD_OK or an error (mismatch). */
 static int run_worker(Engine *e, int rank) {
     const Schedule *s = e->s;
@@ -276,14 +289,7 @@ static int run_worker(Engine *e, int rank) {
         case OP_BACKWARD:
         case OP_BACKWARD_B:
         case OP_BACKWARD_W: {
-            const SimStageCost *sc = &e->c->stage[stage];
-            /* a BI with its BW next is one whole backward on the runtime (runtime.c, do_backward) */
-            int fused = sched_bw_follows(sw, i), fused_w = i > 0 && sched_bw_follows(sw, i - 1);
-            double d = in->op == OP_FORWARD || in->op == OP_RECOMPUTE ? sc->fwd_s
-                       : in->op == OP_BACKWARD                        ? sc->bwd_s
-                       : in->op == OP_BACKWARD_B                      ? (fused ? sc->bwd_s : sim_bwd_in(sc))
-                                                                      : (fused_w ? 0 : sim_bwd_w(sc));
-            d *= w->slow;
+            double d = compute_s(e, sw, i) * w->slow;
             st[i] = w->clock;
             w->clock += d;
             w->busy += d;
@@ -544,6 +550,7 @@ void sim_result_release(SimResult *r) {
     free(r->start);
     free(r->end);
     free(r->busy_fraction);
+    free(r->slowdown);
     free(r->mem);
     free(r->max_inflight);
     free(r->max_full);
@@ -568,13 +575,14 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     r->start = calloc((size_t)W, sizeof(double *));
     r->end = calloc((size_t)W, sizeof(double *));
     r->busy_fraction = calloc((size_t)W, sizeof(double));
+    r->slowdown = calloc((size_t)W + 1, sizeof(double));
     r->mem = calloc((size_t)W, sizeof(SimMem));
     r->max_inflight = calloc((size_t)W, sizeof(int));
     r->max_full = calloc((size_t)W, sizeof(int));
     r->worker_versions = calloc((size_t)W, sizeof(int));
     r->slots = calloc((size_t)W, sizeof(int));
     r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
-    PD_ASSERT(r->start && r->end && r->busy_fraction && r->mem && r->max_inflight && r->max_full && r->worker_versions && r->slots &&
+    PD_ASSERT(r->start && r->end && r->busy_fraction && r->slowdown && r->mem && r->max_inflight && r->max_full && r->worker_versions && r->slots &&
               r->versions_alive);
     size_t n_ins = 0;
     for (int w = 0; w < W; w++) n_ins += (size_t)s->workers[w].n;
@@ -592,12 +600,25 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     e.tab_mask = cap - 1;
     PD_ASSERT(e.ws && e.groups && e.tab && e.stack);
     for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
-    {   /* workers that compute share their machine's cores */
-        int *active = calloc((size_t)W + 1, sizeof(int));
-        PD_ASSERT(active);
-        for (int w = 0; w < W; w++) active[w] = s->workers[w].n > 0;
-        for (int w = 0; w < W; w++) e.ws[w].slow = cluster_compute_slowdown(o->cluster, w, active, W);
-        free(active);
+    if (o->cluster && o->cluster->cores_per_machine > 0 && o->cluster->n_levels > 0) {
+        /* Workers that compute share their machine's cores. How many contend on average: each
+         * worker's compute over the run relative to the machine's busiest (in a pipeline's
+         * steady state every worker computes its share once per bottleneck period), so an idle
+         * rank costs nothing and a light stage little (docs/simulator.md, "Cores"). */
+        double *load = calloc((size_t)W + 1, sizeof(double));
+        PD_ASSERT(load);
+        for (int w = 0; w < W; w++)
+            for (int i = 0; i < s->workers[w].n; i++) load[w] += compute_s(&e, &s->workers[w], i);
+        int per = o->cluster->level[0].workers;
+        for (int m0 = 0; m0 < W; m0 += per) {
+            double top = 0;
+            for (int q = m0; q < m0 + per && q < W; q++) top = load[q] > top ? load[q] : top;
+            for (int q = m0; q < m0 + per && q < W; q++) load[q] = top > 0 ? load[q] / top : 0;
+        }
+        for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = cluster_compute_slowdown(o->cluster, w, load, W);
+        free(load);
+    } else {
+        for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = 1.0;
     }
     for (int w = W - 1; w >= 0; w--) e.stack[e.n_stack++] = w;
     int rc = PD_OK;

@@ -103,6 +103,8 @@ typedef struct SimResult {
     double samples_per_s;          /* 0 if samples_per_unit unknown */
     double bubble_fraction;        /* 1 - mean busy fraction of active workers */
     double *busy_fraction;         /* per rank: compute time / makespan */
+    double *slowdown;              /* per rank: factor its compute was slowed by, sharing its
+                                    * machine's cores (cluster_compute_slowdown; 1: a core of its own) */
     SimMem *mem;                   /* per rank */
     int *max_inflight;             /* per rank: most units between forward and backward ((unit, chunk) pairs) */
     int *worker_versions;          /* per rank: most weight versions alive at once (0: idle) */

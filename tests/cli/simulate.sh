@@ -90,7 +90,8 @@ assert a < 0.5 * b, (a, b)
 slow = json.load(open(tmp + "/slow_out.json"))["time_per_minibatch_s"]
 assert slow > 1.5 * a, (slow, a)
 EOF
-# cores: 4 workers sharing 2 cores compute at half speed (the same plan, --cores 2), exactly
+# cores: 4 workers sharing 2 cores (the same plan, --cores 2) compute slower by k / 2, k the
+# workers counted by their compute relative to the busiest (docs/formats.md), exactly
 "$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --cores 2 -o "$tmp/plan2c.json" >/dev/null 2>"$tmp/err" ||
     fail "plan --cores: $(cat "$tmp/err")"
 tr -d ' \t\n' <"$tmp/plan2c.json" | grep -q '"cores_per_machine":2' || fail "cores not in the plan"
@@ -99,9 +100,15 @@ tr -d ' \t\n' <"$tmp/plan2c.json" | grep -q '"cores_per_machine":2' || fail "cor
 python3 - "$tmp/c2.json" "$tmp/model-parallel.json" <<'PY' || fail "cores"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:])
-busy = lambda d: sum(x.get("busy_s", 0) for x in d["per_worker"])
+busy = lambda d: [x["busy_fraction"] * d["makespan_s"] for x in d["per_worker"]]
+ba, bb = busy(a), busy(b)
+k = sum(bb) / max(bb)
+slow = max(1.0, k / 2)
 ta, tb = a["time_per_minibatch_s"], b["time_per_minibatch_s"]
-print("model-parallel, 4 workers: %.6f s per minibatch on 2 cores, %.6f s on 4" % (ta, tb))
-assert ta > 1.5 * tb, (ta, tb)   # compute doubles; communication does not
+print("model-parallel, 4 workers: %.6f s per minibatch on 2 cores, %.6f s on 4 (k = %.3f)" % (ta, tb, k))
+assert 1 < k <= 4 and slow > 1, k
+for x, y in zip(ba, bb):   # every worker's compute slowed by the same factor
+    assert abs(x - slow * y) <= 5e-5 * y, (x, y, slow)   # busy fractions are printed to 6 digits
+assert ta > tb, (ta, tb)
 PY
 echo OK
