@@ -24,9 +24,11 @@ LEN="--epochs ${EPOCHS:-1}"
 
 # The profile is taken at the size the stages will compute: a micro-batch (64 / 4 for the
 # micro-batch schedules), since per-sample times do not scale linearly with the batch.
+# 30 iterations (medians): this VM's single-core speed drifts by up to 30% over minutes (the
+# host's other tenants), and the prediction inherits whatever the profile saw.
 case "$SCHEDULE" in gpipe|1f1b-flush|2bw) UNIT=16 ;; *) UNIT=64 ;; esac
 echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread)"
-"$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 10 -o "$OUT/vgg16.profile.json"
+"$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 30 -o "$OUT/vgg16.profile.json"
 echo
 # On links this fast the planner prefers data parallelism for this small vgg16 (its weights are
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of
