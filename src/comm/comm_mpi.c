@@ -100,6 +100,14 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
     int inited = 0, provided = 0, finalize = 0;
     MPI_Initialized(&inited);
     if (!inited) {
+        /* Open MPI's TCP transport sends a message above its eager limit (64 KiB) by
+         * rendezvous: the data moves only after the receiver's go-ahead, and then only while
+         * the sender is inside an MPI call, so a stage's activation (hundreds of KB) waits on
+         * the sender's next comm call while it computes, and the go-ahead queues behind the
+         * receiver's own outgoing data on a slow link. Eager up to 4 MiB: the whole message
+         * goes to the socket at once (docs/cluster.md). A value the user set wins. */
+        setenv("OMPI_MCA_btl_tcp_eager_limit", "4194304", 0);
+        setenv("OMPI_MCA_btl_tcp_max_send_size", "4194304", 0);
         if (MPI_Init_thread(argc, argv, want, &provided) != MPI_SUCCESS)
             return err_set(err, PD_ECOMM, "MPI_Init_thread failed");
         finalize = 1;
