@@ -336,6 +336,10 @@ Shape model_layer_in_shape(const Model *m, int i) {
     PD_ASSERT(i >= 0 && i < m->n);
     return m->layers[i].in;
 }
+size_t model_layer_saved_bytes(const Model *m, int i, int n) {
+    PD_ASSERT(i >= 0 && i < m->n && n >= 1);
+    return nn_layer_saved_bytes(&m->layers[i], n);
+}
 const char *model_layer_type(const Model *m, int i) {
     PD_ASSERT(i >= 0 && i < m->n);
     return m->layers[i].ops->name;

@@ -61,6 +61,9 @@ int    model_n_layers(const Model *m);                  /* top-level layers */
 Shape  model_input_shape(const Model *m);               /* per sample, e.g. (1, 28, 28) */
 Shape  model_layer_out_shape(const Model *m, int i);    /* output of top-level layer i */
 Shape  model_layer_in_shape(const Model *m, int i);
+/* Bytes a context keeps for top-level layer i's backward besides its output, for n samples
+ * (batch-norm statistics, pooling indices, masks, a residual's inner activations). */
+size_t model_layer_saved_bytes(const Model *m, int i, int n);
 const char *model_layer_type(const Model *m, int i);    /* "conv2d", "residual", ... */
 /* Forward FLOPs per sample of layer i (multiply-add = 2; conv, linear, lstm only, as
  * PyTorch's counters do). */

@@ -150,18 +150,6 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
     pd_free(dw);
 }
 
-/* What a stage's context keeps for layer i besides its output, for B samples: the context of
- * the one-layer range less its input and output buffers (the runtime's own accounting, so the
- * simulator's memory prediction counts what the runtime allocates). */
-static double layer_saved_bytes(const Model *m, int i, int B) {
-    NnCtx *c = nnctx_new(m, i, i + 1, B);
-    size_t io = (size_t)B * sizeof(float), a = 63;
-    size_t in = (io * shape_numel(model_layer_in_shape(m, i)) + a) & ~a,
-           out = (io * shape_numel(model_layer_out_shape(m, i)) + a) & ~a, all = nnctx_bytes(c);
-    nnctx_free(c);
-    return all > in + out ? (double)(all - in - out) : 0.0;
-}
-
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err) {
     memset(out, 0, sizeof *out);
     if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0)
@@ -222,7 +210,9 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         L->bwd_w_s = bwd_w[i];
         L->act_bytes = 4.0 * B * (double)shape_numel(model_layer_out_shape(m, i));
         L->param_bytes = 4.0 * (double)model_param_count(m, i, i + 1);
-        L->saved_bytes = layer_saved_bytes(m, i, B);
+        /* what the runtime's context holds for it (nnctx_new), so the simulator's memory
+         * prediction counts what the runtime allocates */
+        L->saved_bytes = (double)model_layer_saved_bytes(m, i, B);
     }
     out->saved_measured = 1;
     free(fwd);
