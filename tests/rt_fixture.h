@@ -1,5 +1,5 @@
 /* rt_fixture.h: what the runtime tests (test_runtime.c, test_memory.c, test_runtime_asp.c)
- * share: model JSON written to a temporary file, and hand-made plans of layer ranges. Header
+ * share: their two models written to temporary files, and hand-made plans of layer ranges. Header
  * only (static inline), so each test links only what it already links. */
 #ifndef PD_RT_FIXTURE_H
 #define PD_RT_FIXTURE_H
@@ -21,6 +21,36 @@ static inline void rt_write_tmp(char *path, const char *text) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
+}
+
+/* The two models the runtime tests train: an MLP of linear layers with fused relus, and a
+ * small CNN with the layers that keep state or saved data (batch norm: running statistics;
+ * max pool: indices; dropout: masks). */
+#define RT_MLP_JSON \
+    "{\"name\": \"tiny-mlp\", \"input\": [1, 28, 28], \"layers\": [" \
+    "{\"type\": \"flatten\"}," \
+    "{\"type\": \"linear\", \"in\": 784, \"out\": 24, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 24, \"out\": 24, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 24, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 10}]}"
+#define RT_CNN_JSON \
+    "{\"name\": \"tiny-cnn\", \"input\": [1, 28, 28], \"layers\": [" \
+    "{\"type\": \"conv2d\", \"in\": 1, \"out\": 4, \"kernel\": 3, \"stride\": 2, \"pad\": 1, \"bias\": false}," \
+    "{\"type\": \"batchnorm\", \"features\": 4, \"relu\": true}," \
+    "{\"type\": \"maxpool\", \"kernel\": 2, \"stride\": 2}," \
+    "{\"type\": \"flatten\"}," \
+    "{\"type\": \"linear\", \"in\": 196, \"out\": 32, \"relu\": true}," \
+    "{\"type\": \"dropout\", \"p\": 0.3}," \
+    "{\"type\": \"linear\", \"in\": 32, \"out\": 10}]}"
+
+/* Writes both to temporary files (paths >= 32 bytes each); rt_models_remove deletes them. */
+static inline void rt_models_write(char *mlp_path, char *cnn_path) {
+    rt_write_tmp(mlp_path, RT_MLP_JSON);
+    rt_write_tmp(cnn_path, RT_CNN_JSON);
+}
+static inline void rt_models_remove(const char *mlp_path, const char *cnn_path) {
+    unlink(mlp_path);
+    unlink(cnn_path);
 }
 
 /* A plan with stages given as layer ranges [bounds[i], bounds[i+1]) and replica counts;

@@ -24,33 +24,13 @@
 #include "runtime.h"
 #include "sim.h"
 
-static const char *MLP_JSON =
-    "{\"name\": \"tiny-mlp\", \"input\": [1, 28, 28], \"layers\": ["
-    "{\"type\": \"flatten\"},"
-    "{\"type\": \"linear\", \"in\": 784, \"out\": 24, \"relu\": true},"
-    "{\"type\": \"linear\", \"in\": 24, \"out\": 24, \"relu\": true},"
-    "{\"type\": \"linear\", \"in\": 24, \"out\": 16, \"relu\": true},"
-    "{\"type\": \"linear\", \"in\": 16, \"out\": 10}]}";
-
-/* batch norm: running statistics (RtMem.workspace); dropout: saved masks in the context */
-static const char *CNN_JSON =
-    "{\"name\": \"tiny-cnn\", \"input\": [1, 28, 28], \"layers\": ["
-    "{\"type\": \"conv2d\", \"in\": 1, \"out\": 4, \"kernel\": 3, \"stride\": 2, \"pad\": 1, \"bias\": false},"
-    "{\"type\": \"batchnorm\", \"features\": 4, \"relu\": true},"
-    "{\"type\": \"maxpool\", \"kernel\": 2, \"stride\": 2},"
-    "{\"type\": \"flatten\"},"
-    "{\"type\": \"linear\", \"in\": 196, \"out\": 32, \"relu\": true},"
-    "{\"type\": \"dropout\", \"p\": 0.3},"
-    "{\"type\": \"linear\", \"in\": 32, \"out\": 10}]}";
-
 static char mlp_path[64], cnn_path[64];
 static Dataset train;
 enum { B = 4 };
 
 static int setup(void **state) {
     (void)state;
-    rt_write_tmp(mlp_path, MLP_JSON);
-    rt_write_tmp(cnn_path, CNN_JSON);
+    rt_models_write(mlp_path, cnn_path);
     Err err = {0};
     if (data_synthetic(320, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
     return 0;
@@ -58,8 +38,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    unlink(mlp_path);
-    unlink(cnn_path);
+    rt_models_remove(mlp_path, cnn_path);
     data_release(&train);
     return 0;
 }
