@@ -79,6 +79,57 @@ typedef struct TBox {
     int next_group_id;
 } TBox;
 
+/* ---- an endpoint's two queues (the box's mu held) ---------------------------------------- */
+
+static void unexp_push(TEndpoint *d, TMsg *m) {
+    if (d->unexp_tail) d->unexp_tail->next = m;
+    else d->unexp_head = m;
+    d->unexp_tail = m;
+}
+
+/* Unlinks m, which follows prev (NULL: m is the head), from me's unexpected messages. */
+static void unexp_unlink(TEndpoint *me, TMsg *prev, TMsg *m) {
+    if (prev) prev->next = m->next;
+    else me->unexp_head = m->next;
+    if (me->unexp_tail == m) me->unexp_tail = prev;
+}
+
+/* The earliest unexpected message of me from src on (ctx, tag), data or group (not a control
+ * block), unlinked; NULL if none has arrived. */
+static TMsg *unexp_take(TEndpoint *me, int ctx, int src, int tag) {
+    TMsg *prev = NULL, *m = me->unexp_head;
+    while (m && !(!m->ctrl && m->ctx == ctx && m->src == src && m->tag == tag)) {
+        prev = m;
+        m = m->next;
+    }
+    if (m) unexp_unlink(me, prev, m);
+    return m;
+}
+
+static void posted_push(TEndpoint *me, TReq *r) {
+    r->posted = 1;
+    if (me->posted_tail) me->posted_tail->next = r;
+    else me->posted_head = r;
+    me->posted_tail = r;
+}
+
+/* The earliest receive posted at d for a message from src on (ctx, tag), unlinked; NULL if
+ * none is waiting. */
+static TReq *posted_take(TEndpoint *d, int ctx, int src, int tag) {
+    TReq *prev = NULL, *p = d->posted_head;
+    while (p && !(p->ctx == ctx && p->base.peer == src && p->base.tag == tag)) {
+        prev = p;
+        p = p->next;
+    }
+    if (!p) return NULL;
+    if (prev) prev->next = p->next;
+    else d->posted_head = p->next;
+    if (d->posted_tail == p) d->posted_tail = prev;
+    p->posted = 0;
+    p->next = NULL;
+    return p;
+}
+
 typedef struct TComm {         /* Comm.ctx of one endpoint */
     TBox *box;
 } TComm;
@@ -277,17 +328,8 @@ static int t_isend(Comm *c, CommReq *req, const float *data, Err *err) {
         goto out;
     }
     TEndpoint *d = &b->ep[peer];
-    TReq *prev = NULL, *p = d->posted_head;
-    while (p && !(p->ctx == 0 && p->base.peer == c->rank && p->base.tag == tag)) {
-        prev = p;
-        p = p->next;
-    }
+    TReq *p = posted_take(d, 0, c->rank, tag);
     if (p) {   /* a receive is waiting: copy straight into its buffer */
-        if (prev) prev->next = p->next;
-        else d->posted_head = p->next;
-        if (d->posted_tail == p) d->posted_tail = prev;
-        p->posted = 0;
-        p->next = NULL;
         deliver(p, hdr, data);
         signal_ep(d);
     } else {   /* keep a copy until a receive is posted */
@@ -300,9 +342,7 @@ static int t_isend(Comm *c, CommReq *req, const float *data, Err *err) {
             m->data = pd_alloc(hdr->count * sizeof(float));
             memcpy(m->data, data, hdr->count * sizeof(float));
         }
-        if (d->unexp_tail) d->unexp_tail->next = m;
-        else d->unexp_head = m;
-        d->unexp_tail = m;
+        unexp_push(d, m);
     }
     r->done = 1;   /* eager: complete once handed over */
 out:
@@ -321,22 +361,12 @@ static int t_irecv(Comm *c, CommReq *req, size_t cap, Err *err) {
         goto out;
     }
     TEndpoint *me = &b->ep[c->rank];
-    TMsg *prev = NULL, *m = me->unexp_head;
-    while (m && !(!m->ctrl && m->ctx == 0 && m->src == req->peer && m->tag == req->tag)) {
-        prev = m;
-        m = m->next;
-    }
+    TMsg *m = unexp_take(me, 0, req->peer, req->tag);
     if (m) {   /* already here */
-        if (prev) prev->next = m->next;
-        else me->unexp_head = m->next;
-        if (me->unexp_tail == m) me->unexp_tail = prev;
         deliver(r, &m->hdr, m->data);
         msg_free(m);
     } else {
-        r->posted = 1;
-        if (me->posted_tail) me->posted_tail->next = r;
-        else me->posted_head = r;
-        me->posted_tail = r;
+        posted_push(me, r);
     }
 out:
     pthread_mutex_unlock(&b->mu);
@@ -422,9 +452,7 @@ static int t_ctrl_post(Comm *c, int peer, int tag, void *blob, size_t len, Err *
         m->data = blob;
         m->len = len;
         TEndpoint *d = &b->ep[peer];
-        if (d->unexp_tail) d->unexp_tail->next = m;
-        else d->unexp_head = m;
-        d->unexp_tail = m;
+        unexp_push(d, m);
         blob = NULL;
         signal_ep(d);
     }
@@ -463,9 +491,7 @@ static int t_ctrl_take(Comm *c, const int *peers, int np, int tag, double deadli
     for (;;) {
         TMsg *prev = NULL, *m = find_ctrl(me, peers, np, tag, &prev);
         if (m) {
-            if (prev) prev->next = m->next;
-            else me->unexp_head = m->next;
-            if (me->unexp_tail == m) me->unexp_tail = prev;
+            unexp_unlink(me, prev, m);
             *from = m->src;
             *blob = m->data;
             *len = m->len;
@@ -657,18 +683,9 @@ static int t_g_isend(CommGroup *g, int peer, int tag, const void *data, size_t b
         goto out;
     }
     TEndpoint *d = &b->ep[to];
-    TReq *prev = NULL, *p = d->posted_head;
-    if (d->closed) p = NULL, prev = NULL;   /* dropped below: it can never be received */
-    while (p && !(p->ctx == id && p->base.peer == c->rank && p->base.tag == tag)) {
-        prev = p;
-        p = p->next;
-    }
+    /* closed: dropped below, it can never be received */
+    TReq *p = d->closed ? NULL : posted_take(d, id, c->rank, tag);
     if (p) {   /* a receive is waiting: copy straight into its buffer */
-        if (prev) prev->next = p->next;
-        else d->posted_head = p->next;
-        if (d->posted_tail == p) d->posted_tail = prev;
-        p->posted = 0;
-        p->next = NULL;
         deliver_raw(p, data, bytes);
         signal_ep(d);
     } else if (!d->closed) {   /* keep a copy until a receive is posted */
@@ -682,9 +699,7 @@ static int t_g_isend(CommGroup *g, int peer, int tag, const void *data, size_t b
             m->data = pd_alloc(bytes);
             memcpy(m->data, data, bytes);
         }
-        if (d->unexp_tail) d->unexp_tail->next = m;
-        else d->unexp_head = m;
-        d->unexp_tail = m;
+        unexp_push(d, m);
     }
     TReq *r = (TReq *)t_req_new(c);
     r->base.is_recv = 0;
@@ -716,22 +731,12 @@ static int t_g_irecv(CommGroup *g, int peer, int tag, void *buf, size_t bytes, C
         goto out;
     }
     TEndpoint *me = &b->ep[c->rank];
-    TMsg *prev = NULL, *m = me->unexp_head;
-    while (m && !(m->ctx == id && m->src == from && m->tag == tag)) {
-        prev = m;
-        m = m->next;
-    }
+    TMsg *m = unexp_take(me, id, from, tag);
     if (m) {   /* already here */
-        if (prev) prev->next = m->next;
-        else me->unexp_head = m->next;
-        if (me->unexp_tail == m) me->unexp_tail = prev;
         deliver_raw(r, m->data, m->len);
         msg_free(m);
     } else {
-        r->posted = 1;
-        if (me->posted_tail) me->posted_tail->next = r;
-        else me->posted_head = r;
-        me->posted_tail = r;
+        posted_push(me, r);
     }
 out:
     pthread_mutex_unlock(&b->mu);
