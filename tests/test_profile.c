@@ -47,6 +47,7 @@ static void make_profile(Profile *p, int n, int dag) {
     snprintf(p->measured_on, sizeof p->measured_on, "test host");
     p->threads = 2;
     p->iterations = 10;
+    p->rounds = 5;
     p->input_bytes = 12345.5;
     p->n_layers = n;
     p->layers = calloc((size_t)n, sizeof *p->layers);
@@ -91,6 +92,7 @@ static void test_json_round_trip(void **state) {
         assert_int_equal(b.minibatch, 32);
         assert_int_equal(b.threads, 2);
         assert_int_equal(b.iterations, 10);
+        assert_int_equal(b.rounds, 5);
         assert_true(b.input_bytes == a.input_bytes);
         assert_int_equal(b.n_layers, a.n_layers);
         for (int i = 0; i < a.n_layers; i++) {

@@ -6,7 +6,8 @@
  * (the issue's numbers: 3/11, 1/9 and (3*30/2)/(240+45) for p = 4, F = 10 ms, B = 20 ms, M = 8);
  * ZB-H1's peak activation memory equals 1F1B-flush's; recomputation's memory (inputs of the
  * units in flight plus one unit's activations) and time (one more forward per backward that
- * does not follow its own forward); the split backward from a profile. */
+ * does not follow its own forward); the split backward from a profile; the optimizer step
+ * (a profile's step_s) charged once per step: 1f1b-flush's minibatch (M + p - 1)(F + B) + S. */
 #include "testutil.h"
 
 #include <math.h>
@@ -331,11 +332,74 @@ static void test_split_from_profile(void **state) {
     assert_non_null(strstr(err.msg, "both backward_input_s and backward_weight_s"));
 }
 
+/* A profile's step_s: taken out of backward (and of the split pass that holds it), charged at
+ * each step instruction on the worker's stages, not scaled with the unit's batch. A uniform
+ * chain of p one-layer stages whose backward b includes a step t: 1F1B-flush's minibatch of M
+ * units takes (M + p - 1)(f + b - t) + t (the input worker steps last, once); with the step
+ * left in backward (t = 0 in the profile) it would be (M + p - 1)(f + b). */
+static void test_step_once_per_minibatch(void **state) {
+    (void)state;
+    enum { P = 4, M = 8 };
+    const double f = 0.010, b = 0.020, t = 0.004;
+    ProfileLayer L[P];
+    for (int i = 0; i < P; i++) {
+        L[i] = (ProfileLayer){.fwd_s = f, .bwd_s = b, .bwd_in_s = 0.008, .bwd_w_s = 0.012, .step_s = t, .param_bytes = 64};
+        snprintf(L[i].type, sizeof L[i].type, "linear");
+    }
+    L[1].bwd_in_s = b, L[1].bwd_w_s = 0;   /* a layer whose whole backward (and step) is in BI */
+    Profile prof = {.n_layers = P, .layers = L, .minibatch = 16};
+    Plan *p = chain_plan(P, 1);
+    SchedOpts o = {.kind = SCHED_1F1B_FLUSH, .n_minibatches = 1, .n_micro = M};
+    Schedule s;
+    Err err = {0};
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
+    SimCosts c;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[0].bwd_s, b - t, 1e-15);
+    assert_near(c.stage[0].step_s, t, 0);
+    assert_near(c.stage[0].bwd_w_s, 0.012 - t, 1e-15);   /* the weight pass held the step */
+    assert_near(c.stage[0].bwd_in_s, 0.008, 0);
+    assert_near(c.stage[1].bwd_in_s, b - t, 1e-15);       /* ... here the input pass did */
+    assert_near(c.stage[1].bwd_w_s, 0, 0);
+    sim_costs_scale(&c, 4);                                /* units of 4x the profile's batch */
+    assert_near(c.stage[0].bwd_s, 4 * (b - t), 1e-15);
+    assert_near(c.stage[0].step_s, t, 0);                 /* per parameter, not per sample */
+    sim_costs_scale(&c, 0.25);
+    SimOpts so = {NULL, 1, 0, 0};
+    SimResult r;
+    assert_int_equal(sim_run(&s, &c, &so, &r, &err), PD_OK);
+    assert_near(r.makespan_s, (M + P - 1) * (f + b - t) + t, 1e-12);
+    sim_result_release(&r);
+    sim_costs_release(&c);
+    for (int i = 0; i < P; i++) L[i].step_s = 0;   /* unmeasured: the step stays in every backward */
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_int_equal(sim_run(&s, &c, &so, &r, &err), PD_OK);
+    assert_near(r.makespan_s, (M + P - 1) * (f + b), 1e-12);
+    sim_result_release(&r);
+    sim_costs_release(&c);
+    sched_release(&s);
+    free_plan(p);
+    /* the profile file: step_s read back, and refused when larger than backward_s */
+    const char *head = "{\"format\": \"pipedream-profile\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [";
+    char text[512];
+    Profile q;
+    snprintf(text, sizeof text, "%s{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
+             "\"activation_bytes\": 4, \"parameter_bytes\": 8, \"step_s\": 0.5}]}", head);
+    assert_int_equal(profile_parse(text, "t.json", &q, &err), PD_OK);
+    assert_near(q.layers[0].step_s, 0.5, 0);
+    profile_release(&q);
+    snprintf(text, sizeof text, "%s{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, "
+             "\"activation_bytes\": 4, \"parameter_bytes\": 8, \"step_s\": 3}]}", head);
+    assert_int_equal(profile_parse(text, "t.json", &q, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "step_s 3 exceeds backward_s 2"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_issue_numbers),      cmocka_unit_test(test_closed_forms),
         cmocka_unit_test(test_zb_memory),          cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_interleaved_memory), cmocka_unit_test(test_split_from_profile),
+        cmocka_unit_test(test_step_once_per_minibatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,11 +24,12 @@ LEN="--epochs ${EPOCHS:-1}"
 
 # The profile is taken at the size the stages will compute: a micro-batch (64 / 4 for the
 # micro-batch schedules), since per-sample times do not scale linearly with the batch.
-# 30 iterations (medians): this VM's single-core speed drifts by up to 30% over minutes (the
-# host's other tenants), and the prediction inherits whatever the profile saw.
+# 10 rounds of 20 iterations (medians), the fastest round kept: this VM's single-core speed
+# comes in spells (the host's other tenants: the same profile at 23 and at 29 ms per step a
+# minute apart), and a prediction inherits whatever speed the profile saw.
 case "$SCHEDULE" in gpipe|1f1b-flush|2bw) UNIT=16 ;; *) UNIT=64 ;; esac
-echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread)"
-"$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 30 -o "$OUT/vgg16.profile.json"
+echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread, the fastest of 10 rounds)"
+"$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 20 --rounds 10 -o "$OUT/vgg16.profile.json"
 echo
 # On links this fast the planner prefers data parallelism for this small vgg16 (its weights are
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of

@@ -9,7 +9,7 @@
 
 static const char *USAGE =
     "usage: pipedream profile MODEL.json [--minibatch B] [--threads T] [--iterations N] [--warmup W]\n"
-    "                         [-o PROFILE.json]\n"
+    "                         [--rounds R] [-o PROFILE.json]\n"
     "Times N training steps (after W untimed ones) of the model on one worker with synthetic\n"
     "data, and writes per top-level layer the median forward and backward time, the output\n"
     "activation bytes and the parameter bytes, for a minibatch of B samples.\n"
@@ -17,6 +17,9 @@ static const char *USAGE =
     "  --threads T       kernel threads (default 1)\n"
     "  --iterations N    timed steps (default 20)\n"
     "  --warmup W        untimed steps first (default 3)\n"
+    "  --rounds R        take the W + N steps R times and keep the fastest round (default 1):\n"
+    "                    a machine shared with others has slow spells, and a profile taken\n"
+    "                    in one predicts every run too slow\n"
     "  -o PROFILE.json   output (default: <model name>.profile.json)\n";
 
 int cmd_profile(int argc, char **argv) {
@@ -26,7 +29,7 @@ int cmd_profile(int argc, char **argv) {
         return CLI_OK;
     }
     const char *model = NULL, *outp = NULL, *v;
-    RtProfileOpts o = {.minibatch = 64, .threads = 1, .warmup = 3, .iterations = 20};
+    RtProfileOpts o = {.minibatch = 64, .threads = 1, .warmup = 3, .iterations = 20, .rounds = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = CLI_OK;
@@ -42,6 +45,9 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "--warmup")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             rc = cli_parse_int(C, a, v, 0, 1000000, &o.warmup);
+        } else if (!strcmp(a, "--rounds")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 1, 1000, &o.rounds);
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(outp = cli_value(C, argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-') {

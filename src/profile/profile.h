@@ -26,6 +26,10 @@ typedef struct ProfileLayer {
      * (batch-norm statistics, pooling indices, dropout masks, a residual or block's inner
      * activations): what the runtime's context holds for it. 0 when not measured. */
     double saved_bytes;
+    /* Optional: the layer's optimizer step (SGD with momentum), which bwd_s and bwd_w_s
+     * include: a schedule that steps once per minibatch of M units pays it once, not M times,
+     * and it does not grow with the batch. 0 when not measured (the authors' profiles). */
+    double step_s;
 } ProfileLayer;
 
 typedef struct Profile {
@@ -34,6 +38,7 @@ typedef struct Profile {
     char source[64];          /* "pipedream-profile" or "graph.txt" */
     char measured_on[128];    /* free text: host/CPU, when known */
     int threads, iterations;  /* how it was measured (0: unknown) */
+    int rounds;               /* rounds of `iterations` the profiler took, keeping the fastest (0: unknown) */
     double input_bytes;       /* bytes of the model input per minibatch (what stage 0 reads) */
     int saved_measured;       /* layers carry saved_bytes (our profiler): the simulator then also
                                * counts a unit's gradient buffers, as the runtime allocates them */

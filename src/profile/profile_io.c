@@ -45,14 +45,17 @@ int profile_validate(const Profile *p, Err *err) {
     if (p->n_layers <= 0) return err_set(err, PD_EINVAL, "profile has no layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
-        const double v[7] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s,
-                             l->saved_bytes};
-        static const char *what[7] = {"forward time", "backward time", "activation bytes", "parameter bytes",
-                                      "backward input time", "backward weight time", "saved bytes"};
-        for (int k = 0; k < 7; k++)
+        const double v[8] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s,
+                             l->saved_bytes, l->step_s};
+        static const char *what[8] = {"forward time", "backward time", "activation bytes", "parameter bytes",
+                                      "backward input time", "backward weight time", "saved bytes", "step time"};
+        for (int k = 0; k < 8; k++)
             if (!isfinite(v[k]) || v[k] < 0)
                 return err_set(err, PD_EINVAL, "layer %d (\"%s\"): %s %g is negative or not finite", i,
                                l->name, what[k], v[k]);
+        if (l->step_s > l->bwd_s)   /* a part of backward: the simulator subtracts it */
+            return err_set(err, PD_EINVAL, "layer %d (\"%s\"): step_s %g exceeds backward_s %g (it is a part of it)", i,
+                           l->name, l->step_s, l->bwd_s);
     }
     if (!(p->input_bytes >= 0) || !isfinite(p->input_bytes))
         return err_set(err, PD_EINVAL, "input_bytes %g is negative or not finite", p->input_bytes);
@@ -115,6 +118,7 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
         goto done;
     if ((rc = jobj_int(&j, "threads", 0, 0, 1 << 20, &p->threads, err))) goto done;
     if ((rc = jobj_int(&j, "iterations", 0, 0, 1 << 30, &p->iterations, err))) goto done;
+    if ((rc = jobj_int(&j, "rounds", 0, 0, 1 << 20, &p->rounds, err))) goto done;
     if ((rc = jobj_num(&j, "input_bytes", 0, 0, 1e300, &p->input_bytes, err))) goto done;
     const cJSON *layers = jobj_get(&j, "layers");
     if (!layers || !cJSON_IsArray(layers)) {
@@ -162,6 +166,7 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
         if ((rc = jobj_num(&lj, "backward_input_s", 0, 0, 1e30, &l->bwd_in_s, err)) ||
             (rc = jobj_num(&lj, "backward_weight_s", 0, 0, 1e30, &l->bwd_w_s, err)))
             goto done;
+        if ((rc = jobj_num(&lj, "step_s", 0, 0, 1e30, &l->step_s, err))) goto done;
         if ((rc = jobj_done(&lj, err))) goto done;
     }
     const cJSON *edges = jobj_get(&j, "edges");
@@ -184,6 +189,7 @@ int profile_save(const Profile *p, const char *path, Err *err) {
     cJSON_AddStringToObject(root, "measured_on", p->measured_on);
     cJSON_AddItemToObject(root, "threads", pd_json_num(p->threads));
     cJSON_AddItemToObject(root, "iterations", pd_json_num(p->iterations));
+    if (p->rounds > 1) cJSON_AddItemToObject(root, "rounds", pd_json_num(p->rounds));
     cJSON_AddItemToObject(root, "input_bytes", pd_json_num(p->input_bytes));
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
     for (int i = 0; i < p->n_layers; i++) {
@@ -200,6 +206,7 @@ int profile_save(const Profile *p, const char *path, Err *err) {
             cJSON_AddItemToObject(o, "backward_input_s", pd_json_num(l->bwd_in_s));
             cJSON_AddItemToObject(o, "backward_weight_s", pd_json_num(l->bwd_w_s));
         }
+        if (l->step_s > 0) cJSON_AddItemToObject(o, "step_s", pd_json_num(l->step_s));
         cJSON_AddItemToArray(layers, o);
     }
     if (p->n_edges > 0 && !profile_is_chain(p)) {

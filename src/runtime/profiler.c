@@ -23,12 +23,12 @@ static double median(double *v, int n) {
 
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s) {
-    rt_time_layers_split(m, w, st, x, labels, B, warmup, iterations, progress, fwd_s, bwd_s, NULL, NULL);
+    rt_time_layers_split(m, w, st, x, labels, B, warmup, iterations, progress, fwd_s, bwd_s, NULL, NULL, NULL);
 }
 
 void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                           int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
-                          double *bwd_w_s) {
+                          double *bwd_w_s, double *step_s) {
     int nl = model_n_layers(m), split = bwd_in_s && bwd_w_s;
     int classes = 0, rows = B * model_loss_positions(m, &classes);   /* one row of logits per target */
     PD_ASSERT(classes > 0 && B >= 1 && warmup >= 0 && iterations >= 1);
@@ -51,13 +51,14 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
      * iteration the split is not timed: a splitting layer gets half of backward each */
     double *tbi = calloc((size_t)nl * (size_t)iterations, sizeof(double));
     double *tbw = calloc((size_t)nl * (size_t)iterations, sizeof(double));
+    double *tst = calloc((size_t)nl * (size_t)iterations, sizeof(double));   /* the optimizer step alone */
     int *nwh = calloc((size_t)nl, sizeof(int)), *nsp = calloc((size_t)nl, sizeof(int));
     size_t in_max = 1;
     for (int i = 0; i < nl; i++)
         if ((size_t)B * shape_numel(model_layer_in_shape(m, i)) > in_max) in_max = (size_t)B * shape_numel(model_layer_in_shape(m, i));
     float *sdx = split ? pd_alloc_f32(in_max) : NULL, *sdw = split ? pd_alloc_f32(np ? np : 1) : NULL;
     float keep[1];   /* a one-layer range keeps nothing: its output gradient is the caller's */
-    PD_ASSERT(opts && ctx && grad && tf && tb && tbi && tbw && nwh && nsp);
+    PD_ASSERT(opts && ctx && grad && tf && tb && tbi && tbw && tst && nwh && nsp);
     for (int i = 0; i < nl; i++) {
         optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
         ctx[i] = nnctx_new(m, i, i + 1, B);
@@ -104,6 +105,7 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
             double t1 = pd_now();
             if (opts[i].n) optim_step(&opts[i], w + off, dw + off);
             double t2 = pd_now();
+            if (timed) tst[lo + (size_t)(it - warmup)] = t2 - t1;
             if (timed && split_first) {   /* the step's share goes with the weights */
                 tbi[lo + (size_t)nsp[i]] = bi;
                 tbw[lo + (size_t)nsp[i]++] = bw + (t2 - t1);
@@ -121,6 +123,7 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
     for (int i = 0; i < nl; i++) {
         fwd_s[i] = median(tf + (size_t)i * (size_t)iterations, iterations);
         bwd_s[i] = median(tb + (size_t)i * (size_t)iterations, nwh[i]);
+        if (step_s) step_s[i] = opts[i].n ? median(tst + (size_t)i * (size_t)iterations, iterations) : 0;
         if (split && model_layer_splits(m, i) && nsp[i] > 0) {
             bwd_in_s[i] = median(tbi + (size_t)i * (size_t)iterations, nsp[i]);
             bwd_w_s[i] = median(tbw + (size_t)i * (size_t)iterations, nsp[i]);
@@ -143,6 +146,7 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
     free(tb);
     free(tbi);
     free(tbw);
+    free(tst);
     free(nwh);
     free(nsp);
     pd_free(sdx);
@@ -152,8 +156,8 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
 
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err) {
     memset(out, 0, sizeof *out);
-    if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0)
-        return err_set(err, PD_EINVAL, "profile: minibatch and iterations must be >= 1");
+    if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0 || o->rounds < 0)
+        return err_set(err, PD_EINVAL, "profile: minibatch, iterations and rounds must be >= 1");
     Model *m = model_load(model_path, err);
     if (!m) return err->code;
     int nl = model_n_layers(m), B = o->minibatch, rc;
@@ -187,8 +191,36 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     }
     double *fwd = calloc((size_t)nl, sizeof *fwd), *bwd = calloc((size_t)nl, sizeof *bwd);
     double *bwd_in = calloc((size_t)nl, sizeof *bwd_in), *bwd_w = calloc((size_t)nl, sizeof *bwd_w);
-    PD_ASSERT(fwd && bwd && bwd_in && bwd_w);
-    rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, fwd, bwd, bwd_in, bwd_w);
+    double *step = calloc((size_t)nl, sizeof *step);
+    PD_ASSERT(fwd && bwd && bwd_in && bwd_w && step);
+    /* Rounds: a profile taken in one of the host's slow spells (other tenants: the same build
+     * measured 23 and 29 ms per step minutes apart, every layer slower alike) makes every
+     * prediction from it too slow; of several rounds the fastest is the machine's own speed. */
+    int rounds = o->rounds > 1 ? o->rounds : 1;
+    double best = 0;
+    double *rf = calloc((size_t)nl, sizeof *rf), *rb = calloc((size_t)nl, sizeof *rb);
+    double *rbi = calloc((size_t)nl, sizeof *rbi), *rbw = calloc((size_t)nl, sizeof *rbw);
+    double *rst = calloc((size_t)nl, sizeof *rst);
+    PD_ASSERT(rf && rb && rbi && rbw && rst);
+    for (int r = 0; r < rounds; r++) {
+        rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, rf, rb, rbi, rbw, rst);
+        double total = 0;
+        for (int i = 0; i < nl; i++) total += rf[i] + rb[i];
+        if (rounds > 1) fprintf(stderr, "profile round %d/%d: %.6f ms per step\n", r + 1, rounds, 1e3 * total);
+        if (r == 0 || total < best) {
+            best = total;
+            memcpy(fwd, rf, (size_t)nl * sizeof *rf);
+            memcpy(bwd, rb, (size_t)nl * sizeof *rb);
+            memcpy(bwd_in, rbi, (size_t)nl * sizeof *rbi);
+            memcpy(bwd_w, rbw, (size_t)nl * sizeof *rbw);
+            memcpy(step, rst, (size_t)nl * sizeof *rst);
+        }
+    }
+    free(rf);
+    free(rb);
+    free(rbi);
+    free(rbw);
+    free(rst);
     /* the profile */
     snprintf(out->model, sizeof out->model, "%s", model_name(m));
     out->minibatch = B;
@@ -196,6 +228,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     snprintf(out->measured_on, sizeof out->measured_on, "%s", o->measured_on ? o->measured_on : "");
     out->threads = o->threads;
     out->iterations = o->iterations;
+    out->rounds = rounds;
     out->input_bytes = 4.0 * B * (double)shape_numel(in);
     out->n_layers = nl;
     out->layers = calloc((size_t)nl, sizeof(ProfileLayer));
@@ -208,6 +241,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         L->bwd_s = bwd[i];
         L->bwd_in_s = bwd_in[i];
         L->bwd_w_s = bwd_w[i];
+        L->step_s = step[i] < bwd[i] ? step[i] : bwd[i];   /* a part of backward_s (medians apart) */
         L->act_bytes = 4.0 * B * (double)shape_numel(model_layer_out_shape(m, i));
         L->param_bytes = 4.0 * (double)model_param_count(m, i, i + 1);
         /* what the runtime's context holds for it (nnctx_new), so the simulator's memory
@@ -219,6 +253,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     free(bwd);
     free(bwd_in);
     free(bwd_w);
+    free(step);
     data_release(&syn);
 out:
     pd_free(w);

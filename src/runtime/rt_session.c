@@ -458,10 +458,16 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
-        /* as the simulator charges it: slowed where workers share a machine's cores */
-        for (int i = 0; i < costs.n_stages; i++)
+        /* as the simulator charges it: slowed where workers share a machine's cores, and with
+         * the optimizer step spread over the units it follows (as measured_ms has it) */
+        for (int i = 0; i < costs.n_stages; i++) {
+            const SchedWorker *sw = &s->workers[s->stages[i].ranks[0]];
+            int nfw = 0, nst = 0;
+            for (int k = 0; k < sw->n; k++) nfw += sw->ins[k].op == OP_FORWARD, nst += sw->ins[k].op == OP_STEP;
+            double step = nfw ? costs.stage[i].step_s * nst / nfw : 0;
             out->stage[i].predicted_ms =
-                1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s) * sr.slowdown[s->stages[i].ranks[0]];
+                1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s + step) * sr.slowdown[s->stages[i].ranks[0]];
+        }
         out->predicted_time_per_unit_ms = 1e3 * sr.time_per_unit_s;
         if (sp->trace) out->sim_events = sim_events(s, &sr, &out->n_sim_events);
         for (int i = 0; i < s->n_stages; i++) {

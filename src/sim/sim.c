@@ -32,12 +32,20 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             }
             stage_of[l] = i;
             const ProfileLayer *L = &prof->layers[l];
+            /* the optimizer step (our profiles measure it; 0 otherwise) is a part of backward_s and
+             * of whichever split pass holds it: charged at the step instruction instead, once
+             * per step however many units the step follows */
+            double step = L->step_s, bwd = L->bwd_s - step > 0 ? L->bwd_s - step : 0;
             c[i].fwd_s += L->fwd_s;
-            c[i].bwd_s += L->bwd_s;
+            c[i].bwd_s += bwd;
+            c[i].step_s += step;
             /* the split backward; a layer without it counts half of its backward for each */
             int split = L->bwd_in_s + L->bwd_w_s > 0;
-            c[i].bwd_in_s += split ? L->bwd_in_s : L->bwd_s / 2;
-            c[i].bwd_w_s += split ? L->bwd_w_s : L->bwd_s / 2;
+            double bi = L->bwd_in_s, bw = L->bwd_w_s;
+            if (split && bw > 0) bw = bw - step > 0 ? bw - step : 0;
+            else if (split) bi = bi - step > 0 ? bi - step : 0;
+            c[i].bwd_in_s += split ? bi : bwd / 2;
+            c[i].bwd_w_s += split ? bw : bwd / 2;
             c[i].param_bytes += prof->layers[l].param_bytes;
             /* graph.txt's Input node "outputs" the model input: counted as in_bytes */
             if (strncmp(prof->layers[l].type, "Input", 5)) c[i].stash_bytes += prof->layers[l].act_bytes;
@@ -90,7 +98,7 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
 void sim_costs_scale(SimCosts *c, double f) {
     for (int i = 0; i < c->n_stages; i++) {
         SimStageCost *s = &c->stage[i];
-        s->fwd_s *= f, s->bwd_s *= f, s->bwd_in_s *= f, s->bwd_w_s *= f;
+        s->fwd_s *= f, s->bwd_s *= f, s->bwd_in_s *= f, s->bwd_w_s *= f;   /* not step_s: per parameter */
         s->in_bytes *= f, s->stash_bytes *= f, s->grad_bytes *= f, s->out_bytes *= f;
     }
 }
@@ -258,9 +266,16 @@ static double allreduce_cost(const Engine *e, int st) {
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
- * with its BW next is one whole backward, as the runtime runs it (runtime.c, do_backward). */
+ * with its BW next is one whole backward, as the runtime runs it (runtime.c, do_backward).
+ * A step updates every stage the worker holds (its chunks). */
 static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
     const Instr *in = &sw->ins[i];
+    if (in->op == OP_STEP) {
+        double t = 0;
+        int nc = sw->n_chunks > 0 ? sw->n_chunks : 1;
+        for (int k = 0; k < nc; k++) t += e->c->stage[sw->stages && k < sw->n_chunks ? sw->stages[k] : sw->stage].step_s;
+        return t;
+    }
     if (!sched_op_computes(in->op)) return 0;
     const SimStageCost *sc = &e->c->stage[sched_instr_stage(sw, in)];
     int fused = sched_bw_follows(sw, i), fused_w = i > 0 && sched_bw_follows(sw, i - 1);
@@ -379,11 +394,14 @@ static int run_worker(Engine *e, int rank) {
             gr->tmax = 0;
             break;
         }
-        case OP_STEP:
+        case OP_STEP: {
+            double d = compute_s(e, sw, i) * w->slow;
             st[i] = w->clock;
-            w->clock += e->o->step_s;
+            w->clock += d + e->o->step_s;
+            w->busy += d;
             en[i] = w->clock;
             break;
+        }
         case OP_FLUSH: st[i] = en[i] = w->clock; break;
         default: return err_set(e->err, PD_EINVAL, "worker %d instruction %d: unknown op %d", rank, i, in->op);
         }

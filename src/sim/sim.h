@@ -17,7 +17,8 @@
  *   - an all-reduce starts when the last replica arrives and takes the ring time
  *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
  *     it blocks its workers (no link contention with point-to-point transfers);
- *   - step and flush take no time (SimOpts.step_s adds a fixed cost per step). */
+ *   - a step takes the stage's measured optimizer step (SimStageCost.step_s) plus SimOpts.step_s;
+ *     a flush takes no time. */
 #ifndef PD_SIM_H
 #define PD_SIM_H
 
@@ -41,6 +42,10 @@ typedef struct SimStageCost {
      * stage 0) and the stage's output (our profiles; 0 otherwise). A recomputing runtime keeps these per unit in flight besides the input;
      * the recomputed context is the rest (its own copy of the input included). */
     double grad_bytes, out_bytes;
+    /* The stage's optimizer step, charged at each step instruction (the profile's step_s, which
+     * bwd_s, bwd_in_s and bwd_w_s here exclude; 0 for profiles without it). Per step, not per
+     * unit: sim_costs_scale leaves it. */
+    double step_s;
 } SimStageCost;
 
 static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }

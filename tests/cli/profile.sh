@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# profile.sh: `pipedream profile`: usage errors, and --rounds: the profile written is the
+# round whose layers sum to the least time (each round's total is printed on stderr).
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$PD" profile --help | grep -q -- "--rounds R" || fail "--help lacks --rounds"
+for bad in 0 x -2; do
+    err=$("$PD" profile "$SRC/models/lenet5.json" --rounds "$bad" -o "$tmp/x.json" 2>&1 >/dev/null); rc=$?
+    [ $rc -eq 2 ] || fail "--rounds $bad: exit $rc"
+    echo "$err" | grep -q "^pipedream: error: --rounds" || fail "--rounds $bad: $err"
+done
+[ ! -e "$tmp/x.json" ] || fail "a profile was written after a usage error"
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 3 --warmup 1 --rounds 4 -o "$tmp/p.json" \
+    >/dev/null 2>"$tmp/err" || fail "profile: $(tail -2 "$tmp/err")"
+[ "$(grep -c '^profile round [1-4]/4: ' "$tmp/err")" -eq 4 ] || fail "not 4 round lines: $(cat "$tmp/err")"
+python3 - "$tmp/p.json" "$tmp/err" <<'PY' || fail "the profile is not the fastest round"
+import json, re, sys
+p = json.load(open(sys.argv[1]))
+assert p["rounds"] == 4 and p["iterations"] == 3, (p.get("rounds"), p["iterations"])
+kept = 1e3 * sum(l["forward_s"] + l["backward_s"] for l in p["layers"])
+rounds = [float(m) for m in re.findall(r"^profile round \d+/4: ([0-9.]+) ms", open(sys.argv[2]).read(), re.M)]
+assert len(rounds) == 4 and all(r > 0 for r in rounds), rounds
+assert abs(kept - min(rounds)) <= 1e-5 * min(rounds) + 1e-6, (kept, rounds)
+print("kept %.6f of rounds %s" % (kept, rounds))
+PY
+# one round: no "rounds" key, no round lines
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 2 -o "$tmp/q.json" >/dev/null 2>"$tmp/err2" || fail "profile"
+grep -q '"rounds"' "$tmp/q.json" && fail "one round wrote a rounds key"
+grep -q "profile round" "$tmp/err2" && fail "one round printed round lines"
+echo PASS
