@@ -165,11 +165,14 @@ typedef struct RtProfileOpts {
     int threads;         /* kernel threads; 0 = leave as is */
     int warmup;          /* untimed steps first */
     int iterations;      /* timed steps; the median is recorded */
+    int rounds;          /* repeat warmup + iterations this many times (0 or 1: once) and keep
+                          * the round whose layers sum to the least time: the machine's speed
+                          * when nothing else slows it (this VM's comes in spells: docs/formats.md) */
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
 } RtProfileOpts;
 
-/* Times o->warmup + o->iterations training steps of the model (synthetic data, whole model
+/* Times o->warmup + o->iterations training steps (o->rounds times) of the model (synthetic data, whole model
  * on this thread) and fills *out (caller releases with profile_release): per top-level layer
  * the median forward and backward seconds (backward includes the layer's share of the SGD
  * update, which a stage pays after every backward), output activation bytes and parameter
@@ -191,10 +194,12 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
  * layer's data in cache from the other): bwd_in_s[i] = the median input-gradient pass,
  * bwd_w_s[i] = the median weight pass plus the layer's optimizer step share (as bwd_s has it).
  * A layer without a weight pass of its own (model_layer_splits == 0) gets bwd_in_s = bwd_s and
- * bwd_w_s = 0 exactly; with iterations == 1 the split is not timed (both 0). */
+ * bwd_w_s = 0 exactly; with iterations == 1 the split is not timed (both 0). step_s (may be
+ * NULL): step_s[i] = the median of the layer's optimizer step alone, the part of bwd_s (and
+ * bwd_w_s) a micro-batched schedule pays once per minibatch, not per unit (0 without weights). */
 void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                           int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
-                          double *bwd_w_s);
+                          double *bwd_w_s, double *step_s);
 
 /* ---- training sessions (rt_session.c) -------------------------------------------------------
  * A whole training run: set-up checks on every rank (model, plan, data, checkpoint directory,
