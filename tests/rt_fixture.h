@@ -12,6 +12,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "data.h"
+#include "kernels.h"
+#include "nn.h"
 #include "plan.h"
 
 /* Writes text to a new file /tmp/pd_rt_model_XXXXXX; path (>= 32 bytes) gets its name. */
@@ -42,6 +45,19 @@ static inline void rt_write_tmp(char *path, const char *text) {
     "{\"type\": \"linear\", \"in\": 196, \"out\": 32, \"relu\": true}," \
     "{\"type\": \"dropout\", \"p\": 0.3}," \
     "{\"type\": \"linear\", \"in\": 32, \"out\": 10}]}"
+
+/* A deeper MLP for interleaved plans (up to 8 one-layer stages after the flatten's): 9 layers. */
+#define RT_MLP9_JSON \
+    "{\"name\": \"tiny-mlp9\", \"input\": [1, 28, 28], \"layers\": [" \
+    "{\"type\": \"flatten\"}," \
+    "{\"type\": \"linear\", \"in\": 784, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 16, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 16, \"out\": 12, \"relu\": true}," \
+    "{\"type\": \"linear\", \"in\": 12, \"out\": 10}]}"
 
 /* Writes both to temporary files (paths >= 32 bytes each); rt_models_remove deletes them. */
 static inline void rt_models_write(char *mlp_path, char *cnn_path) {
@@ -79,6 +95,53 @@ static inline void tplan(TPlan *t, int n_stages, const int *bounds, const int *r
     t->p.n_layers = bounds[n_stages];
     t->p.n_workers = rank;
     t->p.noam = (rank + reps[0] - 1) / reps[0];
+}
+
+/* The synchronous kinds' oracle: sequential minibatch SGD on the whole model (SGD lr 0.05,
+ * momentum 0.9, seed 11: the runtime tests' config), written directly on the nn API. For
+ * minibatch k, units k*per .. k*per+per-1 of train each forward/backward with loss scale 1/per,
+ * then one step. Returns the whole model's final parameters (pd_free), their count in *np_out. */
+static inline float *rt_sequential(const char *model, const Dataset *train, int steps, int per, int B, size_t *np_out) {
+    Err err = {0};
+    Model *m = model_load(model, &err);
+    if (!m) fail_msg("%s", err.msg);
+    int nl = model_n_layers(m);
+    if (model_build(m, 0, nl, B, &err)) fail_msg("%s", err.msg);
+    size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
+    float *w = pd_alloc_f32(np), *dw = pd_alloc_f32(np), *st = pd_alloc_f32(ns ? ns : 1);
+    model_init_params(m, 0, nl, 11, w);
+    model_init_state(m, 0, nl, st);
+    OptConfig oc = optim_defaults(OPT_SGD, 0.05f);
+    oc.momentum = 0.9f;
+    Optim opt;
+    optim_init(&opt, &oc, np);
+    NnCtx *ctx = nnctx_new(m, 0, nl, B);
+    DataSampler ds;
+    if (data_sampler_init(&ds, train, B, 11, 1, 1, &err)) fail_msg("%s", err.msg);
+    int32_t labels[64];
+    float dl[64 * 10];
+    assert_true(B <= 64);
+    for (int k = 0; k < steps; k++) {
+        memset(dw, 0, np * sizeof(float));
+        for (int j = 0; j < per; j++) {
+            int u = k * per + j;
+            assert_int_equal(data_sampler_get(&ds, (uint64_t)u, nnctx_input(ctx), labels), B);
+            NnRun run = {.n = B, .train = 1, .seed = 11, .minibatch = (uint64_t)u};
+            const float *y = model_forward(m, ctx, w, st, nnctx_input(ctx), &run);
+            memset(dl, 0, sizeof dl);
+            kern_xent_fwd_bwd_ref(y, labels, dl, B, 10, 1.0f / (float)per, NULL);
+            model_backward(m, ctx, w, dl, NULL, dw);
+        }
+        optim_step(&opt, w, dw);
+    }
+    data_sampler_release(&ds);
+    nnctx_free(ctx);
+    optim_release(&opt);
+    pd_free(dw);
+    pd_free(st);
+    model_free(m);
+    *np_out = np;
+    return w;
 }
 
 #endif

@@ -5,7 +5,7 @@
  *    and every forward/backward must use the version the schedule names.
  *  - Synchronous schedules (gpipe, 1f1b-flush, dp, a one-stage plan), on a small MLP and on
  *    a small CNN with batch norm and dropout: the weights after 20 steps equal plain
- *    sequential minibatch SGD written here directly on the nn API (forward/backward of each
+ *    sequential minibatch SGD written directly on the nn API (rt_sequential, rt_fixture.h: forward/backward of each
  *    unit in order, gradients accumulated, one optimizer step per minibatch), up to
  *    summation order: |got - want| <= 2e-5 + 2e-4 |want|. The only difference between the
  *    two computations is the order of float additions (gradient sums over replicas and
@@ -161,50 +161,6 @@ static void test_async_equals_emulation(void **state) {
     run_async_case(cnn_path, 3, c3, r121, SCHED_1F1B, 0, 10, 1);
 }
 
-/* Sequential minibatch SGD on the whole model: for minibatch k, units
- * k*per .. k*per+per-1 each forward/backward with loss scale 1/per, then one step. */
-static float *sequential(const char *model, int steps, int per, int B, size_t *np_out) {
-    Err err = {0};
-    Model *m = model_load(model, &err);
-    if (!m) fail_msg("%s", err.msg);
-    int nl = model_n_layers(m);
-    if (model_build(m, 0, nl, B, &err)) fail_msg("%s", err.msg);
-    size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
-    float *w = pd_alloc_f32(np), *dw = pd_alloc_f32(np), *st = pd_alloc_f32(ns ? ns : 1);
-    model_init_params(m, 0, nl, 11, w);
-    model_init_state(m, 0, nl, st);
-    OptConfig oc = optim_defaults(OPT_SGD, 0.05f);
-    oc.momentum = 0.9f;
-    Optim opt;
-    optim_init(&opt, &oc, np);
-    NnCtx *ctx = nnctx_new(m, 0, nl, B);
-    DataSampler ds;
-    if (data_sampler_init(&ds, &train, B, 11, 1, 1, &err)) fail_msg("%s", err.msg);
-    int32_t labels[64];
-    float dl[64 * 10];
-    for (int k = 0; k < steps; k++) {
-        memset(dw, 0, np * sizeof(float));
-        for (int j = 0; j < per; j++) {
-            int u = k * per + j;
-            assert_int_equal(data_sampler_get(&ds, (uint64_t)u, nnctx_input(ctx), labels), B);
-            NnRun run = {.n = B, .train = 1, .seed = 11, .minibatch = (uint64_t)u};
-            const float *y = model_forward(m, ctx, w, st, nnctx_input(ctx), &run);
-            memset(dl, 0, sizeof dl);
-            kern_xent_fwd_bwd_ref(y, labels, dl, B, 10, 1.0f / (float)per, NULL);
-            model_backward(m, ctx, w, dl, NULL, dw);
-        }
-        optim_step(&opt, w, dw);
-    }
-    data_sampler_release(&ds);
-    nnctx_free(ctx);
-    optim_release(&opt);
-    pd_free(dw);
-    pd_free(st);
-    model_free(m);
-    *np_out = np;
-    return w;
-}
-
 static void run_sync_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind,
                           int n_micro) {
     TPlan tp;
@@ -221,7 +177,7 @@ static void run_sync_case(const char *model, int n_stages, const int *bounds, co
     memset(res, 0, sizeof res);
     if (rt_run_threads(&cfg, res, &err)) fail_msg("threads: %s", err.msg);
     size_t np;
-    float *want = sequential(model, steps, per, B, &np);
+    float *want = rt_sequential(model, &train, steps, per, B, &np);
     Model *m = model_load(model, &err);
     int stages = kind == SCHED_DP ? 1 : n_stages;
     for (int i = 0; i < stages; i++) {

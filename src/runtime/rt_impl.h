@@ -28,6 +28,14 @@ typedef struct Slot {
 } Slot;
 
 typedef struct Worker {
+    /* A rank that runs several stages (interleaved: its chunks) is one Worker per stage. The one
+     * its caller holds is chunk 0: it owns the list's position (pc), the result, the events and
+     * chunk[]; chunk[c] (c >= 1) are built for sw->stages[c] and share cfg, s, sw, c, res and the
+     * Model (borrowed from chunk 0), each with its own layer range, weight versions, gradient
+     * buffer, optimizer state and slots. rt_exec runs each instruction on chunk[in->chunk] and
+     * a step on every chunk. chunk == NULL: one stage (every kind but interleaved). */
+    struct Worker **chunk;
+    int n_chunk, ci;          /* chunks of the rank (1 without), this one's index */
     const RtConfig *cfg;
     const Schedule *s;
     const SchedWorker *sw;

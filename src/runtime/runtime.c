@@ -37,8 +37,7 @@ static size_t split_floats(const Worker *w);
 /* What the worker allocated for its stage, by category (RtMem): the version store, the
  * gradient and optimizer buffers, the running statistics and the activation slots (with,
  * for the zb kinds, the output gradients BI keeps for BW). */
-static void worker_mem(Worker *w) {
-    RtMem *m = &w->res->mem;
+static void stage_mem(const Worker *w, RtMem *m) {
     size_t f = sizeof(float), B = (size_t)w->cfg->unit_batch, slot = 0;
     memset(m, 0, sizeof *m);
     if (w->stage < 0) return;
@@ -62,6 +61,20 @@ static void worker_mem(Worker *w) {
     }
     m->comm = 0;
     m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace;
+}
+
+/* The rank's allocation: its stages' summed (versions: per stage, the same for every chunk since
+ * they share one list's versions; slots: all chunks'). */
+static void worker_mem(Worker *w) {
+    RtMem *m = &w->res->mem;
+    stage_mem(w, m);
+    for (int c = 1; c < w->n_chunk; c++) {
+        RtMem x;
+        stage_mem(w->chunk[c], &x);
+        m->params += x.params, m->grads += x.grads, m->opt_state += x.opt_state, m->stashed += x.stashed;
+        m->activations += x.activations, m->comm += x.comm, m->workspace += x.workspace, m->total += x.total;
+        m->slots += x.slots;
+    }
 }
 
 static float *vstore_get(Worker *w, int version) {
@@ -113,6 +126,14 @@ static size_t split_floats(const Worker *w) {
 }
 
 static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
+
+/* The message id of unit u's activation into stage `boundary`, or of the gradient w.r.t. that
+ * stage's input. With one stage per rank the unit alone tells messages apart (a rank gets one
+ * kind of message per unit from a peer); with several, the same two ranks exchange one per
+ * chunk, so the id carries the boundary too (docs/schedules.md, interleaved). */
+static int64_t msg_id(const Schedule *s, int64_t u, int boundary) {
+    return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
+}
 
 /* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
  * that of one whole minibatch, and a round of r minibatches makes one step: the mean. The
@@ -282,7 +303,7 @@ static int keeps_activations(const Worker *w, int pc) {
     for (int k = pc + 1; k < w->sw->n; k++) {
         const Instr *x = &w->sw->ins[k];
         if (!sched_op_computes(x->op)) continue;
-        return x->mb == u && (x->op == OP_BACKWARD || x->op == OP_BACKWARD_B);
+        return x->mb == u && x->chunk == w->sw->ins[pc].chunk && (x->op == OP_BACKWARD || x->op == OP_BACKWARD_B);
     }
     return 0;
 }
@@ -296,7 +317,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, in->mb, w->in_shape, slot_in(w, sl), &sl->r_act, err);
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
+                            &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
@@ -309,7 +331,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, in->mb, w->out_shape, sl->dy, &sl->r_grad, err);
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
+                            &sl->r_grad, err);
             if (rc) return rc;
         }
     }
@@ -534,114 +557,134 @@ static int do_backward_w(Worker *w, const Instr *in, Err *err) {
     return unit_done(w, sl, in, err);
 }
 
+/* The Worker of the stage an instruction is for (chunk 0 owns the list; see rt_impl.h), told
+ * where the list stands. */
+static Worker *chunk_of(Worker *w, const Instr *in) {
+    if (!w->chunk) return w;
+    PD_ASSERTF(in->chunk >= 0 && in->chunk < w->n_chunk, "rank %d: instruction for chunk %d of %d", w->rank, in->chunk,
+               w->n_chunk);
+    Worker *x = w->chunk[in->chunk];
+    x->pc = w->pc;
+    x->t_start = w->t_start;
+    return x;
+}
+
 /* Executes instructions from w->pc until the list ends (RT_DONE), a receive is not ready in
  * non-blocking mode (RT_BLOCKED), or, in emulation, an all-reduce is reached (RT_AT_AR: the
- * emulator performs it and advances pc). Errors return RT_ERR with err set. */
+ * emulator performs it and advances pc). Errors return RT_ERR with err set. Each instruction
+ * runs on the Worker of its chunk (x; w itself with one stage); a step steps every chunk. */
 int rt_exec(Worker *w, int blocking, Err *err) {
     const SchedWorker *sw = w->sw;
     while (w->pc < sw->n) {
         const Instr *in = &sw->ins[w->pc];
-        double t0 = pd_now();
-        int rc = PD_OK;
+        Worker *x = chunk_of(w, in);
+        double t0 = pd_now(), c0 = t0;
+        int rc = PD_OK, computes = 0;
         Slot *sl;
         switch ((InstrOp)in->op) {
         case OP_RECV_ACT:
-            if ((rc = post_recv(w, in, err))) break;
-            sl = slot_find(w, in->mb);
+            if ((rc = post_recv(x, in, err))) break;
+            sl = slot_find(x, in->mb);
             if (!sl) {
                 if (!blocking) return RT_BLOCKED;
                 rc = err_set(err, PD_EINVAL, "rank %d: no free slot to receive unit %d", w->rank, in->mb);
                 break;
             }
-            if ((rc = await(w, &sl->r_act, &sl->act_ready, blocking, err))) break;
-            if ((rc = await(w, &sl->r_lab, &sl->lab_ready, blocking, err))) break;
-            if (!sl->act_ready || (w->is_last && !w->is_input && !sl->lab_ready)) return RT_BLOCKED;
+            if ((rc = await(x, &sl->r_act, &sl->act_ready, blocking, err))) break;
+            if ((rc = await(x, &sl->r_lab, &sl->lab_ready, blocking, err))) break;
+            if (!sl->act_ready || (x->is_last && !x->is_input && !sl->lab_ready)) return RT_BLOCKED;
             break;
         case OP_RECV_GRAD:
-            if ((rc = post_recv(w, in, err))) break;
-            sl = slot_find(w, in->mb);
+            if ((rc = post_recv(x, in, err))) break;
+            sl = slot_find(x, in->mb);
             PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", w->rank, in->mb);
-            if ((rc = await(w, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
+            if ((rc = await(x, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
             if (!sl->grad_ready) return RT_BLOCKED;
             break;
-        case OP_FORWARD: {
-            double c0 = pd_now();
-            rc = do_forward(w, in, err);
-            w->res->compute_s += pd_now() - c0;
+        case OP_FORWARD:
+            rc = do_forward(x, in, err);
+            computes = 1;
+            w->res->chunk_fwd[in->chunk]++;
             break;
-        }
         case OP_BACKWARD:
-        case OP_BACKWARD_B: {
-            double c0 = pd_now();
-            rc = do_backward(w, in, err);
-            w->res->compute_s += pd_now() - c0;
+        case OP_BACKWARD_B:
+            rc = do_backward(x, in, err);
+            computes = 1;
             break;
-        }
-        case OP_BACKWARD_W: {
-            double c0 = pd_now();
-            rc = do_backward_w(w, in, err);
-            w->res->compute_s += pd_now() - c0;
+        case OP_BACKWARD_W:
+            rc = do_backward_w(x, in, err);
+            computes = 1;
             break;
-        }
         case OP_SEND_ACT:
-            sl = slot_find(w, in->mb);
+            sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(w->c, in->peer, COMM_ACT, in->mb, sl->version, w->out_shape, slot_out(w, sl),
-                            &sl->s_act, err);
+            rc = comm_isend(x->c, in->peer, COMM_ACT, msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
+                            slot_out(x, sl), &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
-            sl = slot_find(w, in->mb);
+            sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(w->c, in->peer, COMM_GRAD, in->mb, sl->version, w->in_shape, sl->dx, &sl->s_grad, err);
+            rc = comm_isend(x->c, in->peer, COMM_GRAD, msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
+                            &sl->s_grad, err);
             /* its buffers stay untouched until the send completes (slot_drain); a split
              * backward's unit stays until its BW */
-            if (!w->split) slot_free(sl);
+            if (!x->split) slot_free(sl);
             break;
         case OP_ALLREDUCE:
-            if (!w->group) return RT_AT_AR;
-            if (w->np) {
+            if (!x->group) return RT_AT_AR;
+            if (x->np) {
                 double a0 = pd_now();
-                rc = bucket_allreduce(w, err);
+                rc = bucket_allreduce(x, err);
                 w->res->wait_s += pd_now() - a0;
             }
             break;
-        case OP_RECOMPUTE: {
-            double c0 = pd_now();
-            rc = do_recompute(w, in, err);
+        case OP_RECOMPUTE:
+            rc = do_recompute(x, in, err);
+            computes = 1;
+            break;
+        case OP_STEP:   /* every chunk: they share the list's versions */
+            for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) {
+                Worker *y = w->chunk ? w->chunk[c] : w;
+                double s0 = pd_now();
+                vstore_step(y, in->version, w->pc);
+                w->res->chunk_compute_s[c] += pd_now() - s0;
+            }
             w->res->compute_s += pd_now() - c0;
             break;
-        }
-        case OP_STEP: {
-            double c0 = pd_now();
-            vstore_step(w, in->version, w->pc);
-            w->res->compute_s += pd_now() - c0;
-            break;
-        }
         case OP_FLUSH:
-            for (int k = 0; k < w->n_slots; k++)
-                PD_ASSERTF(w->slots[k].unit < 0 || w->slots[k].version < 0, "rank %d: unit %d in flight at a flush", w->rank, w->slots[k].unit);
+            for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) {
+                Worker *y = w->chunk ? w->chunk[c] : w;
+                for (int k = 0; k < y->n_slots; k++)
+                    PD_ASSERTF(y->slots[k].unit < 0 || y->slots[k].version < 0, "rank %d: unit %d of stage %d in flight at a flush",
+                               w->rank, y->slots[k].unit, y->stage);
+            }
             break;
         default:   /* not an instruction of any list sched_build makes */
             rc = err_set(err, PD_EINVAL, "the runtime does not execute %s instructions", sched_op_name((InstrOp)in->op));
         }
+        if (computes) {
+            double dt = pd_now() - c0;
+            w->res->compute_s += dt;
+            w->res->chunk_compute_s[in->chunk] += dt;
+        }
         if (rc) {
             char t[64];
-            err_prefix(err, "rank %d (stage %d), instruction %d (%s)", w->rank, w->stage, w->pc,
+            err_prefix(err, "rank %d (stage %d), instruction %d (%s)", w->rank, x->stage, w->pc,
                        sched_instr_str(in, 1, t, sizeof t));
             return RT_ERR;
         }
         trace_add(w, in, t0, pd_now());
-        vstore_collect(w, w->pc);
+        for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) vstore_collect(w->chunk ? w->chunk[c] : w, w->pc);
         w->pc++;
         /* Post the receives of the next few instructions ahead, so they overlap compute. */
         for (int k = w->pc, seen = 0; k < sw->n && seen < 4; k++) {
             const Instr *nx = &sw->ins[k];
             if (nx->op != OP_RECV_ACT && nx->op != OP_RECV_GRAD) continue;
             seen++;
-            if ((rc = post_recv(w, nx, err))) {
+            if ((rc = post_recv(w->chunk ? w->chunk[nx->chunk] : w, nx, err))) {
                 char t[64];
-                err_prefix(err, "rank %d (stage %d), posting instruction %d (%s) ahead", w->rank, w->stage, k,
-                           sched_instr_str(nx, 1, t, sizeof t));
+                err_prefix(err, "rank %d (stage %d), posting instruction %d (%s) ahead", w->rank,
+                           sched_instr_stage(sw, nx), k, sched_instr_str(nx, 1, t, sizeof t));
                 return RT_ERR;
             }
         }
@@ -652,23 +695,37 @@ int rt_exec(Worker *w, int blocking, Err *err) {
 /* ---- worker set-up ---------------------------------------------------------------------- */
 
 static void worker_warmup(Worker *w);
+static void stage_release(Worker *w);
 
-int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err) {
-    memset(w, 0, sizeof *w);
-    memset(res, 0, sizeof *res);
-    const Schedule *s = cfg->sched;
-    w->cfg = cfg;
-    w->s = s;
-    w->c = c;
-    w->rank = rank;
-    w->res = res;
-    w->sw = &s->workers[rank];
-    w->stage = w->sw->stage;
-    res->rank = rank;
-    res->stage = w->stage;
-    res->replica = w->sw->replica;
-    w->t_start = pd_now();
-    if (w->stage < 0) return PD_OK;   /* idle rank */
+/* Activation slots and contexts of chunk c of a rank: its most units in flight (with full
+ * activations) + SCHED_SLOTS_AHEAD, from the analysis's per-chunk counts. With one chunk these
+ * are SchedWorkerInfo's n_slots and max_full. */
+static void chunk_slots(const Schedule *s, int rank, const SchedWorkerInfo *wi, int c, int *n_slots, int *max_full) {
+    if (wi->n_chunks <= 1) {
+        *n_slots = wi->n_slots, *max_full = wi->max_full;
+        return;
+    }
+    int n = s->workers[rank].n, nc = wi->n_chunks;
+    int *fly = malloc(((size_t)n * nc + 1) * sizeof(int)), *full = malloc(((size_t)n * nc + 1) * sizeof(int));
+    PD_ASSERT(fly && full);
+    sched_worker_counts_chunks(s, rank, wi, NULL, fly, full);
+    int mi = 0, mf = 0;
+    for (int i = 0; i < n; i++) {
+        if (fly[(size_t)i * nc + c] > mi) mi = fly[(size_t)i * nc + c];
+        if (full[(size_t)i * nc + c] > mf) mf = full[(size_t)i * nc + c];
+    }
+    free(fly), free(full);
+    *n_slots = mi + SCHED_SLOTS_AHEAD, *max_full = mf;
+}
+
+/* Builds w (cfg, s, c, rank, res, sw set) for its stage: chunk ci of the rank. lead: chunk 0,
+ * whose Model it borrows (NULL for chunk 0 itself). p_off, s_off: where its parameters and
+ * running statistics start in the rank's RtStageState (its chunks' ranges, concatenated). */
+static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off, Err *err) {
+    const RtConfig *cfg = w->cfg;
+    const Schedule *s = w->s;
+    RtWorkerResult *res = w->res;
+    int rank = w->rank;
     const SchedStage *st = &s->stages[w->stage];
     w->is_input = w->stage == 0;
     w->is_last = w->stage == s->n_stages - 1;
@@ -678,7 +735,10 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         if (st->layers[i] != st->layers[i - 1] + 1)
             return err_set(err, PD_EINVAL, "stage %d: layers are not contiguous (%d after %d)", w->stage,
                            st->layers[i], st->layers[i - 1]);
-    if (cfg->model) {
+    if (lead) {
+        w->m = lead->m;
+        w->m_borrowed = 1;
+    } else if (cfg->model) {
         w->m = cfg->model;
         w->m_borrowed = 1;
     } else if (!(w->m = model_load(cfg->model_path, err))) {
@@ -745,10 +805,10 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     optim_init(&w->opt, &cfg->opt, w->np);
     const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
     if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
-        memcpy(w->vbuf[0], from->params, w->np * sizeof(float));
-        if (w->nst) memcpy(w->state, from->state, w->nst * sizeof(float));
-        if (w->np && from->opt_m) memcpy(w->opt.m, from->opt_m, w->np * sizeof(float));
-        if (w->np && w->opt.v && from->opt_v) memcpy(w->opt.v, from->opt_v, w->np * sizeof(float));
+        memcpy(w->vbuf[0], from->params + p_off, w->np * sizeof(float));
+        if (w->nst) memcpy(w->state, from->state + s_off, w->nst * sizeof(float));
+        if (w->np && from->opt_m) memcpy(w->opt.m, from->opt_m + p_off, w->np * sizeof(float));
+        if (w->np && w->opt.v && from->opt_v) memcpy(w->opt.v, from->opt_v + p_off, w->np * sizeof(float));
         w->opt.step = from->opt_step;
     } else {
         model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
@@ -763,10 +823,11 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     /* slots: most units in flight + those received ahead (SchedWorkerInfo.n_slots) */
     SchedWorkerInfo wi;
     if ((rc = sched_analyze_worker(s, rank, &wi, err))) return rc;
-    w->n_slots = wi.n_slots;
+    int max_full;
+    chunk_slots(s, rank, &wi, w->ci, &w->n_slots, &max_full);
     w->recompute = s->recompute;
     w->split = sched_splits_backward(s);
-    w->n_pool = w->recompute ? (wi.max_full > 0 ? wi.max_full : 1) : 0;
+    w->n_pool = w->recompute ? (max_full > 0 ? max_full : 1) : 0;
     sched_worker_info_release(&wi);
     if (w->recompute) {   /* max_full contexts for the whole range; slots keep inputs and outputs */
         w->pool = calloc((size_t)w->n_pool, sizeof(NnCtx *));
@@ -792,9 +853,55 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
     }
-    worker_mem(w);
     worker_warmup(w);
     return PD_OK;
+}
+
+int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err) {
+    memset(w, 0, sizeof *w);
+    memset(res, 0, sizeof *res);
+    const Schedule *s = cfg->sched;
+    w->cfg = cfg;
+    w->s = s;
+    w->c = c;
+    w->rank = rank;
+    w->res = res;
+    w->sw = &s->workers[rank];
+    w->stage = w->sw->stage;
+    w->n_chunk = 1;
+    res->rank = rank;
+    res->stage = w->stage;
+    res->replica = w->sw->replica;
+    res->n_chunks = 1;
+    w->t_start = pd_now();
+    if (w->stage < 0) return PD_OK;   /* idle rank */
+    int V = w->sw->n_chunks > 1 ? w->sw->n_chunks : 1;
+    if (V > RT_MAX_CHUNKS)
+        return err_set(err, PD_EINVAL, "rank %d runs %d stages (chunks); the runtime runs at most %d per worker", rank, V,
+                       RT_MAX_CHUNKS);
+    int rc = stage_init(w, NULL, 0, 0, err);
+    if (rc || V == 1) {
+        if (!rc) worker_mem(w);
+        return rc;
+    }
+    /* several stages: chunk c >= 1 is a Worker of its own over the same list and result */
+    w->chunk = calloc((size_t)V, sizeof(Worker *));
+    PD_ASSERT(w->chunk);
+    w->chunk[0] = w;
+    w->n_chunk = res->n_chunks = V;
+    size_t p_off = w->np, s_off = w->nst;
+    for (int k = 1; k < V && !rc; k++) {
+        Worker *x = calloc(1, sizeof *x);
+        PD_ASSERT(x);
+        w->chunk[k] = x;
+        x->cfg = cfg, x->s = s, x->c = c, x->rank = rank, x->res = res, x->sw = w->sw, x->t_start = w->t_start;
+        x->ci = k, x->n_chunk = V;
+        x->stage = w->sw->stages[k];
+        rc = stage_init(x, w, p_off, s_off, err);
+        p_off += x->np, s_off += x->nst;
+    }
+    if (!rc) worker_mem(w);
+    return rc;
 }
 
 /* One forward and backward on zeros through slot 0 before the clock starts, so that kernel
@@ -820,6 +927,17 @@ static void worker_warmup(Worker *w) {
 }
 
 void rt_worker_release(Worker *w) {
+    for (int k = 1; w->chunk && k < w->n_chunk; k++)
+        if (w->chunk[k]) {
+            stage_release(w->chunk[k]);
+            free(w->chunk[k]);
+        }
+    free(w->chunk);
+    stage_release(w);
+}
+
+/* Frees what stage_init made (and the sampler, group and model of chunk 0). */
+static void stage_release(Worker *w) {
     if (w->slots) {
         for (int k = 0; k < w->n_slots; k++) {
             Slot *sl = &w->slots[k];
@@ -865,41 +983,57 @@ void rt_worker_release(Worker *w) {
     memset(w, 0, sizeof *w);
 }
 
-/* Copies the newest weights into the result. */
+/* Copies the newest weights, running statistics and optimizer state into the result: the
+ * rank's chunks' ranges concatenated in chunk order (one range with one stage). */
 void rt_worker_finish(Worker *w) {
     RtWorkerResult *r = w->res;
     r->wall_s = pd_now() - w->t_start;
     if (w->stage < 0) return;
-    r->n_params = w->np;
-    r->n_state = w->nst;
-    r->params = pd_alloc_f32(w->np);
-    memcpy(r->params, vstore_get(w, w->newest), w->np * sizeof(float));
-    r->params_crc = pd_crc32(r->params, w->np * sizeof(float));
-    r->final.params = r->params;
-    r->final.state = pd_alloc_f32(w->nst);
-    if (w->nst) memcpy(r->final.state, w->state, w->nst * sizeof(float));
-    r->final.opt_m = pd_alloc_f32(w->np);
-    if (w->np) memcpy(r->final.opt_m, w->opt.m, w->np * sizeof(float));
-    if (w->opt.v) {
-        r->final.opt_v = pd_alloc_f32(w->np);
-        memcpy(r->final.opt_v, w->opt.v, w->np * sizeof(float));
+    size_t np = 0, nst = 0;
+    for (int c = 0; c < w->n_chunk; c++) {
+        const Worker *x = w->chunk ? w->chunk[c] : w;
+        np += x->np, nst += x->nst;
     }
-    r->final.opt_step = w->opt.step;
+    int adam = w->opt.v != NULL;
+    r->n_params = np;
+    r->n_state = nst;
+    r->params = pd_alloc_f32(np);
+    r->final.params = r->params;
+    r->final.state = pd_alloc_f32(nst);
+    r->final.opt_m = pd_alloc_f32(np);
+    if (adam) r->final.opt_v = pd_alloc_f32(np);
+    size_t po = 0, so = 0;
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *x = w->chunk ? w->chunk[c] : w;
+        size_t n = x->np * sizeof(float);
+        memcpy(r->params + po, vstore_get(x, x->newest), n);
+        r->chunk_crc[c] = pd_crc32(r->params + po, n);
+        if (x->nst) memcpy(r->final.state + so, x->state, x->nst * sizeof(float));
+        if (x->np) memcpy(r->final.opt_m + po, x->opt.m, n);
+        if (adam && x->np) memcpy(r->final.opt_v + po, x->opt.v, n);
+        po += x->np, so += x->nst;
+    }
+    r->params_crc = pd_crc32(r->params, np * sizeof(float));
+    /* a chunk without parameters never steps its optimizer: the rank's count is its chunks' most */
+    r->final.opt_step = 0;
+    for (int c = 0; c < w->n_chunk; c++) {
+        const Worker *x = w->chunk ? w->chunk[c] : w;
+        if (x->opt.step > r->final.opt_step) r->final.opt_step = x->opt.step;
+    }
 }
 
 int rt_worker_drain(Worker *w, Err *err) {
     int rc = PD_OK;
-    for (int k = 0; k < w->n_slots && !rc; k++) rc = slot_drain(w, &w->slots[k], err);
+    for (int c = 0; c < w->n_chunk && !rc; c++) {
+        Worker *x = w->chunk ? w->chunk[c] : w;
+        for (int k = 0; k < x->n_slots && !rc; k++) rc = slot_drain(x, &x->slots[k], err);
+    }
     return rc;
 }
 
-int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+/* rt_worker_bind for one stage (chunk) of the rank. */
+static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     const Schedule *s = cfg->sched;
-    PD_ASSERT(w->rank < s->n_ranks && s->workers[w->rank].stage == w->stage);
-    memset(res, 0, sizeof *res);
-    res->rank = w->rank;
-    res->stage = w->stage;
-    res->replica = s->workers[w->rank].replica;
     w->cfg = cfg;
     w->s = s;
     w->sw = &s->workers[w->rank];
@@ -935,7 +1069,8 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     SchedWorkerInfo wi;
     int rc = sched_analyze_worker(s, w->rank, &wi, err);
     if (rc) return rc;
-    int need = wi.n_slots, need_full = wi.max_full;
+    int need, need_full;
+    chunk_slots(s, w->rank, &wi, w->ci, &need, &need_full);
     sched_worker_info_release(&wi);
     if (w->recompute != s->recompute)
         return err_set(err, PD_EINVAL, "rank %d: a worker built %s recomputation bound to a list %s it", w->rank,
@@ -955,8 +1090,22 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
         res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
         PD_ASSERT(res->hist);
     }
-    worker_mem(w);
     return PD_OK;
+}
+
+int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    const Schedule *s = cfg->sched;
+    PD_ASSERT(w->rank < s->n_ranks && s->workers[w->rank].stage == w->stage);
+    PD_ASSERT(w->stage < 0 || (s->workers[w->rank].n_chunks > 1 ? s->workers[w->rank].n_chunks : 1) == w->n_chunk);
+    memset(res, 0, sizeof *res);
+    res->rank = w->rank;
+    res->stage = w->stage;
+    res->replica = s->workers[w->rank].replica;
+    res->n_chunks = w->n_chunk;
+    int rc = PD_OK;
+    for (int c = 0; c < w->n_chunk && !rc; c++) rc = stage_bind(w->chunk ? w->chunk[c] : w, cfg, res, err);
+    if (!rc && w->stage >= 0) worker_mem(w);
+    return rc;
 }
 
 void rt_result_release(RtWorkerResult *r) {
@@ -1002,7 +1151,7 @@ int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     if (w.stage >= 0 && rt_exec(&w, 1, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
     if (!rc) {
         /* All sends must complete before buffers go away. */
-        for (int k = 0; k < w.n_slots && !rc; k++) rc = slot_drain(&w, &w.slots[k], err);
+        rc = rt_worker_drain(&w, err);
     }
     if (!rc) rt_worker_finish(&w);
     if (!rc && cfg->test) rc = rt_eval(&w, err);

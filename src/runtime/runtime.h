@@ -32,7 +32,8 @@
 
 /* A worker's training state over its stage's layer range: where a run continues from (a
  * checkpoint, or the previous segment of a segmented run). Buffers in the range layouts of
- * nn.h; opt_v only for Adam. */
+ * nn.h; opt_v only for Adam. A worker with several stages (interleaved: its chunks, ascending)
+ * has their ranges concatenated in chunk order in each buffer. */
 typedef struct RtStageState {
     float *params, *state, *opt_m, *opt_v;
     long opt_step;
@@ -75,7 +76,8 @@ typedef struct RtEvent {
     double t0, t1;     /* seconds since the worker started */
 } RtEvent;
 
-/* Bytes a worker allocated for its stage, by category (rt_worker_init; zero on idle ranks).
+/* Bytes a worker allocated for its stage, by category (rt_worker_init; zero on idle ranks;
+ * several chunks: their sums, each chunk with its own slots).
  * versions x params and slots x (activations / slots) are what the simulator predicts from the
  * schedule analysis (SimMem.allocated, docs/schedules.md). */
 typedef struct RtMem {
@@ -90,11 +92,19 @@ typedef struct RtMem {
     int versions, slots;  /* weight-version buffers and activation slots (SchedWorkerInfo) */
 } RtMem;
 
+/* The most stages (chunks) one worker runs (interleaved); a plan with more is refused. */
+#define RT_MAX_CHUNKS 8
+
 /* What one worker reports. */
 typedef struct RtWorkerResult {
-    int rank, stage, replica;
+    int rank, stage, replica;   /* stage: its first (interleaved: chunk 0's) */
+    int n_chunks;               /* stages it ran: 1, or interleaved's V */
+    uint32_t chunk_crc[RT_MAX_CHUNKS];         /* CRC-32 of each chunk's slice of params */
+    double chunk_compute_s[RT_MAX_CHUNKS];     /* compute_s by chunk (a step: each chunk's own) */
+    int chunk_fwd[RT_MAX_CHUNKS];              /* forwards by chunk */
     size_t n_params, n_state;   /* floats of the stage's parameters and running statistics */
-    float *params;           /* newest weights of the stage range (n_params), owned */
+    float *params;           /* newest weights of the stage range (n_params; several chunks: their
+                              * ranges concatenated), owned */
     uint32_t params_crc;     /* CRC-32 of params */
     RtStageState final;      /* params (= the field above), state and optimizer at the end; owned */
     int max_versions;        /* most weight versions alive at once */
