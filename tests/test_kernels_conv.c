@@ -156,12 +156,129 @@ static void test_conv_auto_choice(void **state) {
     kern_conv2d_release(&cv);
 }
 
+/* nChw16c <-> NCHW for the layout tests (c a multiple of 16). */
+static float *to_blk(const float *a, int n, int c, int hw) {
+    float *b = pd_alloc_f32((size_t)n * c * hw);
+    for (int s = 0; s < n; s++)
+        for (int ch = 0; ch < c; ch++)
+            for (int i = 0; i < hw; i++)
+                b[(((size_t)s * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16] = a[((size_t)s * c + ch) * hw + i];
+    return b;
+}
+
+static float *from_blk(const float *b, int n, int c, int hw) {
+    float *a = pd_alloc_f32((size_t)n * c * hw);
+    for (int s = 0; s < n; s++)
+        for (int ch = 0; ch < c; ch++)
+            for (int i = 0; i < hw; i++)
+                a[((size_t)s * c + ch) * hw + i] = b[(((size_t)s * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16];
+    return a;
+}
+
+/* The blocked layouts give bitwise the plain call's results, reordered: forward, and
+ * backward onto prefilled gradients (whole, dx only, dW only), at n_max and at a smaller n
+ * (the lazily created primitives must keep n_max's layouts). */
+static void test_conv_blocked_layouts(void **state) {
+    (void)state;
+    static const ConvCase cases[] = {
+        /* n_max n  c  h  w  k  r  s st pad bias relu */
+        {3, 2, 16, 7, 5, 32, 3, 3, 1, 1, 1, 1, 0},
+        {3, 1, 32, 6, 6, 16, 3, 3, 2, 1, 0, 0, 0},
+        {2, 2, 16, 4, 4, 16, 3, 3, 1, 1, 1, 0, 0},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const ConvCase *t = &cases[ci];
+        KConv cv;
+        Err err = {0};
+        assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_DNNL, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s,
+                                               t->stride, t->pad, t->bias, t->relu, &err),
+                         PD_OK);
+        assert_int_equal(kern_conv2d_layouts(&cv), KCONV_X_BLK16 | KCONV_Y_BLK16);
+        const int ns[2] = {t->n_max, t->n};
+        for (int pass = 0; pass < 2; pass++) {
+            const int n = ns[pass], xhw = t->h * t->w, yhw = cv.oh * cv.ow;
+            const size_t nx = (size_t)n * t->c * xhw, nw = (size_t)t->k * t->c * t->r * t->s, ny = (size_t)n * t->k * yhw;
+            const uint64_t tag = 5000 + 100 * ci + 10 * pass;
+            float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1), *b = tk_rand(t->k, tag + 3, -1, 1);
+            float *dy = tk_rand(ny, tag + 4, -1, 1), *pre_x = tk_rand(nx, tag + 5, -1, 1);
+            float *pre_w = tk_rand(nw, tag + 6, -1, 1), *pre_b = tk_rand(t->k, tag + 7, -1, 1);
+            float *y = pd_alloc_f32(ny), *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, t->k);
+            kern_conv2d_fwd(&cv, n, x, w, b, y);
+            kern_conv2d_bwd(&cv, n, x, w, y, dy, dx, dw, db);
+            for (int lay = 1; lay <= 3; lay++) {
+                const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
+                float *lx = xb ? to_blk(x, n, t->c, xhw) : tk_copy(x, nx);
+                float *ldy = yb ? to_blk(dy, n, t->k, yhw) : tk_copy(dy, ny);
+                float *lpre = xb ? to_blk(pre_x, n, t->c, xhw) : tk_copy(pre_x, nx);
+                float *ly = tk_rand(ny, tag + 8, -9, 9);   // garbage: forward must overwrite
+                float *ldx = tk_copy(lpre, nx), *ldw = tk_copy(pre_w, nw), *ldb = tk_copy(pre_b, t->k);
+                kern_conv2d_fwd_lay(&cv, n, lay, lx, w, b, ly);
+                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx, ldw, ldb);
+                float *gy = yb ? from_blk(ly, n, t->k, yhw) : tk_copy(ly, ny);
+                float *gdx = xb ? from_blk(ldx, n, t->c, xhw) : tk_copy(ldx, nx);
+                assert_memory_equal(gy, y, sizeof(float) * ny);
+                assert_memory_equal(gdx, dx, sizeof(float) * nx);
+                assert_memory_equal(ldw, dw, sizeof(float) * nw);
+                assert_memory_equal(ldb, db, sizeof(float) * t->k);
+                /* the split passes */
+                float *ldx2 = tk_copy(lpre, nx), *ldw2 = tk_copy(pre_w, nw);
+                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx2, NULL, NULL);
+                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, NULL, ldw2, NULL);
+                assert_memory_equal(ldx2, ldx, sizeof(float) * nx);
+                assert_memory_equal(ldw2, dw, sizeof(float) * nw);
+                float *all[] = {lx, ldy, lpre, ly, ldx, ldw, ldb, gy, gdx, ldx2, ldw2};
+                for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+            }
+            float *all[] = {x, w, b, dy, pre_x, pre_w, pre_b, y, dx, dw, db};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+        }
+        kern_conv2d_release(&cv);
+    }
+    /* im2col takes plain layouts only */
+    KConv cv;
+    Err err = {0};
+    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 16, 4, 4, 16, 3, 3, 1, 1, 1, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_layouts(&cv), 0);
+    kern_conv2d_release(&cv);
+}
+
+/* Max pooling on nChw16c: the plain kernel's values and gradients, reordered (ties too: a
+ * plane of repeated values). */
+static void test_maxpool_blocked(void **state) {
+    (void)state;
+    const int shapes[][5] = {{2, 32, 8, 6, 2}, {3, 16, 7, 7, 3}, {1, 16, 4, 4, 2}};   // n c h w k (stride k, then 1)
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (int st = 0; st < 2; st++) {
+            const int n = shapes[si][0], c = shapes[si][1], h = shapes[si][2], w = shapes[si][3], k = shapes[si][4];
+            const int stride = st ? 1 : k, oh = (h - k) / stride + 1, ow = (w - k) / stride + 1;
+            const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
+            float *x = tk_rand(nx, 7000 + si, -1, 1), *dy = tk_rand(ny, 7100 + si, -1, 1);
+            if (si == 2)
+                for (size_t i = 0; i < nx; i++) x[i] = (float)(i % 3);   // ties
+            float *y = pd_alloc_f32(ny), *dx = tk_rand(nx, 7200 + si, -1, 1);
+            int32_t *am = pd_alloc(sizeof(int32_t) * ny), *bam = pd_alloc(sizeof(int32_t) * ny);
+            float *bx = to_blk(x, n, c, h * w), *bdy = to_blk(dy, n, c, oh * ow), *bdx = to_blk(dx, n, c, h * w);
+            float *by = pd_alloc_f32(ny);
+            kern_maxpool_fwd(x, y, am, n, c, h, w, k, stride);
+            kern_maxpool_bwd(dy, am, dx, n, c, h, w, k, stride);
+            kern_maxpool_fwd_blk16(bx, by, bam, n, c, h, w, k, stride);
+            kern_maxpool_bwd_blk16(bdy, bam, bdx, n, c, h, w, k, stride);
+            float *gy = from_blk(by, n, c, oh * ow), *gdx = from_blk(bdx, n, c, h * w);
+            assert_memory_equal(gy, y, sizeof(float) * ny);
+            assert_memory_equal(gdx, dx, sizeof(float) * nx);
+            void *all[] = {x, dy, y, dx, am, bam, bx, bdy, bdx, by, gy, gdx};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_odd_shapes),
         cmocka_unit_test(test_conv_model_shapes),
         cmocka_unit_test(test_conv_bad_shapes),
         cmocka_unit_test(test_conv_auto_choice),
+        cmocka_unit_test(test_conv_blocked_layouts),
+        cmocka_unit_test(test_maxpool_blocked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -181,13 +181,28 @@ static void col2im_add(const KConv *cv, const float *col, int nb, float *dx) {
             }
 }
 
+int kern_conv2d_layouts(const KConv *cv) {
+    const ConvImpl *im = cv->impl;
+    return im->dnnl ? conv_dnnl_layouts(im->dnnl) : 0;
+}
+
 void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
+    kern_conv2d_fwd_lay(cv, n, 0, x, w, b, y);
+}
+
+void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
+                     float *dx, float *dw, float *db) {
+    kern_conv2d_bwd_lay(cv, n, 0, x, w, y, dy, dx, dw, db);
+}
+
+void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
-        conv_dnnl_fwd(im->dnnl, cv, n, x, w, b, y);
+        conv_dnnl_fwd(im->dnnl, cv, n, lay, x, w, b, y);
         return;
     }
+    PD_ASSERTF(lay == 0, "conv2d (im2col): layout %d", lay);
     const int K = cv->k, CRS = cv->c * cv->r * cv->s;
     const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
     for (int s0 = 0; s0 < n; s0 += im->nb) {
@@ -217,14 +232,15 @@ void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const flo
     }
 }
 
-void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
-                     float *dx, float *dw, float *db) {
+void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
+                         const float *dy, float *dx, float *dw, float *db) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
-        conv_dnnl_bwd(im->dnnl, cv, n, x, w, y, dy, dx, dw, db);
+        conv_dnnl_bwd(im->dnnl, cv, n, lay, x, w, y, dy, dx, dw, db);
         return;
     }
+    PD_ASSERTF(lay == 0, "conv2d (im2col): layout %d", lay);
     const int K = cv->k, CRS = cv->c * cv->r * cv->s;
     const size_t P = (size_t)cv->oh * cv->ow, X = (size_t)cv->c * cv->h * cv->w;
     if (!cv->has_bias) db = NULL;

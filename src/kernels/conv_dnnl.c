@@ -32,19 +32,17 @@ typedef struct Port {
     dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
     dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
     dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
-    void *buf;                  /* owned storage of prim (unused now: every port is in the arena) */
     size_t bytes;               /* size of prim when it differs from user */
-    size_t off;                 /* arena ports: offset of prim's storage in the call's scratch */
 } Port;
 
 typedef struct Prims {
     int n;   /* batch size these are for; 0 = empty slot */
     dnnl_primitive_t fwd, bwd_data, bwd_w;
     dnnl_memory_t sp_fwd, sp_data, sp_w;   /* scratchpads, in the call's scratch at sp_off */
-    size_t sp_off_f, sp_off_b;             /* scratchpad offset: forward call, backward call */
-    size_t dym_off;                        /* backward: the masked dy (fuse_relu) */
-    int share_ddst;                        /* w_ddst's storage and layout are d_ddst's */
-    size_t arena;                          /* bytes of KSCR_CONV scratch a call needs */
+    size_t sp_f, sp_b;                     /* scratchpad bytes: forward, backward (larger of two) */
+    int share_ddst;                        /* w_ddst's layout is d_ddst's */
+    int blk;                               /* KCONV_X_BLK16 | KCONV_Y_BLK16: layouts callers may use */
+    size_t arena;                          /* bytes of KSCR_CONV scratch a call may need */
     Port f_src, f_wei, f_dst;              /* forward */
     Port d_ddst, d_wei, d_dsrc;            /* backward data (d_dsrc accumulates) */
     Port w_src, w_ddst, w_dwei;            /* backward weights (w_dwei accumulates) */
@@ -77,15 +75,13 @@ static void port_free(Port *p) {
     if (p->prim && p->prim != p->user) dnnl_memory_destroy(p->prim);
     if (p->user) dnnl_memory_destroy(p->user);
     if (p->reorder) dnnl_primitive_destroy(p->reorder);
-    pd_free(p->buf);
     memset(p, 0, sizeof *p);
 }
 
-/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum).
- * owned: prim's storage is allocated here (weights); else it is placed in the call's scratch
- * at *arena (advanced by its size) and bound per call. */
+/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum). prim's
+ * storage is placed in the call's scratch by the call (fwd_plan, bwd_plan) and bound then. */
 static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *want,
-                     int dir, int owned, size_t *arena, Err *err) {
+                     int dir, Err *err) {
     int rc = PD_OK;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -96,14 +92,7 @@ static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_
         return PD_OK;
     }
     p->bytes = dnnl_memory_desc_get_size(want);
-    if (owned) {
-        p->buf = pd_alloc(p->bytes);
-        CK(dnnl_memory_create(&p->prim, want, eng, p->buf));
-    } else {
-        p->off = *arena;
-        *arena += (p->bytes + 63) / 64 * 64;
-        CK(dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
-    }
+    CK(dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
     CK(dnnl_primitive_attr_create(&attr));
     if (dir == 2) {
         CK(dnnl_post_ops_create(&po));
@@ -136,8 +125,61 @@ static const dnnl_memory_desc_t *qmd(const_dnnl_primitive_desc_t pd, dnnl_query_
     return dnnl_primitive_desc_query_md(pd, what, 0);
 }
 
-/* Creates the three primitives and their ports for batch size n. */
-static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
+/* Where a call's temporaries lie in its KSCR_CONV scratch (byte offsets), laid out per call
+ * from the layouts in use: a port whose reorder is skipped takes no room. */
+typedef struct FwdPlan {
+    size_t src, wei, dst, sp, total;
+} FwdPlan;
+typedef struct BwdPlan {
+    size_t dym;    /* the masked dy, in dy's layout (fuse_relu) */
+    size_t ddst;   /* d_ddst (and w_ddst when shared) */
+    size_t wei, dsrc, wsrc, wddst, dwei, sp, total;
+} BwdPlan;
+
+static size_t bump(size_t *at, size_t bytes) {
+    size_t o = *at;
+    *at += (bytes + 63) / 64 * 64;
+    return o;
+}
+
+static FwdPlan fwd_plan(const Prims *p, int lay) {
+    FwdPlan f = {0};
+    size_t at = 0;
+    if (p->f_src.reorder && !(lay & KCONV_X_BLK16)) f.src = bump(&at, p->f_src.bytes);
+    if (p->f_wei.reorder) f.wei = bump(&at, p->f_wei.bytes);
+    if (p->f_dst.reorder && !(lay & KCONV_Y_BLK16)) f.dst = bump(&at, p->f_dst.bytes);
+    f.sp = bump(&at, p->sp_f);
+    f.total = at;
+    return f;
+}
+
+/* dx: the call wants dx (backward-data); dw: it wants dW or db (backward-weights). The blocked
+ * src of backward-weights is filled after diff_src has been added into dx, so it lives in
+ * diff_src's storage. */
+static BwdPlan bwd_plan(const Prims *p, const KConv *cv, int lay, int dx, int dw) {
+    BwdPlan b = {0};
+    size_t at = 0;
+    const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
+    if (cv->fuse_relu) b.dym = bump(&at, (size_t)p->n * cv->k * cv->oh * cv->ow * sizeof(float));
+    if (dx) {
+        if (p->d_ddst.reorder && !yb) b.ddst = bump(&at, p->d_ddst.bytes);
+        if (p->d_wei.reorder) b.wei = bump(&at, p->d_wei.bytes);
+        b.dsrc = bump(&at, p->d_dsrc.bytes);   // blocked or not, produced apart and then added
+    }
+    if (dw) {
+        if (p->w_src.reorder && !xb) b.wsrc = dx && p->w_src.bytes <= p->d_dsrc.bytes ? b.dsrc : bump(&at, p->w_src.bytes);
+        if (p->w_ddst.reorder && !yb) b.wddst = dx && p->share_ddst ? b.ddst : bump(&at, p->w_ddst.bytes);
+        b.dwei = bump(&at, p->w_dwei.bytes);
+    }
+    b.sp = bump(&at, p->sp_b);
+    b.total = at;
+    return b;
+}
+
+/* Creates the three primitives and their ports for batch size n. force: blocked layouts
+ * (KCONV_*_BLK16) the primitives must use rather than choose (those n_max's chose: callers
+ * rely on them for every n). */
+static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, Err *err) {
     int rc = PD_OK;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -153,9 +195,10 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
     CK(dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw));
     CK(dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
     CK(dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
-    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, d->use_any ? any : dnnl_nchw));
+    const dnnl_format_tag_t act = d->use_any ? any : dnnl_nchw;
+    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
     CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, d->use_any ? any : dnnl_oihw));
-    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, d->use_any ? any : dnnl_nchw));
+    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
     const dnnl_memory_desc_t *bias = cv->has_bias ? &bias_u : NULL;
 
     CK(dnnl_primitive_attr_create(&attr));
@@ -186,48 +229,47 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, Prims *p, Err *err) {
     CK(dnnl_primitive_create(&p->fwd, fpd));
     CK(dnnl_primitive_create(&p->bwd_data, dpd));
     CK(dnnl_primitive_create(&p->bwd_w, wpd));
-    /* the call's scratch: forward [f_src | f_wei | f_dst | scratchpad]; backward [dym | d_ddst |
-     * d_wei | d_dsrc | w_src | w_ddst | w_dwei | scratchpad] (the larger of the two
-     * backward scratchpads) */
-    size_t fa = 0, ba = 0;
-    if (cv->fuse_relu) {
-        p->dym_off = 0;
-        ba = ((size_t)n * cv->k * cv->oh * cv->ow * sizeof(float) + 63) / 64 * 64;
-    }
-    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, 0, &fa, err))) goto done;
-    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, 0, &fa, err))) goto done;
-    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, 0, &fa, err))) goto done;
-    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, 0, &ba, err))) goto done;
-    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, 0, &ba, err))) goto done;
-    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, 0, &ba, err))) goto done;
-    /* w_src is filled after d_dsrc has been added into dx: it can live in d_dsrc's storage */
-    size_t sa = ba;
-    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, 0, &sa, err))) goto done;
-    if (p->w_src.reorder && p->d_dsrc.reorder && p->w_src.bytes <= p->d_dsrc.bytes) p->w_src.off = p->d_dsrc.off;
-    else ba = sa;
+    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, err))) goto done;
+    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, err))) goto done;
+    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, err))) goto done;
     /* backward-weights reads diff_dst in the same layout as backward-data (checked): one
-     * reorder feeds both when a call wants dx and dW, so its buffer is shared too */
+     * reorder feeds both when a call wants dx and dW */
     p->share_ddst = p->d_ddst.reorder && dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md),
                                                                 qmd(wpd, dnnl_query_diff_dst_md));
-    size_t wa = ba;
-    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, 0, &wa, err))) goto done;
-    if (p->share_ddst) p->w_ddst.off = p->d_ddst.off;
-    else ba = wa;
-    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, 0, &ba, err)))
-        goto done;
+    /* the blocked activation layout (nChw16c, no padding: channels a multiple of 16) is what
+     * every src-side (dst-side) port of the three primitives uses: callers may then pass
+     * x, dx (y, dy) in it and those reorders vanish */
+    dnnl_memory_desc_t src_b, dst_b;
+    CK(dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, dnnl_nChw16c));
+    CK(dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, dnnl_nChw16c));
+    if (cv->c % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &src_b) &&
+        dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_src_md), &src_b) &&
+        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_src_md), &src_b))
+        p->blk |= KCONV_X_BLK16;
+    if (cv->k % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_dst_md), &dst_b) &&
+        dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md), &dst_b) &&
+        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_diff_dst_md), &dst_b))
+        p->blk |= KCONV_Y_BLK16;
     if (cv->has_bias) {
         CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
         CK(dnnl_memory_create(&p->w_dbias, &bias_u, d->eng, d->dbias));
     }
-    size_t spf = dnnl_memory_desc_get_size(qmd(fpd, dnnl_query_scratchpad_md));
+    p->sp_f = dnnl_memory_desc_get_size(qmd(fpd, dnnl_query_scratchpad_md));
     size_t spd = dnnl_memory_desc_get_size(qmd(dpd, dnnl_query_scratchpad_md));
     size_t spw = dnnl_memory_desc_get_size(qmd(wpd, dnnl_query_scratchpad_md));
-    p->sp_off_f = fa;
-    p->sp_off_b = ba;
-    fa += spf;
-    ba += spd > spw ? spd : spw;
-    p->arena = (fa > ba ? fa : ba) + 64;
-    kern_scratch(KSCR_CONV, p->arena);   // grow this thread's arena now rather than in the first step
+    p->sp_b = spd > spw ? spd : spw;
+    /* the most a call can need: plain layouts, both passes. Grown now rather than in the
+     * first step; a call with blocked layouts touches only the front of it. */
+    FwdPlan fp = fwd_plan(p, 0);
+    BwdPlan bp = bwd_plan(p, cv, 0, 1, 1);
+    p->arena = (fp.total > bp.total ? fp.total : bp.total) + 64;
+    kern_scratch(KSCR_CONV, p->arena);
     CK(dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
     CK(dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
     CK(dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
@@ -259,7 +301,7 @@ int conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err) {
     d->dbias = pd_alloc_f32((size_t)cv->k);
     CK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&d->st, d->eng, dnnl_stream_default_flags));
-    rc = prims_init(d, cv, cv->n_max, &d->slot[0], err);
+    rc = prims_init(d, cv, cv->n_max, 0, &d->slot[0], err);
 done:
     if (rc) conv_dnnl_free(d);
     else *out = d;
@@ -271,7 +313,7 @@ static Prims *prims_for(ConvDnnl *d, const KConv *cv, int n) {
     if (d->slot[1].n != n) {
         prims_free(&d->slot[1]);
         Err err = {0};
-        int rc = prims_init(d, cv, n, &d->slot[1], &err);
+        int rc = prims_init(d, cv, n, d->slot[0].blk, &d->slot[1], &err);
         PD_ASSERTF(rc == PD_OK, "oneDNN accepted n_max=%d but not n=%d: %s", cv->n_max, n, err.msg);
     }
     return &d->slot[1];
@@ -279,82 +321,97 @@ static Prims *prims_for(ConvDnnl *d, const KConv *cv, int n) {
 
 static void set(dnnl_memory_t m, const void *ptr) { RUN(dnnl_memory_set_data_handle(m, (void *)ptr)); }
 
-/* Runs p's reorder from `from` to `to`. */
+/* Runs reorder r from `from` to `to`. */
 static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from, dnnl_memory_t to) {
     dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     RUN(dnnl_primitive_execute(r, st, 2, a));
 }
 
-/* Input port: point user at ptr and bring it into the primitive's layout (prim's storage at
- * base + off for arena ports). */
-static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, char *base) {
+/* Input port: the primitive's memory holding ptr's data. blk: ptr is already in the
+ * primitive's layout (no reorder: prim points at ptr); else it is reordered into `at`. */
+static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, int blk, char *at) {
+    if (!p->reorder || blk) {
+        set(p->prim, ptr);   // == user when no reorder exists
+        return p->prim;
+    }
     set(p->user, ptr);
-    if (p->reorder && !p->buf) set(p->prim, base + p->off);
-    if (p->reorder) run_reorder(st, p->reorder, p->user, p->prim);
+    set(p->prim, at);
+    run_reorder(st, p->reorder, p->user, p->prim);
     return p->prim;
 }
 
-/* Output port in the arena: bind prim's storage (no-op when prim is the user's buffer). */
-static void port_bind(Port *p, char *base) {
-    if (p->prim != p->user && !p->buf) set(p->prim, base + p->off);
-}
+int conv_dnnl_layouts(const ConvDnnl *d) { return d->slot[0].blk; }
 
-void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
+void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *b,
+                   float *y) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
+    PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
+    const FwdPlan f = fwd_plan(p, lay);
     char *base = kern_scratch(KSCR_CONV, p->arena);
-    set(p->sp_fwd, base + p->sp_off_f);
-    set(p->f_dst.user, y);
-    port_bind(&p->f_dst, base);
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, base)},
-                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, base)},
+    set(p->sp_fwd, base + f.sp);
+    const int yb = lay & KCONV_Y_BLK16, out_reorder = p->f_dst.reorder && !yb;
+    set(p->f_dst.prim, out_reorder ? base + f.dst : (void *)y);
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK16, base + f.src)},
+                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, 0, base + f.wei)},
                             {DNNL_ARG_DST, p->f_dst.prim},
                             {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
                             {DNNL_ARG_BIAS, p->f_bias}};
     if (cv->has_bias) set(p->f_bias, b);
     RUN(dnnl_primitive_execute(p->fwd, d->st, cv->has_bias ? 5 : 4, a));
-    if (p->f_dst.reorder) run_reorder(d->st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
+    if (out_reorder) {
+        set(p->f_dst.user, y);
+        run_reorder(d->st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
+    }
     RUN(dnnl_stream_wait(d->st));
 }
 
-void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, const float *x, const float *w, const float *y,
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
                    const float *dy, float *dx, float *dw, float *db) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
+    PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
+    if (!cv->has_bias) db = NULL;
+    const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
+    const BwdPlan bp = bwd_plan(p, cv, lay, dx != NULL, dw || db);
     char *base = kern_scratch(KSCR_CONV, p->arena);
     const float *g = dy;
-    if (cv->fuse_relu) {
-        float *dym = (float *)(base + p->dym_off);
+    if (cv->fuse_relu) {   // element-wise: the same in either layout
+        float *dym = (float *)(base + bp.dym);
         kern_relu_mask(y, dy, dym, (size_t)n * cv->k * cv->oh * cv->ow);
         g = dym;
     }
-    set(p->sp_data, base + p->sp_off_b);
-    set(p->sp_w, base + p->sp_off_b);
+    set(p->sp_data, base + bp.sp);
+    set(p->sp_w, base + bp.sp);
     if (dx) {
-        port_bind(&p->d_dsrc, base);
-        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g, base)},
-                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w, base)},
+        set(p->d_dsrc.prim, base + bp.dsrc);
+        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g, yb, base + bp.ddst)},
+                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w, 0, base + bp.wei)},
                                 {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_data}};
         RUN(dnnl_primitive_execute(p->bwd_data, d->st, 4, a));
-        set(p->d_dsrc.user, dx);
-        run_reorder(d->st, p->d_dsrc.reorder, p->d_dsrc.prim, p->d_dsrc.user);   // dx += (sum post-op)
+        if (xb) {   // dx is in diff_src's layout: += element-wise
+            RUN(dnnl_stream_wait(d->st));
+            kern_accumulate(dx, (const float *)(base + bp.dsrc), (size_t)n * cv->c * cv->h * cv->w);
+        } else {
+            set(p->d_dsrc.user, dx);
+            run_reorder(d->st, p->d_dsrc.reorder, p->d_dsrc.prim, p->d_dsrc.user);   // dx += (sum post-op)
+        }
     }
-    if (!cv->has_bias) db = NULL;
     if (dw || db) {
         dnnl_memory_t ddst;
-        if (dx && p->share_ddst) {   // d_ddst already holds g in this layout
-            set(p->w_ddst.prim, base + p->w_ddst.off);
+        if (dx && p->share_ddst && !yb) {   // backward-data's reorder of g is still at bp.ddst
+            set(p->w_ddst.prim, base + bp.ddst);
             ddst = p->w_ddst.prim;
         } else {
-            ddst = port_in(d->st, &p->w_ddst, g, base);
+            ddst = port_in(d->st, &p->w_ddst, g, yb, base + bp.wddst);
         }
-        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x, base)},
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x, xb, base + bp.wsrc)},
                                 {DNNL_ARG_DIFF_DST, ddst},
                                 {DNNL_ARG_DIFF_WEIGHTS, p->w_dwei.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_w},
                                 {DNNL_ARG_DIFF_BIAS, p->w_dbias}};
-        port_bind(&p->w_dwei, base);
+        set(p->w_dwei.prim, base + bp.dwei);
         RUN(dnnl_primitive_execute(p->bwd_w, d->st, cv->has_bias ? 5 : 4, a));
         if (dw) {
             set(p->w_dwei.user, dw);

@@ -350,6 +350,65 @@ void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, 
     kern_parallel_for((size_t)n * c, plane_grain((size_t)h * w), 1, pool_bwd_r, &j);
 }
 
+/* nChw16c: a "plane" q is (sample, block of 16 channels), each pixel 16 contiguous floats,
+ * one per channel; the 16 lanes go through the plain kernel's scan (first max wins) at once. */
+static void pool_fwd_blk_r(void *p, size_t p0, size_t p1) {
+    const PoolJob *j = p;
+    const int h = j->h, w = j->w, k = j->k, stride = j->stride, oh = j->oh, ow = j->ow;
+    for (size_t q = p0; q < p1; q++) {
+        const float *xp = j->x + q * h * w * 16;
+        float *yp = j->y + q * oh * ow * 16;
+        int32_t *ap = j->am + q * oh * ow * 16;
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                float m[16];
+                int32_t a[16];
+                const int i0 = oy * stride * w + ox * stride;
+                for (int l = 0; l < 16; l++) m[l] = xp[(size_t)i0 * 16 + l], a[l] = i0;
+                for (int r = 0; r < k; r++)
+                    for (int q2 = 0; q2 < k; q2++) {
+                        const int i = (oy * stride + r) * w + ox * stride + q2;
+                        const float *restrict v = xp + (size_t)i * 16;
+                        for (int l = 0; l < 16; l++) {
+                            const int t = v[l] > m[l];
+                            m[l] = t ? v[l] : m[l];
+                            a[l] = t ? i : a[l];
+                        }
+                    }
+                float *restrict yo = yp + ((size_t)oy * ow + ox) * 16;
+                int32_t *restrict ao = ap + ((size_t)oy * ow + ox) * 16;
+                for (int l = 0; l < 16; l++) yo[l] = m[l], ao[l] = a[l];
+            }
+    }
+}
+
+static void pool_bwd_blk_r(void *p, size_t p0, size_t p1) {
+    const PoolJob *j = p;
+    const size_t o = (size_t)j->oh * j->ow, hw = (size_t)j->h * j->w;
+    for (size_t q = p0; q < p1; q++) {
+        const float *g = j->dy + q * o * 16;
+        const int32_t *a = j->cam + q * o * 16;
+        float *d = j->dx + q * hw * 16;
+        for (size_t i = 0; i < o * 16; i++) d[(size_t)a[i] * 16 + (i & 15)] += g[i];
+    }
+}
+
+void kern_maxpool_fwd_blk16(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
+                            int stride) {
+    PD_ASSERTF(c % 16 == 0, "maxpool (nChw16c): %d channels", c);
+    PoolJob j = {.x = x, .y = y, .am = argmax, .h = h, .w = w, .k = k, .stride = stride,
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+    kern_parallel_for((size_t)n * (c / 16), plane_grain((size_t)h * w * 16), 1, pool_fwd_blk_r, &j);
+}
+
+void kern_maxpool_bwd_blk16(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                            int stride) {
+    PD_ASSERTF(c % 16 == 0, "maxpool (nChw16c): %d channels", c);
+    PoolJob j = {.dy = dy, .dx = dx, .cam = argmax, .h = h, .w = w, .k = k, .stride = stride,
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+    kern_parallel_for((size_t)n * (c / 16), plane_grain((size_t)h * w * 16), 1, pool_bwd_blk_r, &j);
+}
+
 /* ---- global average pool --------------------------------------------------------------- */
 typedef struct GapJob {
     const float *x;

@@ -66,6 +66,17 @@ void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const flo
  * gradient w.r.t. y. */
 void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
                      float *dx, float *dw, float *db);
+/* Blocked activations: the same with x, dx (KCONV_X_BLK16 in lay) and/or y, dy (KCONV_Y_BLK16)
+ * in oneDNN's nChw16c layout, (N, C/16, H, W, 16), instead of NCHW; the same size, as only
+ * channel counts that are multiples of 16 qualify. Consecutive layers that keep their
+ * activations so skip the reorders a plain call makes around every primitive; results are
+ * bitwise those of the plain call, reordered. kern_conv2d_layouts says which of the two
+ * the descriptor takes (0 for im2col, or where oneDNN chose other layouts). */
+enum { KCONV_X_BLK16 = 1, KCONV_Y_BLK16 = 2 };
+int  kern_conv2d_layouts(const KConv *cv);
+void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y);
+void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
+                         const float *dy, float *dx, float *dw, float *db);
 void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);
@@ -76,6 +87,12 @@ void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w,
 void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride);
 void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
                       int stride);
+/* The same on nChw16c activations (c a multiple of 16, see KCONV_X_BLK16): argmax holds, per
+ * output element (in y's layout), the flat index within the (H, W) plane of its maximum. */
+void kern_maxpool_fwd_blk16(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
+                            int stride);
+void kern_maxpool_bwd_blk16(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                            int stride);
 void kern_maxpool_fwd_ref(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
                           int stride);
 void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
