@@ -495,8 +495,13 @@ void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, fl
     for (int i = c->last - 1; i >= f; i--) {
         Layer *l = &m->layers[i];
         const float *xi = i == f ? c->in : c->y[i - 1 - f];
-        float *dxi = dx;
-        if (i > f) {
+        int need = wants_dx(m, f, i, dx);
+        if (!need && l->n_params == 0) {   /* nothing below wants anything from it */
+            if (done) done(arg, i);
+            continue;
+        }
+        float *dxi = need ? dx : NULL;
+        if (i > f && need) {
             dxi = m->gbuf[i & 1];
             PD_ASSERT(dxi != g);
             memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
@@ -542,8 +547,10 @@ void model_backward_b(Model *m, NnCtx *c, const float *w, const float *dy, float
         const float *xi = i == f ? c->in : c->y[i - 1 - f];
         const float *wi = w + (m->poff[i] - m->poff[f]);
         /* the input gradient goes where the layer below reads it: kept when that one splits */
-        float *dxi = dx;
-        if (i > f) {
+        int need = wants_dx(m, f, i, dx);
+        if (!need && (l->n_params == 0 || splits(l))) continue;   /* its weight pass is BW's */
+        float *dxi = need ? dx : NULL;
+        if (i > f && need) {
             dxi = splits(&m->layers[i - 1]) ? keep + keep_off(m, f, i - 1, c->n_max) : m->gbuf[i & 1];
             PD_ASSERT(dxi != g);
             memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
