@@ -487,6 +487,12 @@ void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *
     model_backward_hook(m, c, w, dy, dx, dw, NULL, NULL);
 }
 
+/* Whether the gradient w.r.t. layer i's input is wanted in a backward over [f, ...): by the
+ * caller (dx) or by a layer below i with parameters. As in PyTorch, where the data needs no
+ * gradient, the input stage's first parameterised layer then skips its input-gradient pass
+ * (mlp: one of its three big GEMMs) and the parameter-free layers before it do nothing. */
+static int wants_dx(const Model *m, int f, int i, const float *dx) { return dx || m->poff[i] > m->poff[f]; }
+
 void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw,
                          NnLayerDone done, void *arg) {
     PD_ASSERT(c->m == m && c->have_fwd);
