@@ -82,7 +82,9 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
         for (int i = nl - 1; i >= 0; i--) {
             size_t lo = (size_t)i * (size_t)iterations;
             size_t off = model_param_offset(m, i);
-            float *dx = i ? grad[i] : NULL;
+            /* no input gradient below the first parameterised layer: the input stage's backward
+             * skips it (model_backward without dx), so the profile does too */
+            float *dx = model_param_offset(m, i) > 0 ? grad[i] : NULL;
             if (dx) memset(dx, 0, (size_t)B * shape_numel(model_layer_in_shape(m, i)) * sizeof(float));
             int timed = it >= warmup, split_first = split && timed && ((it - warmup) & 1);
             double bi = 0, bw = 0;
