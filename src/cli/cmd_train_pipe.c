@@ -22,13 +22,18 @@ static const char *USAGE =
     "                        asp (zb-h1, zb-h2: 1f1b-flush with the backward split into input and\n"
     "                        weight gradient, the weight passes deferred into the bubbles)\n"
     "                        (asp: every worker the whole model, gradients applied at sharded\n"
-    "                        parameter owners without waiting; launched like dp)\n"
+    "                        parameter owners without waiting; launched like dp), interleaved\n"
+    "                        (Megatron's interleaved 1F1B: several stages per worker; the default\n"
+    "                        for a plan written by 'pipedream plan --chunks V')\n"
+    "  --chunks V            interleave a straight plan of S one-replica stages: stage i on worker\n"
+    "                        i mod (S / V), V stages per worker (implies --schedule interleaved)\n"
     "  --vertical-sync       1f1b: every stage uses the input stage's weight version\n"
     "  --recompute           keep only each stage's input per unit in flight and recompute the\n"
     "                        forward before the backward (activation memory for time)\n"
     "  --no-stash            ablation: backward uses the newest weights instead of the version its\n"
     "                        forward used (no weight stashing)\n"
-    "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw, zb; default 4)\n"
+    "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw, zb, interleaved:\n"
+    "                        a multiple of the workers; default 4)\n"
     "  --epochs N | --steps N   training length (default 1 epoch); steps = minibatches fed\n"
     "  --minibatch B         samples per minibatch (default 64; split into M micro-batches)\n"
     "  --lr X  --momentum M  --weight-decay W  --optimizer sgd|adam  --seed S\n"
@@ -58,7 +63,7 @@ static const char *USAGE =
 typedef struct PipeOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
-        eval_every, no_stash, recompute;
+        eval_every, no_stash, recompute, chunks, kind_given;
     double target;
     SchedKind kind;
     double lr, momentum, wd, timeout;
@@ -97,7 +102,7 @@ static int parse(int argc, char **argv, PipeOpts *o) {
                                                  "--optimizer", "--seed", "--threads", "--data", "--text", "--profile",
                                                  "--metrics", "--trace", "--svg", "--curve", "--timeout",
                                                  "--checkpoint-every", "--checkpoint-dir", "--resume", "--init", "--nan-check",
-                                                 "--eval-every", "--target-accuracy", NULL};
+                                                 "--eval-every", "--target-accuracy", "--chunks", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
         if (!known) return cli_usage_error(C, "unknown option %s", a);
@@ -106,7 +111,9 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         else if (!strcmp(a, "--workers")) rc = cli_parse_int(C, a, v, 1, 4096, &o->workers);
         else if (!strcmp(a, "--schedule")) {
             if (sched_kind_parse(v, &o->kind)) return cli_usage_error(C, "unknown schedule \"%s\"", v);
-        } else if (!strcmp(a, "--microbatches")) rc = cli_parse_int(C, a, v, 1, 65536, &o->micro);
+            o->kind_given = 1;
+        } else if (!strcmp(a, "--chunks")) rc = cli_parse_int(C, a, v, 2, RT_MAX_CHUNKS, &o->chunks);
+        else if (!strcmp(a, "--microbatches")) rc = cli_parse_int(C, a, v, 1, 65536, &o->micro);
         else if (!strcmp(a, "--epochs")) rc = cli_parse_int(C, a, v, 1, 100000, &o->epochs), o->steps = 0;
         else if (!strcmp(a, "--steps")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->steps);
         else if (!strcmp(a, "--minibatch")) rc = cli_parse_int(C, a, v, 1, 65536, &o->batch);
@@ -140,11 +147,21 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         if (rc) return rc;
     }
     if (!o->model) return cli_usage_error(C, "no MODEL.json given");
+    if (o->chunks && o->kind_given && o->kind != SCHED_INTERLEAVED)
+        return cli_usage_error(C, "--chunks applies to --schedule interleaved only");
+    if (o->chunks) o->kind = SCHED_INTERLEAVED, o->kind_given = 1;
+    return CLI_OK;
+}
+
+/* After the plan is known (an interleaved plan makes interleaved the default schedule): the
+ * micro-batch defaults and checks. */
+static int check_micro(PipeOpts *o) {
+    const char *C = "train";
     int micro_kind = o->kind == SCHED_GPIPE || o->kind == SCHED_1F1B_FLUSH || o->kind == SCHED_2BW ||
-                     o->kind == SCHED_ZB_H1 || o->kind == SCHED_ZB_H2;
+                     o->kind == SCHED_ZB_H1 || o->kind == SCHED_ZB_H2 || o->kind == SCHED_INTERLEAVED;
     if (o->micro == 0) o->micro = micro_kind ? 4 : 1;
     if (o->micro > 1 && !micro_kind)
-        return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1 and zb-h2");
+        return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved");
     if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
     if (o->init && o->resume) return cli_usage_error(C, "--init and --resume exclude each other");
     if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
@@ -162,14 +179,51 @@ int cmd_train_pipelined(int argc, char **argv) {
     PipeOpts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    /* the schedule an interleaved plan implies, known before MPI starts (every rank reads it) */
+    Plan *plan = NULL;
+    Err err = {0};
+    if (o.plan) {
+        if (!(plan = plan_load(o.plan, &err))) {
+            fprintf(stderr, "pipedream: error: %s\n", err.msg);
+            return CLI_FAIL;
+        }
+        if (plan->chunks > 1 && !o.kind_given) o.kind = SCHED_INTERLEAVED;
+        if (plan->chunks > 1 && o.kind != SCHED_INTERLEAVED) {
+            plan_free(plan);
+            return cli_usage_error("train", "%s is an interleaved plan (%d stages per worker): it runs with --schedule "
+                                   "interleaved only", o.plan, plan->chunks);
+        }
+        if (o.chunks && plan->chunks > 1 && o.chunks != plan->chunks) {
+            err_set(&err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", o.plan, plan->chunks, o.chunks);
+            plan_free(plan);
+            fprintf(stderr, "pipedream: error: %s\n", err.msg);
+            return CLI_FAIL;
+        }
+        if (o.chunks && plan->chunks <= 1 && plan_interleave(plan, o.chunks, &err)) {
+            err_prefix(&err, "%s: --chunks %d", o.plan, o.chunks);
+            plan_free(plan);
+            fprintf(stderr, "pipedream: error: %s\n", err.msg);
+            return CLI_FAIL;
+        }
+    } else if (o.chunks || o.kind == SCHED_INTERLEAVED) {
+        return cli_usage_error("train", "interleaved needs --plan (make one with 'pipedream plan --chunks V')");
+    }
+    if ((rc = check_micro(&o))) {
+        plan_free(plan);
+        return rc;
+    }
     int mpi = cli_under_mpirun();
     if (mpi && !o.plan) return cli_usage_error("train", "under mpirun, give --plan (make one with 'pipedream plan')");
-    if (!mpi && !o.workers) return cli_usage_error("train", "give --workers N to run the pipeline on threads");
-    Err err = {0};
+    if (!mpi && !o.workers) {
+        plan_free(plan);
+        return cli_usage_error("train", "give --workers N to run the pipeline on threads");
+    }
     Comm *comm = NULL;
-    if (mpi && comm_mpi_create(&argc, &argv, &comm, &err)) return cli_fail(&err);
+    if (mpi && comm_mpi_create(&argc, &argv, &comm, &err)) {
+        plan_free(plan);
+        return cli_fail(&err);
+    }
     int rank = comm ? comm_rank(comm) : 0;
-    Plan *plan = NULL;
     Profile prof = {0};
     int have_prof = 0;
     RtTrainSummary sum = {0};
@@ -178,12 +232,7 @@ int cmd_train_pipelined(int argc, char **argv) {
         if ((rc = profile_load(o.profile, &prof, &err))) goto out;
         have_prof = 1;
     }
-    if (o.plan) {
-        if (!(plan = plan_load(o.plan, &err))) {
-            rc = err.code ? err.code : PD_EINVAL;
-            goto out;
-        }
-    } else {   /* profile briefly on this host and plan for N workers joined by shared memory */
+    if (!o.plan) {   /* profile briefly on this host and plan for N workers joined by shared memory */
         RtProfileOpts po = {.minibatch = unit_batch, .threads = o.threads, .warmup = 2, .iterations = 5,
                             .progress = pd_stderr_is_tty()};
         if (!have_prof && (rc = rt_profile(o.model, &po, &prof, &err))) goto out;

@@ -204,6 +204,9 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     acc->rank = seg->rank, acc->stage = seg->stage, acc->replica = seg->replica;
     acc->wall_s += seg->wall_s, acc->compute_s += seg->compute_s, acc->wait_s += seg->wait_s;
     acc->n_fwd += seg->n_fwd, acc->n_bwd += seg->n_bwd;
+    acc->n_chunks = seg->n_chunks;
+    for (int c = 0; c < RT_MAX_CHUNKS; c++)
+        acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c];
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
     if (seg->units_done) acc->last_loss = seg->last_loss;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
@@ -244,24 +247,31 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     int adam = sp->opt.kind == OPT_ADAM, rc = PD_OK;
     size_t nbytes = 0;
     char *mine = NULL;
-    if (w->stage >= 0 && w->sw->replica == 0) {
-        size_t np = w->np, ns = w->nst;
-        nbytes = sizeof(int64_t) + (np * (adam ? 3 : 2) + ns) * sizeof(float);
+    if (w->stage >= 0 && w->sw->replica == 0) {   /* one record per stage (chunk), in chunk order */
+        for (int c = 0; c < w->n_chunk; c++) {
+            const Worker *x = w->chunk ? w->chunk[c] : w;
+            nbytes += sizeof(int64_t) + (x->np * (adam ? 3 : 2) + x->nst) * sizeof(float);
+        }
         mine = malloc(nbytes);
         PD_ASSERT(mine);
-        int64_t step = w->opt.step;
         char *p = mine;
-        memcpy(p, &step, sizeof step), p += sizeof step;
-        for (int k = 0; k < w->n_vslots; k++)
-            if (w->vver[k] == w->newest) memcpy(p, w->vbuf[k], np * sizeof(float));
-        p += np * sizeof(float);
-        if (np) memcpy(p, w->opt.m, np * sizeof(float));
-        p += np * sizeof(float);
-        if (adam) {
-            if (np) memcpy(p, w->opt.v, np * sizeof(float));
+        for (int c = 0; c < w->n_chunk; c++) {
+            const Worker *x = w->chunk ? w->chunk[c] : w;
+            size_t np = x->np, ns = x->nst;
+            int64_t step = x->opt.step;
+            memcpy(p, &step, sizeof step), p += sizeof step;
+            for (int k = 0; k < x->n_vslots; k++)
+                if (x->vver[k] == x->newest) memcpy(p, x->vbuf[k], np * sizeof(float));
             p += np * sizeof(float);
+            if (np) memcpy(p, x->opt.m, np * sizeof(float));
+            p += np * sizeof(float);
+            if (adam) {
+                if (np) memcpy(p, x->opt.v, np * sizeof(float));
+                p += np * sizeof(float);
+            }
+            if (ns) memcpy(p, x->state, ns * sizeof(float));
+            p += ns * sizeof(float);
         }
-        if (ns) memcpy(p, w->state, ns * sizeof(float));
     }
     void **parts = NULL;
     size_t *sizes = NULL;
@@ -274,26 +284,35 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
             R->have_ck = 1;
         }
         RtCkpt *c = &R->ck;
+        /* a rank's records are its stages in ascending order (its chunks): read them in stage order */
+        size_t *at = calloc((size_t)comm_size(R->c), sizeof(size_t));
+        PD_ASSERT(at);
+        c->opt_step = 0;
         for (int i = 0; i < s->n_stages && !rc; i++) {
             int r0 = s->stages[i].ranks[0];
             int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
             size_t po = model_param_offset(R->m, first), so = model_state_offset(R->m, first);
             size_t np = model_param_count(R->m, first, last), ns = model_state_count(R->m, first, last);
             size_t want = sizeof(int64_t) + (np * (adam ? 3 : 2) + ns) * sizeof(float);
-            if (sizes[r0] != want) {
-                rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes for stage %d, expected %zu", r0,
+            if (sizes[r0] < at[r0] + want) {
+                rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, too few for stage %d (%zu more)", r0,
                              sizes[r0], i, want);
                 break;
             }
-            const char *p = parts[r0];
+            const char *p = (const char *)parts[r0] + at[r0];
+            at[r0] += want;
             int64_t step;
             memcpy(&step, p, sizeof step), p += sizeof step;
-            c->opt_step = (long)step;
+            if ((long)step > c->opt_step) c->opt_step = (long)step;   /* a stage without parameters never steps */
             memcpy(c->params + po, p, np * sizeof(float)), p += np * sizeof(float);
             memcpy(c->opt_m + po, p, np * sizeof(float)), p += np * sizeof(float);
             if (adam) memcpy(c->opt_v + po, p, np * sizeof(float)), p += np * sizeof(float);
             memcpy(c->state + so, p, ns * sizeof(float));
         }
+        for (int r = 0; r < comm_size(R->c) && !rc; r++)
+            if (at[r] != sizes[r])
+                rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, its stages make %zu", r, sizes[r], at[r]);
+        free(at);
         comm_parts_free(parts, sizes, comm_size(R->c));
         if (!rc) {
             c->minibatches_done = R->mb_done;
@@ -328,6 +347,8 @@ typedef struct Wire {
     RtMem mem;
     int64_t asp_applied, asp_staleness_max, asp_pulls;   /* asp (rt_asp.c) */
     double asp_staleness_mean, asp_pull_ms_mean, asp_pull_ms_max;
+    int64_t n_chunks, chunk_fwd[RT_MAX_CHUNKS], chunk_crc[RT_MAX_CHUNKS];   /* several stages per rank */
+    double chunk_compute_s[RT_MAX_CHUNKS];
 } Wire;
 
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
@@ -335,7 +356,9 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
               a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
-              a->asp_pull_ms_max};
+              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}};
+    for (int c = 0; c < RT_MAX_CHUNKS; c++)
+        x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     size_t n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(n);
@@ -371,7 +394,10 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
                               .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
                               .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
                               .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
-                              .asp_pull_ms_max = y.asp_pull_ms_max};
+                              .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks};
+        for (int c = 0; c < RT_MAX_CHUNKS; c++)
+            o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
+            o->chunk_compute_s[c] = y.chunk_compute_s[c];
         const char *p = (const char *)parts[r] + sizeof y;
         if (y.n_events) {
             o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
@@ -396,9 +422,12 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0, test_loss = 0;
     long correct = 0, total = 0;
     int units = 0, n_last = 0;
+    const SchedStage *lst = &s->stages[s->n_stages - 1];
     for (int r = 0; r < s->n_ranks; r++) {
         if (res[r].wall_s > wall) wall = res[r].wall_s;
-        if (res[r].stage == s->n_stages - 1) {
+        int runs_last = 0;   /* a replica of the last stage (interleaved: its last chunk) */
+        for (int j = 0; j < lst->replicas; j++) runs_last |= lst->ranks[j] == r;
+        if (runs_last) {
             loss_sum += res[r].loss_sum;
             units += res[r].units_done;
             last_loss += res[r].last_loss;
@@ -436,15 +465,21 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         int nf = 0;
         g->replicas = st->replicas;
         g->predicted_ms = NAN;
+        /* several stages per rank: this stage's chunk's figures (its position in the rank's list) */
+        const SchedWorker *sw0 = &s->workers[st->ranks[0]];
+        int ci = 0;
+        for (int c = 0; c < sw0->n_chunks; c++)
+            if (sw0->stages && sw0->stages[c] == i) ci = c;
         for (int j = 0; j < st->replicas; j++) {
             const RtWorkerResult *r = &res[st->ranks[j]];
-            comp += r->compute_s;
-            nf += r->n_fwd;
+            double cs = r->n_chunks > 1 ? r->chunk_compute_s[ci] : r->compute_s;
+            comp += cs;
+            nf += r->n_chunks > 1 ? r->chunk_fwd[ci] : r->n_fwd;
             if (r->max_versions > g->versions) g->versions = r->max_versions;
-            g->busy += wall > 0 ? r->compute_s / wall / st->replicas : 0;
+            g->busy += wall > 0 ? cs / wall / st->replicas : 0;
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
-        g->weights_crc = res[st->ranks[0]].params_crc;
+        g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
         g->mem = res[st->ranks[0]].mem;
         g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = NAN;
     }
@@ -559,6 +594,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
     EvalLog ev = {0};
     uint64_t target_mb = 0;
     double train_s = 0, target_s = 0;
+    int own_init = 0;   /* init[rank]'s buffers were made here (a rank with several chunks) */
     int rc = plan_ranks(sp, &probe, err);   /* the same on every rank: no agreement needed */
     if (rc) return rc;
     comm_set_coll_timeout(c, sp->timeout_s);
@@ -593,7 +629,32 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
     /* workers: built for the first segment, rebound for the others */
     init = calloc((size_t)probe.n_ranks, sizeof *init);
     PD_ASSERT(init);
-    if (R.have_ck && R.stage >= 0) {
+    if (R.have_ck && R.stage >= 0 && probe.workers[rank].n_chunks > 1) {   /* its chunks' ranges, concatenated */
+        const SchedWorker *pw = &probe.workers[rank];
+        size_t np = 0, ns = 0;
+        for (int k = 0; k < pw->n_chunks; k++) {
+            const SchedStage *st = &probe.stages[pw->stages[k]];
+            int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
+            np += model_param_count(R.m, first, last), ns += model_state_count(R.m, first, last);
+        }
+        RtStageState *x = &init[rank];
+        x->params = pd_alloc_f32(np ? np : 1), x->opt_m = pd_alloc_f32(np ? np : 1), x->state = pd_alloc_f32(ns ? ns : 1);
+        x->opt_v = R.ck.opt_v ? pd_alloc_f32(np ? np : 1) : NULL;
+        x->opt_step = R.ck.opt_step;
+        own_init = 1;
+        size_t po = 0, so = 0;
+        for (int k = 0; k < pw->n_chunks; k++) {
+            const SchedStage *st = &probe.stages[pw->stages[k]];
+            int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
+            size_t n = model_param_count(R.m, first, last), m = model_state_count(R.m, first, last);
+            size_t o = model_param_offset(R.m, first), q = model_state_offset(R.m, first);
+            memcpy(x->params + po, R.ck.params + o, n * sizeof(float));
+            memcpy(x->opt_m + po, R.ck.opt_m + o, n * sizeof(float));
+            if (x->opt_v) memcpy(x->opt_v + po, R.ck.opt_v + o, n * sizeof(float));
+            memcpy(x->state + so, R.ck.state + q, m * sizeof(float));
+            po += n, so += m;
+        }
+    } else if (R.have_ck && R.stage >= 0) {
         int first = probe.stages[R.stage].layers[0];
         size_t po = model_param_offset(R.m, first), so = model_state_offset(R.m, first);
         init[rank] = (RtStageState){R.ck.params + po, R.ck.state + so, R.ck.opt_m + po,
@@ -689,6 +750,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         w.res = &fin;
         rt_worker_finish(&w);
         R.acc.params_crc = fin.params_crc;
+        memcpy(R.acc.chunk_crc, fin.chunk_crc, sizeof fin.chunk_crc);
+        R.acc.n_chunks = fin.n_chunks;
         R.acc.n_params = fin.n_params;
         R.acc.n_state = fin.n_state;
         w.res = NULL;
@@ -749,6 +812,8 @@ out:
     rt_result_release(&segres);
     rt_result_release(&R.acc);
     free(ev.pts);
+    if (own_init)
+        pd_free(init[rank].params), pd_free(init[rank].opt_m), pd_free(init[rank].opt_v), pd_free(init[rank].state);
     free(init);
     sched_release(&seg);
     sched_release(&probe);
@@ -769,11 +834,6 @@ int rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err) {
     if (spec->minibatch < 1 || (spec->n_micro > 1 && spec->minibatch % spec->n_micro))
         return err_set(err, PD_EINVAL, "minibatch %d is not a positive multiple of %d micro-batches", spec->minibatch,
                        spec->n_micro);
-    if (spec->kind == SCHED_INTERLEAVED)
-        return err_set(err, PD_EINVAL,
-                       "schedule %s is simulated and planned (pipedream simulate, plan --choose-schedule) but the "
-                       "runtime does not execute it yet (several stages per worker are missing)",
-                       sched_kind_name(spec->kind));
     if ((spec->checkpoint_every > 0) != (spec->checkpoint_dir != NULL))
         return err_set(err, PD_EINVAL, "checkpoints need both an interval and a directory");
     char *text = NULL;

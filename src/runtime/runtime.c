@@ -995,6 +995,7 @@ void rt_worker_finish(Worker *w) {
         np += x->np, nst += x->nst;
     }
     int adam = w->opt.v != NULL;
+    r->n_chunks = w->n_chunk;
     r->n_params = np;
     r->n_state = nst;
     r->params = pd_alloc_f32(np);

@@ -5,7 +5,8 @@
 #    run is checked against the serial emulation and an independent oracle in
 #    test_runtime.c, so this closes the chain MPI = threads = emulation = oracle. So must
 #    gpipe, dp, 1f1b-flush, zb-h1 and zb-h2 (the split backward); zb-h1's and zb-h2's weights
-#    are also bitwise 1f1b-flush's (the same units, flushes and order of additions).
+#    are also bitwise 1f1b-flush's (the same units, flushes and order of additions). So must
+#    interleaved (2 stages per rank), with and without --recompute, also = 1f1b-flush.
 #  - bad launches fail on every rank with a clear message and no hang: a plan for more
 #    ranks than started, a plan made for another model, --plan missing under mpirun.
 set -u
@@ -57,6 +58,43 @@ for zb in zb-h1 zb-h2; do
         fail "$zb weights ${CRC[$zb --microbatches 4]} differ from 1f1b-flush's ${CRC[1f1b-flush --microbatches 4]}"
 done
 echo "ok: zb-h1 = zb-h2 = 1f1b-flush bitwise"
+
+# interleaved (two stages per rank, pipedream plan --chunks 2's placement: stage i on rank
+# i mod 2) over MPI = threads, and = 1f1b-flush on the same 4 one-layer stages on 4 ranks:
+# every stage adds its micro-batches' gradients in the same order. Rank 1 gets two
+# activations per unit from rank 0 (stages 1 and 3), told apart by the stage in the message id.
+cat >"$tmp/p4.json" <<JSON
+{"format": "pipedream-plan", "version": 1, "model": "mlp", "profile_crc32": "00000000", "n_layers": 4,
+ "cost_model": {"kind": "ours", "straight": true, "allow_idle": false, "memory_limit": 0,
+                "activation_compression": 0, "overlap_allreduce": false},
+ "cluster": {"levels": [{"workers": 4, "bandwidth": 1e10, "latency": 0}], "memory_per_worker": 0},
+ "n_workers": 4, "noam": 4,
+ "predicted": {"pipeline_s": 1, "single_worker_s": 1, "data_parallel_s": 1, "speedup_over_single": 1,
+               "speedup_over_data_parallel": 1},
+ "stages": [{"layers": [0], "replicas": 1, "ranks": [0], "compute_s": 1, "time_s": 1},
+            {"layers": [1], "replicas": 1, "ranks": [1], "compute_s": 1, "time_s": 1},
+            {"layers": [2], "replicas": 1, "ranks": [2], "compute_s": 1, "time_s": 1},
+            {"layers": [3], "replicas": 1, "ranks": [3], "compute_s": 1, "time_s": 1}]}
+JSON
+args="$MODEL --plan $tmp/p4.json --microbatches 4 --steps 12 --minibatch 16 --timeout 60"
+"$PD" train $args --workers 4 --schedule 1f1b-flush >"$tmp/flush.out" 2>"$tmp/err" || fail "1f1b-flush on 4: $(tail -3 "$tmp/err")"
+for extra in "" "--recompute"; do
+    $MPIRUN -np 2 "$PD" train $args --chunks 2 $extra >"$tmp/mpi.out" 2>"$tmp/mpi.err" ||
+        fail "mpi interleaved $extra: $(tail -5 "$tmp/mpi.err")"
+    "$PD" train $args --chunks 2 $extra --workers 2 >"$tmp/thr.out" 2>"$tmp/thr.err" ||
+        fail "threads interleaved $extra: $(tail -5 "$tmp/thr.err")"
+    a=$(crc "$tmp/mpi.out"); b=$(crc "$tmp/thr.out"); f=$(crc "$tmp/flush.out")
+    [ -n "$a" ] || fail "mpi interleaved: no weights_crc in $(cat "$tmp/mpi.out")"
+    grep -q '"schedule":"interleaved"' "$tmp/mpi.out" || fail "mpi interleaved: schedule: $(cat "$tmp/mpi.out")"
+    grep -q '"test_accuracy":0\.[0-9]' "$tmp/mpi.out" || fail "mpi interleaved: no accuracy: $(cat "$tmp/mpi.out")"
+    [ "$a" = "$b" ] || fail "interleaved $extra: MPI weights $a differ from threads $b"
+    [ "$a" = "$f" ] || fail "interleaved $extra: weights $a differ from 1f1b-flush's $f"
+    echo "ok: interleaved $extra: mpi = threads = 1f1b-flush ($a)"
+done
+$MPIRUN -np 2 "$PD" train $args --chunks 2 --microbatches 3 --minibatch 12 >"$tmp/out" 2>"$tmp/err" &&
+    fail "interleaved with 3 micro-batches on 2 workers succeeded"
+grep -q "3 micro-batches per minibatch is not a multiple of the 2 workers" "$tmp/err" ||
+    fail "interleaved micro-batch message: $(cat "$tmp/err")"
 
 # Bad launches: every rank exits non-zero with a message, quickly.
 start=$(date +%s)
