@@ -213,6 +213,72 @@ static void test_optimizers(void **st) {
     assert_int_equal(optim_kind_parse("rmsprop"), -1);
 }
 
+/* Blocked activations inside a range (model.c's plan_layouts): a range whose convolutions,
+ * pool and relu pass nChw16c between them gives bitwise what the same layers give run as
+ * one-layer ranges (every activation plain), for the output, dx and dW, with the whole and
+ * the split backward, at n_max and at a smaller n. */
+static void test_blocked_range_vs_layers(void **st) {
+    (void)st;
+    static const char *json = M("[16, 8, 8]",
+        "{\"type\": \"conv2d\", \"in\": 16, \"out\": 16, \"kernel\": 3, \"pad\": 1, \"relu\": true},"
+        "{\"type\": \"maxpool\", \"kernel\": 2},"
+        "{\"type\": \"conv2d\", \"in\": 16, \"out\": 32, \"kernel\": 3, \"pad\": 1},"
+        "{\"type\": \"relu\"},"
+        "{\"type\": \"conv2d\", \"in\": 32, \"out\": 16, \"kernel\": 3, \"pad\": 1, \"bias\": false, \"relu\": true},"
+        "{\"type\": \"flatten\"},"
+        "{\"type\": \"linear\", \"in\": 256, \"out\": 10}");
+    Err err = {0};
+    Model *m = model_parse(json, "blocked", &err);
+    assert_non_null(m);
+    const int nl = model_n_layers(m), n_max = 3;
+    assert_int_equal(model_build(m, 0, nl, n_max, &err), PD_OK);
+    const size_t np = model_param_count(m, 0, nl), nx = (size_t)n_max * 16 * 8 * 8;
+    float *w = pd_alloc_f32(np), *x = pd_alloc_f32(nx), dy[3 * 10];
+    model_init_params(m, 0, nl, 7, w);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 23) / 11.0f - 1.0f;
+    for (int i = 0; i < 3 * 10; i++) dy[i] = (float)(i % 7) / 3.0f - 1.0f;
+    NnCtx *whole = nnctx_new(m, 0, nl, n_max);
+    NnCtx *one[16];
+    for (int i = 0; i < nl; i++) one[i] = nnctx_new(m, i, i + 1, n_max);
+    for (int n = n_max; n >= 2; n--) {
+        NnRun run = {.n = n, .train = 1, .seed = 1, .minibatch = 0};
+        /* the plain chain */
+        const float *a = x;
+        for (int i = 0; i < nl; i++) a = model_forward(m, one[i], w + model_param_offset(m, i), NULL, a, &run);
+        float out[3 * 10];
+        memcpy(out, a, sizeof(float) * n * 10);
+        float *dw = calloc(np, sizeof(float)), *dx = calloc(nx, sizeof(float));
+        float *g = calloc(nx * 4, sizeof(float)), *g2 = calloc(nx * 4, sizeof(float));
+        memcpy(g, dy, sizeof(float) * n * 10);
+        for (int i = nl - 1; i >= 0; i--) {
+            size_t in = (size_t)n * shape_numel(model_layer_in_shape(m, i));
+            memset(g2, 0, sizeof(float) * in);
+            model_backward(m, one[i], w + model_param_offset(m, i), g, i ? g2 : dx, dw + model_param_offset(m, i));
+            memcpy(g, g2, sizeof(float) * in);
+        }
+        /* the range */
+        const float *b = model_forward(m, whole, w, NULL, x, &run);
+        assert_memory_equal(b, out, sizeof(float) * n * 10);
+        float *dw_r = calloc(np, sizeof(float)), *dx_r = calloc(nx, sizeof(float));
+        model_backward(m, whole, w, dy, dx_r, dw_r);
+        assert_memory_equal(dx_r, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dw_r, dw, sizeof(float) * np);
+        /* the split backward of the range */
+        float *keep = calloc(model_split_floats(m, 0, nl, n_max) + 1, sizeof(float));
+        float *dw_s = calloc(np, sizeof(float)), *dx_s = calloc(nx, sizeof(float));
+        model_backward_b(m, whole, w, dy, dx_s, dw_s, keep);
+        model_backward_w(m, whole, w, dy, keep, dw_s, NULL, NULL);
+        assert_memory_equal(dx_s, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dw_s, dw, sizeof(float) * np);
+        free(dw), free(dx), free(g), free(g2), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
+    }
+    for (int i = 0; i < nl; i++) nnctx_free(one[i]);
+    nnctx_free(whole);
+    pd_free(w);
+    pd_free(x);
+    model_free(m);
+}
+
 static int setup(void **st) {
     (void)st;
     tu_ref_load(&REF, "nn_layers.bin");
@@ -229,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_layers_vs_pytorch),
         cmocka_unit_test(test_dropout_mask),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_blocked_range_vs_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,13 +44,13 @@ static void conv_release(Layer *l) { kern_conv2d_release(&l->conv); }
 static void conv_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                          void *saved) {
     const float *b = l->bias ? w + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_fwd(&l->conv, r->n, x, w, b, y);
+    kern_conv2d_fwd_lay(&l->conv, r->n, l->lay, x, w, b, y);
 }
 
 static void conv_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                           const void *saved, const float *dy, float *dx, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, dx, dw, db);
+    kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, dx, dw, db);
 }
 
 /* The split backward: kern_conv2d_bwd computes dx (oneDNN's backward-data primitive, or W^T g
@@ -59,13 +59,20 @@ static void conv_backward(Layer *l, const NnRun *r, const float *w, const float 
  * applied in both (from y, still in the context). */
 static void conv_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                const void *saved, const float *dy, float *dx) {
-    if (dx) kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, dx, NULL, NULL);
+    if (dx) kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, dx, NULL, NULL);
 }
 
 static void conv_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd(&l->conv, r->n, x, w, y, dy, NULL, dw, db);
+    kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, NULL, dw, db);
+}
+
+/* oneDNN's blocked layouts where its primitives use them (kern_conv2d_layouts): vgg16's and
+ * resnet20's 16..128-channel convolutions; im2col ones stay plain. */
+static int conv_layouts(const Layer *l) {
+    const int k = kern_conv2d_layouts(&l->conv);
+    return (k & KCONV_X_BLK16 ? NN_BLK_IN : 0) | (k & KCONV_Y_BLK16 ? NN_BLK_OUT : 0);
 }
 
 const LayerOps LAYER_CONV2D = {
@@ -77,4 +84,5 @@ const LayerOps LAYER_CONV2D = {
     .backward = conv_backward,
     .backward_data = conv_backward_data,
     .backward_weights = conv_backward_weights,
+    .layouts = conv_layouts,
 };

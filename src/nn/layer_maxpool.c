@@ -1,6 +1,7 @@
 /* layer_maxpool.c: "maxpool": k x k max pooling, no padding. Keys: "kernel", "stride"
  * (default = kernel). Input (C, H, W), output (C, (H-k)/s+1, (W-k)/s+1). Saved per
- * minibatch: the argmax of every output (int32). */
+ * minibatch: the argmax of every output (int32). Takes oneDNN's blocked activations (nChw16c)
+ * between convolutions when its channels are a multiple of 16 (model.c decides). */
 #include "nn_impl.h"
 
 static int pool_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
@@ -20,13 +21,19 @@ static size_t pool_saved(const Layer *l, int n_max) { return (size_t)n_max * sha
 
 static void pool_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                          void *saved) {
-    kern_maxpool_fwd(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    if (l->lay & KCONV_X_BLK16) kern_maxpool_fwd_blk16(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    else kern_maxpool_fwd(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
 }
 
 static void pool_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                           const void *saved, const float *dy, float *dx, float *dw) {
-    if (dx) kern_maxpool_bwd(dy, saved, dx, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    if (!dx) return;
+    if (l->lay & KCONV_X_BLK16) kern_maxpool_bwd_blk16(dy, saved, dx, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    else kern_maxpool_bwd(dy, saved, dx, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
 }
+
+/* Channel-wise: pools nChw16c in place of NCHW when its channels come in blocks of 16. */
+static int pool_layouts(const Layer *l) { return l->in.d[0] % 16 == 0 ? NN_BLK_IN | NN_BLK_SAME : 0; }
 
 const LayerOps LAYER_MAXPOOL = {
     .name = "maxpool",
@@ -34,4 +41,5 @@ const LayerOps LAYER_MAXPOOL = {
     .saved_bytes = pool_saved,
     .forward = pool_forward,
     .backward = pool_backward,
+    .layouts = pool_layouts,
 };

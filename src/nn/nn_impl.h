@@ -77,7 +77,17 @@ typedef struct LayerOps {
                           const void *saved, const float *dy, float *dx);
     void (*backward_weights)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                              const void *saved, const float *dy, float *dw);
+    /* The activation layouts the built layer takes besides plain NCHW (NN_BLK_*), NULL: none.
+     * model.c keeps an activation blocked (kernels.h, KCONV_X_BLK16) between two layers when
+     * the producer can write it so and the consumer read it so, and tells each call in
+     * l->lay; the range's input and output stay plain. */
+    int (*layouts)(const Layer *l);
 } LayerOps;
+enum {
+    NN_BLK_IN = 1,    /* x (and dx) may be blocked */
+    NN_BLK_OUT = 2,   /* y (and dy) may be blocked */
+    NN_BLK_SAME = 4   /* element- or channel-wise: y is in x's layout, whichever */
+};
 
 struct Layer {
     const LayerOps *ops;
@@ -93,6 +103,8 @@ struct Layer {
     double flops;           /* forward FLOPs per sample */
     NnInit init[NN_INIT_ROLES];   /* "init" of this layer (weight, bias roles) */
     int built_n;            /* n_max it was built for; 0 = not built */
+    int lay;                /* this call's layouts (KCONV_X_BLK16: x, dx; KCONV_Y_BLK16: y, dy),
+                               set by model.c before each forward/backward; 0: plain */
 
     /* kind-specific configuration */
     int cin, cout, k, stride, pad, bias, relu;
