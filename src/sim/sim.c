@@ -239,6 +239,15 @@ static double link_time(const Engine *e, int a, int b, double bytes) {
     return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
 }
 
+/* The queue a transfer from rank a to rank b waits in: on one machine (level 0) the pair's own
+ * link; across machines the sender's network interface, which all of its sends to other
+ * machines share (key -1): a middle stage's activations forward and gradients backward take
+ * turns on it, as on the emulated cluster's shaped links (tools/cluster.sh). */
+static int egress_of(const Engine *e, int a, int b) {
+    const Cluster *cl = e->o->cluster;
+    return cl && cl->n_levels > 0 && cluster_link_level(cl, a, b) >= 1 ? -1 : b;
+}
+
 static double *link_free(WState *w, int dst) {
     for (int i = 0; i < w->n_links; i++)
         if (w->links[i].dst == dst) return &w->links[i].free_at;
@@ -320,7 +329,7 @@ static int run_worker(Engine *e, int rank) {
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
             double bytes = bnd >= 0 && bnd < s->n_stages ? e->c->stage[bnd].in_bytes : 0;
-            double *lf = link_free(w, peer);
+            double *lf = link_free(w, egress_of(e, rank, peer));
             double t0 = w->clock > *lf ? w->clock : *lf;
             double t1 = t0 + link_time(e, rank, peer, bytes);
             *lf = t1;
