@@ -488,6 +488,21 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     int *fly = malloc(((size_t)n * nc + 1) * sizeof(int)), *full = malloc(((size_t)n * nc + 1) * sizeof(int));
     PD_ASSERT(alive && fly && full);
     sched_worker_counts_chunks(s, rank, wi, alive, fly, full);
+    /* several chunks: the runtime gives each its own slots (its most units in flight +
+     * SCHED_SLOTS_AHEAD) and, recomputing, its own contexts (its most full units, >= 1),
+     * each sized for that chunk (runtime.c, chunk_slots) */
+    double chunk_alloc = 0;
+    for (int k = 0; nc > 1 && k < nc; k++) {
+        const SimStageCost *c = &e->c->stage[w->stages[k]];
+        int mi = 0, mf = 0;
+        for (int i = 0; i < n; i++) {
+            if (fly[(size_t)i * nc + k] > mi) mi = fly[(size_t)i * nc + k];
+            if (full[(size_t)i * nc + k] > mf) mf = full[(size_t)i * nc + k];
+        }
+        int slots = mi + SCHED_SLOTS_AHEAD;
+        chunk_alloc += s->recompute ? slots * (c->in_bytes + c->out_bytes + c->grad_bytes) + (mf > 0 ? mf : 1) * (c->stash_bytes - c->grad_bytes)
+                                    : slots * c->stash_bytes;
+    }
     double best = -1;
     for (int i = 0; i < n; i++) {
         double act = 0;
@@ -509,10 +524,10 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     m->opt_state = params * e->o->opt_state_factor;
     m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
     m->alloc_stashed = (wi->max_versions_alive - 1) * params;
-    /* slots sized for the worker's largest chunk; recomputing: slots hold inputs, and
-     * max_full contexts the rest */
-    m->alloc_activations = s->recompute ? wi->n_slots * max_keep + (wi->max_full > 0 ? wi->max_full : 1) * max_ctx
-                                        : wi->n_slots * max_stash;
+    /* one chunk: its slots; recomputing: slots hold inputs, and max_full contexts the rest */
+    m->alloc_activations = nc > 1         ? chunk_alloc
+                           : s->recompute ? wi->n_slots * max_keep + (wi->max_full > 0 ? wi->max_full : 1) * max_ctx
+                                          : wi->n_slots * max_stash;
     m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
     e->r->max_inflight[rank] = wi->max_inflight;
     e->r->max_full[rank] = wi->max_full;

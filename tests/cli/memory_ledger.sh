@@ -28,13 +28,8 @@ JSON
 "$PD" profile "$tmp/m.json" --minibatch 16 --iterations 3 -o "$tmp/prof.json" >/dev/null 2>"$tmp/p.err" ||
     fail "profile: $(tail -2 "$tmp/p.err")"
 grep -q '"saved_bytes"' "$tmp/prof.json" || fail "the profile has no saved_bytes"
-plan "$tmp/p3.json" 8 ledger "0, 1, 2" "3, 4" "5, 6, 7"
-n=0
-for k in 1f1b "1f1b --vertical-sync" "1f1b --recompute" gpipe "gpipe --recompute" 1f1b-flush "1f1b-flush --recompute" \
-         2bw zb-h1 "zb-h1 --recompute" zb-h2 model-parallel dp; do
-    "$PD" train "$tmp/m.json" --workers 3 --plan "$tmp/p3.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
-        --minibatch 16 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
-    python3 - "$tmp/m.jsonl" "$k" <<'PY' || fail "$k: ledger and prediction disagree"
+check() {   # check KIND: every stage row of $tmp/m.jsonl: allocated = predicted within 2%
+    python3 - "$tmp/m.jsonl" "$1" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"stage"')]
 assert rows, "no stage lines"
@@ -45,6 +40,23 @@ for r in rows:
     print(f"{sys.argv[2]}: stage {r['stage']}: allocated {a} predicted {p:.0f} ({100 * err:.2f}%)")
     assert err <= 0.02, f"stage {r['stage']}: allocated {a}, predicted {p:.0f}: {100 * err:.1f}% apart"
 PY
+}
+plan "$tmp/p3.json" 8 ledger "0, 1, 2" "3, 4" "5, 6, 7"
+n=0
+for k in 1f1b "1f1b --vertical-sync" "1f1b --recompute" gpipe "gpipe --recompute" 1f1b-flush "1f1b-flush --recompute" \
+         2bw zb-h1 "zb-h1 --recompute" zb-h2 model-parallel dp; do
+    "$PD" train "$tmp/m.json" --workers 3 --plan "$tmp/p3.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
+        --minibatch 16 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
+    check "$k" || fail "$k: ledger and prediction disagree"
+    n=$((n + 1))
+done
+# interleaved: 2 workers x 2 chunks (each rank's row: its chunks' sum, as predicted)
+"$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e10 --chunks 2 -o "$tmp/pc.json" >/dev/null 2>"$tmp/p.err" ||
+    fail "plan --chunks 2: $(tail -2 "$tmp/p.err")"
+for k in interleaved "interleaved --recompute"; do
+    "$PD" train "$tmp/m.json" --workers 2 --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
+        --minibatch 16 --microbatches 4 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
+    check "$k" || fail "$k: ledger and prediction disagree"
     n=$((n + 1))
 done
 echo "ok: the ledger equals the profile-based prediction within 2% for $n runs"
