@@ -261,7 +261,7 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
             if (in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) t = r->end[w][i];
         }
     }
-    double *link = malloc(((size_t)W + 1) * sizeof(double));   /* per peer; [W]: off the machine */
+    double *link = malloc(((size_t)W + 1) * sizeof(double));   /* [W]: the worker's outgoing link */
     for (int w = 0; w < W; w++) {
         double t = 0;
         int k = 0;
@@ -292,8 +292,8 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
             case OP_SEND_ACT:
             case OP_SEND_GRAD: {
                 double bytes = in->op == OP_SEND_ACT ? c->stage[st + 1].in_bytes : c->stage[st].in_bytes;
-                /* across machines every send of the worker queues at its one interface */
-                int q = cl && cl->n_levels && level_of(cl, w, in->peer) >= 1 ? W : in->peer;
+                /* every send of the worker queues at its one outgoing link */
+                int q = W;
                 double want = fmax(t, link[q]), d = xfer(cl, w, in->peer, bytes);
                 CHECK_T(fabs(a - want) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", want, d);
                 link[q] = b;

@@ -239,13 +239,14 @@ static double link_time(const Engine *e, int a, int b, double bytes) {
     return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
 }
 
-/* The queue a transfer from rank a to rank b waits in: on one machine (level 0) the pair's own
- * link; across machines the sender's network interface, which all of its sends to other
- * machines share (key -1): a middle stage's activations forward and gradients backward take
- * turns on it, as on the emulated cluster's shaped links (tools/cluster.sh). */
+/* The queue a transfer from rank a to rank b waits in: the sender's one outgoing link, which
+ * all of its sends share (key -1), whatever the level: a middle stage's activations forward
+ * and gradients backward take turns on it, as on the emulated cluster's shaped links
+ * (tools/cluster.sh, where the hosts are one machine's namespaces: level 0) and on a host's
+ * network interface. */
 static int egress_of(const Engine *e, int a, int b) {
-    const Cluster *cl = e->o->cluster;
-    return cl && cl->n_levels > 0 && cluster_link_level(cl, a, b) >= 1 ? -1 : b;
+    (void)e, (void)a, (void)b;
+    return -1;
 }
 
 static double *link_free(WState *w, int dst) {

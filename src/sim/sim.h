@@ -10,9 +10,8 @@
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
  *     profile times (a replica computes a whole unit);
  *   - a send is asynchronous: the transfer starts when the send is posted and the
- *     sender's link is free: on one machine (level 0) the directed link src -> dst, across
- *     machines the sender's network interface, one for all its sends off the machine
- *     (full duplex: receives do not take it); links are FIFO resources, so transfers on the
+ *     sender's outgoing link is free, one link for all its sends (full duplex: receives do
+ *     not take it); links are FIFO resources, so transfers on the
  *     same link serialise; it takes latency + bytes / bandwidth of the cluster level
  *     joining the two ranks (cluster_link_level); a receive blocks until its message
  *     has arrived. So compute and communication overlap;
