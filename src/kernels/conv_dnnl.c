@@ -6,10 +6,12 @@
  *
  * Layouts: the caller's buffers are plain NCHW / OIHW. With use_any the primitives choose
  * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o) and every
- * argument whose layout differs goes through a reorder. Outputs that accumulate (dx, dW) are
- * always produced in a separate buffer and brought back by a reorder with a sum post-op
- * (dst = dst + reordered), which is oneDNN's way of writing +=; db is added by a loop. With
- * fuse_relu, dy is first masked by y > 0.
+ * argument whose layout differs goes through a reorder, unless the caller passes that
+ * activation already blocked (lay, KCONV_*_BLK16: layers that keep nChw16c between them).
+ * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought back
+ * by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of writing
+ * +=, or by kern_accumulate when dx is blocked; db is added by a loop. With fuse_relu, dy is
+ * first masked by y > 0 (element-wise, in either layout).
  *
  * Memory: the activation-sized temporaries (reordered src/dst/diff buffers, the masked dy,
  * the primitives' user-managed scratchpad) live only during one call, so they are not owned
