@@ -59,7 +59,22 @@ static int mpi_err(Err *err, int me, int mrc, const char *fmt_what, const char *
     return err_set(err, PD_ECOMM, "rank %d: MPI error in %s%s: %s", me, fmt_what, what2 ? what2 : "", s);
 }
 
-/* Waiting without burning a core forever: spin briefly (latency), then yield, then nap. */
+/* The longest nap of a wait, seconds: PD_COMM_NAP_MAX_US (default 1000, at least 50). */
+static double nap_max_s(void) {
+    static double v = -1;
+    if (v < 0) {
+        const char *e = getenv("PD_COMM_NAP_MAX_US");
+        long us = e && *e ? strtol(e, NULL, 10) : 1000;
+        v = (us < 50 ? 50 : us > 1000000 ? 1000000 : us) * 1e-6;
+    }
+    return v;
+}
+
+/* Waiting without burning a core forever: spin briefly (latency), then yield, then nap for
+ * 1/20 of the wait so far (50 us .. nap_max_s()): a wait ends at most ~5% later than its
+ * message came, and a long one polls MPI a few hundred times a second, not 10,000 times. On a
+ * machine whose cores the ranks share, a waiting rank's polls take time from the computing
+ * ones (each MPI_Test runs Open MPI's progress engine over every socket). */
 static void backoff(double t0) {
     double el = pd_now() - t0;
     if (el < 2e-4) return;
@@ -67,7 +82,10 @@ static void backoff(double t0) {
         sched_yield();
         return;
     }
-    struct timespec ts = {0, 50000};
+    double nap = el / 20, mx = nap_max_s();
+    if (nap > mx) nap = mx;
+    if (nap < 5e-5) nap = 5e-5;
+    struct timespec ts = {0, (long)(nap * 1e9)};
     nanosleep(&ts, NULL);
 }
 
