@@ -218,3 +218,204 @@ void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const f
                .n = n, .c = c, .hw = hw, .relu = relu};
     kern_parallel_for((size_t)c, ch_grain(n, hw), 1, bwd_r, &j);
 }
+
+/* ---- nChw16c: (N, C/16, HW, 16), the 16 lanes of a pixel are 16 consecutive channels ----
+ * Each channel's arithmetic is the plain kernels' above, step for step: a plane's pixel j
+ * goes into running sum j % 16, those 16 sums are added in order, the planes in double, and
+ * every element gets the same expression. So the results are bitwise the plain kernels',
+ * reordered (tests/test_kernels.c checks it), whatever the layout of a model's activations.
+ * The 16 x 16 running sums (pixel lane x channel) are 16 vectors, one per pixel lane. */
+
+/* the plane of sample i, channel block cb of nb */
+static inline size_t blk_off(int i, int cb, int nb, int hw) { return ((size_t)i * nb + cb) * hw * LANES; }
+
+/* out[l] = sum_lanes of channel l's plane; with m: of (x - m[l])^2 (sumsq_lanes) */
+static inline void sum_blk(const float *restrict p, const float *restrict m, int hw, float out[LANES]) {
+    float acc[LANES][LANES] = {{0}};
+    int j = 0;
+    if (m) {
+        for (; j + LANES <= hw; j += LANES)
+            for (int k = 0; k < LANES; k++)
+                for (int l = 0; l < LANES; l++) {
+                    float d = p[(size_t)(j + k) * LANES + l] - m[l];
+                    acc[k][l] += d * d;
+                }
+        for (int k = 0; j < hw; j++, k++)
+            for (int l = 0; l < LANES; l++) {
+                float d = p[(size_t)j * LANES + l] - m[l];
+                acc[k][l] += d * d;
+            }
+    } else {
+        for (; j + LANES <= hw; j += LANES)
+            for (int k = 0; k < LANES; k++)
+                for (int l = 0; l < LANES; l++) acc[k][l] += p[(size_t)(j + k) * LANES + l];
+        for (int k = 0; j < hw; j++, k++)
+            for (int l = 0; l < LANES; l++) acc[k][l] += p[(size_t)j * LANES + l];
+    }
+    for (int l = 0; l < LANES; l++) out[l] = 0;
+    for (int k = 0; k < LANES; k++)
+        for (int l = 0; l < LANES; l++) out[l] += acc[k][l];
+}
+
+static inline void affine_blk(const float *restrict x, float *restrict y, const float *restrict a,
+                              const float *restrict b, int hw, int relu) {
+    if (relu)
+        for (int q = 0; q < hw; q++)
+            for (int l = 0; l < LANES; l++) {
+                float v = a[l] * x[(size_t)q * LANES + l] + b[l];
+                y[(size_t)q * LANES + l] = v > 0.0f ? v : 0.0f;
+            }
+    else
+        for (int q = 0; q < hw; q++)
+            for (int l = 0; l < LANES; l++) y[(size_t)q * LANES + l] = a[l] * x[(size_t)q * LANES + l] + b[l];
+}
+
+static void fwd_train_blk_r(void *p, size_t b0, size_t b1) {
+    const BnJob *j = p;
+    const int n = j->n, c = j->c, hw = j->hw, nb = c / LANES;
+    const double cnt = (double)n * hw;
+    for (int cb = (int)b0; cb < (int)b1; cb++) {
+        double s[LANES] = {0}, s2[LANES] = {0};
+        float t[LANES], mf[LANES], a[LANES], b[LANES];
+        for (int i = 0; i < n; i++) {
+            sum_blk(j->x + blk_off(i, cb, nb, hw), NULL, hw, t);
+            for (int l = 0; l < LANES; l++) s[l] += t[l];
+        }
+        for (int l = 0; l < LANES; l++) mf[l] = (float)(s[l] / cnt);
+        for (int i = 0; i < n; i++) {
+            sum_blk(j->x + blk_off(i, cb, nb, hw), mf, hw, t);
+            for (int l = 0; l < LANES; l++) s2[l] += t[l];
+        }
+        for (int l = 0; l < LANES; l++) {
+            const int ch = cb * LANES + l;
+            const double mean = s[l] / cnt, var = s2[l] / cnt;
+            const float inv_std = (float)(1.0 / sqrt(var + j->eps));
+            a[l] = j->gamma[ch] * inv_std;
+            b[l] = j->beta[ch] - mf[l] * a[l];
+            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
+            j->rm[ch] = (float)((1.0 - j->momentum) * j->rm[ch] + j->momentum * mean);
+            j->rv[ch] = (float)((1.0 - j->momentum) * j->rv[ch] + j->momentum * unbiased);
+            j->so[ch] = mf[l];
+            j->so[c + ch] = inv_std;
+        }
+        for (int i = 0; i < n; i++) {
+            const size_t o = blk_off(i, cb, nb, hw);
+            affine_blk(j->x + o, j->yo + o, a, b, hw, j->relu);
+        }
+    }
+}
+
+static void fwd_eval_blk_r(void *p, size_t b0, size_t b1) {
+    const BnJob *j = p;
+    const int n = j->n, hw = j->hw, nb = j->c / LANES;
+    for (int cb = (int)b0; cb < (int)b1; cb++) {
+        float a[LANES], b[LANES];
+        for (int l = 0; l < LANES; l++) {
+            const int ch = cb * LANES + l;
+            const float inv_std = (float)(1.0 / sqrt((double)j->crv[ch] + j->eps));
+            a[l] = j->gamma[ch] * inv_std;
+            b[l] = j->beta[ch] - j->crm[ch] * a[l];
+        }
+        for (int i = 0; i < n; i++) {
+            const size_t o = blk_off(i, cb, nb, hw);
+            affine_blk(j->x + o, j->yo + o, a, b, hw, j->relu);
+        }
+    }
+}
+
+/* bwd_sums per channel of a block (y NULL: no relu) */
+static inline void bwd_sums_blk(const float *restrict x, const float *restrict y, const float *restrict dy,
+                                const float *restrict mean, int hw, float sg[LANES], float sgx[LANES]) {
+    float a[LANES][LANES] = {{0}}, b[LANES][LANES] = {{0}};
+    for (int q = 0; q < hw; q++) {
+        const int k = q % LANES;
+        const size_t o = (size_t)q * LANES;
+        if (y)
+            for (int l = 0; l < LANES; l++) {
+                float g = y[o + l] > 0.0f ? dy[o + l] : 0.0f;
+                a[k][l] += g;
+                b[k][l] += g * (x[o + l] - mean[l]);
+            }
+        else
+            for (int l = 0; l < LANES; l++) {
+                a[k][l] += dy[o + l];
+                b[k][l] += dy[o + l] * (x[o + l] - mean[l]);
+            }
+    }
+    for (int l = 0; l < LANES; l++) sg[l] = sgx[l] = 0;
+    for (int k = 0; k < LANES; k++)
+        for (int l = 0; l < LANES; l++) {
+            sg[l] += a[k][l];
+            sgx[l] += b[k][l];
+        }
+}
+
+static void bwd_blk_r(void *p, size_t b0, size_t b1) {
+    const BnJob *j = p;
+    const int n = j->n, c = j->c, hw = j->hw, nb = c / LANES, relu = j->relu;
+    const double cnt = (double)n * hw;
+    for (int cb = (int)b0; cb < (int)b1; cb++) {
+        const float *mean = j->saved + cb * LANES, *inv_std = j->saved + c + cb * LANES;
+        double sdy[LANES] = {0}, sdyx[LANES] = {0};
+        float ta[LANES], tb[LANES], k0[LANES], k1[LANES], k2[LANES];
+        for (int i = 0; i < n; i++) {
+            const size_t o = blk_off(i, cb, nb, hw);
+            bwd_sums_blk(j->x + o, relu ? j->y + o : NULL, j->dy + o, mean, hw, ta, tb);
+            for (int l = 0; l < LANES; l++) {
+                sdy[l] += ta[l];
+                sdyx[l] += tb[l];
+            }
+        }
+        for (int l = 0; l < LANES; l++) {
+            const int ch = cb * LANES + l;
+            if (j->dgamma) j->dgamma[ch] += (float)(sdyx[l] * inv_std[l]);
+            if (j->dbeta) j->dbeta[ch] += (float)sdy[l];
+            const float g0 = j->gamma[ch];
+            k1[l] = g0 * inv_std[l];
+            k2[l] = (float)(-(double)g0 * inv_std[l] * inv_std[l] * inv_std[l] * sdyx[l] / cnt);
+            k0[l] = (float)(-(double)g0 * inv_std[l] * sdy[l] / cnt);
+        }
+        if (!j->dx) continue;
+        for (int i = 0; i < n; i++) {
+            const size_t o = blk_off(i, cb, nb, hw);
+            const float *restrict xp = j->x + o, *restrict gp = j->dy + o;
+            float *restrict dp = j->dx + o;
+            if (relu) {
+                const float *restrict yp = j->y + o;
+                for (int q = 0; q < hw * LANES; q += LANES)
+                    for (int l = 0; l < LANES; l++) {
+                        float g = yp[q + l] > 0.0f ? gp[q + l] : 0.0f;
+                        dp[q + l] += k1[l] * g + k2[l] * (xp[q + l] - mean[l]) + k0[l];
+                    }
+            } else {
+                for (int q = 0; q < hw * LANES; q += LANES)
+                    for (int l = 0; l < LANES; l++) dp[q + l] += k1[l] * gp[q + l] + k2[l] * (xp[q + l] - mean[l]) + k0[l];
+            }
+        }
+    }
+}
+
+void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
+                             float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
+                             int relu) {
+    PD_ASSERT(c % LANES == 0);
+    BnJob j = {.x = x, .gamma = gamma, .beta = beta, .yo = y, .rm = running_mean, .rv = running_var, .so = saved,
+               .n = n, .c = c, .hw = hw, .relu = relu, .eps = eps, .momentum = momentum};
+    kern_parallel_for((size_t)c / LANES, 1, 1, fwd_train_blk_r, &j);
+}
+
+void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
+                            const float *running_var, int n, int c, int hw, float eps, int relu) {
+    PD_ASSERT(c % LANES == 0);
+    BnJob j = {.x = x, .gamma = gamma, .beta = beta, .yo = y, .crm = running_mean, .crv = running_var, .n = n,
+               .c = c, .hw = hw, .relu = relu, .eps = eps};
+    kern_parallel_for((size_t)c / LANES, 1, 1, fwd_eval_blk_r, &j);
+}
+
+void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                       float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu) {
+    PD_ASSERT(c % LANES == 0 && (!relu || y));
+    BnJob j = {.x = x, .gamma = gamma, .saved = saved, .y = y, .dy = dy, .dx = dx, .dgamma = dgamma, .dbeta = dbeta,
+               .n = n, .c = c, .hw = hw, .relu = relu};
+    kern_parallel_for((size_t)c / LANES, 1, 1, bwd_blk_r, &j);
+}

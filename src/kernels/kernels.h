@@ -152,6 +152,16 @@ void kern_bn_fwd_eval(const float *x, const float *gamma, const float *beta, flo
                       const float *running_var, int n, int c, int hw, float eps, int relu);
 void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *y, const float *dy, float *dx,
                  float *dgamma, float *dbeta, int n, int c, int hw, int relu);
+/* The same on nChw16c activations (x, y, dx, dy; c a multiple of 16, see KCONV_X_BLK16):
+ * bitwise the plain kernels' results, reordered (per channel the same operations in the same
+ * order); gamma, beta, the statistics and saved stay per channel. */
+void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
+                             float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
+                             int relu);
+void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
+                            const float *running_var, int n, int c, int hw, float eps, int relu);
+void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                       float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu);
 void kern_bn_fwd_train_ref(const float *x, const float *gamma, const float *beta, float *y,
                            float *running_mean, float *running_var, float *saved, int n, int c, int hw,
                            float eps, float momentum);

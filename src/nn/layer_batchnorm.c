@@ -45,10 +45,13 @@ static void bn_forward(Layer *l, const NnRun *r, const float *w, float *state, c
                        void *saved) {
     int c = l->cin, hw = bn_hw(l);
     float *sv = saved;
+    const int blk = l->lay & KCONV_X_BLK16;   // x and y alike (NN_BLK_SAME)
     if (r->train) {
-        kern_bn_fwd_train(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum, l->relu);
+        (blk ? kern_bn_fwd_train_blk16 : kern_bn_fwd_train)(x, w, w + c, y, state, state + c, sv, r->n, c, hw,
+                                                            l->eps, l->momentum, l->relu);
     } else {
-        kern_bn_fwd_eval(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps, l->relu);
+        (blk ? kern_bn_fwd_eval_blk16 : kern_bn_fwd_eval)(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps,
+                                                          l->relu);
         for (int k = 0; k < c; k++) {
             sv[k] = state[k];
             sv[c + k] = 1.0f / sqrtf(state[c + k] + l->eps);
@@ -60,27 +63,37 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
                         const void *saved, const float *dy, float *dx, float *dw) {
     int c = l->cin, hw = bn_hw(l);
     const float *sv = saved;
+    const int blk = l->lay & KCONV_X_BLK16;
     if (r->train) {   // the fused relu's mask (y > 0) is applied inside the kernel
-        kern_bn_bwd(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu);
+        (blk ? kern_bn_bwd_blk16 : kern_bn_bwd)(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu);
         return;
     }
     /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics (not on the
-     * training path: serial) */
+     * training path: serial); element p of channel k, sample i at o + p * ps */
     for (int k = 0; k < c; k++) {
         double sg = 0, sb = 0;
         float g = w[k], mean = sv[k], istd = sv[c + k];
+        const size_t ps = blk ? 16 : 1;
         for (int i = 0; i < r->n; i++) {
-            size_t o = ((size_t)i * c + k) * hw;
+            size_t o = blk ? (((size_t)i * (c / 16) + k / 16) * hw) * 16 + k % 16 : ((size_t)i * c + k) * hw;
             for (int p = 0; p < hw; p++) {
-                float d = !l->relu || y[o + p] > 0.0f ? dy[o + p] : 0.0f;
-                sg += (double)d * (x[o + p] - mean) * istd;
+                const size_t e = o + p * ps;
+                float d = !l->relu || y[e] > 0.0f ? dy[e] : 0.0f;
+                sg += (double)d * (x[e] - mean) * istd;
                 sb += d;
-                if (dx) dx[o + p] += d * g * istd;
+                if (dx) dx[e] += d * g * istd;
             }
         }
         dw[k] += (float)sg;
         dw[c + k] += (float)sb;
     }
+}
+
+/* Per channel: nChw16c as well when the channels come in blocks of 16 (kern_bn_*_blk16,
+ * bitwise the plain results), so that a convolution's blocked output stays blocked through
+ * it (resnet20: every convolution is followed by one). */
+static int bn_layouts(const Layer *l) {
+    return l->in.ndim == 3 && l->cin % 16 == 0 ? NN_BLK_IN | NN_BLK_SAME : 0;
 }
 
 const LayerOps LAYER_BATCHNORM = {
@@ -90,4 +103,5 @@ const LayerOps LAYER_BATCHNORM = {
     .init_state = bn_init_state,
     .forward = bn_forward,
     .backward = bn_backward,
+    .layouts = bn_layouts,
 };
