@@ -81,7 +81,7 @@ t0=$(now)
 wait $job
 rc=$?
 expect_stop "stopped peer" $rc "$t0" "$tmp/5.err" \
-    "rank [0-9] \(stage [0-9]\).*timed out after 8 s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
+    "rank [0-9] \(stage [0-9]\).*timed out after 8(\.[0-9]+)? s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
 named=$(first_line "$tmp/5.err" | sed -n 's/.*last checkpoint to resume from: \([^ ;]*\).*/\1/p')
 [ -f "$named" ] || fail "the named checkpoint $named does not exist"
 newest=$(ls "$tmp/ck5"/ckpt-*.safetensors | sort | tail -1)
