@@ -279,6 +279,154 @@ static void test_blocked_range_vs_layers(void **st) {
     model_free(m);
 }
 
+/* Residual blocks on blocked data (layer_residual.c's per-call planning, batch norm on
+ * nChw16c): a chain of resnet-style blocks run as one range (inside it the first block turns
+ * plain data blocked, the middle ones stay blocked, the last turns it plain again for gap)
+ * gives bitwise what the same sub-layers give run one by one as one-layer ranges of a
+ * flattened model (every activation plain) with the add and relu written out here: the
+ * output, dx, dW and the running statistics, in training and in eval, at n_max and a smaller
+ * n. Residual blocks have no split backward (they run whole in BI), so the split passes are
+ * checked to equal the whole one. */
+#define CONV(i, o, s, k, p) "{\"type\": \"conv2d\", \"in\": " #i ", \"out\": " #o ", \"kernel\": " #k \
+    ", \"stride\": " #s ", \"pad\": " #p ", \"bias\": false}"
+#define BN(c, r) "{\"type\": \"batchnorm\", \"features\": " #c ", \"relu\": " r "}"
+#define BODY(i, o, s) CONV(i, o, s, 3, 1) "," BN(o, "true") "," CONV(o, o, 1, 3, 1) "," BN(o, "false")
+#define TAIL "{\"type\": \"gap\"}, {\"type\": \"linear\", \"in\": 32, \"out\": 10}"
+static void test_blocked_residual_vs_flat(void **st) {
+    (void)st;
+    static const char *json = M("[16, 8, 8]",
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]},"
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]},"
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 32, 2) "], \"shortcut\": [" CONV(16, 32, 2, 1, 0) "," BN(32, "false") "]},"
+        "{\"type\": \"residual\", \"body\": [" BODY(32, 32, 1) "]}," TAIL);
+    /* the same sub-layers flat, in three shape-chained pieces (the shortcut apart), whose
+     * parameters and statistics, one piece after the other, are laid out as the model's */
+    static const char *flat[3] = {
+        M("[16, 8, 8]", BODY(16, 16, 1) "," BODY(16, 16, 1) "," BODY(16, 32, 2)),
+        M("[16, 8, 8]", CONV(16, 32, 2, 1, 0) "," BN(32, "false")),
+        M("[32, 4, 4]", BODY(32, 32, 1) "," TAIL)};
+    /* the flat layers' blocks: body [a, b), shortcut [b, c) (empty: identity) */
+    static const int blk[4][3] = {{0, 4, 4}, {4, 8, 8}, {8, 12, 14}, {14, 18, 18}};
+    Err err = {0};
+    Model *m = model_parse(json, "res", &err), *fm[3];
+    assert_non_null(m);
+    const int nl = model_n_layers(m), n_max = 3;
+    assert_int_equal(model_build(m, 0, nl, n_max, &err), PD_OK);
+    const size_t np = model_param_count(m, 0, nl), ns = model_state_count(m, 0, nl);
+    struct {
+        Model *m;
+        int i;
+        NnCtx *c;
+        size_t po, so;
+    } fl[20];
+    int nf = 0;
+    size_t po = 0, so = 0;
+    for (int p = 0; p < 3; p++) {
+        fm[p] = model_parse(flat[p], "flat", &err);
+        if (!fm[p]) fail_msg("%s", err.msg);
+        const int k = model_n_layers(fm[p]);
+        assert_int_equal(model_build(fm[p], 0, k, n_max, &err), PD_OK);
+        for (int i = 0; i < k; i++, nf++) {
+            fl[nf].m = fm[p], fl[nf].i = i, fl[nf].c = nnctx_new(fm[p], i, i + 1, n_max);
+            fl[nf].po = po + model_param_offset(fm[p], i), fl[nf].so = so + model_state_offset(fm[p], i);
+        }
+        po += model_param_count(fm[p], 0, k), so += model_state_count(fm[p], 0, k);
+    }
+    assert_int_equal(nf, 20);
+    assert_int_equal(po, np);
+    assert_int_equal(so, ns);
+    const size_t nx = (size_t)n_max * 16 * 8 * 8, big = nx * 2;
+    float *w = pd_alloc_f32(np), *x = pd_alloc_f32(nx), dy[3 * 10];
+    float *st_m = pd_alloc_f32(ns), *st_f = pd_alloc_f32(ns);
+    model_init_params(m, 0, nl, 7, w);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 23) / 11.0f - 1.0f;
+    for (int i = 0; i < 3 * 10; i++) dy[i] = (float)(i % 7) / 3.0f - 1.0f;
+    NnCtx *whole = nnctx_new(m, 0, nl, n_max);
+    float *yb[4], *dsum = pd_alloc_f32(big), *g = pd_alloc_f32(big), *g2 = pd_alloc_f32(big), *dxb = pd_alloc_f32(big);
+    for (int k = 0; k < 4; k++) yb[k] = pd_alloc_f32(big);
+#define FWD(k, in) model_forward(fl[k].m, fl[k].c, w + fl[k].po, st_f + fl[k].so, in, &run)
+#define BWD(k, gi, dxi) model_backward(fl[k].m, fl[k].c, w + fl[k].po, gi, dxi, dw + fl[k].po)
+#define OUT(k) shape_numel(model_layer_out_shape(fl[k].m, fl[k].i))
+#define IN(k) shape_numel(model_layer_in_shape(fl[k].m, fl[k].i))
+    for (int pass = 0; pass < 4; pass++) {
+        const int n = pass & 1 ? 2 : n_max, train = pass < 2;
+        NnRun run = {.n = n, .train = train, .seed = 1, .minibatch = 0};
+        model_init_state(m, 0, nl, st_m);
+        memcpy(st_f, st_m, sizeof(float) * ns);
+        /* the flat, plain chain */
+        const float *a = x;
+        for (int k = 0; k < 4; k++) {
+            const float *bo = a, *so = a;
+            for (int i = blk[k][0]; i < blk[k][1]; i++) bo = FWD(i, bo);
+            for (int i = blk[k][1]; i < blk[k][2]; i++) so = FWD(i, so);
+            const size_t cnt = (size_t)n * OUT(blk[k][1] - 1);
+            for (size_t e = 0; e < cnt; e++) {
+                float v = bo[e] + so[e];
+                yb[k][e] = v > 0 ? v : 0.0f;
+            }
+            a = yb[k];
+        }
+        float out[3 * 10];
+        memcpy(out, FWD(19, FWD(18, a)), sizeof(float) * n * 10);
+        float *dw = calloc(np, sizeof(float)), *dx = calloc(nx, sizeof(float));
+        memset(g2, 0, sizeof(float) * big);
+        BWD(19, dy, g2);
+        memset(g, 0, sizeof(float) * big);
+        BWD(18, g2, g);   // g: the gradient w.r.t. the last block's output
+        for (int k = 3; k >= 0; k--) {
+            const size_t cnt = (size_t)n * OUT(blk[k][1] - 1), cin = (size_t)n * IN(blk[k][0]);
+            for (size_t e = 0; e < cnt; e++) dsum[e] = yb[k][e] > 0 ? g[e] : 0.0f;
+            memset(dxb, 0, sizeof(float) * big);
+            for (int c0 = 0; c0 < 2; c0++) {   // body, then shortcut (identity: dsum itself)
+                const int lo = blk[k][c0], hi = blk[k][c0 + 1];
+                if (lo == hi) {
+                    if (c0) for (size_t e = 0; e < cin; e++) dxb[e] += dsum[e];
+                    continue;
+                }
+                memcpy(g, dsum, sizeof(float) * cnt);
+                for (int i = hi - 1; i >= lo; i--) {
+                    const size_t in = (size_t)n * IN(i);
+                    if (i == lo) {
+                        BWD(i, g, dxb);
+                    } else {
+                        memset(g2, 0, sizeof(float) * in);
+                        BWD(i, g, g2);
+                        memcpy(g, g2, sizeof(float) * in);
+                    }
+                }
+            }
+            memcpy(g, dxb, sizeof(float) * cin);
+        }
+        memcpy(dx, g, sizeof(float) * n * 16 * 8 * 8);
+        /* the range */
+        const float *b = model_forward(m, whole, w, st_m, x, &run);
+        assert_memory_equal(b, out, sizeof(float) * n * 10);
+        assert_memory_equal(st_m, st_f, sizeof(float) * ns);
+        float *dw_r = calloc(np, sizeof(float)), *dx_r = calloc(nx, sizeof(float));
+        model_backward(m, whole, w, dy, dx_r, dw_r);
+        assert_memory_equal(dx_r, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dw_r, dw, sizeof(float) * np);
+        float *keep = calloc(model_split_floats(m, 0, nl, n_max) + 1, sizeof(float));
+        float *dw_s = calloc(np, sizeof(float)), *dx_s = calloc(nx, sizeof(float));
+        model_backward_b(m, whole, w, dy, dx_s, dw_s, keep);
+        model_backward_w(m, whole, w, dy, keep, dw_s, NULL, NULL);
+        assert_memory_equal(dx_s, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dw_s, dw, sizeof(float) * np);
+        free(dw), free(dx), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
+    }
+#undef FWD
+#undef BWD
+#undef OUT
+#undef IN
+    for (int i = 0; i < nf; i++) nnctx_free(fl[i].c);
+    nnctx_free(whole);
+    for (int k = 0; k < 4; k++) pd_free(yb[k]);
+    float *all[] = {w, x, st_m, st_f, dsum, g, g2, dxb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    model_free(m);
+    for (int p = 0; p < 3; p++) model_free(fm[p]);
+}
+
 static int setup(void **st) {
     (void)st;
     tu_ref_load(&REF, "nn_layers.bin");
@@ -296,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_dropout_mask),
         cmocka_unit_test(test_optimizers),
         cmocka_unit_test(test_blocked_range_vs_layers),
+        cmocka_unit_test(test_blocked_residual_vs_flat),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -3,7 +3,14 @@
  * (array of layers; absent or empty = identity). Sub-layers are any kinds; their parameters
  * follow in order body then shortcut (as a PyTorch module registering body before
  * shortcut), named layers.<i>.body.<k>.* and layers.<i>.shortcut.<k>.*.
- * Saved per minibatch: each sub-layer's output and saved state, laid out for the run's n. */
+ * Saved per minibatch: each sub-layer's output and saved state, laid out for the run's n.
+ *
+ * Layouts: x and y may each be nChw16c (KCONV_X_BLK16 / KCONV_Y_BLK16 in l->lay) when the
+ * channels come in blocks of 16. Per call the body and the shortcut are planned like a
+ * range (nn_plan_layouts) from x's layout to y's, so in resnet20 a whole chain of blocks
+ * keeps its activations blocked, and the add and relu run on whatever layout y has; an
+ * identity shortcut whose x is in the other layout is reordered on the fly inside the add
+ * (and its gradient likewise). Results are bitwise the all-plain ones, reordered. */
 #include "nn_impl.h"
 
 #include <string.h>
@@ -68,17 +75,71 @@ static size_t scratch_bytes(const Layer *l, int n) {
     return (size_t)n * (shape_numel(l->out) + 2 * max_act(l)) * sizeof(float);
 }
 
+/* Plans the sub-layers' layouts for x blocked (xb) and y blocked (yb) into lay; 0: impossible. */
+static int plan(const Layer *l, int xb, int yb, unsigned char *lay) {
+    return nn_plan_layouts(l->sub, l->n_body, xb, yb, lay) &&
+           (!l->n_short || nn_plan_layouts(l->sub + l->n_body, l->n_short, xb, yb, lay + l->n_body));
+}
+
+/* NN_BLK_IN | NN_BLK_OUT when every combination of x's and y's layouts can be planned (so a
+ * block can turn plain data blocked and back: the first and last of a chain), NN_BLK_IN |
+ * NN_BLK_SAME when only equal ones can, else nothing. */
+static int caps(Layer *l) {
+    if (l->in.ndim != 3 || l->out.ndim != 3 || l->in.d[0] % 16 || l->out.d[0] % 16) return 0;
+    int ok[2][2];
+    for (int xb = 0; xb < 2; xb++)
+        for (int yb = 0; yb < 2; yb++) ok[xb][yb] = plan(l, xb, yb, l->sub_lay);
+    if (ok[0][0] && ok[0][1] && ok[1][0] && ok[1][1]) return NN_BLK_IN | NN_BLK_OUT;
+    return ok[0][0] && ok[1][1] ? NN_BLK_IN | NN_BLK_SAME : 0;
+}
+
 static int residual_build(Layer *l, int n_max, Err *err) {
     for (int k = 0; k < l->n_body + l->n_short; k++) {
         int rc = nn_layer_build(&l->sub[k], n_max, err);
         if (rc) return rc;
     }
     kern_scratch(KSCR_RESIDUAL, scratch_bytes(l, n_max));   // grown at build time on this thread
+    l->sub_lay = pd_calloc((size_t)(l->n_body + l->n_short));
+    l->sub_caps = caps(l);
     return PD_OK;
 }
 
 static void residual_release(Layer *l) {
     for (int k = 0; l->sub && k < l->n_body + l->n_short; k++) nn_layer_release(&l->sub[k]);
+    pd_free(l->sub_lay);
+    l->sub_lay = NULL;
+    l->sub_caps = 0;
+}
+
+static int residual_layouts(const Layer *l) { return l->sub_caps; }
+
+/* This call's sub-layer layouts (l->lay from the caller) into l->sub_lay. */
+static void plan_call(Layer *l) {
+    const int ok = plan(l, !!(l->lay & KCONV_X_BLK16), !!(l->lay & KCONV_Y_BLK16), l->sub_lay);
+    PD_ASSERTF(ok, "%s: layouts 0x%x not planned", l->path, (unsigned)l->lay);
+}
+
+/* Element (s, ch, p) of n samples of (c, hw) in NCHW or, if blk, in nChw16c. */
+static inline size_t at(int blk, int s, int ch, int p, int c, int hw) {
+    return blk ? (((size_t)s * (c / 16) + ch / 16) * hw + p) * 16 + ch % 16 : ((size_t)s * c + ch) * hw + p;
+}
+
+/* The identity shortcut across layouts: y = max(a + b, 0) (a given) or y += b (a NULL), where
+ * y and a are in layout yb and b in the other one. Serial: only a chain's first or last block
+ * meets it, once per pass. */
+static void add_across(const float *a, const float *b, float *y, int n, Shape sh, int yb) {
+    const int c = sh.d[0], hw = sh.d[1] * sh.d[2];
+    for (int s = 0; s < n; s++)
+        for (int ch = 0; ch < c; ch++)
+            for (int p = 0; p < hw; p++) {
+                const size_t i = at(yb, s, ch, p, c, hw), j = at(!yb, s, ch, p, c, hw);
+                if (a) {
+                    float v = a[i] + b[j];
+                    y[i] = v > 0 ? v : 0.0f;
+                } else {
+                    y[i] += b[j];
+                }
+            }
 }
 
 static size_t residual_saved(const Layer *l, int n) {
@@ -103,8 +164,10 @@ static void sub_bufs(const Layer *l, void *saved, int n, int k, float **y, void 
 static void residual_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                              void *saved) {
     const float *bo = x, *so = x;
+    plan_call(l);
     for (int k = 0; k < l->n_body + l->n_short; k++) {
         Layer *s = &l->sub[k];
+        s->lay = l->sub_lay[k];
         float *yk;
         void *sv;
         sub_bufs(l, saved, r->n, k, &yk, &sv);
@@ -113,7 +176,9 @@ static void residual_forward(Layer *l, const NnRun *r, const float *w, float *st
         if (k < l->n_body) bo = yk;
         else so = yk;
     }
-    kern_add_relu(bo, so, y, (size_t)r->n * shape_numel(l->out));
+    const int xb = !!(l->lay & KCONV_X_BLK16), yb = !!(l->lay & KCONV_Y_BLK16);
+    if (!l->n_short && xb != yb) add_across(bo, x, y, r->n, l->out, yb);
+    else kern_add_relu(bo, so, y, (size_t)r->n * shape_numel(l->out));
 }
 
 /* Backward through sub-layers [a, b) (one chain), from g; the chain's input gradient goes
@@ -134,6 +199,7 @@ static void chain_backward(Layer *l, const NnRun *r, const float *w, const float
             dk = pp[k & 1];
             memset(dk, 0, (size_t)r->n * shape_numel(s->in) * sizeof(float));
         }
+        s->lay = l->sub_lay[k];
         s->ops->backward(s, r, w + s->param_off, in, yk, sv, g, dk, dw + s->param_off);
         g = dk;
     }
@@ -145,10 +211,13 @@ static void residual_backward(Layer *l, const NnRun *r, const float *w, const fl
     PD_ASSERTF(KSCR_RESIDUAL + g_depth < KSCR_COUNT, "residual blocks nested %d deep", g_depth + 1);
     float *scratch = kern_scratch(KSCR_RESIDUAL + g_depth, scratch_bytes(l, r->n));
     g_depth++;
+    plan_call(l);
     float *dsum = scratch;   // dL/d(body + shortcut) = dy * (y > 0)
     kern_relu_mask(y, dy, dsum, cnt);
     chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, dw, scratch);
     if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, dw, scratch);
+    else if (dx && !(l->lay & KCONV_X_BLK16) != !(l->lay & KCONV_Y_BLK16))
+        add_across(NULL, dsum, dx, r->n, l->out, !!(l->lay & KCONV_X_BLK16));
     else if (dx) kern_accumulate(dx, dsum, cnt);
     g_depth--;
 }
@@ -161,4 +230,5 @@ const LayerOps LAYER_RESIDUAL = {
     .saved_bytes = residual_saved,
     .forward = residual_forward,
     .backward = residual_backward,
+    .layouts = residual_layouts,
 };

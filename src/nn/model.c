@@ -468,31 +468,35 @@ size_t nnctx_bytes(const NnCtx *c) { return c->bytes; }
 float *nnctx_input(NnCtx *c) { return c->in; }
 const float *nnctx_output(const NnCtx *c) { return c->y[c->last - 1 - c->first]; }
 
-/* Which activations inside c's range stay in the blocked layout: one a consumer can read so
- * (through a chain of layout-preserving layers) and its producer can write so. Backwards:
- * whether layer i's output is wanted blocked; then forwards: what each layer gets and gives.
- * Computed per forward from the built layers (cheap); the backward uses the same. Without it
- * every oneDNN convolution reorders its input, output and gradients to and from NCHW:
- * vgg16 ~9 ms of a 78 ms step. */
-static void plan_layouts(const Model *m, NnCtx *c) {
-    const int f = c->first, nl = c->last - c->first;
-    int want = 0;   // the range's output is plain
-    for (int i = nl - 1; i >= 0; i--) {
-        const Layer *l = &m->layers[f + i];
-        const int cap = l->ops->layouts && l->built_n ? l->ops->layouts(l) : 0;
-        c->lay[i] = (unsigned char)want;   // for now: is the output wanted blocked
+int nn_layer_layouts(const Layer *l) { return l->ops->layouts && l->built_n ? l->ops->layouts(l) : 0; }
+
+/* Backwards: whether layer i's output is wanted blocked (its consumer reads it so, through a
+ * chain of layout-preserving layers); then forwards: what each layer gets and gives. */
+int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay) {
+    int want = yb;
+    for (int i = n - 1; i >= 0; i--) {
+        const int cap = nn_layer_layouts(&ls[i]);
+        lay[i] = (unsigned char)want;   // for now: is the output wanted blocked
         want = (cap & NN_BLK_IN) && (!(cap & NN_BLK_SAME) || want);
     }
-    int xb = 0;   // the range's input is plain
-    for (int i = 0; i < nl; i++) {
-        const Layer *l = &m->layers[f + i];
-        const int cap = l->ops->layouts && l->built_n ? l->ops->layouts(l) : 0;
-        PD_ASSERT(!xb || (cap & NN_BLK_IN));
-        const int yb = cap & NN_BLK_SAME ? xb : c->lay[i] && (cap & NN_BLK_OUT);
-        c->lay[i] = (unsigned char)((xb ? KCONV_X_BLK16 : 0) | (yb ? KCONV_Y_BLK16 : 0));
-        xb = yb;
+    for (int i = 0; i < n; i++) {
+        const int cap = nn_layer_layouts(&ls[i]);
+        if (xb && !(cap & NN_BLK_IN)) return 0;
+        const int ob = cap & NN_BLK_SAME ? xb : lay[i] && (cap & NN_BLK_OUT);
+        lay[i] = (unsigned char)((xb ? KCONV_X_BLK16 : 0) | (ob ? KCONV_Y_BLK16 : 0));
+        xb = ob;
     }
-    PD_ASSERT(!xb);
+    return xb == !!yb;
+}
+
+/* Which activations inside c's range stay in the blocked layout (nn_plan_layouts with plain
+ * ends, so that stages, the profiler, checkpoints and the loss see plain data). Computed per
+ * forward from the built layers (cheap); the backward uses the same. Without it every oneDNN
+ * convolution reorders its input, output and gradients to and from NCHW: vgg16 ~9 ms of a
+ * 78 ms step. */
+static void plan_layouts(const Model *m, NnCtx *c) {
+    const int ok = nn_plan_layouts(m->layers + c->first, c->last - c->first, 0, 0, c->lay);
+    PD_ASSERT(ok);   // plain ends are always possible: nothing is blocked unless both sides take it
 }
 
 const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, const float *x, const NnRun *run) {

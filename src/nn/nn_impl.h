@@ -83,6 +83,14 @@ typedef struct LayerOps {
      * l->lay; the range's input and output stay plain. */
     int (*layouts)(const Layer *l);
 } LayerOps;
+/* The layouts l takes (its ops' layouts once built, else 0). */
+int nn_layer_layouts(const Layer *l);
+/* Plans the layouts of the chain ls[0 .. n) (a range's layers, a residual's body): its input
+ * arrives blocked if xb, its output must leave blocked if yb. An activation stays blocked
+ * where its producer can write it so and its consumer (through layout-preserving layers)
+ * read it so. lay[i] gets layer i's KCONV_X_BLK16 | KCONV_Y_BLK16 (for Layer.lay). Returns 0
+ * when the ends cannot be met (lay is then undefined). */
+int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay);
 enum {
     NN_BLK_IN = 1,    /* x (and dx) may be blocked */
     NN_BLK_OUT = 2,   /* y (and dy) may be blocked */
@@ -118,6 +126,8 @@ struct Layer {
     /* residual: sub[0 .. n_body) is the body, sub[n_body .. n_body + n_short) the shortcut */
     Layer *sub;
     int n_body, n_short;
+    int sub_caps;             /* residual: its NN_BLK_* (from the built sub-layers) */
+    unsigned char *sub_lay;   /* residual: this call's sub-layer layouts (built) */
 };
 
 /* Parses one layer object (any kind, residual included) with input shape in. path names it
