@@ -271,6 +271,10 @@ out:
     rt_train_summary_release(&sum);
     if (have_prof) profile_release(&prof);
     plan_free(plan);
+    /* A communication failure (a peer lost or stuck: timed out in a gather between segments,
+     * say) ends the whole job: MPI_Finalize in comm_free would wait for that peer forever, and
+     * mpirun kills a stopped rank only when the job aborts. */
+    if (rc && comm && err.code == PD_ECOMM && comm_size(comm) > 1) comm_abort(comm, CLI_FAIL, err.msg);
     if (rc) fprintf(stderr, "pipedream: error: %s\n", err.msg);
     comm_free(comm);
     return rc ? CLI_FAIL : CLI_OK;

@@ -69,14 +69,16 @@ static void ck_free(RtCkpt *c) {
 
 /* Every rank learns whether any rank failed; if one did, every rank returns that rank's error
  * (the lowest failing rank's message, broadcast). */
+static int fail_segment(Rank *R, int rc, Err *err);
+
 static int agree(Rank *R, int rc, Err *err) {
     int who = -1;
     Err e2 = {0};
     int all = comm_agree_t(R->c, rc, R->timeout, &who, &e2);
     if (all == PD_OK) return PD_OK;
-    if (e2.code || who < 0) {   /* the agreement itself failed (a late or lost rank, named in e2) */
-        if (!rc) *err = e2;
-        return rc ? rc : all;
+    if (e2.code || who < 0) {   /* the agreement itself failed (a late or lost rank, named in e2): */
+        if (!rc) *err = e2;      /* nothing to agree on with it; this rank ends the job */
+        return fail_segment(R, rc ? rc : all, err);
     }
     char msg[sizeof err->msg];
     memset(msg, 0, sizeof msg);
@@ -277,7 +279,9 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     size_t *sizes = NULL;
     rc = comm_gather(R->c, 0, mine, nbytes, &parts, &sizes, R->timeout, err);
     free(mine);
-    if (rc) return rc;   /* the control plane failed: a peer is gone or late (named in err) */
+    /* the control plane failed: a peer is gone or stuck (named in err). Nothing to agree on
+     * with it: this rank ends the job, naming itself and the last checkpoint */
+    if (rc) return fail_segment(R, rc, err);
     if (R->rank == 0) {
         if (!R->have_ck) {
             ck_alloc(R->m, adam, &R->ck);

@@ -62,7 +62,7 @@ dt=$(echo "$(date +%s.%N) - $t0" | bc)
 [ "$(echo "$dt < 10" | bc)" = 1 ] || fail "the job took $dt s to stop"
 pgrep -f "^$PD train .*$tmp/planA.json" >/dev/null && fail "ranks still running after the job ended"
 grep -q "lost rank [0-9] (stage [0-9])" "$tmp/k.err" || fail "no 'lost rank' message: $(cat "$tmp/k.err")"
-grep -q "last checkpoint to resume from: $tmp/ck/ckpt-00000000[0-9]0.safetensors" "$tmp/k.err" ||
+grep -Eq "last checkpoint to resume from: $tmp/ck/ckpt-[0-9]{10}\.safetensors" "$tmp/k.err" ||
     fail "no checkpoint named: $(cat "$tmp/k.err")"
 echo "ok: killed rank; job stopped in $dt s"
 

@@ -8,6 +8,7 @@
 #   3. training data truncated: fails before the first step, naming the file
 #   4. a NaN loss: the last stage names itself and the minibatch
 #   5. a peer that stops answering (SIGSTOP): its neighbour times out naming it
+#   6. rank 0 stops answering: the others end the job from the control plane too
 # (A rank killed outright: failure_resume.sh. A disk filling up mid-run: failure_disk.sh.)
 set -u
 PD=${PD:-build/pipedream}
@@ -87,4 +88,24 @@ named=$(first_line "$tmp/5.err" | sed -n 's/.*last checkpoint to resume from: \(
 newest=$(ls "$tmp/ck5"/ckpt-*.safetensors | sort | tail -1)
 n_named=$(basename "$named" .safetensors | sed "s/ckpt-0*//"); n_newest=$(basename "$newest" .safetensors | sed "s/ckpt-0*//")
 [ $((n_newest - n_named)) -le 20 ] || fail "named $named, but $newest was written and agreed before"
+
+# 6. the same with rank 0 stopped (found by its MPI rank): the others wait for it in the
+# control plane too (the checkpoint's gather and agreement), where they must end the job as
+# well: MPI_Finalize would wait for it forever.
+rm -rf "$tmp/ck5"; mkdir -p "$tmp/ck5"
+$RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck5" --timeout 8 >"$tmp/6.out" 2>"$tmp/6.err" &
+job=$!
+for _ in $(seq 600); do [ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] && break; sleep 0.1; done
+[ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] || fail "no checkpoint appeared: $(tail -5 "$tmp/6.err")"
+victim=""
+for p in $(pgrep -f "^$PD train .*$tmp/p4.json"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && victim=$p
+done
+[ -n "$victim" ] || fail "rank 0 not found"
+kill -STOP "$victim"
+t0=$(now)
+wait $job
+rc=$?
+expect_stop "stopped rank 0" $rc "$t0" "$tmp/6.err" \
+    "rank [1-3] \(stage [1-3]\).*timed out after 8(\.[0-9]+)? s.*rank [0-3].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
 echo "all failure checks passed"
