@@ -292,19 +292,12 @@ static void test_blocked_range_vs_layers(void **st) {
 #define BN(c, r) "{\"type\": \"batchnorm\", \"features\": " #c ", \"relu\": " r "}"
 #define BODY(i, o, s) CONV(i, o, s, 3, 1) "," BN(o, "true") "," CONV(o, o, 1, 3, 1) "," BN(o, "false")
 #define TAIL "{\"type\": \"gap\"}, {\"type\": \"linear\", \"in\": 32, \"out\": 10}"
-static void test_blocked_residual_vs_flat(void **st) {
-    (void)st;
-    static const char *json = M("[16, 8, 8]",
-        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]},"
-        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]},"
-        "{\"type\": \"residual\", \"body\": [" BODY(16, 32, 2) "], \"shortcut\": [" CONV(16, 32, 2, 1, 0) "," BN(32, "false") "]},"
-        "{\"type\": \"residual\", \"body\": [" BODY(32, 32, 1) "]}," TAIL);
-    /* the same sub-layers flat, in three shape-chained pieces (the shortcut apart), whose
-     * parameters and statistics, one piece after the other, are laid out as the model's */
-    static const char *flat[3] = {
-        M("[16, 8, 8]", BODY(16, 16, 1) "," BODY(16, 16, 1) "," BODY(16, 32, 2)),
-        M("[16, 8, 8]", CONV(16, 32, 2, 1, 0) "," BN(32, "false")),
-        M("[32, 4, 4]", BODY(32, 32, 1) "," TAIL)};
+#define RES_JSON(in) M(in, \
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]}," \
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 16, 1) "]}," \
+        "{\"type\": \"residual\", \"body\": [" BODY(16, 32, 2) "], \"shortcut\": [" CONV(16, 32, 2, 1, 0) "," BN(32, "false") "]}," \
+        "{\"type\": \"residual\", \"body\": [" BODY(32, 32, 1) "]}," TAIL)
+static void check_residual_vs_flat(const char *json, const char *const flat[3], int h) {
     /* the flat layers' blocks: body [a, b), shortcut [b, c) (empty: identity) */
     static const int blk[4][3] = {{0, 4, 4}, {4, 8, 8}, {8, 12, 14}, {14, 18, 18}};
     Err err = {0};
@@ -335,7 +328,7 @@ static void test_blocked_residual_vs_flat(void **st) {
     assert_int_equal(nf, 20);
     assert_int_equal(po, np);
     assert_int_equal(so, ns);
-    const size_t nx = (size_t)n_max * 16 * 8 * 8, big = nx * 2;
+    const size_t nx = (size_t)n_max * 16 * h * h, big = nx * 2;
     float *w = pd_alloc_f32(np), *x = pd_alloc_f32(nx), dy[3 * 10];
     float *st_m = pd_alloc_f32(ns), *st_f = pd_alloc_f32(ns);
     model_init_params(m, 0, nl, 7, w);
@@ -397,20 +390,20 @@ static void test_blocked_residual_vs_flat(void **st) {
             }
             memcpy(g, dxb, sizeof(float) * cin);
         }
-        memcpy(dx, g, sizeof(float) * n * 16 * 8 * 8);
+        memcpy(dx, g, sizeof(float) * n * 16 * h * h);
         /* the range */
         const float *b = model_forward(m, whole, w, st_m, x, &run);
         assert_memory_equal(b, out, sizeof(float) * n * 10);
         assert_memory_equal(st_m, st_f, sizeof(float) * ns);
         float *dw_r = calloc(np, sizeof(float)), *dx_r = calloc(nx, sizeof(float));
         model_backward(m, whole, w, dy, dx_r, dw_r);
-        assert_memory_equal(dx_r, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dx_r, dx, sizeof(float) * n * 16 * h * h);
         assert_memory_equal(dw_r, dw, sizeof(float) * np);
         float *keep = calloc(model_split_floats(m, 0, nl, n_max) + 1, sizeof(float));
         float *dw_s = calloc(np, sizeof(float)), *dx_s = calloc(nx, sizeof(float));
         model_backward_b(m, whole, w, dy, dx_s, dw_s, keep);
         model_backward_w(m, whole, w, dy, keep, dw_s, NULL, NULL);
-        assert_memory_equal(dx_s, dx, sizeof(float) * n * 16 * 8 * 8);
+        assert_memory_equal(dx_s, dx, sizeof(float) * n * 16 * h * h);
         assert_memory_equal(dw_s, dw, sizeof(float) * np);
         free(dw), free(dx), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
     }
@@ -425,6 +418,17 @@ static void test_blocked_residual_vs_flat(void **st) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
     model_free(m);
     for (int p = 0; p < 3; p++) model_free(fm[p]);
+}
+
+/* the same sub-layers flat, in three shape-chained pieces (the shortcut apart), whose
+ * parameters and statistics, one piece after the other, are laid out as the model's */
+#define FLAT(in, mid) {M(in, BODY(16, 16, 1) "," BODY(16, 16, 1) "," BODY(16, 32, 2)), \
+                       M(in, CONV(16, 32, 2, 1, 0) "," BN(32, "false")), M(mid, BODY(32, 32, 1) "," TAIL)}
+static void test_blocked_residual_vs_flat(void **st) {
+    (void)st;
+    static const char *const flat8[3] = FLAT("[16, 8, 8]", "[32, 4, 4]"), *const flat6[3] = FLAT("[16, 6, 6]", "[32, 3, 3]");
+    check_residual_vs_flat(RES_JSON("[16, 8, 8]"), flat8, 8);
+    check_residual_vs_flat(RES_JSON("[16, 6, 6]"), flat6, 6);   // planes of 36 and 9 pixels: partial tiles
 }
 
 static int setup(void **st) {

@@ -11,9 +11,14 @@
  * keeps its activations blocked, and the add and relu run on whatever layout y has; an
  * identity shortcut whose x is in the other layout is reordered on the fly inside the add
  * (and its gradient likewise). Results are bitwise the all-plain ones, reordered. */
+/* add_across's tile loops: -O2 alone (gcc 12's very-cheap cost model) leaves them scalar */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
 #include "nn_impl.h"
 
 #include <string.h>
+
 
 static int parse_chain(Layer *l, const cJSON *arr, const char *key, int base, int count, Shape in, const char *ctx,
                        Err *err) {
@@ -119,27 +124,45 @@ static void plan_call(Layer *l) {
     PD_ASSERTF(ok, "%s: layouts 0x%x not planned", l->path, (unsigned)l->lay);
 }
 
-/* Element (s, ch, p) of n samples of (c, hw) in NCHW or, if blk, in nChw16c. */
-static inline size_t at(int blk, int s, int ch, int p, int c, int hw) {
-    return blk ? (((size_t)s * (c / 16) + ch / 16) * hw + p) * 16 + ch % 16 : ((size_t)s * c + ch) * hw + p;
-}
-
 /* The identity shortcut across layouts: y = max(a + b, 0) (a given) or y += b (a NULL), where
- * y and a are in layout yb and b in the other one. Serial: only a chain's first or last block
- * meets it, once per pass. */
+ * y and a are in layout yb and b in the other one (nChw16c: (N, C/16, HW, 16)). Serial: only a
+ * chain's first or last block meets it, once per pass. Tile by tile: per sample and block of
+ * 16 channels, 16 pixels x 16 channels, contiguous (p * 16 + l) blocked and 16 rows of 16
+ * (l * hw + p) plain; b's tile is first transposed into y's order, so that the arithmetic runs
+ * on unit-stride rows of 16. */
 static void add_across(const float *a, const float *b, float *y, int n, Shape sh, int yb) {
     const int c = sh.d[0], hw = sh.d[1] * sh.d[2];
-    for (int s = 0; s < n; s++)
-        for (int ch = 0; ch < c; ch++)
-            for (int p = 0; p < hw; p++) {
-                const size_t i = at(yb, s, ch, p, c, hw), j = at(!yb, s, ch, p, c, hw);
+    float t[16][16];
+    for (size_t o = 0; o < (size_t)n * c * hw; o += (size_t)16 * hw)   // one sample's 16 channels
+        for (int p0 = 0; p0 < hw; p0 += 16) {
+            const int np = hw - p0 < 16 ? hw - p0 : 16;
+            /* t: y's tile order (pixel-major blocked, channel-major plain); rows of len */
+            const int rows = yb ? np : 16, len = yb ? 16 : np;
+            if (yb)
+                for (int l = 0; l < 16; l++) {
+                    const float *src = b + o + (size_t)l * hw + p0;
+                    for (int q = 0; q < np; q++) t[q][l] = src[q];
+                }
+            else
+                for (int q = 0; q < np; q++) {
+                    const float *src = b + o + (size_t)(p0 + q) * 16;
+                    for (int l = 0; l < 16; l++) t[l][q] = src[l];
+                }
+            for (int r = 0; r < rows; r++) {
+                const size_t at = yb ? o + (size_t)(p0 + r) * 16 : o + (size_t)r * hw + p0;
+                float *restrict yr = y + at;
+                const float *restrict tr = t[r];
                 if (a) {
-                    float v = a[i] + b[j];
-                    y[i] = v > 0 ? v : 0.0f;
+                    const float *restrict ar = a + at;
+                    for (int k = 0; k < len; k++) {
+                        float v = ar[k] + tr[k];
+                        yr[k] = v > 0 ? v : 0.0f;
+                    }
                 } else {
-                    y[i] += b[j];
+                    for (int k = 0; k < len; k++) yr[k] += tr[k];
                 }
             }
+        }
 }
 
 static size_t residual_saved(const Layer *l, int n) {
