@@ -221,16 +221,22 @@ void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const f
 
 /* ---- nChw16c: (N, C/16, HW, 16), the 16 lanes of a pixel are 16 consecutive channels ----
  * Each channel's arithmetic is the plain kernels' above, step for step: a plane's pixel j
- * goes into running sum j % 16, those 16 sums are added in order, the planes in double, and
- * every element gets the same expression. So the results are bitwise the plain kernels',
- * reordered (tests/test_kernels.c checks it), whatever the layout of a model's activations.
- * The 16 x 16 running sums (pixel lane x channel) are 16 vectors, one per pixel lane. */
+ * goes into running sum j % 16, those 16 sums are added in order, the planes in double in
+ * sample order, and every element gets the same expression. So the results are bitwise the
+ * plain kernels', reordered (tests/test_kernels.c checks it), whatever the layout of a
+ * model's activations. The 16 x 16 running sums (pixel lane x channel) are 16 vectors.
+ *
+ * Work split: a channel block is one sixteenth of the channels (resnet20's first stage has
+ * one), too coarse for the threads, so the units are planes (sample, block): each pass over
+ * the data is a kern_parallel_for over them, writing per-plane float sums to scratch
+ * (KSCR_BN), and between passes one thread adds those up per channel in sample order, as
+ * the plain kernel does: the same bits for every thread count. */
 
 /* the plane of sample i, channel block cb of nb */
 static inline size_t blk_off(int i, int cb, int nb, int hw) { return ((size_t)i * nb + cb) * hw * LANES; }
 
 /* out[l] = sum_lanes of channel l's plane; with m: of (x - m[l])^2 (sumsq_lanes) */
-static inline void sum_blk(const float *restrict p, const float *restrict m, int hw, float out[LANES]) {
+static inline void sum_blk(const float *restrict p, const float *restrict m, int hw, float *restrict out) {
     float acc[LANES][LANES] = {{0}};
     int j = 0;
     if (m) {
@@ -270,62 +276,9 @@ static inline void affine_blk(const float *restrict x, float *restrict y, const 
             for (int l = 0; l < LANES; l++) y[(size_t)q * LANES + l] = a[l] * x[(size_t)q * LANES + l] + b[l];
 }
 
-static void fwd_train_blk_r(void *p, size_t b0, size_t b1) {
-    const BnJob *j = p;
-    const int n = j->n, c = j->c, hw = j->hw, nb = c / LANES;
-    const double cnt = (double)n * hw;
-    for (int cb = (int)b0; cb < (int)b1; cb++) {
-        double s[LANES] = {0}, s2[LANES] = {0};
-        float t[LANES], mf[LANES], a[LANES], b[LANES];
-        for (int i = 0; i < n; i++) {
-            sum_blk(j->x + blk_off(i, cb, nb, hw), NULL, hw, t);
-            for (int l = 0; l < LANES; l++) s[l] += t[l];
-        }
-        for (int l = 0; l < LANES; l++) mf[l] = (float)(s[l] / cnt);
-        for (int i = 0; i < n; i++) {
-            sum_blk(j->x + blk_off(i, cb, nb, hw), mf, hw, t);
-            for (int l = 0; l < LANES; l++) s2[l] += t[l];
-        }
-        for (int l = 0; l < LANES; l++) {
-            const int ch = cb * LANES + l;
-            const double mean = s[l] / cnt, var = s2[l] / cnt;
-            const float inv_std = (float)(1.0 / sqrt(var + j->eps));
-            a[l] = j->gamma[ch] * inv_std;
-            b[l] = j->beta[ch] - mf[l] * a[l];
-            const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
-            j->rm[ch] = (float)((1.0 - j->momentum) * j->rm[ch] + j->momentum * mean);
-            j->rv[ch] = (float)((1.0 - j->momentum) * j->rv[ch] + j->momentum * unbiased);
-            j->so[ch] = mf[l];
-            j->so[c + ch] = inv_std;
-        }
-        for (int i = 0; i < n; i++) {
-            const size_t o = blk_off(i, cb, nb, hw);
-            affine_blk(j->x + o, j->yo + o, a, b, hw, j->relu);
-        }
-    }
-}
-
-static void fwd_eval_blk_r(void *p, size_t b0, size_t b1) {
-    const BnJob *j = p;
-    const int n = j->n, hw = j->hw, nb = j->c / LANES;
-    for (int cb = (int)b0; cb < (int)b1; cb++) {
-        float a[LANES], b[LANES];
-        for (int l = 0; l < LANES; l++) {
-            const int ch = cb * LANES + l;
-            const float inv_std = (float)(1.0 / sqrt((double)j->crv[ch] + j->eps));
-            a[l] = j->gamma[ch] * inv_std;
-            b[l] = j->beta[ch] - j->crm[ch] * a[l];
-        }
-        for (int i = 0; i < n; i++) {
-            const size_t o = blk_off(i, cb, nb, hw);
-            affine_blk(j->x + o, j->yo + o, a, b, hw, j->relu);
-        }
-    }
-}
-
 /* bwd_sums per channel of a block (y NULL: no relu) */
 static inline void bwd_sums_blk(const float *restrict x, const float *restrict y, const float *restrict dy,
-                                const float *restrict mean, int hw, float sg[LANES], float sgx[LANES]) {
+                                const float *restrict mean, int hw, float *restrict sg, float *restrict sgx) {
     float a[LANES][LANES] = {{0}}, b[LANES][LANES] = {{0}};
     for (int q = 0; q < hw; q++) {
         const int k = q % LANES;
@@ -350,72 +303,132 @@ static inline void bwd_sums_blk(const float *restrict x, const float *restrict y
         }
 }
 
-static void bwd_blk_r(void *p, size_t b0, size_t b1) {
-    const BnJob *j = p;
-    const int n = j->n, c = j->c, hw = j->hw, nb = c / LANES, relu = j->relu;
-    const double cnt = (double)n * hw;
-    for (int cb = (int)b0; cb < (int)b1; cb++) {
-        const float *mean = j->saved + cb * LANES, *inv_std = j->saved + c + cb * LANES;
-        double sdy[LANES] = {0}, sdyx[LANES] = {0};
-        float ta[LANES], tb[LANES], k0[LANES], k1[LANES], k2[LANES];
-        for (int i = 0; i < n; i++) {
-            const size_t o = blk_off(i, cb, nb, hw);
-            bwd_sums_blk(j->x + o, relu ? j->y + o : NULL, j->dy + o, mean, hw, ta, tb);
-            for (int l = 0; l < LANES; l++) {
-                sdy[l] += ta[l];
-                sdyx[l] += tb[l];
-            }
-        }
-        for (int l = 0; l < LANES; l++) {
-            const int ch = cb * LANES + l;
-            if (j->dgamma) j->dgamma[ch] += (float)(sdyx[l] * inv_std[l]);
-            if (j->dbeta) j->dbeta[ch] += (float)sdy[l];
-            const float g0 = j->gamma[ch];
-            k1[l] = g0 * inv_std[l];
-            k2[l] = (float)(-(double)g0 * inv_std[l] * inv_std[l] * inv_std[l] * sdyx[l] / cnt);
-            k0[l] = (float)(-(double)g0 * inv_std[l] * sdy[l] / cnt);
-        }
-        if (!j->dx) continue;
-        for (int i = 0; i < n; i++) {
-            const size_t o = blk_off(i, cb, nb, hw);
-            const float *restrict xp = j->x + o, *restrict gp = j->dy + o;
+/* One pass over planes: u = i * nb + cb (memory order). The per-channel arrays (c floats)
+ * live in the job: m (means), a, b (affine: y = a x + b; backward: dx += a g + b (x - m) + k0),
+ * k0; per-plane sums go to pa[u * 16 + l] and pb. */
+typedef struct BlkJob {
+    const float *x, *y, *dy;
+    float *yo, *dx;
+    float *m, *a, *b, *k0, *pa, *pb;
+    int nb, hw, relu, pass;
+} BlkJob;
+enum { P_SUM, P_SUMSQ, P_AFFINE, P_BWD_SUMS, P_BWD_DX };
+
+static void blk_pass_r(void *p, size_t u0, size_t u1) {
+    const BlkJob *j = p;
+    const int nb = j->nb, hw = j->hw;
+    for (size_t u = u0; u < u1; u++) {
+        const int cb = (int)(u % (size_t)nb);
+        const size_t o = u * (size_t)hw * LANES, c0 = (size_t)cb * LANES;
+        switch (j->pass) {
+        case P_SUM: sum_blk(j->x + o, NULL, hw, j->pa + u * LANES); break;
+        case P_SUMSQ: sum_blk(j->x + o, j->m + c0, hw, j->pa + u * LANES); break;
+        case P_AFFINE: affine_blk(j->x + o, j->yo + o, j->a + c0, j->b + c0, hw, j->relu); break;
+        case P_BWD_SUMS:
+            bwd_sums_blk(j->x + o, j->relu ? j->y + o : NULL, j->dy + o, j->m + c0, hw, j->pa + u * LANES,
+                         j->pb + u * LANES);
+            break;
+        case P_BWD_DX: {
+            const float *restrict xp = j->x + o, *restrict gp = j->dy + o, *restrict mp = j->m + c0;
+            const float *restrict k1 = j->a + c0, *restrict k2 = j->b + c0, *restrict k0 = j->k0 + c0;
             float *restrict dp = j->dx + o;
-            if (relu) {
+            if (j->relu) {
                 const float *restrict yp = j->y + o;
                 for (int q = 0; q < hw * LANES; q += LANES)
                     for (int l = 0; l < LANES; l++) {
                         float g = yp[q + l] > 0.0f ? gp[q + l] : 0.0f;
-                        dp[q + l] += k1[l] * g + k2[l] * (xp[q + l] - mean[l]) + k0[l];
+                        dp[q + l] += k1[l] * g + k2[l] * (xp[q + l] - mp[l]) + k0[l];
                     }
             } else {
                 for (int q = 0; q < hw * LANES; q += LANES)
-                    for (int l = 0; l < LANES; l++) dp[q + l] += k1[l] * gp[q + l] + k2[l] * (xp[q + l] - mean[l]) + k0[l];
+                    for (int l = 0; l < LANES; l++) dp[q + l] += k1[l] * gp[q + l] + k2[l] * (xp[q + l] - mp[l]) + k0[l];
             }
+            break;
+        }
         }
     }
+}
+
+static void blk_pass(BlkJob *j, int pass, int n) {
+    j->pass = pass;
+    const size_t per = (size_t)j->hw * LANES;   // elements per plane
+    kern_parallel_for((size_t)n * j->nb, per >= 4096 ? 1 : 4096 / per + 1, 1, blk_pass_r, j);
+}
+
+/* Scratch for n samples, c channels: 4 per-channel arrays and 2 per-plane sum arrays. */
+static BlkJob blk_job(int n, int c, int hw, int relu) {
+    float *s = kern_scratch(KSCR_BN, sizeof(float) * (4 + 2 * (size_t)n) * c);
+    BlkJob j = {.nb = c / LANES, .hw = hw, .relu = relu, .m = s, .a = s + c, .b = s + 2 * c, .k0 = s + 3 * c,
+                .pa = s + 4 * c, .pb = s + (4 + (size_t)n) * c};
+    return j;
+}
+
+/* Per channel ch, the sum over samples of the per-plane sums p, in double, in sample order. */
+static double plane_total(const float *p, int n, int c, int ch) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += p[(size_t)i * c + ch];
+    return s;
 }
 
 void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
                              float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
                              int relu) {
     PD_ASSERT(c % LANES == 0);
-    BnJob j = {.x = x, .gamma = gamma, .beta = beta, .yo = y, .rm = running_mean, .rv = running_var, .so = saved,
-               .n = n, .c = c, .hw = hw, .relu = relu, .eps = eps, .momentum = momentum};
-    kern_parallel_for((size_t)c / LANES, 1, 1, fwd_train_blk_r, &j);
+    BlkJob j = blk_job(n, c, hw, relu);
+    j.x = x, j.yo = y;
+    const double cnt = (double)n * hw;
+    double *mean = (double *)j.a;   // a and b are free until the affine pass: c doubles
+    blk_pass(&j, P_SUM, n);
+    for (int ch = 0; ch < c; ch++) {
+        mean[ch] = plane_total(j.pa, n, c, ch) / cnt;
+        j.m[ch] = (float)mean[ch];
+    }
+    blk_pass(&j, P_SUMSQ, n);
+    for (int ch = 0; ch < c; ch++) {
+        const double var = plane_total(j.pa, n, c, ch) / cnt, mu = mean[ch];
+        const float mf = j.m[ch], inv_std = (float)(1.0 / sqrt(var + eps));
+        const double unbiased = cnt > 1 ? var * cnt / (cnt - 1) : var;
+        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+        saved[ch] = mf;
+        saved[c + ch] = inv_std;
+    }
+    for (int ch = 0; ch < c; ch++) {   // after the loop above: a, b overwrite the double means
+        j.a[ch] = gamma[ch] * saved[c + ch];
+        j.b[ch] = beta[ch] - saved[ch] * j.a[ch];
+    }
+    blk_pass(&j, P_AFFINE, n);
 }
 
 void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
                             const float *running_var, int n, int c, int hw, float eps, int relu) {
     PD_ASSERT(c % LANES == 0);
-    BnJob j = {.x = x, .gamma = gamma, .beta = beta, .yo = y, .crm = running_mean, .crv = running_var, .n = n,
-               .c = c, .hw = hw, .relu = relu, .eps = eps};
-    kern_parallel_for((size_t)c / LANES, 1, 1, fwd_eval_blk_r, &j);
+    BlkJob j = blk_job(n, c, hw, relu);
+    j.x = x, j.yo = y;
+    for (int ch = 0; ch < c; ch++) {
+        const float inv_std = (float)(1.0 / sqrt((double)running_var[ch] + eps));
+        j.a[ch] = gamma[ch] * inv_std;
+        j.b[ch] = beta[ch] - running_mean[ch] * j.a[ch];
+    }
+    blk_pass(&j, P_AFFINE, n);
 }
 
 void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
                        float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu) {
     PD_ASSERT(c % LANES == 0 && (!relu || y));
-    BnJob j = {.x = x, .gamma = gamma, .saved = saved, .y = y, .dy = dy, .dx = dx, .dgamma = dgamma, .dbeta = dbeta,
-               .n = n, .c = c, .hw = hw, .relu = relu};
-    kern_parallel_for((size_t)c / LANES, 1, 1, bwd_blk_r, &j);
+    BlkJob j = blk_job(n, c, hw, relu);
+    j.x = x, j.y = y, j.dy = dy, j.dx = dx;
+    const double cnt = (double)n * hw;
+    for (int ch = 0; ch < c; ch++) j.m[ch] = saved[ch];
+    blk_pass(&j, P_BWD_SUMS, n);
+    for (int ch = 0; ch < c; ch++) {
+        const float inv_std = saved[c + ch], g0 = gamma[ch];
+        const double sdy = plane_total(j.pa, n, c, ch), sdyx = plane_total(j.pb, n, c, ch);
+        if (dgamma) dgamma[ch] += (float)(sdyx * inv_std);
+        if (dbeta) dbeta[ch] += (float)sdy;
+        j.a[ch] = g0 * inv_std;   // k1, k2, k0 of bwd_r
+        j.b[ch] = (float)(-(double)g0 * inv_std * inv_std * inv_std * sdyx / cnt);
+        j.k0[ch] = (float)(-(double)g0 * inv_std * sdy / cnt);
+    }
+    if (dx) blk_pass(&j, P_BWD_DX, n);
 }
