@@ -25,6 +25,11 @@
  * over the threads in chunks of >= KB_GRAIN elements. Every element (or, for reductions,
  * every plane / sample) is computed by one thread in a fixed order, so results do not depend
  * on the thread count. */
+/* -O2 alone (gcc 12's very-cheap cost model) leaves the select loops (relu_mask_r: a
+ * mispredicted branch per element) and the add loops scalar. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
 #include <cblas.h>
 #include <dlfcn.h>
 #include <math.h>
