@@ -226,6 +226,24 @@ static void test_bad_json(void **state) {
 
 /* Every profile in tests/data/pipedream-profiles loads, with as many layers as node lines
  * and as many edges as edge lines. */
+/* profile_spread_step: the step counts 1/m in each unit's backward, in the pass that holds it. */
+static void test_spread_step(void **state) {
+    (void)state;
+    ProfileLayer L[3] = {{.fwd_s = 1, .bwd_s = 2, .bwd_in_s = 0.8, .bwd_w_s = 1.2, .step_s = 0.8},
+                         {.fwd_s = 1, .bwd_s = 3, .bwd_in_s = 3, .bwd_w_s = 0, .step_s = 0.4},
+                         {.fwd_s = 1, .bwd_s = 0.5}};
+    Profile p = {.n_layers = 3, .layers = L};
+    profile_spread_step(&p, 1);   /* a step per unit: unchanged */
+    assert_true(L[0].bwd_s == 2 && L[0].step_s == 0.8);
+    profile_spread_step(&p, 4);
+    assert_true(fabs(L[0].bwd_s - 1.4) < 1e-12 && fabs(L[0].bwd_w_s - 0.6) < 1e-12 && L[0].bwd_in_s == 0.8);
+    assert_true(fabs(L[0].step_s - 0.2) < 1e-12);
+    assert_true(fabs(L[1].bwd_s - 2.7) < 1e-12 && fabs(L[1].bwd_in_s - 2.7) < 1e-12 && L[1].bwd_w_s == 0);
+    assert_true(L[2].bwd_s == 0.5 && L[2].step_s == 0);   /* no step measured */
+    Err err = {0};
+    assert_int_equal(profile_validate(&p, &err), PD_OK);
+}
+
 static void test_authors_profiles(void **state) {
     (void)state;
     static const char *names[] = {"alexnet/graph.txt",       "vgg16/graph.txt",     "resnet18/graph.txt",
@@ -272,7 +290,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_round_trip), cmocka_unit_test(test_graph_txt),
         cmocka_unit_test(test_bad_graph_txt),   cmocka_unit_test(test_bad_json),
-        cmocka_unit_test(test_authors_profiles),
+        cmocka_unit_test(test_authors_profiles), cmocka_unit_test(test_spread_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,8 @@ static void help(FILE *f) {
             "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
-            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [-o PLAN.json]\n"
+            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
+            "                      [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
             "                      [--optimizer sgd|adam] [--exhaustive N] [-o PLAN.json]\n\n"
@@ -24,6 +25,9 @@ static void help(FILE *f) {
             "server at 10 GB/s, 4 servers at 1.25 GB/s. Bandwidths in bytes/s (one level: 1e9 if\n"
             "omitted, as in the authors' optimizer).\n\n"
             "  --straight                 no replication: one worker per stage\n"
+            "  --units-per-step M         the schedule steps once per M units (M micro-batches per\n"
+            "                             minibatch: gpipe, 1f1b-flush, 2bw, zb): the profile's optimizer\n"
+            "                             step (step_s) counts once per M units, not in each (default 1)\n"
             "  --cores N                  cores per machine (a level-0 group of workers); the simulator\n"
             "                             slows compute by workers/cores when more workers share them\n"
             "                             (default: the cluster file's cores_per_machine, else one each)\n"
@@ -125,7 +129,7 @@ int cmd_plan(int argc, char **argv) {
     }
     const char *profile_path = NULL, *cluster_path = NULL, *out_path = NULL;
     double workers[PD_MAX_LEVELS], bw[PD_MAX_LEVELS];
-    int n_workers = 0, n_bw = 0, have_mem = 0, cores = 0;
+    int n_workers = 0, n_bw = 0, have_mem = 0, cores = 0, units_per_step = 1;
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
@@ -147,6 +151,9 @@ int cmd_plan(int argc, char **argv) {
             o.allow_idle = 1;
         } else if (!strcmp(a, "--overlap-allreduce")) {
             o.overlap_allreduce = 1;
+        } else if (!strcmp(a, "--units-per-step")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 16, &units_per_step))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--cores")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &cores))
                 return CLI_USAGE;
@@ -253,6 +260,7 @@ int cmd_plan(int argc, char **argv) {
     }
     Profile prof;
     if (profile_load(profile_path, &prof, &err)) return cli_fail(&err);
+    profile_spread_step(&prof, units_per_step);
     if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {

@@ -63,6 +63,11 @@ int  profile_parse(const char *text, const char *path, Profile *out, Err *err);
  * sizes, edges naming existing layers, no self-loops or duplicates, layers in a
  * topological order. Fails naming the first problem. */
 int  profile_validate(const Profile *p, Err *err);
+/* For a schedule that steps the optimizer once per m units (m micro-batches per minibatch):
+ * each layer's backward keeps 1/m of its step_s (bwd_s and whichever split pass holds it;
+ * step_s itself becomes step_s / m), so per-unit costs (the planner's) charge the step once
+ * per minibatch. m <= 1 or a profile without step_s: unchanged. */
+void profile_spread_step(Profile *p, int m);
 /* Reads a JSON array of [src, dst] integer pairs (the "edges" of profile and plan files)
  * into a malloc'd array the caller frees; *n receives the count. Fails naming path and the
  * bad edge. Ranges are checked later by the validators. */

@@ -520,3 +520,16 @@ int profile_read_edges(const cJSON *edges, const char *path, int (**out)[2], int
     *n = m;
     return PD_OK;
 }
+
+void profile_spread_step(Profile *p, int m) {
+    if (m <= 1) return;
+    for (int i = 0; i < p->n_layers; i++) {
+        ProfileLayer *l = &p->layers[i];
+        double cut = l->step_s * (1.0 - 1.0 / m);
+        if (!(cut > 0)) continue;
+        l->bwd_s = l->bwd_s > cut ? l->bwd_s - cut : 0;
+        if (l->bwd_w_s > 0) l->bwd_w_s = l->bwd_w_s > cut ? l->bwd_w_s - cut : 0;
+        else if (l->bwd_in_s > 0) l->bwd_in_s = l->bwd_in_s > cut ? l->bwd_in_s - cut : 0;
+        l->step_s -= cut;
+    }
+}
