@@ -16,6 +16,7 @@
 #include "kernels.h"
 #include "nn.h"
 #include "plan.h"
+#include "schedule.h"
 
 /* Writes text to a new file /tmp/pd_rt_model_XXXXXX; path (>= 32 bytes) gets its name. */
 static inline void rt_write_tmp(char *path, const char *text) {
@@ -142,6 +143,20 @@ static inline float *rt_sequential(const char *model, const Dataset *train, int 
     model_free(m);
     *np_out = np;
     return w;
+}
+
+/* Breaks worker w's list on purpose: its first gradient receive moved before its first
+ * activation send, on which that gradient depends (the deadlock checks use it). */
+static inline void rt_move_recv_before_send(SchedWorker *w) {
+    int sa = -1, rg = -1;
+    for (int i = 0; i < w->n; i++) {
+        if (sa < 0 && w->ins[i].op == OP_SEND_ACT) sa = i;
+        if (rg < 0 && w->ins[i].op == OP_RECV_GRAD) rg = i;
+    }
+    PD_ASSERT(sa >= 0 && rg > sa);
+    Instr moved = w->ins[rg];
+    memmove(w->ins + sa + 1, w->ins + sa, (size_t)(rg - sa) * sizeof *w->ins);
+    w->ins[sa] = moved;
 }
 
 #endif

@@ -281,16 +281,7 @@ static void test_zb_deadlock(void **state) {
         SimResult sr;
         if (sim_run(&s, &c, &o, &sr, &err)) fail_msg("%s: %s", sched_kind_name(s.kind), err.msg);
         sim_result_release(&sr);
-        SchedWorker *w = &s.workers[0];
-        int sa = -1, rg = -1;
-        for (int i = 0; i < w->n; i++) {
-            if (sa < 0 && w->ins[i].op == OP_SEND_ACT) sa = i;
-            if (rg < 0 && w->ins[i].op == OP_RECV_GRAD) rg = i;
-        }
-        PD_ASSERT(sa >= 0 && rg > sa);
-        Instr moved = w->ins[rg];
-        memmove(w->ins + sa + 1, w->ins + sa, (size_t)(rg - sa) * sizeof *w->ins);
-        w->ins[sa] = moved;
+        rt_move_recv_before_send(&s.workers[0]);
         assert_int_equal(sim_run(&s, &c, &o, &sr, &err), PD_EINVAL);
         assert_non_null(strstr(err.msg, "deadlock"));
         RtConfig cfg = config(mlp_path, &s, 8);

@@ -211,16 +211,7 @@ static void test_interleaved_deadlock(void **state) {
     Schedule s;
     int b4[] = {0, 2, 3, 4, 5};
     build(&tp, &s, 4, b4, 2, 1, 4, 0);
-    SchedWorker *w = &s.workers[0];
-    int sa = -1, rg = -1;
-    for (int i = 0; i < w->n; i++) {
-        if (sa < 0 && w->ins[i].op == OP_SEND_ACT) sa = i;
-        if (rg < 0 && w->ins[i].op == OP_RECV_GRAD) rg = i;
-    }
-    PD_ASSERT(sa >= 0 && rg > sa);
-    Instr moved = w->ins[rg];
-    memmove(w->ins + sa + 1, w->ins + sa, (size_t)(rg - sa) * sizeof *w->ins);
-    w->ins[sa] = moved;
+    rt_move_recv_before_send(&s.workers[0]);
     RtConfig cfg = config(mlp_path, &s);
     RtWorkerResult res[2];
     memset(res, 0, sizeof res);

@@ -67,45 +67,40 @@ t0=$(now)
 $RUN --steps 200 --lr 100 >"$tmp/4.out" 2>"$tmp/4.err"
 expect_stop "NaN loss" $? "$t0" "$tmp/4.err" "rank 3 \(stage 3\).*the loss is .*nan at minibatch [0-9]+.*last checkpoint to resume from: none"
 
+# stop_rank CASE R NAME REGEX: a 4-rank run with a checkpoint every 20 minibatches and
+# --timeout 8; once checkpoint 40 exists, MPI rank R (found by OMPI_COMM_WORLD_RANK) is
+# stopped (SIGSTOP); the job must end within the deadline plus 10 s (generous for sanitizer
+# builds on a loaded machine), its first error line matching REGEX.
+stop_rank() {
+    local c=$1 r=$2 name=$3 re=$4 job victim="" p rc t0
+    rm -rf "$tmp/ck$c"; mkdir -p "$tmp/ck$c"
+    $RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck$c" --timeout 8 >"$tmp/$c.out" 2>"$tmp/$c.err" &
+    job=$!
+    for _ in $(seq 600); do [ -f "$tmp/ck$c/ckpt-0000000040.safetensors" ] && break; sleep 0.1; done
+    [ -f "$tmp/ck$c/ckpt-0000000040.safetensors" ] || fail "$name: no checkpoint appeared: $(tail -5 "$tmp/$c.err")"
+    for p in $(pgrep -f "^$PD train .*$tmp/p4.json"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$r" && victim=$p
+    done
+    [ -n "$victim" ] || fail "$name: rank $r not found"
+    kill -STOP "$victim"
+    t0=$(now)
+    wait $job
+    rc=$?
+    expect_stop "$name" $rc "$t0" "$tmp/$c.err" "$re" 18
+}
+
 # 5. a rank that stops answering: a neighbour times out naming it; the last checkpoint is named.
-# The job ends within the deadline (--timeout 8, generous for sanitizer builds on a loaded
-# machine) plus 10 s.
-mkdir -p "$tmp/ck5"
-$RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck5" --timeout 8 >"$tmp/5.out" 2>"$tmp/5.err" &
-job=$!
-for _ in $(seq 600); do [ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] && break; sleep 0.1; done
-[ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] || fail "no checkpoint appeared: $(tail -5 "$tmp/5.err")"
-victim=$(pgrep -f "^$PD train .*$tmp/p4.json" | sed -n 3p)
-[ -n "$victim" ] || fail "no rank to stop"
-kill -STOP "$victim"
-t0=$(now)
-wait $job
-rc=$?
-expect_stop "stopped peer" $rc "$t0" "$tmp/5.err" \
-    "rank [0-9] \(stage [0-9]\).*timed out after 8(\.[0-9]+)? s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
+stop_rank 5 2 "stopped peer" \
+    "rank [0-9] \(stage [0-9]\).*timed out after 8(\.[0-9]+)? s.*rank [0-9].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors"
 named=$(first_line "$tmp/5.err" | sed -n 's/.*last checkpoint to resume from: \([^ ;]*\).*/\1/p')
 [ -f "$named" ] || fail "the named checkpoint $named does not exist"
 newest=$(ls "$tmp/ck5"/ckpt-*.safetensors | sort | tail -1)
 n_named=$(basename "$named" .safetensors | sed "s/ckpt-0*//"); n_newest=$(basename "$newest" .safetensors | sed "s/ckpt-0*//")
 [ $((n_newest - n_named)) -le 20 ] || fail "named $named, but $newest was written and agreed before"
 
-# 6. the same with rank 0 stopped (found by its MPI rank): the others wait for it in the
-# control plane too (the checkpoint's gather and agreement), where they must end the job as
-# well: MPI_Finalize would wait for it forever.
-rm -rf "$tmp/ck5"; mkdir -p "$tmp/ck5"
-$RUN --steps 100000 --checkpoint-every 20 --checkpoint-dir "$tmp/ck5" --timeout 8 >"$tmp/6.out" 2>"$tmp/6.err" &
-job=$!
-for _ in $(seq 600); do [ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] && break; sleep 0.1; done
-[ -f "$tmp/ck5/ckpt-0000000040.safetensors" ] || fail "no checkpoint appeared: $(tail -5 "$tmp/6.err")"
-victim=""
-for p in $(pgrep -f "^$PD train .*$tmp/p4.json"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=0" && victim=$p
-done
-[ -n "$victim" ] || fail "rank 0 not found"
-kill -STOP "$victim"
-t0=$(now)
-wait $job
-rc=$?
-expect_stop "stopped rank 0" $rc "$t0" "$tmp/6.err" \
-    "rank [1-3] \(stage [1-3]\).*timed out after 8(\.[0-9]+)? s.*rank [0-3].*last checkpoint to resume from: $tmp/ck5/ckpt-[0-9]+\.safetensors" 18
+# 6. the same with rank 0 stopped: the others wait for it in the control plane too (the
+# checkpoint's gather and agreement), where they must end the job as well: MPI_Finalize would
+# wait for it forever.
+stop_rank 6 0 "stopped rank 0" \
+    "rank [1-3] \(stage [1-3]\).*timed out after 8(\.[0-9]+)? s.*rank [0-3].*last checkpoint to resume from: $tmp/ck6/ckpt-[0-9]+\.safetensors"
 echo "all failure checks passed"
