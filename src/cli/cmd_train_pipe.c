@@ -183,10 +183,7 @@ int cmd_train_pipelined(int argc, char **argv) {
     Plan *plan = NULL;
     Err err = {0};
     if (o.plan) {
-        if (!(plan = plan_load(o.plan, &err))) {
-            fprintf(stderr, "pipedream: error: %s\n", err.msg);
-            return CLI_FAIL;
-        }
+        if (!(plan = plan_load(o.plan, &err))) return cli_fail(&err);
         if (plan->chunks > 1 && !o.kind_given) o.kind = SCHED_INTERLEAVED;
         if (plan->chunks > 1 && o.kind != SCHED_INTERLEAVED) {
             plan_free(plan);
@@ -196,14 +193,12 @@ int cmd_train_pipelined(int argc, char **argv) {
         if (o.chunks && plan->chunks > 1 && o.chunks != plan->chunks) {
             err_set(&err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", o.plan, plan->chunks, o.chunks);
             plan_free(plan);
-            fprintf(stderr, "pipedream: error: %s\n", err.msg);
-            return CLI_FAIL;
+            return cli_fail(&err);
         }
         if (o.chunks && plan->chunks <= 1 && plan_interleave(plan, o.chunks, &err)) {
             err_prefix(&err, "%s: --chunks %d", o.plan, o.chunks);
             plan_free(plan);
-            fprintf(stderr, "pipedream: error: %s\n", err.msg);
-            return CLI_FAIL;
+            return cli_fail(&err);
         }
     } else if (o.chunks || o.kind == SCHED_INTERLEAVED) {
         return cli_usage_error("train", "interleaved needs --plan (make one with 'pipedream plan --chunks V')");
@@ -271,10 +266,6 @@ out:
     rt_train_summary_release(&sum);
     if (have_prof) profile_release(&prof);
     plan_free(plan);
-    /* A communication failure (a peer lost or stuck: timed out in a gather between segments,
-     * say) ends the whole job: MPI_Finalize in comm_free would wait for that peer forever, and
-     * mpirun kills a stopped rank only when the job aborts. */
-    if (rc && comm && err.code == PD_ECOMM && comm_size(comm) > 1) comm_abort(comm, CLI_FAIL, err.msg);
     if (rc) fprintf(stderr, "pipedream: error: %s\n", err.msg);
     comm_free(comm);
     return rc ? CLI_FAIL : CLI_OK;

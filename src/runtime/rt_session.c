@@ -69,16 +69,14 @@ static void ck_free(RtCkpt *c) {
 
 /* Every rank learns whether any rank failed; if one did, every rank returns that rank's error
  * (the lowest failing rank's message, broadcast). */
-static int fail_segment(Rank *R, int rc, Err *err);
-
 static int agree(Rank *R, int rc, Err *err) {
     int who = -1;
     Err e2 = {0};
     int all = comm_agree_t(R->c, rc, R->timeout, &who, &e2);
     if (all == PD_OK) return PD_OK;
-    if (e2.code || who < 0) {   /* the agreement itself failed (a late or lost rank, named in e2): */
-        if (!rc) *err = e2;      /* nothing to agree on with it; this rank ends the job */
-        return fail_segment(R, rc ? rc : all, err);
+    if (e2.code || who < 0) {   /* the agreement itself failed (a late or lost rank, named in e2) */
+        if (!rc) *err = e2;
+        return rc ? rc : all;
     }
     char msg[sizeof err->msg];
     memset(msg, 0, sizeof msg);
@@ -279,9 +277,7 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     size_t *sizes = NULL;
     rc = comm_gather(R->c, 0, mine, nbytes, &parts, &sizes, R->timeout, err);
     free(mine);
-    /* the control plane failed: a peer is gone or stuck (named in err). Nothing to agree on
-     * with it: this rank ends the job, naming itself and the last checkpoint */
-    if (rc) return fail_segment(R, rc, err);
+    if (rc) return rc;   /* the control plane failed: a peer is gone or stuck (named in err) */
     if (R->rank == 0) {
         if (!R->have_ck) {
             ck_alloc(R->m, adam, &R->ck);
@@ -576,14 +572,23 @@ static int eval_point(Rank *R, Worker *w, RtConfig *cfg, const Schedule *seg, in
 
 /* ---- one rank ------------------------------------------------------------------------------ */
 
-/* A failure during a segment: the rank ends the job, naming itself and the last checkpoint. */
-static int fail_segment(Rank *R, int rc, Err *err) {
-    if (!strstr(err->msg, "(stage ")) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
+/* Ends err's message with the checkpoint to resume from (once). */
+static void name_last_ckpt(const Rank *R, int rc, Err *err) {
+    if (strstr(err->msg, "last checkpoint to resume from")) return;
     char msg[1100];
     snprintf(msg, sizeof msg, "%.400s; last checkpoint to resume from: %.600s", err->msg,
              R->last_ckpt[0] ? R->last_ckpt : "none");
     err_set(err, rc, "%s", msg);
-    comm_abort(R->c, rc, msg);   /* MPI: does not return */
+}
+
+/* A failure during a segment, or a peer lost or stuck anywhere (PD_ECOMM: a wait passed its
+ * deadline, in a segment or in the control plane between them): the rank ends the job, naming
+ * itself and the last checkpoint. Returning instead would leave MPI_Finalize waiting for that
+ * peer forever. */
+static int fail_segment(Rank *R, int rc, Err *err) {
+    if (!strstr(err->msg, "(stage ")) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
+    name_last_ckpt(R, rc, err);
+    comm_abort(R->c, rc, err->msg);   /* MPI: does not return */
     return rc;
 }
 
@@ -803,12 +808,8 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
         }
     }
 out:
-    if (rc && !strstr(err->msg, "last checkpoint to resume from")) {
-        char msg[1100];
-        snprintf(msg, sizeof msg, "%.400s; last checkpoint to resume from: %.600s", err->msg,
-                 R.last_ckpt[0] ? R.last_ckpt : "none");
-        err_set(err, rc, "%s", msg);
-    }
+    if (rc == PD_ECOMM) fail_segment(&R, rc, err);
+    else if (rc) name_last_ckpt(&R, rc, err);
     if (w.cfg) {
         w.res = &segres;
         rt_worker_release(&w);
