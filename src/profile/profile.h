@@ -68,6 +68,10 @@ int  profile_validate(const Profile *p, Err *err);
  * step_s itself becomes step_s / m), so per-unit costs (the planner's) charge the step once
  * per minibatch. m <= 1 or a profile without step_s: unchanged. */
 void profile_spread_step(Profile *p, int m);
+/* Layer l's backward times with `cut` seconds of its optimizer step taken out: from backward_s
+ * and from the split pass that holds the step (the weight pass; the input pass of a layer whose
+ * whole backward is its input pass); none below 0. */
+void profile_layer_less_step(const ProfileLayer *l, double cut, double *bwd, double *bwd_in, double *bwd_w);
 /* Reads a JSON array of [src, dst] integer pairs (the "edges" of profile and plan files)
  * into a malloc'd array the caller frees; *n receives the count. Fails naming path and the
  * bad edge. Ranges are checked later by the validators. */

@@ -521,15 +521,21 @@ int profile_read_edges(const cJSON *edges, const char *path, int (**out)[2], int
     return PD_OK;
 }
 
+static double less(double a, double b) { return a > b ? a - b : 0; }
+
+void profile_layer_less_step(const ProfileLayer *l, double cut, double *bwd, double *bwd_in, double *bwd_w) {
+    *bwd = less(l->bwd_s, cut);
+    *bwd_in = l->bwd_w_s > 0 ? l->bwd_in_s : less(l->bwd_in_s, cut);
+    *bwd_w = l->bwd_w_s > 0 ? less(l->bwd_w_s, cut) : 0;
+}
+
 void profile_spread_step(Profile *p, int m) {
     if (m <= 1) return;
     for (int i = 0; i < p->n_layers; i++) {
         ProfileLayer *l = &p->layers[i];
         double cut = l->step_s * (1.0 - 1.0 / m);
         if (!(cut > 0)) continue;
-        l->bwd_s = l->bwd_s > cut ? l->bwd_s - cut : 0;
-        if (l->bwd_w_s > 0) l->bwd_w_s = l->bwd_w_s > cut ? l->bwd_w_s - cut : 0;
-        else if (l->bwd_in_s > 0) l->bwd_in_s = l->bwd_in_s > cut ? l->bwd_in_s - cut : 0;
+        profile_layer_less_step(l, cut, &l->bwd_s, &l->bwd_in_s, &l->bwd_w_s);
         l->step_s -= cut;
     }
 }

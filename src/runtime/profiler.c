@@ -191,38 +191,27 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         pd_free(syn.y);
         syn.y = y, syn.y_len = tpos;
     }
-    double *fwd = calloc((size_t)nl, sizeof *fwd), *bwd = calloc((size_t)nl, sizeof *bwd);
-    double *bwd_in = calloc((size_t)nl, sizeof *bwd_in), *bwd_w = calloc((size_t)nl, sizeof *bwd_w);
-    double *step = calloc((size_t)nl, sizeof *step);
-    PD_ASSERT(fwd && bwd && bwd_in && bwd_w && step);
     /* Rounds: a profile taken in one of the host's slow spells (other tenants: the same build
      * measured 23 and 29 ms per step minutes apart, every layer slower alike) makes every
-     * prediction from it too slow; of several rounds the fastest is the machine's own speed. */
+     * prediction from it too slow; of several rounds the fastest is the machine's own speed.
+     * Two sets of the five per-layer figures (forward, backward, its two passes, the step):
+     * the best round's and the current one's, swapped when the current one is faster. */
     int rounds = o->rounds > 1 ? o->rounds : 1;
-    double best = 0;
-    double *rf = calloc((size_t)nl, sizeof *rf), *rb = calloc((size_t)nl, sizeof *rb);
-    double *rbi = calloc((size_t)nl, sizeof *rbi), *rbw = calloc((size_t)nl, sizeof *rbw);
-    double *rst = calloc((size_t)nl, sizeof *rst);
-    PD_ASSERT(rf && rb && rbi && rbw && rst);
+    double *buf = calloc(10 * (size_t)nl, sizeof(double)), *best = buf, *cur = buf + 5 * (size_t)nl, best_total = 0;
+    PD_ASSERT(buf);
     for (int r = 0; r < rounds; r++) {
-        rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, rf, rb, rbi, rbw, rst);
+        double *t = r == 0 ? best : cur;
+        rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, t, t + nl, t + 2 * nl,
+                             t + 3 * nl, t + 4 * nl);
         double total = 0;
-        for (int i = 0; i < nl; i++) total += rf[i] + rb[i];
+        for (int i = 0; i < nl; i++) total += t[i] + t[nl + i];
         if (rounds > 1) fprintf(stderr, "profile round %d/%d: %.6f ms per step\n", r + 1, rounds, 1e3 * total);
-        if (r == 0 || total < best) {
-            best = total;
-            memcpy(fwd, rf, (size_t)nl * sizeof *rf);
-            memcpy(bwd, rb, (size_t)nl * sizeof *rb);
-            memcpy(bwd_in, rbi, (size_t)nl * sizeof *rbi);
-            memcpy(bwd_w, rbw, (size_t)nl * sizeof *rbw);
-            memcpy(step, rst, (size_t)nl * sizeof *rst);
+        if (r == 0 || total < best_total) {
+            best_total = total;
+            if (r > 0) cur = best, best = t;
         }
     }
-    free(rf);
-    free(rb);
-    free(rbi);
-    free(rbw);
-    free(rst);
+    const double *fwd = best, *bwd = best + nl, *bwd_in = best + 2 * nl, *bwd_w = best + 3 * nl, *step = best + 4 * nl;
     /* the profile */
     snprintf(out->model, sizeof out->model, "%s", model_name(m));
     out->minibatch = B;
@@ -251,11 +240,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         L->saved_bytes = (double)model_layer_saved_bytes(m, i, B);
     }
     out->saved_measured = 1;
-    free(fwd);
-    free(bwd);
-    free(bwd_in);
-    free(bwd_w);
-    free(step);
+    free(buf);
     data_release(&syn);
 out:
     pd_free(w);

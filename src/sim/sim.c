@@ -35,15 +35,13 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             /* the optimizer step (our profiles measure it; 0 otherwise) is a part of backward_s and
              * of whichever split pass holds it: charged at the step instruction instead, once
              * per step however many units the step follows */
-            double step = L->step_s, bwd = L->bwd_s - step > 0 ? L->bwd_s - step : 0;
+            double bwd, bi, bw;
+            profile_layer_less_step(L, L->step_s, &bwd, &bi, &bw);
             c[i].fwd_s += L->fwd_s;
             c[i].bwd_s += bwd;
-            c[i].step_s += step;
+            c[i].step_s += L->step_s;
             /* the split backward; a layer without it counts half of its backward for each */
             int split = L->bwd_in_s + L->bwd_w_s > 0;
-            double bi = L->bwd_in_s, bw = L->bwd_w_s;
-            if (split && bw > 0) bw = bw - step > 0 ? bw - step : 0;
-            else if (split) bi = bi - step > 0 ? bi - step : 0;
             c[i].bwd_in_s += split ? bi : bwd / 2;
             c[i].bwd_w_s += split ? bw : bwd / 2;
             c[i].param_bytes += prof->layers[l].param_bytes;
@@ -123,19 +121,13 @@ typedef struct Msg {
     double arrive;
 } Msg;
 
-typedef struct Link {
-    int dst;
-    double free_at;
-} Link;
-
 typedef struct WState {
     int pc;
     int blocked;        /* 0 running/done, 1 on recv, 2 on all-reduce */
     double clock;
     double busy;
     double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
-    int n_links, cap_links;
-    Link *links;
+    double link_free;   /* when its outgoing link is free: one for all its sends (sim.h) */
 } WState;
 
 typedef struct Group {   /* all-reduce state of one stage */
@@ -239,28 +231,6 @@ static double link_time(const Engine *e, int a, int b, double bytes) {
     return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
 }
 
-/* The queue a transfer from rank a to rank b waits in: the sender's one outgoing link, which
- * all of its sends share (key -1), whatever the level: a middle stage's activations forward
- * and gradients backward take turns on it, as on the emulated cluster's shaped links
- * (tools/cluster.sh, where the hosts are one machine's namespaces: level 0) and on a host's
- * network interface. */
-static int egress_of(const Engine *e, int a, int b) {
-    (void)e, (void)a, (void)b;
-    return -1;
-}
-
-static double *link_free(WState *w, int dst) {
-    for (int i = 0; i < w->n_links; i++)
-        if (w->links[i].dst == dst) return &w->links[i].free_at;
-    if (w->n_links == w->cap_links) {
-        w->cap_links = w->cap_links ? 2 * w->cap_links : 4;
-        w->links = realloc(w->links, (size_t)w->cap_links * sizeof *w->links);
-        PD_ASSERT(w->links);
-    }
-    w->links[w->n_links] = (Link){dst, 0};
-    return &w->links[w->n_links++].free_at;
-}
-
 static double allreduce_cost(const Engine *e, int st) {
     const SchedStage *g = &e->s->stages[st];
     const Cluster *cl = e->o->cluster;
@@ -330,10 +300,11 @@ static int run_worker(Engine *e, int rank) {
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
             double bytes = bnd >= 0 && bnd < s->n_stages ? e->c->stage[bnd].in_bytes : 0;
-            double *lf = link_free(w, egress_of(e, rank, peer));
-            double t0 = w->clock > *lf ? w->clock : *lf;
+            /* the worker's one outgoing link: a middle stage's activations forward and gradients
+             * backward take turns on it, as on the emulated cluster's per-host shaped links */
+            double t0 = w->clock > w->link_free ? w->clock : w->link_free;
             double t1 = t0 + link_time(e, rank, peer, bytes);
-            *lf = t1;
+            w->link_free = t1;
             st[i] = t0;
             en[i] = t1;
             Msg *m = msg_find(e, act, rank, peer, in->mb, bnd, 1);
@@ -475,33 +446,27 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     memset(m, 0, sizeof *m);
     if (w->stage < 0) return;
     int nc = wi->n_chunks > 0 ? wi->n_chunks : 1, n = w->n;
-    double params = 0, max_stash = 0, max_keep = 0, max_ctx = 0;
-    for (int k = 0; k < nc; k++) {
-        const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
-        params += c->param_bytes;
-        /* what the runtime allocates when recomputing: per slot the input, the output until it
-         * is sent and the gradient buffers; per context the rest and its own input */
-        if (c->in_bytes + c->out_bytes + c->grad_bytes > max_keep) max_keep = c->in_bytes + c->out_bytes + c->grad_bytes;
-        if (c->stash_bytes - c->grad_bytes > max_ctx) max_ctx = c->stash_bytes - c->grad_bytes;
-        if (c->stash_bytes > max_stash) max_stash = c->stash_bytes;
-    }
+    double params = 0;
+    for (int k = 0; k < nc; k++) params += e->c->stage[w->stages ? w->stages[k] : w->stage].param_bytes;
     int *alive = malloc(((size_t)n + 1) * sizeof(int));
     int *fly = malloc(((size_t)n * nc + 1) * sizeof(int)), *full = malloc(((size_t)n * nc + 1) * sizeof(int));
     PD_ASSERT(alive && fly && full);
     sched_worker_counts_chunks(s, rank, wi, alive, fly, full);
-    /* several chunks: the runtime gives each its own slots (its most units in flight +
-     * SCHED_SLOTS_AHEAD) and, recomputing, its own contexts (its most full units, >= 1),
-     * each sized for that chunk (runtime.c, chunk_slots) */
-    double chunk_alloc = 0;
-    for (int k = 0; nc > 1 && k < nc; k++) {
-        const SimStageCost *c = &e->c->stage[w->stages[k]];
+    /* What the runtime allocates: each chunk (the worker's stage, or each of its interleaved
+     * chunks) its own slots, its most units in flight + SCHED_SLOTS_AHEAD, each of that chunk's
+     * size; recomputing, a slot keeps the input, the output until it is sent and the gradient
+     * buffers, and the chunk's contexts (its most units with full activations, >= 1) the rest
+     * with their own input (runtime.c, chunk_slots) */
+    double alloc_act = 0;
+    for (int k = 0; k < nc; k++) {
+        const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
         int mi = 0, mf = 0;
         for (int i = 0; i < n; i++) {
             if (fly[(size_t)i * nc + k] > mi) mi = fly[(size_t)i * nc + k];
             if (full[(size_t)i * nc + k] > mf) mf = full[(size_t)i * nc + k];
         }
         int slots = mi + SCHED_SLOTS_AHEAD;
-        chunk_alloc += s->recompute ? slots * (c->in_bytes + c->out_bytes + c->grad_bytes) + (mf > 0 ? mf : 1) * (c->stash_bytes - c->grad_bytes)
+        alloc_act += s->recompute ? slots * (c->in_bytes + c->out_bytes + c->grad_bytes) + (mf > 0 ? mf : 1) * (c->stash_bytes - c->grad_bytes)
                                     : slots * c->stash_bytes;
     }
     double best = -1;
@@ -525,10 +490,7 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     m->opt_state = params * e->o->opt_state_factor;
     m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
     m->alloc_stashed = (wi->max_versions_alive - 1) * params;
-    /* one chunk: its slots; recomputing: slots hold inputs, and max_full contexts the rest */
-    m->alloc_activations = nc > 1         ? chunk_alloc
-                           : s->recompute ? wi->n_slots * max_keep + (wi->max_full > 0 ? wi->max_full : 1) * max_ctx
-                                          : wi->n_slots * max_stash;
+    m->alloc_activations = alloc_act;
     m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
     e->r->max_inflight[rank] = wi->max_inflight;
     e->r->max_full[rank] = wi->max_full;
@@ -695,7 +657,6 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         }
     }
     if (!rc) metrics(&e);
-    for (int w = 0; w < W; w++) free(e.ws[w].links);
     free(e.ws);
     free(e.groups);
     free(e.tab);
