@@ -73,7 +73,7 @@ int rt_eval(Worker *w, Err *err) {
     int B = w->cfg->unit_batch, rc = PD_OK, V = w->n_chunk;
     RtWorkerResult *had[RT_MAX_CHUNKS];   /* a caller may have lent chunk 0 another result and config */
     for (int c = 0; c < V; c++) {   /* nothing is in flight: lend context 0 */
-        Worker *x = w->chunk ? w->chunk[c] : w;
+        Worker *x = rt_chunk(w, c);
         had[c] = x->res;
         x->cfg = w->cfg, x->res = w->res;
         if (x->recompute) x->slots[0].ctx = x->pool[0];
@@ -83,12 +83,12 @@ int rt_eval(Worker *w, Err *err) {
         int n = (size_t)B * (b + 1) <= test->n ? B : (int)(test->n - (size_t)B * b);
         int64_t mb = (w->cfg->eval_base ? w->cfg->eval_base : (int64_t)w->cfg->unit_base + w->s->n_units) + (int64_t)b;
         for (int c = 0; c < V && !rc; c++) {
-            Worker *x = w->chunk ? w->chunk[c] : w;
+            Worker *x = rt_chunk(w, c);
             if ((rc = eval_batch(x, b, n, mb, err))) err_prefix(err, "rank %d (stage %d): evaluation", x->rank, x->stage);
         }
     }
     for (int c = 0; c < V; c++) {
-        Worker *x = w->chunk ? w->chunk[c] : w;
+        Worker *x = rt_chunk(w, c);
         if (x->recompute) x->slots[0].ctx = NULL;
         if (c) x->res = had[c];
     }

@@ -83,6 +83,9 @@ typedef struct Worker {
     double last_progress;
 } Worker;
 
+/* Chunk c of the rank w leads (w itself when the rank runs one stage; c < w->n_chunk). */
+static inline Worker *rt_chunk(Worker *w, int c) { return w->chunk ? w->chunk[c] : w; }
+
 int  rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerResult *res, Err *err);
 void rt_worker_release(Worker *w);
 /* Binds an initialised worker whose previous list has finished (sends drained) to cfg's

@@ -249,14 +249,14 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     char *mine = NULL;
     if (w->stage >= 0 && w->sw->replica == 0) {   /* one record per stage (chunk), in chunk order */
         for (int c = 0; c < w->n_chunk; c++) {
-            const Worker *x = w->chunk ? w->chunk[c] : w;
+            const Worker *x = rt_chunk(w, c);
             nbytes += sizeof(int64_t) + (x->np * (adam ? 3 : 2) + x->nst) * sizeof(float);
         }
         mine = malloc(nbytes);
         PD_ASSERT(mine);
         char *p = mine;
         for (int c = 0; c < w->n_chunk; c++) {
-            const Worker *x = w->chunk ? w->chunk[c] : w;
+            const Worker *x = rt_chunk(w, c);
             size_t np = x->np, ns = x->nst;
             int64_t step = x->opt.step;
             memcpy(p, &step, sizeof step), p += sizeof step;

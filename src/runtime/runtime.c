@@ -643,8 +643,8 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             computes = 1;
             break;
         case OP_STEP:   /* every chunk: they share the list's versions */
-            for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) {
-                Worker *y = w->chunk ? w->chunk[c] : w;
+            for (int c = 0; c < w->n_chunk; c++) {
+                Worker *y = rt_chunk(w, c);
                 double s0 = pd_now();
                 vstore_step(y, in->version, w->pc);
                 w->res->chunk_compute_s[c] += pd_now() - s0;
@@ -652,8 +652,8 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             w->res->compute_s += pd_now() - c0;
             break;
         case OP_FLUSH:
-            for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) {
-                Worker *y = w->chunk ? w->chunk[c] : w;
+            for (int c = 0; c < w->n_chunk; c++) {
+                Worker *y = rt_chunk(w, c);
                 for (int k = 0; k < y->n_slots; k++)
                     PD_ASSERTF(y->slots[k].unit < 0 || y->slots[k].version < 0, "rank %d: unit %d of stage %d in flight at a flush",
                                w->rank, y->slots[k].unit, y->stage);
@@ -674,14 +674,14 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             return RT_ERR;
         }
         trace_add(w, in, t0, pd_now());
-        for (int c = 0; c < (w->chunk ? w->n_chunk : 1); c++) vstore_collect(w->chunk ? w->chunk[c] : w, w->pc);
+        for (int c = 0; c < w->n_chunk; c++) vstore_collect(rt_chunk(w, c), w->pc);
         w->pc++;
         /* Post the receives of the next few instructions ahead, so they overlap compute. */
         for (int k = w->pc, seen = 0; k < sw->n && seen < 4; k++) {
             const Instr *nx = &sw->ins[k];
             if (nx->op != OP_RECV_ACT && nx->op != OP_RECV_GRAD) continue;
             seen++;
-            if ((rc = post_recv(w->chunk ? w->chunk[nx->chunk] : w, nx, err))) {
+            if ((rc = post_recv(rt_chunk(w, nx->chunk), nx, err))) {
                 char t[64];
                 err_prefix(err, "rank %d (stage %d), posting instruction %d (%s) ahead", w->rank,
                            sched_instr_stage(sw, nx), k, sched_instr_str(nx, 1, t, sizeof t));
@@ -991,7 +991,7 @@ void rt_worker_finish(Worker *w) {
     if (w->stage < 0) return;
     size_t np = 0, nst = 0;
     for (int c = 0; c < w->n_chunk; c++) {
-        const Worker *x = w->chunk ? w->chunk[c] : w;
+        const Worker *x = rt_chunk(w, c);
         np += x->np, nst += x->nst;
     }
     int adam = w->opt.v != NULL;
@@ -1005,7 +1005,7 @@ void rt_worker_finish(Worker *w) {
     if (adam) r->final.opt_v = pd_alloc_f32(np);
     size_t po = 0, so = 0;
     for (int c = 0; c < w->n_chunk; c++) {
-        Worker *x = w->chunk ? w->chunk[c] : w;
+        Worker *x = rt_chunk(w, c);
         size_t n = x->np * sizeof(float);
         memcpy(r->params + po, vstore_get(x, x->newest), n);
         r->chunk_crc[c] = pd_crc32(r->params + po, n);
@@ -1018,7 +1018,7 @@ void rt_worker_finish(Worker *w) {
     /* a chunk without parameters never steps its optimizer: the rank's count is its chunks' most */
     r->final.opt_step = 0;
     for (int c = 0; c < w->n_chunk; c++) {
-        const Worker *x = w->chunk ? w->chunk[c] : w;
+        const Worker *x = rt_chunk(w, c);
         if (x->opt.step > r->final.opt_step) r->final.opt_step = x->opt.step;
     }
 }
@@ -1026,7 +1026,7 @@ void rt_worker_finish(Worker *w) {
 int rt_worker_drain(Worker *w, Err *err) {
     int rc = PD_OK;
     for (int c = 0; c < w->n_chunk && !rc; c++) {
-        Worker *x = w->chunk ? w->chunk[c] : w;
+        Worker *x = rt_chunk(w, c);
         for (int k = 0; k < x->n_slots && !rc; k++) rc = slot_drain(x, &x->slots[k], err);
     }
     return rc;
@@ -1104,7 +1104,7 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     res->replica = s->workers[w->rank].replica;
     res->n_chunks = w->n_chunk;
     int rc = PD_OK;
-    for (int c = 0; c < w->n_chunk && !rc; c++) rc = stage_bind(w->chunk ? w->chunk[c] : w, cfg, res, err);
+    for (int c = 0; c < w->n_chunk && !rc; c++) rc = stage_bind(rt_chunk(w, c), cfg, res, err);
     if (!rc && w->stage >= 0) worker_mem(w);
     return rc;
 }
