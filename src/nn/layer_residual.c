@@ -19,7 +19,6 @@
 
 #include <string.h>
 
-
 static int parse_chain(Layer *l, const cJSON *arr, const char *key, int base, int count, Shape in, const char *ctx,
                        Err *err) {
     int k = 0;
