@@ -70,6 +70,17 @@ static inline void rt_models_remove(const char *mlp_path, const char *cnn_path) 
     unlink(cnn_path);
 }
 
+/* The runtime tests' fixture: the two models written, and 640 synthetic 28x28 samples. */
+static inline void rt_fixture_setup(char *mlp_path, char *cnn_path, Dataset *train) {
+    rt_models_write(mlp_path, cnn_path);
+    Err err = {0};
+    if (data_synthetic(640, 1, 28, 28, 10, 7, train, &err)) fail_msg("%s", err.msg);
+}
+static inline void rt_fixture_teardown(const char *mlp_path, const char *cnn_path, Dataset *train) {
+    rt_models_remove(mlp_path, cnn_path);
+    data_release(train);
+}
+
 /* A plan with stages given as layer ranges [bounds[i], bounds[i+1]) and replica counts;
  * ranks assigned in stage order. */
 typedef struct TPlan {

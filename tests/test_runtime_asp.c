@@ -34,16 +34,13 @@ static Dataset train;
 
 static int setup(void **state) {
     (void)state;
-    rt_models_write(mlp_path, cnn_path);
-    Err err = {0};
-    if (data_synthetic(640, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
+    rt_fixture_setup(mlp_path, cnn_path, &train);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    rt_models_remove(mlp_path, cnn_path);
-    data_release(&train);
+    rt_fixture_teardown(mlp_path, cnn_path, &train);
     return 0;
 }
 

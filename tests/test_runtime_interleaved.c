@@ -28,18 +28,15 @@ static Dataset train;
 
 static int setup(void **state) {
     (void)state;
-    rt_models_write(mlp_path, cnn_path);
+    rt_fixture_setup(mlp_path, cnn_path, &train);
     rt_write_tmp(mlp9_path, RT_MLP9_JSON);
-    Err err = {0};
-    if (data_synthetic(640, 1, 28, 28, 10, 7, &train, &err)) fail_msg("%s", err.msg);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    rt_models_remove(mlp_path, cnn_path);
+    rt_fixture_teardown(mlp_path, cnn_path, &train);
     unlink(mlp9_path);
-    data_release(&train);
     return 0;
 }
 
