@@ -53,6 +53,9 @@ ap.add_argument('--optimizer', default='adam', choices=['adam', 'sgd'])
 ap.add_argument('--lr', type=float, default=1e-3)
 ap.add_argument('--momentum', type=float, default=0.9)
 ap.add_argument('--warmup-steps', type=int, default=0)
+ap.add_argument('--staleness', default='none',
+                help='none, predict, lookahead, lr-warmup, or a +-joined combination (1f1b only; pipedream train --staleness)')
+ap.add_argument('--staleness-warmup', type=int, default=500, help='lr-warmup: its steps K')
 ap.add_argument('--seed', type=int, default=1)
 ap.add_argument('--threads', type=int, default=1)
 ap.add_argument('--init', help='start from this weights file (else PyTorch\'s init of the twin, seeded by --seed)')
@@ -132,19 +135,77 @@ if args.delays:
     delays = [int(d) for d in args.delays.split(',')]
     if len(delays) != p or min(delays) < 0:
         fail('--delays needs %d non-negative integers, one per stage' % p)
+methods = set() if args.staleness == 'none' else set(args.staleness.split('+'))
+if methods - {'predict', 'lookahead', 'lr-warmup'} or ('predict' in methods and 'lookahead' in methods):
+    fail('--staleness %s: not a method (none, predict, lookahead, lr-warmup, joined with +)' % args.staleness)
+if methods and (args.kind != '1f1b' or args.delays):
+    fail('--staleness models 1f1b\'s weight versions only')
+# Steps a stage has taken when minibatch m's forward reaches it: 1f1b admits p - s forwards before
+# its first backward, so forward m follows the step of minibatch m - (p - s), whatever version it reads.
+lags = [p - 1 - s for s in range(p)]
 
 # Every stage's parameters and its weight versions (version v = after v steps at the stage).
 params = [[q for i in s for q in layers[i].parameters()] for s in stages]
 versions = [{0: [q.detach().clone() for q in ps]} for ps in params]
+# One parameter group per stage: lr-warmup gives each stage its own learning rate.
+groups = [{'params': ps} for ps in params]
 if args.optimizer == 'adam':
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt = torch.optim.Adam(groups, lr=args.lr)
 else:
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum)
+# Staleness compensation: after k steps of stage s, the update direction a prediction follows
+# (what one more step like the last would subtract, per unit of scale): dirs[s][k], kept while a
+# forward may still read it. SGD: lr * momentum buffer; Adam: lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps),
+# the last step's learning rate and bias corrections, in float32 as pipedream computes them.
+dirs = [{} for _ in range(p)]
 
 
-def load(s, v):
+def direction(s):
+    out, lr = [], opt.param_groups[s]['lr']
+    for q in params[s]:
+        st = opt.state[q]
+        if args.optimizer == 'adam':
+            k = int(st['step'])
+            b1, b2 = opt.param_groups[s]['betas']
+            step_size = torch.tensor(lr / (1.0 - b1 ** k), dtype=torch.float32)
+            sbc2 = torch.tensor((1.0 - b2 ** k) ** 0.5, dtype=torch.float32)
+            out.append((step_size, st['exp_avg'] / (st['exp_avg_sq'].sqrt() / sbc2 + opt.param_groups[s]['eps'])))
+        else:
+            buf = st.get('momentum_buffer')   # None without momentum: the step's gradient is its direction
+            out.append((torch.tensor(lr, dtype=torch.float32), (buf if buf is not None else q.grad).clone()))
+    return out
+
+
+def stage_lr(s, t):
+    # lr-warmup (PipeMare): step t of a stage whose units' most delay is D > 1: lr / D^(1 - min(t / K, 1))
+    D = min(delays[s], args.steps - 1)
+    if 'lr-warmup' not in methods or D <= 1:
+        return args.lr
+    return args.lr * D ** -(1.0 - min(t / args.staleness_warmup, 1.0))
+
+
+def predicted(s, v, m):
+    # The weights minibatch m's forward and backward use on stage s: version v, moved ahead by
+    # tau = m - v predicted updates (predict) or by the momentum (lookahead) when tau > 0, along the
+    # direction after the steps the stage has taken then.
+    tau, k = m - v, max(0, m - lags[s])
+    if tau <= 0 or k == 0 or not (methods & {'predict', 'lookahead'}):
+        return versions[s][v]
+    if 'predict' in methods:
+        scale = float(tau)
+    else:
+        scale = opt.param_groups[s]['betas'][0] if args.optimizer == 'adam' else args.momentum
+    out = []
+    for w, (c, d) in zip(versions[s][v], dirs[s][k]):
+        a = torch.tensor(scale, dtype=torch.float32) * c
+        out.append(w - a * d)
+    return out
+
+
+def load(s, v, m=None):
+    ws = versions[s][v] if m is None else predicted(s, v, m)
     with torch.no_grad():
-        for q, w in zip(params[s], versions[s][v]):
+        for q, w in zip(params[s], ws):
             q.copy_(w)
 
 
@@ -153,7 +214,7 @@ losses = []
 for m in range(args.steps):
     # Forward and backward of minibatch m: stage s holds version max(0, m - delay_s).
     for s in range(p):
-        load(s, max(0, m - delays[s]))
+        load(s, max(0, m - delays[s]), m)
     x, y = text.minibatch(m, args.minibatch, args.seed)
     opt.zero_grad(set_to_none=True)
     loss = tm.lm_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
@@ -165,19 +226,23 @@ for m in range(args.steps):
         load(s, m)
         for q, g in zip(params[s], grads[s]):
             q.grad = g
-    for group in opt.param_groups:
-        group['lr'] = args.lr * (min(1.0, (m + 1) / args.warmup_steps) if args.warmup_steps > 0 else 1.0)
+    for s, group in enumerate(opt.param_groups):
+        group['lr'] = stage_lr(s, m) * (min(1.0, (m + 1) / args.warmup_steps) if args.warmup_steps > 0 else 1.0)
     opt.step()
     for s in range(p):
         versions[s][m + 1] = [q.detach().clone() for q in params[s]]
         for v in [v for v in versions[s] if v < m + 1 - delays[s]]:
             del versions[s][v]
+        if methods & {'predict', 'lookahead'}:
+            dirs[s][m + 1] = direction(s)
+            for k in [k for k in dirs[s] if k < m + 1 - lags[s]]:
+                del dirs[s][k]
 
 # The final weights are every stage's newest version (the parameters now hold them).
 test_loss, test_acc = tm.lm_evaluate(model, text)
 out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kind, 'vertical_sync': args.vertical_sync,
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
-       'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps,
+       'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps, 'staleness': args.staleness,
        'final_loss': round(losses[-1], 6) if losses else None,
        'mean_loss': round(sum(losses) / len(losses), 6) if losses else None,
        'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4)}

@@ -167,7 +167,7 @@ int cmd_simulate(int argc, char **argv) {
     if (!so.n_minibatches) so.n_minibatches = micro_kind ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;
-    SimOpts o = {&cl, opt_factor, 0, prof.minibatch};
+    SimOpts o = {&cl, opt_factor, 0, prof.minibatch, 0};
     if (sim_run(&s, &costs, &o, &r, &err)) {
         err_prefix(&err, "%s (%s)", plan_path, sched_kind_name(so.kind));
         goto fail;

@@ -63,7 +63,7 @@ static const char *USAGE =
 typedef struct PipeOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, nan_check,
-        eval_every, no_stash, recompute, chunks, kind_given;
+        eval_every, no_stash, recompute, chunks, kind_given, staleness, staleness_warmup;
     double target;
     SchedKind kind;
     double lr, momentum, wd, timeout;
@@ -102,7 +102,8 @@ static int parse(int argc, char **argv, PipeOpts *o) {
                                                  "--optimizer", "--seed", "--threads", "--data", "--text", "--profile",
                                                  "--metrics", "--trace", "--svg", "--curve", "--timeout",
                                                  "--checkpoint-every", "--checkpoint-dir", "--resume", "--init", "--nan-check",
-                                                 "--eval-every", "--target-accuracy", "--chunks", NULL};
+                                                 "--eval-every", "--target-accuracy", "--chunks", "--staleness",
+                                                 "--staleness-warmup", NULL};
         int known = 0;
         for (int k = 0; WITH_VALUE[k]; k++) known |= !strcmp(a, WITH_VALUE[k]);
         if (!known) return cli_usage_error(C, "unknown option %s", a);
@@ -125,6 +126,10 @@ static int parse(int argc, char **argv, PipeOpts *o) {
         } else if (!strcmp(a, "--seed")) rc = cli_parse_int(C, a, v, 0, 2147483647, &o->seed);
         else if (!strcmp(a, "--threads")) rc = cli_parse_int(C, a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--staleness")) {
+            Err e = {0};
+            if (rt_staleness_parse(v, &o->staleness, &e)) return cli_usage_error(C, "%s", e.msg);
+        } else if (!strcmp(a, "--staleness-warmup")) rc = cli_parse_int(C, a, v, 1, 1000000000, &o->staleness_warmup);
         else if (!strcmp(a, "--text")) o->text = v;
         else if (!strcmp(a, "--profile")) o->profile = v;
         else if (!strcmp(a, "--metrics")) o->metrics = v;
@@ -256,7 +261,7 @@ int cmd_train_pipelined(int argc, char **argv) {
                         .checkpoint_dir = o.checkpoint_dir, .resume = o.resume, .init_weights = o.init, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every,
-                        .target_accuracy = o.target, .no_stash = o.no_stash, .recompute = o.recompute};
+                        .target_accuracy = o.target, .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup, .recompute = o.recompute};
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .trace = o.trace, .svg = o.svg, .curve = o.curve};

@@ -176,6 +176,12 @@ void  optim_init(Optim *o, const OptConfig *c, size_t n);
 void  optim_release(Optim *o);
 /* One update of w (n) from the gradient g (n); g is not modified. */
 void  optim_step(Optim *o, float *w, const float *g);
+/* Weight prediction (staleness compensation): out = w - scale * (the update the last step
+ * applied, as a function of the state now): SGD lr * m (m: the momentum buffer, or the last
+ * step's gradient plus decay when momentum is 0), Adam lr / bc1 * m / (sqrt(v) / sqrt(bc2) +
+ * eps) with the last step's bias corrections. Before the first step, or with scale 0, out = w
+ * bitwise. out may be w. */
+void  optim_predict(const Optim *o, const float *w, float *out, float scale);
 
 /* ---- the loss ------------------------------------------------------------------------------ */
 /* Softmax cross-entropy over the LAST dimension of the model's output at every position of the

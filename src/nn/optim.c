@@ -54,8 +54,12 @@ static void opt_range(void *p, size_t b, size_t e) {
     const float *restrict g = j->g;
     if (o->c.kind == OPT_SGD) {
         const float mu = o->c.momentum;
-        if (mu == 0.0f) {
-            for (size_t i = b; i < e; i++) w[i] -= lr * (g[i] + wd * w[i]);
+        if (mu == 0.0f) {   /* m keeps the step's direction for optim_predict */
+            for (size_t i = b; i < e; i++) {
+                float d = g[i] + wd * w[i];
+                m[i] = d;
+                w[i] -= lr * d;
+            }
         } else if (o->step == 1) {   // buf = d_p on the first step (torch.clone)
             for (size_t i = b; i < e; i++) {
                 float d = g[i] + wd * w[i];
@@ -93,4 +97,40 @@ void optim_step(Optim *o, float *restrict w, const float *restrict g) {
         j.sbc2 = (float)sqrt(bc2);
     }
     kern_parallel_for(o->n, 32768, 16, opt_range, &j);
+}
+
+typedef struct PredictJob {
+    const Optim *o;
+    const float *w;
+    float *out;
+    float scale, step_size, sbc2;
+} PredictJob;
+
+static void predict_range(void *p, size_t b, size_t e) {
+    const PredictJob *j = p;
+    const Optim *o = j->o;
+    const float *restrict w = j->w, *restrict m = o->m;
+    float *restrict out = j->out;
+    if (o->c.kind == OPT_SGD) {
+        const float a = j->scale * o->c.lr;
+        for (size_t i = b; i < e; i++) out[i] = w[i] - a * m[i];
+        return;
+    }
+    const float *restrict v = o->v;
+    const float a = j->scale * j->step_size, sbc2 = j->sbc2, eps = o->c.eps;
+    for (size_t i = b; i < e; i++) out[i] = w[i] - a * m[i] / (sqrtf(v[i]) / sbc2 + eps);
+}
+
+void optim_predict(const Optim *o, const float *w, float *out, float scale) {
+    if (o->step == 0 || scale == 0.0f) {   /* no direction yet: the weights as they are */
+        if (out != w) memcpy(out, w, o->n * sizeof(float));
+        return;
+    }
+    PredictJob j = {.o = o, .w = w, .out = out, .scale = scale};
+    if (o->c.kind == OPT_ADAM) {   /* the last step's bias corrections, as optim_step computed them */
+        const double bc1 = 1.0 - pow(o->c.beta1, (double)o->step), bc2 = 1.0 - pow(o->c.beta2, (double)o->step);
+        j.step_size = (float)(o->c.lr / bc1);
+        j.sbc2 = (float)sqrt(bc2);
+    }
+    kern_parallel_for(o->n, 32768, 16, predict_range, &j);
 }

@@ -25,6 +25,7 @@ typedef struct Slot {
     CommReq *s_act, *s_grad, *s_lab;   /* sends not yet completed */
     int act_ready, grad_ready, lab_ready;
     int version;              /* weight version its forward used */
+    int pslot;                /* staleness prediction: the predicted weights it computes with (Worker.pbuf), -1: none */
 } Slot;
 
 typedef struct Worker {
@@ -72,6 +73,15 @@ typedef struct Worker {
     float **vbuf;
     int *vver;
     int *last_read;           /* per version: index of its last reading instruction */
+    /* staleness compensation (RtConfig.staleness): each instruction's unit delay (SchedWorkerInfo.delay),
+     * the most of them, and the predicted weights: n_pred buffers, each a key (version, delay, steps
+     * done at the forward) held by pref units from their forward to their last backward op */
+    int *delay;
+    int delay_max;
+    int n_pred;
+    float **pbuf;
+    int *pver, *pdel, *pstep, *pref;
+    float base_lr;            /* the configured learning rate (lr-warmup scales the optimizer's) */
     Slot *slots;
     int n_slots;
     DataSampler sampler;

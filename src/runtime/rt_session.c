@@ -210,6 +210,8 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
     if (seg->units_done) acc->last_loss = seg->last_loss;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
+    acc->n_delayed += seg->n_delayed, acc->delay_sum += seg->delay_sum;
+    if (seg->delay_max > acc->delay_max) acc->delay_max = seg->delay_max;
     if (seg->mem.total > acc->mem.total) acc->mem = seg->mem;
     if (seg->n_hist) {
         float *h = realloc(acc->hist, (size_t)(acc->n_hist + seg->n_hist) * 3 * sizeof(float));
@@ -476,6 +478,8 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
             comp += cs;
             nf += r->n_chunks > 1 ? r->chunk_fwd[ci] : r->n_fwd;
             if (r->max_versions > g->versions) g->versions = r->max_versions;
+            if (r->delay_max > g->delay_max) g->delay_max = r->delay_max;
+            g->delay_mean += r->n_delayed ? (double)r->delay_sum / r->n_delayed / st->replicas : 0;
             g->busy += wall > 0 ? cs / wall / st->replicas : 0;
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
@@ -488,7 +492,8 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     SimCosts costs;
     SimResult sr;
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = sp->opt.kind == OPT_ADAM ? 2 : 1,
-                  .samples_per_unit = unit_batch};
+                  .samples_per_unit = unit_batch,
+                  .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0};
     Err e2 = {0};
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
@@ -674,7 +679,7 @@ static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
                     .recv_timeout_s = sp->timeout_s, .trace = sp->trace, .threads = sp->threads,
                     .progress = sp->progress, .units_total = (int)(n_mb * probe.n_micro), .progress_t0 = pd_now(),
                     .progress_u0 = R.mb_done * (uint64_t)probe.n_micro, .init = init, .nan_check = sp->nan_check,
-                    .no_stash = sp->no_stash};
+                    .no_stash = sp->no_stash, .staleness = sp->staleness, .staleness_warmup = sp->staleness_warmup};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     int built = 0;
     int64_t eval_batches = R.have_test ? (int64_t)((R.test.n + (size_t)unit_batch - 1) / (size_t)unit_batch) : 0;

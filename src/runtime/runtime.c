@@ -27,9 +27,32 @@ static void vstore_plan(Worker *w) {
     int rc = sched_analyze_worker(w->s, w->rank, &wi, &e);
     PD_ASSERTF(rc == PD_OK, "%s", e.msg);
     free(w->last_read);
+    free(w->delay);
     w->n_versions = wi.n_versions;
     w->last_read = wi.last_read;   /* taken over (malloc'd) */
+    w->delay = wi.delay;           /* taken over */
+    w->delay_max = wi.delay_max;
     w->n_vslots = wi.max_versions_alive;
+    if (w->ci == 0) {   /* the list's figures, once per rank */
+        w->res->n_delayed = wi.n_units;
+        w->res->delay_sum = (long)(wi.delay_mean * wi.n_units + 0.5);
+        w->res->delay_max = wi.delay_max;
+    }
+    /* predicted weights: one buffer per key in flight (grown, never shrunk, across lists) */
+    int need = w->cfg->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD) ? wi.max_predicted : 0;
+    if (need > w->n_pred) {
+        w->pbuf = realloc(w->pbuf, (size_t)need * sizeof *w->pbuf);
+        w->pver = realloc(w->pver, (size_t)need * sizeof(int));
+        w->pdel = realloc(w->pdel, (size_t)need * sizeof(int));
+        w->pstep = realloc(w->pstep, (size_t)need * sizeof(int));
+        w->pref = realloc(w->pref, (size_t)need * sizeof(int));
+        PD_ASSERT(w->pbuf && w->pver && w->pdel && w->pstep && w->pref);
+        for (int k = w->n_pred; k < need; k++) w->pbuf[k] = pd_alloc_f32(w->np), w->pref[k] = 0;
+        w->n_pred = need;
+    }
+    for (int k = 0; k < w->n_pred; k++) w->pref[k] = 0;
+    wi.last_read = NULL, wi.delay = NULL;
+    sched_worker_info_release(&wi);
 }
 
 static size_t split_floats(const Worker *w);
@@ -60,7 +83,8 @@ static void stage_mem(const Worker *w, RtMem *m) {
         m->workspace += w->nst * f;   /* the recompute's scratch statistics */
     }
     m->comm = 0;
-    m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace;
+    m->predicted = (size_t)w->n_pred * w->np * f;
+    m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace + m->predicted;
 }
 
 /* The rank's allocation: its stages' summed (versions: per stage, the same for every chunk since
@@ -73,6 +97,7 @@ static void worker_mem(Worker *w) {
         stage_mem(w->chunk[c], &x);
         m->params += x.params, m->grads += x.grads, m->opt_state += x.opt_state, m->stashed += x.stashed;
         m->activations += x.activations, m->comm += x.comm, m->workspace += x.workspace, m->total += x.total;
+        m->predicted += x.predicted;
         m->slots += x.slots;
     }
 }
@@ -112,10 +137,86 @@ static void vstore_step(Worker *w, int to, int pc) {
         PD_ASSERTF(dst >= 0, "rank %d: no free weight slot for version %d", w->rank, to);
         memcpy(w->vbuf[dst], w->vbuf[old], w->np * sizeof(float));
     }
+    if (w->cfg->staleness & RT_STALE_LR_WARMUP)
+        w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max, w->opt.step, w->cfg->staleness_warmup));
     if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
     w->vver[dst] = to;
     w->newest = to;
     if (w->np) memset(w->dw, 0, w->np * sizeof(float));
+}
+
+/* ---- staleness compensation ------------------------------------------------------------- */
+
+int rt_staleness_parse(const char *s, int *flags, Err *err) {
+    static const struct { const char *name; int flag; } methods[] = {
+        {"none", RT_STALE_NONE}, {"predict", RT_STALE_PREDICT}, {"lookahead", RT_STALE_LOOKAHEAD},
+        {"lr-warmup", RT_STALE_LR_WARMUP}};
+    *flags = 0;
+    const char *p = s;
+    do {
+        size_t n = strcspn(p, "+");
+        int found = -1;
+        for (size_t k = 0; k < sizeof methods / sizeof methods[0]; k++)
+            if (strlen(methods[k].name) == n && !strncmp(methods[k].name, p, n)) found = (int)k;
+        if (found < 0 || (found == 0 && (p != s || p[n])))
+            return err_set(err, PD_EINVAL, "--staleness %s: '%.*s' is not one of none, predict, lookahead, lr-warmup "
+                           "(join methods with '+', e.g. predict+lr-warmup)", s, (int)n, p);
+        *flags |= methods[found].flag;
+        p += n;
+    } while (*p++ == '+');
+    if ((*flags & RT_STALE_PREDICT) && (*flags & RT_STALE_LOOKAHEAD))
+        return err_set(err, PD_EINVAL, "--staleness %s: predict and lookahead both move the weights a unit reads; pick one", s);
+    return PD_OK;
+}
+
+const char *rt_staleness_name(int flags, char *buf, size_t n) {
+    snprintf(buf, n, "%s%s%s%s", flags & RT_STALE_PREDICT ? "predict" : "",
+             flags & RT_STALE_LOOKAHEAD ? "lookahead" : "",
+             (flags & RT_STALE_LR_WARMUP) && (flags & ~RT_STALE_LR_WARMUP) ? "+" : "",
+             flags & RT_STALE_LR_WARMUP ? "lr-warmup" : "");
+    if (!flags) snprintf(buf, n, "none");
+    return buf;
+}
+
+double rt_stale_lr_factor(int D, long t, int K) {
+    if (D <= 1) return 1.0;
+    if (K <= 0) K = RT_STALE_WARMUP_STEPS;
+    double f = (double)t / K;
+    return pow((double)D, -(1.0 - (f < 1.0 ? f : 1.0)));
+}
+
+/* The weights unit sl (whose forward is instruction `in`) computes with: its version, or with
+ * prediction or look-ahead and a delay d > 0, that version moved ahead along the optimizer's
+ * last update, by d updates (predict) or by the momentum (lookahead), computed by the first
+ * forward of its key (version, d, steps done) and shared by the units holding the key. */
+static const float *forward_weights(Worker *w, Slot *sl, const Instr *in) {
+    sl->pslot = -1;
+    int d = w->delay[w->pc];
+    const float *wv = vstore_get(w, in->version);
+    if (d <= 0 || !(w->cfg->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) || !w->np) return wv;
+    int steps = (int)w->opt.step, k, free_k = -1;
+    for (k = 0; k < w->n_pred; k++) {
+        if (w->pref[k] && w->pver[k] == in->version && w->pdel[k] == d && w->pstep[k] == steps) break;
+        if (!w->pref[k] && free_k < 0) free_k = k;
+    }
+    if (k == w->n_pred) {
+        PD_ASSERTF(free_k >= 0, "rank %d: no free buffer for the predicted weights of unit %d", w->rank, in->mb);
+        k = free_k;
+        float scale = w->cfg->staleness & RT_STALE_PREDICT ? (float)d
+                      : w->opt.c.kind == OPT_ADAM ? w->opt.c.beta1 : w->opt.c.momentum;
+        optim_predict(&w->opt, wv, w->pbuf[k], scale);
+        w->pver[k] = in->version, w->pdel[k] = d, w->pstep[k] = steps;
+    }
+    w->pref[k]++;
+    sl->pslot = k;
+    return w->pbuf[k];
+}
+
+/* The weights a unit's backward (or recompute) reads: those its forward used (weight stashing;
+ * predicted ones included), or with --no-stash the newest. */
+static const float *unit_weights(Worker *w, const Slot *sl, int version) {
+    if (w->cfg->no_stash) return vstore_get(w, w->newest);
+    return sl->pslot >= 0 ? w->pbuf[sl->pslot] : vstore_get(w, version);
 }
 
 /* ---- slots: one per unit in flight ------------------------------------------------------ */
@@ -247,6 +348,7 @@ static Slot *slot_claim(Slot *f, int u) {
     f->fused = 0;
     f->act_ready = f->grad_ready = f->lab_ready = 0;
     f->version = -1;
+    f->pslot = -1;
     return f;
 }
 
@@ -406,7 +508,7 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
     if (w->is_input && (rc = load_unit(w, sl, in->mb, err))) return rc;
     if (w->is_last && !w->is_input)
         for (int i = 0; i < w->cfg->unit_batch * w->tlen; i++) sl->labels[i] = (int32_t)sl->labels_f[i];
-    const float *wv = vstore_get(w, in->version);
+    const float *wv = forward_weights(w, sl, in);
     NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
                  .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
     if (w->recompute && (rc = ctx_lend(w, sl, err))) return rc;
@@ -457,7 +559,8 @@ static int do_recompute(Worker *w, const Instr *in, Err *err) {
     if (w->nst) memcpy(w->state_scratch, w->state, w->nst * sizeof(float));
     NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
                  .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
-    model_forward(w->m, sl->ctx, vstore_get(w, in->version), w->state_scratch, slot_in(w, sl), &run);
+    model_forward(w->m, sl->ctx, sl->pslot >= 0 ? w->pbuf[sl->pslot] : vstore_get(w, in->version), w->state_scratch,
+                  slot_in(w, sl), &run);
     return PD_OK;
 }
 
@@ -473,8 +576,8 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
                in->mb, sl->version, in->version);
     int rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err);   /* output no longer sent */
     if (rc) return rc;
-    /* weight stashing: the version its forward used; --no-stash (an ablation): the newest */
-    const float *wv = vstore_get(w, w->cfg->no_stash ? w->newest : in->version);
+    /* weight stashing: the weights its forward used; --no-stash (an ablation): the newest */
+    const float *wv = unit_weights(w, sl, in->version);
     float *dx = NULL;
     if (!w->is_input) {
         dx = sl->dx;
@@ -519,6 +622,10 @@ static int do_backward(Worker *w, const Instr *in, Err *err) {
  * its receive yet; slot_for completes it before the slot is reused). */
 static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err) {
     ctx_return(w, sl);
+    if (sl->pslot >= 0) {   /* its predicted weights: one holder fewer */
+        w->pref[sl->pslot]--;
+        sl->pslot = -1;
+    }
     if (w->cfg->nan_check == RT_NAN_ALL)
         for (size_t i = 0; i < w->np; i++)
             if (!isfinite(w->dw[i]))
@@ -543,7 +650,7 @@ static int do_backward_w(Worker *w, const Instr *in, Err *err) {
     Slot *sl = slot_find(w, in->mb);
     PD_ASSERTF(sl && sl->version == in->version, "rank %d: weight pass of unit %d (version %d) without its forward",
                w->rank, in->mb, in->version);
-    const float *wv = vstore_get(w, w->cfg->no_stash ? w->newest : in->version);
+    const float *wv = unit_weights(w, sl, in->version);
     if (sl->fused) {   /* its BI ran the whole backward */
         sl->fused = 0;
     } else if (w->group && w->n_buckets && last_backward_before_ar(w, w->pc)) {
@@ -803,6 +910,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
     w->bk_ar = calloc((size_t)(w->n_buckets ? w->n_buckets : 1), sizeof(CommAr *));
     PD_ASSERT(w->bk_ar);
     optim_init(&w->opt, &cfg->opt, w->np);
+    w->base_lr = cfg->opt.lr;
     const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
     if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
         memcpy(w->vbuf[0], from->params + p_off, w->np * sizeof(float));
@@ -963,6 +1071,9 @@ static void stage_release(Worker *w) {
     free(w->vbuf);
     free(w->vver);
     free(w->last_read);
+    free(w->delay);
+    for (int k = 0; k < w->n_pred; k++) pd_free(w->pbuf[k]);
+    free(w->pbuf), free(w->pver), free(w->pdel), free(w->pstep), free(w->pref);
     pd_free(w->state);
     pd_free(w->dw);
     if (w->bk_ar)
@@ -1045,6 +1156,7 @@ static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *
     w->mb_loss_n = 0;
     w->t_start = pd_now();
     if (w->stage < 0) return PD_OK;
+    w->base_lr = cfg->opt.lr;
     for (int k = 0; k < w->n_slots; k++)
         PD_ASSERTF(w->slots[k].unit < 0 && !w->slots[k].s_act && !w->slots[k].s_grad && !w->slots[k].s_lab,
                    "rank %d: bound to a new list with unit %d in flight", w->rank, w->slots[k].unit);

@@ -64,7 +64,32 @@ typedef struct RtConfig {
     size_t bucket_bytes;      /* gradient bucket size for replicated stages (0: RT_BUCKET_BYTES, 4 MiB) */
     int64_t eval_base;        /* message id of the first evaluation batch (0: the one after the list's
                                * last unit); a session gives every evaluation its own ids */
+    int staleness;            /* RT_STALE_* flags: compensation for delayed gradients (below) */
+    int staleness_warmup;     /* RT_STALE_LR_WARMUP: the optimizer steps K of the warm-up (0: RT_STALE_WARMUP_STEPS) */
 } RtConfig;
+
+/* Staleness compensation (docs/explanation/staleness.md). A unit's delay d is the number of
+ * updates that land on its stage between the weight version it reads and the step that applies
+ * its own gradient (SchedWorkerInfo.delay, from the instruction list). With d = 0 (one stage,
+ * the flushing kinds, a pipeline's last stage) every method leaves the run bitwise unchanged.
+ *   RT_STALE_PREDICT    weight prediction (SpecTrain): the unit's forward and backward run on its
+ *                       version advanced by d predicted updates, W - d * (the optimizer's last
+ *                       update, optim_predict), computed at the forward and stashed for the backward.
+ *   RT_STALE_LOOKAHEAD  a Nesterov look-ahead for delayed units: the version advanced by momentum
+ *                       (SGD's momentum, Adam's beta1) times the last update.
+ *   RT_STALE_LR_WARMUP  per-stage learning-rate warm-up (PipeMare): step t of a stage whose units'
+ *                       most delay is D > 1 uses lr / D^(1 - min(t / K, 1)).
+ * Flags combine ("predict+lr-warmup"). */
+enum { RT_STALE_NONE = 0, RT_STALE_PREDICT = 1, RT_STALE_LOOKAHEAD = 2, RT_STALE_LR_WARMUP = 4 };
+#define RT_STALE_WARMUP_STEPS 500
+/* Parses "none", "predict", "lookahead", "lr-warmup" or a '+'-joined combination (not predict
+ * with lookahead) into *flags; PD_OK or PD_EINVAL with err naming the bad word. */
+int rt_staleness_parse(const char *s, int *flags, Err *err);
+/* The name of flags as rt_staleness_parse reads it ("none", "predict+lr-warmup"); returns buf. */
+const char *rt_staleness_name(int flags, char *buf, size_t n);
+/* The learning-rate factor RT_STALE_LR_WARMUP applies at step t (0-based) of a stage whose most
+ * delay is D: 1 / D^(1 - min(t / K, 1)); 1 when D <= 1. */
+double rt_stale_lr_factor(int D, long t, int K);
 
 enum { RT_NAN_LOSS = 0, RT_NAN_ALL = 1, RT_NAN_OFF = 2 };
 
@@ -88,6 +113,8 @@ typedef struct RtMem {
     size_t activations;   /* slots x (context (nnctx_bytes) + dy + dx + label buffers) */
     size_t comm;          /* message buffers of its own: none (messages go to and from slots) */
     size_t workspace;     /* running statistics (batch norm); the Model's kernel scratch is not counted */
+    size_t predicted;     /* staleness prediction or look-ahead: the predicted weights, n x params
+                           * (SchedWorkerInfo.max_predicted buffers) */
     size_t total;         /* the sum of the above */
     int versions, slots;  /* weight-version buffers and activation slots (SchedWorkerInfo) */
 } RtMem;
@@ -108,6 +135,10 @@ typedef struct RtWorkerResult {
     uint32_t params_crc;     /* CRC-32 of params */
     RtStageState final;      /* params (= the field above), state and optimizer at the end; owned */
     int max_versions;        /* most weight versions alive at once */
+    int n_delayed;           /* forwards in its list; their delays' sum and most (SchedWorkerInfo.delay):
+                              * the staleness a unit's gradient crossed */
+    long delay_sum;
+    int delay_max;
     /* last stage only (zero elsewhere): */
     double loss_sum;         /* sum of unit losses (unscaled) */
     double last_loss;        /* the mean loss of the last minibatch seen */
@@ -252,6 +283,8 @@ typedef struct RtTrainSpec {
                                   * the pipeline drains there, as at a checkpoint */
     double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */
     int no_stash;                /* ablation of weight stashing (RtConfig.no_stash) */
+    int staleness;               /* RT_STALE_* (RtConfig.staleness) */
+    int staleness_warmup;        /* RtConfig.staleness_warmup */
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
 } RtTrainSpec;
 
@@ -272,6 +305,8 @@ typedef struct RtStageSummary {
     RtMem mem;                   /* what replica 0 allocated, by category (the memory ledger) */
     double predicted_bytes;      /* the simulator's allocation for that worker (NAN without a profile) */
     double predicted_activation_bytes, predicted_stashed_bytes;
+    double delay_mean;           /* updates a unit's gradient crossed on this stage: mean and most */
+    int delay_max;
 } RtStageSummary;
 
 typedef struct RtTrainSummary {

@@ -598,6 +598,7 @@ void sched_dump(const Schedule *s, FILE *f, int compute_only, int with_versions)
 void sched_worker_info_release(SchedWorkerInfo *wi) {
     if (!wi) return;
     free(wi->last_read);
+    free(wi->delay);
     memset(wi, 0, sizeof *wi);
 }
 
@@ -657,6 +658,76 @@ static void walk(const Schedule *s, const SchedWorker *w, SchedWorkerInfo *wi, i
     free(fly), free(fl);
 }
 
+static int is_last_backward(int op, int split) { return op == (split ? OP_BACKWARD_W : OP_BACKWARD); }
+
+/* The delay of every unit (SchedWorkerInfo.delay) and the predicted-weight buffers: a pass from
+ * the end finds the step after each unit's last backward op; a pass from the start gives every
+ * compute instruction its unit's delay and counts the keys (chunk, version, delay, steps done at
+ * the forward) that units in flight hold: a runtime predicts once per key. */
+static void delays(const Schedule *s, const SchedWorker *w, SchedWorkerInfo *wi) {
+    int nc = wi->n_chunks, split = sched_splits_backward(s), n_units = s->n_units > 0 ? s->n_units : 1;
+    for (int i = 0; i < w->n; i++)
+        if (w->ins[i].mb >= n_units) n_units = w->ins[i].mb + 1;
+    size_t nu = (size_t)n_units * nc;
+    int *by_unit = malloc(nu * sizeof(int)), *key_at = malloc(nu * sizeof(int));
+    wi->delay = malloc(((size_t)w->n + 1) * sizeof(int));
+    PD_ASSERT(by_unit && key_at && wi->delay);
+    for (int i = w->n - 1, next = -1; i >= 0; i--) {
+        const Instr *in = &w->ins[i];
+        if (in->op == OP_STEP) next = in->version;
+        else if (is_last_backward(in->op, split)) by_unit[(size_t)in->mb * nc + in->chunk] = next < 0 ? 0 : next - 1 - in->version;
+    }
+    enum { KW = 5 };   /* a key: chunk, version, delay, steps done, units holding it */
+    int cap = 16, nk = 0, newest = 0, *key = malloc((size_t)cap * KW * sizeof(int));
+    PD_ASSERT(key);
+    long sum = 0;
+    wi->n_units = 0, wi->delay_max = 0, wi->max_predicted = 0;
+    for (int i = 0; i < w->n; i++) {
+        const Instr *in = &w->ins[i];
+        newest += in->op == OP_STEP;
+        if (!sched_op_computes(in->op)) {
+            wi->delay[i] = -1;
+            continue;
+        }
+        size_t u = (size_t)in->mb * nc + in->chunk;
+        int d = wi->delay[i] = by_unit[u];
+        if (in->op == OP_FORWARD) {
+            wi->n_units++, sum += d;
+            if (d > wi->delay_max) wi->delay_max = d;
+            key_at[u] = newest;
+        }
+        if (d <= 0 || (in->op != OP_FORWARD && !is_last_backward(in->op, split))) continue;
+        int k = 0;
+        while (k < nk && !(key[KW * k] == in->chunk && key[KW * k + 1] == in->version && key[KW * k + 2] == d &&
+                           key[KW * k + 3] == key_at[u]))
+            k++;
+        if (in->op == OP_FORWARD) {
+            if (k == nk) {
+                if (nk == cap) {
+                    key = realloc(key, (size_t)(cap *= 2) * KW * sizeof(int));
+                    PD_ASSERT(key);
+                }
+                int *e = key + KW * k;
+                e[0] = in->chunk, e[1] = in->version, e[2] = d, e[3] = newest, e[4] = 0, nk++;
+            }
+            key[KW * k + 4]++;
+            int here = 0;
+            for (int j = 0; j < nk; j++) here += key[KW * j] == in->chunk;
+            if (here > wi->max_predicted) wi->max_predicted = here;
+        } else {
+            PD_ASSERT(k < nk);
+            if (--key[KW * k + 4] == 0) {
+                memmove(key + KW * k, key + KW * (k + 1), (size_t)(nk - k - 1) * KW * sizeof(int));
+                nk--;
+            }
+        }
+    }
+    wi->delay_mean = wi->n_units ? (double)sum / wi->n_units : 0.0;
+    free(key);
+    free(key_at);
+    free(by_unit);
+}
+
 int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err *err) {
     PD_ASSERT(rank >= 0 && rank < s->n_ranks);
     memset(out, 0, sizeof *out);
@@ -697,6 +768,7 @@ int sched_analyze_worker(const Schedule *s, int rank, SchedWorkerInfo *out, Err 
     }
     walk(s, w, out, NULL, NULL, NULL);
     out->n_slots = out->max_inflight + SCHED_SLOTS_AHEAD;
+    delays(s, w, out);
     return PD_OK;
 }
 

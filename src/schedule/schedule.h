@@ -192,6 +192,19 @@ typedef struct SchedWorkerInfo {
                                * compute after its forward (no recompute emitted) keeps them throughout.
                                * A recomputing runtime allocates n_slots slots of inputs, gradients and
                                * labels, and max_full activation contexts */
+    /* Added with staleness compensation (docs/explanation/staleness.md): */
+    int *delay;               /* n entries (malloc'd): for a compute instruction (F, B, BI, BW, R), its unit's
+                               * delay: the updates that land on its stage between the version the unit
+                               * reads and the step that applies the unit's own gradient (the first step
+                               * after its last backward op, B or BW): that step's version - 1 - the
+                               * version read; 0 when no step follows. -1 for other instructions */
+    int n_units;              /* forwards in the list (units, or (unit, chunk) pairs) */
+    double delay_mean;        /* the mean and most of delay[] over the forwards (0 without any) */
+    int delay_max;
+    int max_predicted;        /* the most distinct (version, delay > 0) pairs of one chunk held by its units
+                               * in flight (from the forward to the last backward op) at once: the weight
+                               * buffers a runtime that predicts each unit's weights (its forward and
+                               * backward read version v advanced by delay d) holds besides the versions */
 } SchedWorkerInfo;
 
 typedef struct SchedAnalysis {

@@ -46,7 +46,8 @@ int plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, Sch
     int rc = sched_build(p, &so, &s, err);
     if (rc) return rc;
     if (!(rc = sim_costs_from_profile(&s, prof, &c, err))) {
-        SimOpts o = {cl, opt_state_factor > 0 ? opt_state_factor : 1, 0, prof->minibatch};
+        SimOpts o = {.cluster = cl, .opt_state_factor = opt_state_factor > 0 ? opt_state_factor : 1,
+                     .samples_per_unit = prof->minibatch};
         rc = sim_run(&s, &c, &o, &r, err);
     }
     if (!rc) {

@@ -491,7 +491,8 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     m->peak = m->params + m->grads + m->opt_state + m->stashed + m->activations;
     m->alloc_stashed = (wi->max_versions_alive - 1) * params;
     m->alloc_activations = alloc_act;
-    m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations;
+    m->alloc_predicted = e->o->predicts_weights ? wi->max_predicted * params : 0;
+    m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations + m->alloc_predicted;
     e->r->max_inflight[rank] = wi->max_inflight;
     e->r->max_full[rank] = wi->max_full;
     e->r->worker_versions[rank] = wi->max_versions_alive;

@@ -81,6 +81,8 @@ typedef struct SimOpts {
     double opt_state_factor;    /* optimizer state in units of params (SGD+momentum 1, Adam 2) */
     double step_s;              /* time of one optimizer step (default 0) */
     int samples_per_unit;       /* for samples/s (profile minibatch); 0 = unknown */
+    int predicts_weights;       /* the run predicts delayed units' weights (staleness prediction or
+                                 * look-ahead): SchedWorkerInfo.max_predicted buffers of params more */
 } SimOpts;
 
 typedef struct SimMem {
@@ -97,7 +99,9 @@ typedef struct SimMem {
     double alloc_stashed;       /* (max_versions_alive - 1) x params */
     double alloc_activations;   /* n_slots x stash_bytes (the largest chunk's); recomputing: n_slots x
                                  * (in + out + grad bytes) + max(max_full, 1) x (stash - grad bytes) */
-    double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations */
+    double alloc_predicted;     /* predicts_weights: max_predicted x params, else 0 */
+    double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations
+                                 * + alloc_predicted */
 } SimMem;
 
 typedef struct SimResult {
