@@ -177,8 +177,8 @@ def direction(s):
 
 
 def stage_lr(s, t):
-    # lr-warmup (PipeMare): step t of a stage whose units' most delay is D > 1: lr / D^(1 - min(t / K, 1))
-    D = min(delays[s], args.steps - 1)
+    # lr-warmup (after PipeMare): step t of a stage whose units' most delay is D: lr / (D + 1)^(1 - min(t / K, 1))
+    D = min(delays[s], args.steps - 1) + 1
     if 'lr-warmup' not in methods or D <= 1:
         return args.lr
     return args.lr * D ** -(1.0 - min(t / args.staleness_warmup, 1.0))

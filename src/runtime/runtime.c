@@ -138,7 +138,7 @@ static void vstore_step(Worker *w, int to, int pc) {
         memcpy(w->vbuf[dst], w->vbuf[old], w->np * sizeof(float));
     }
     if (w->cfg->staleness & RT_STALE_LR_WARMUP)
-        w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max, w->opt.step, w->cfg->staleness_warmup));
+        w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max + 1, w->opt.step, w->cfg->staleness_warmup));
     if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
     w->vver[dst] = to;
     w->newest = to;
@@ -212,8 +212,8 @@ static const float *forward_weights(Worker *w, Slot *sl, const Instr *in) {
     return w->pbuf[k];
 }
 
-/* The weights a unit's backward (or recompute) reads: those its forward used (weight stashing;
- * predicted ones included), or with --no-stash the newest. */
+/* The weights a unit's backward reads: those its forward used (weight stashing; predicted ones
+ * included), or with --no-stash the newest. */
 static const float *unit_weights(Worker *w, const Slot *sl, int version) {
     if (w->cfg->no_stash) return vstore_get(w, w->newest);
     return sl->pslot >= 0 ? w->pbuf[sl->pslot] : vstore_get(w, version);
@@ -559,8 +559,9 @@ static int do_recompute(Worker *w, const Instr *in, Err *err) {
     if (w->nst) memcpy(w->state_scratch, w->state, w->nst * sizeof(float));
     NnRun run = {.n = w->cfg->unit_batch, .train = 1, .seed = w->cfg->seed,
                  .minibatch = w->cfg->unit_base + (uint64_t)in->mb};
-    model_forward(w->m, sl->ctx, sl->pslot >= 0 ? w->pbuf[sl->pslot] : vstore_get(w, in->version), w->state_scratch,
-                  slot_in(w, sl), &run);
+    /* the forward's weights (so --no-stash keeps its forward's activations) */
+    const float *wv = sl->pslot >= 0 ? w->pbuf[sl->pslot] : vstore_get(w, in->version);
+    model_forward(w->m, sl->ctx, wv, w->state_scratch, slot_in(w, sl), &run);
     return PD_OK;
 }
 

@@ -77,9 +77,10 @@ typedef struct RtConfig {
  *                       update, optim_predict), computed at the forward and stashed for the backward.
  *   RT_STALE_LOOKAHEAD  a Nesterov look-ahead for delayed units: the version advanced by momentum
  *                       (SGD's momentum, Adam's beta1) times the last update.
- *   RT_STALE_LR_WARMUP  per-stage learning-rate warm-up (PipeMare): step t of a stage whose units'
- *                       most delay is D > 1 uses lr / D^(1 - min(t / K, 1)).
- * Flags combine ("predict+lr-warmup"). */
+ *   RT_STALE_LR_WARMUP  per-stage learning-rate warm-up (after PipeMare): step t of a stage whose
+ *                       units' most delay is D uses lr / (D + 1)^(1 - min(t / K, 1)) (PipeMare divides
+ *                       by D, which leaves a stage one update late at full rate).
+ * Flags combine ("predict+lr-warmup"; not predict with lookahead). */
 enum { RT_STALE_NONE = 0, RT_STALE_PREDICT = 1, RT_STALE_LOOKAHEAD = 2, RT_STALE_LR_WARMUP = 4 };
 #define RT_STALE_WARMUP_STEPS 500
 /* Parses "none", "predict", "lookahead", "lr-warmup" or a '+'-joined combination (not predict
