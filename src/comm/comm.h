@@ -140,6 +140,16 @@ int comm_wait(Comm *c, CommReq **req, double deadline_s, CommHeader *hdr, Err *e
 /* Like comm_wait with no waiting: sets *done; when done, behaves as comm_wait. */
 int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err);
 
+/* A caller's own poll loop (comm_test over several requests) waits between rounds as
+ * comm_wait does: take mark = comm_events(c) before a round; if nothing completed,
+ * comm_idle(c, mark, t0, deadline) returns once something may have happened on c (threads:
+ * a message delivered to it, an endpoint closed, abort), or after a pause that grows with
+ * the time since t0, when the caller last saw something move (MPI, which cannot tell: spin
+ * for 200 us, then yield the core until 5 ms, then nap 1/20 of the wait so far, 50 us ..
+ * PD_COMM_NAP_MAX_US, default 1000), or at the absolute deadline (0 = none). */
+uint64_t comm_events(Comm *c);
+void comm_idle(Comm *c, uint64_t mark, double t0, double deadline);
+
 /* Gives up a pending request and frees it (*req = NULL). A receive is withdrawn (a message
  * that arrives later stays for a later receive). A send: threads: nothing to undo; MPI: the
  * request is released with MPI_Request_free, so the data must stay valid until comm_free.

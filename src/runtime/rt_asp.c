@@ -37,11 +37,9 @@
  * Staleness of an applied gradient = the shard's version when applied - the version it was
  * computed from (0 on one rank: that is sequential SGD, bit for bit). */
 #include <math.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels.h"
 #include "rt_impl.h"
@@ -163,44 +161,31 @@ static int serve(Asp *a, int *did, Err *err) {
     return PD_OK;
 }
 
-/* Between polls that found nothing: spin a little, then yield the core, then nap (other ranks
- * may share it), as comm's own waits do. */
-static void backoff(int *idle) {
-    ++*idle;
-    if (*idle < 64) return;
-    if (*idle < 256) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-}
-
-
 /* What a poll loop waits for: returns how many requests are still pending (testing them),
  * names the first in what; *rc set on an error. */
 typedef int (*AspPending)(Asp *a, Err *err, int *rc, char *what, size_t n);
 
-/* Polls until nothing is pending, serving pushes meanwhile; gives up when nothing has moved
- * for the receive deadline, naming what it was waiting for. */
+/* Polls until nothing is pending, serving pushes meanwhile, and between rounds that found
+ * nothing waits as comm's own waits do (comm_idle); gives up when nothing has moved for the
+ * receive deadline, naming what it was waiting for. */
 static int poll_until(Asp *a, AspPending pending, Err *err) {
     double deadline = a->w->cfg->recv_timeout_s, t_last = pd_now();
-    int idle = 0, rc = PD_OK, before = -1;
+    int rc = PD_OK, before = -1;
     char what[200];
     for (;;) {
         int did = 0;
+        uint64_t mark = comm_events(a->c);
         if ((rc = serve(a, &did, err))) return rc;
         what[0] = 0;
         int left = pending(a, err, &rc, what, sizeof what);
         if (rc) return rc;
         if (!left) return PD_OK;
         if (did || left != before) {
-            idle = 0;
             t_last = pd_now();
             before = left;
             continue;
         }
-        backoff(&idle);
+        comm_idle(a->c, mark, t_last, deadline > 0 ? t_last + deadline : 0);
         if (deadline > 0 && pd_now() - t_last > deadline)
             return err_set(err, PD_ECOMM, "rank %d: asp: timed out after %g s waiting for %s", a->w->rank, deadline,
                            what);
