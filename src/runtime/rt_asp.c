@@ -72,7 +72,6 @@ typedef struct Asp {
     double stale_sum, pull_sum, pull_max, apply_s, fb_s;
     int stale_max;
     long pulls;
-    double last_progress_t;
 } Asp;
 
 /* Shard k of P parameters over R owners starts at floor(k P / R) (k = R: P), without overflow. */
@@ -285,23 +284,6 @@ static int final_exchange(Asp *a, Err *err) {
 
 /* ---- one worker's segment ---------------------------------------------------------------- */
 
-/* The progress line (replica 0), like the pipeline's. */
-static void progress(Asp *a, int u, float loss) {
-    Worker *w = a->w;
-    double now = pd_now(), t0 = w->cfg->progress_t0 > 0 ? w->cfg->progress_t0 : w->t_start, el = now - t0;
-    int last = u + a->R >= a->N;
-    if (!last && now - a->last_progress_t < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
-    a->last_progress_t = now;
-    long total = w->cfg->units_total > 0 ? w->cfg->units_total : a->N;
-    long done = (long)w->cfg->unit_base + u + 1;
-    double rate = (double)(done - (long)w->cfg->progress_u0) * w->cfg->unit_batch / (el > 0 ? el : 1e-9);
-    double eta = (double)w->cfg->unit_batch * (double)(total - done) / (rate > 0 ? rate : 1);
-    fprintf(stderr, "%sunit %ld/%ld  loss %.4f  %.0f samples/s  elapsed %.0f s  ETA %.0f s%s",
-            w->cfg->progress == 1 ? "\r" : "", done, total, (double)loss, rate, el, eta,
-            w->cfg->progress == 1 && !last ? "   " : "\n");
-    fflush(stderr);
-}
-
 /* Forward of unit u (the i-th of this worker) on the local weights: data, loss, its gradient
  * into slot 0's dy. */
 static int forward(Asp *a, int u, int i, Err *err) {
@@ -329,7 +311,7 @@ static int forward(Asp *a, int u, int i, Err *err) {
     double t1 = pd_now();
     r->compute_s += t1 - t0;
     trace_ev(a, OP_FORWARD, u, i, t0, t1);
-    if (w->cfg->progress && a->me == 0) progress(a, u, loss);
+    if (w->cfg->progress && a->me == 0) rt_progress(w, u, u + a->R >= a->N, loss);
     return PD_OK;
 }
 

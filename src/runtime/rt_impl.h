@@ -1,5 +1,6 @@
-/* rt_impl.h: the Worker and Slot structs shared by runtime.c (instruction execution) and
- * rt_eval.c (the forward-only evaluation pass). Not a public header. */
+/* rt_impl.h: the Worker and Slot structs and the helpers shared by runtime.c (instruction
+ * execution), rt_eval.c (the forward-only evaluation pass), rt_asp.c and rt_session.c. Not a
+ * public header. */
 #ifndef PD_RT_IMPL_H
 #define PD_RT_IMPL_H
 
@@ -82,6 +83,19 @@ typedef struct Worker {
     int mb_loss_n, events_cap;
     double last_progress;
 } Worker;
+
+/* The message id of unit u's activation into stage `boundary`, or of the gradient w.r.t. that
+ * stage's input (training and evaluation alike). With one stage per rank the unit alone tells
+ * messages apart (a rank gets one kind of message per unit from a peer); with several, the
+ * same two ranks exchange one per chunk, so the id carries the boundary too
+ * (docs/schedules.md, interleaved). */
+static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
+    return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
+}
+
+/* The progress line on stderr (RtConfig.progress) after unit u of w's list, whose loss was
+ * loss; last: w computes no later unit of the list (that line is always written). */
+void rt_progress(Worker *w, int u, int last, float loss);
 
 /* Chunk c of the rank w leads (w itself when the rank runs one stage; c < w->n_chunk). */
 static inline Worker *rt_chunk(Worker *w, int c) { return w->chunk ? w->chunk[c] : w; }

@@ -125,16 +125,6 @@ static size_t split_floats(const Worker *w) {
     return model_split_floats(w->m, w->first, w->last, w->cfg->unit_batch);
 }
 
-static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
-
-/* The message id of unit u's activation into stage `boundary`, or of the gradient w.r.t. that
- * stage's input. With one stage per rank the unit alone tells messages apart (a rank gets one
- * kind of message per unit from a peer); with several, the same two ranks exchange one per
- * chunk, so the id carries the boundary too (docs/schedules.md, interleaved). */
-static int64_t msg_id(const Schedule *s, int64_t u, int boundary) {
-    return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
-}
-
 /* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
  * that of one whole minibatch, and a round of r minibatches makes one step: the mean. The
  * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
@@ -317,12 +307,12 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
                             &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
-            int src = rank_of(s, 0, in->mb);
+            int src = sched_rank_of(s, 0, in->mb);
             rc = comm_irecv(w->c, src, COMM_CTRL, in->mb, shape1(w->cfg->unit_batch * w->tlen), sl->labels_f, &sl->r_lab,
                             err);
             if (rc) return rc;
@@ -331,7 +321,7 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
                             &sl->r_grad, err);
             if (rc) return rc;
         }
@@ -379,14 +369,12 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
                        w->cfg->unit_batch);
     if (w->is_last) return PD_OK;
     for (int i = 0; i < n * w->tlen; i++) sl->labels_f[i] = (float)sl->labels[i];
-    int dst = rank_of(w->s, w->s->n_stages - 1, u);
+    int dst = sched_rank_of(w->s, w->s->n_stages - 1, u);
     return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n * w->tlen), sl->labels_f, &sl->s_lab, err);
 }
 
-/* The live progress line of the last stage's first replica. */
-static void progress(Worker *w, int u, float loss) {
+void rt_progress(Worker *w, int u, int last, float loss) {
     double now = pd_now(), t0 = w->cfg->progress_t0 > 0 ? w->cfg->progress_t0 : w->t_start, el = now - t0;
-    int last = u + 1 >= w->s->n_units;
     if (!last && now - w->last_progress < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
     w->last_progress = now;
     long total = w->cfg->units_total > 0 ? w->cfg->units_total : w->s->n_units;
@@ -430,7 +418,7 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
         float *h = &w->res->hist[3 * w->res->n_hist++];
         h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)rows;
         w->res->units_done++;
-        if (w->cfg->progress && w->sw->replica == 0) progress(w, in->mb, loss);
+        if (w->cfg->progress && w->sw->replica == 0) rt_progress(w, in->mb, in->mb + 1 >= w->s->n_units, loss);
         w->mb_loss_sum += loss;
         w->mb_loss_n++;
         if (w->mb_loss_n == w->s->n_micro) {
@@ -618,13 +606,13 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         case OP_SEND_ACT:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_ACT, msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
+            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
                             slot_out(x, sl), &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_GRAD, msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
+            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
                             &sl->s_grad, err);
             /* its buffers stay untouched until the send completes (slot_drain); a split
              * backward's unit stays until its BW */

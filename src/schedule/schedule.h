@@ -156,9 +156,11 @@ static inline int sched_bw_follows(const SchedWorker *w, int i) {
 }
 
 /* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
- * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */
+ * unit u: round-robin, u mod replicas (replica 0 for model-parallel); sched_rank_of: that
+ * replica's rank. */
 static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }
 int sched_replica_of(const Schedule *s, int st, int u);
+int sched_rank_of(const Schedule *s, int st, int u);
 
 /* ---- analysis: what a worker's list implies for memory --------------------------------- */
 /* The ONE definition of weight-version liveness, units in flight and activation slots; the
