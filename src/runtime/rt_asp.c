@@ -533,64 +533,13 @@ int rt_asp_exec(Worker *w, RtAspLog *log, Err *err) {
     return rc ? RT_ERR : RT_DONE;
 }
 
-/* ---- running asp outside a session (tests) ------------------------------------------------ */
+/* ---- the log ------------------------------------------------------------------------------- */
 
 void rt_asp_log_release(RtAspLog *l) {
     if (!l) return;
     free(l->unit);
     free(l->from);
     memset(l, 0, sizeof *l);
-}
-
-int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err) {
-    Worker w;
-    memset(&w, 0, sizeof w);
-    const Schedule *s = cfg->sched;
-    int rank = comm_rank(c), rc = PD_OK;
-    if (cfg->threads > 0) kern_set_threads(cfg->threads);
-    if (s->kind != SCHED_ASP)
-        rc = err_set(err, PD_EINVAL, "rt_asp_worker_run: the schedule is %s, not asp", sched_kind_name(s->kind));
-    else if (comm_size(c) != s->n_ranks)
-        rc = err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", s->n_ranks, comm_size(c));
-    else
-        rc = rt_worker_init(&w, c, cfg, rank, res, err);
-    int all = comm_agree(c, rc);
-    if (all != PD_OK) {
-        if (w.cfg) rt_worker_release(&w);
-        if (rc) return rc;
-        return err_set(err, PD_ECOMM, "rank %d: another rank failed to set up (see its message)", rank);
-    }
-    w.t_start = pd_now();
-    if (w.stage >= 0 && rt_asp_exec(&w, log, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
-    if (!rc) rt_worker_finish(&w);
-    if (!rc && cfg->test) rc = rt_eval(&w, err);
-    rt_worker_release(&w);
-    return rc;
-}
-
-typedef struct AspThreadArg {
-    const RtConfig *cfg;
-    RtWorkerResult *res;
-    RtAspLog *logs;
-    Err *errs;
-} AspThreadArg;
-
-static int asp_thread(Comm *c, int rank, void *arg) {
-    AspThreadArg *t = arg;
-    return rt_asp_worker_run(c, t->cfg, &t->res[rank], t->logs ? &t->logs[rank] : NULL, &t->errs[rank]);
-}
-
-int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, Err *err) {
-    int n = cfg->sched->n_ranks;
-    Err *errs = calloc((size_t)n, sizeof(Err));
-    int *rcs = calloc((size_t)n, sizeof(int));
-    PD_ASSERT(errs && rcs);
-    AspThreadArg t = {cfg, res, logs, errs};
-    int rc = comm_threads_run(n, asp_thread, &t, rcs, err);
-    if (rc) rc = rt_first_failure(rc, rcs, errs, n, err);
-    free(errs);
-    free(rcs);
-    return rc;
 }
 
 /* ---- figures across segments and workers (the session) ------------------------------------ */

@@ -120,6 +120,12 @@ int  rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err);
 int  rt_buckets(const Model *m, int first, int last, size_t bucket_bytes, int *layer, size_t *lo, size_t *n);
 void rt_worker_finish(Worker *w);
 int  rt_exec(Worker *w, int blocking, Err *err);
+/* The group of w's replicas for its all-reduces (w->group), when its stage has several and
+ * the kind all-reduces (every kind but asp). Collective over the stage's replicas. */
+int  rt_worker_group(Worker *w, Err *err);
+/* Runs w's list (bound, t_start set) to its end over MPI or threads: rt_exec, or rt_asp_exec
+ * for asp (log: optional, RtAspLog), then completes its sends. Returns PD_OK or the error. */
+int  rt_worker_segment(Worker *w, RtAspLog *log, Err *err);
 /* Forward-only pass of cfg->test through replica 0 of every stage; the last stage counts
  * correct answers into w->res. Collective over the workers of replica 0. */
 int  rt_eval(Worker *w, Err *err);

@@ -1110,14 +1110,32 @@ void rt_result_release(RtWorkerResult *r) {
 
 /* ---- the three ways to run ---------------------------------------------------------------- */
 
-int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+int rt_worker_group(Worker *w, Err *err) {
+    if (w->stage < 0 || w->s->kind == SCHED_ASP) return PD_OK;   /* asp all-reduces nothing */
+    const SchedStage *st = &w->s->stages[w->stage];
+    if (st->replicas < 2) return PD_OK;
+    return comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+}
+
+int rt_worker_segment(Worker *w, RtAspLog *log, Err *err) {
+    if (w->stage < 0) return PD_OK;
+    int st = w->s->kind == SCHED_ASP ? rt_asp_exec(w, log, err) : rt_exec(w, 1, err);
+    if (st == RT_ERR) return err->code ? err->code : PD_ECOMM;
+    return rt_worker_drain(w, err);   /* all sends complete before buffers are reused or go away */
+}
+
+/* rt_worker_run and rt_asp_worker_run (asp_only: a schedule of another kind is a set-up
+ * error, like a plan for another number of ranks). */
+static int worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, int asp_only, Err *err) {
     Worker w;
     memset(&w, 0, sizeof w);
     int rank = comm_rank(c);
     if (cfg->threads > 0) kern_set_threads(cfg->threads);   /* per thread for OpenMP: here */
     const Schedule *s = cfg->sched;
     int rc = PD_OK;
-    if (comm_size(c) != s->n_ranks)
+    if (asp_only && s->kind != SCHED_ASP)
+        rc = err_set(err, PD_EINVAL, "rt_asp_worker_run: the schedule is %s, not asp", sched_kind_name(s->kind));
+    else if (comm_size(c) != s->n_ranks)
         rc = err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", s->n_ranks, comm_size(c));
     else
         rc = rt_worker_init(&w, c, cfg, rank, res, err);
@@ -1128,24 +1146,21 @@ int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
         if (rc) return rc;
         return err_set(err, PD_ECOMM, "rank %d: another rank failed to set up (see its message)", rank);
     }
-    if (w.stage >= 0 && s->stages[w.stage].replicas > 1) {
-        rc = comm_group_new(c, s->stages[w.stage].ranks, s->stages[w.stage].replicas, &w.group, err);
-        if (rc) {
-            rt_worker_release(&w);
-            return rc;
-        }
-    }
+    rc = rt_worker_group(&w, err);
     w.t_start = pd_now();
-    rc = PD_OK;
-    if (w.stage >= 0 && rt_exec(&w, 1, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
-    if (!rc) {
-        /* All sends must complete before buffers go away. */
-        rc = rt_worker_drain(&w, err);
-    }
+    if (!rc) rc = rt_worker_segment(&w, log, err);
     if (!rc) rt_worker_finish(&w);
     if (!rc && cfg->test) rc = rt_eval(&w, err);
     rt_worker_release(&w);
     return rc;
+}
+
+int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    return worker_run(c, cfg, res, NULL, 0, err);
+}
+
+int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err) {
+    return worker_run(c, cfg, res, log, 1, err);
 }
 
 int rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err) {
@@ -1162,30 +1177,41 @@ int rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err) {
 typedef struct ThreadArg {
     const RtConfig *cfg;
     RtWorkerResult *res;
+    RtAspLog *logs;   /* NULL, or one per rank */
+    int asp_only;
     Err *errs;
 } ThreadArg;
 
 static int thread_main(Comm *c, int rank, void *arg) {
     ThreadArg *a = arg;
-    return rt_worker_run(c, a->cfg, &a->res[rank], &a->errs[rank]);
+    return worker_run(c, a->cfg, &a->res[rank], a->logs ? &a->logs[rank] : NULL, a->asp_only, &a->errs[rank]);
 }
 
-int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+/* rt_run_threads and rt_asp_run_threads: worker_run on one thread per rank. */
+static int run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, int asp_only, Err *err) {
     int n = cfg->sched->n_ranks;
     Err *errs = calloc((size_t)n, sizeof(Err));
     int *rcs = calloc((size_t)n, sizeof(int));
     PD_ASSERT(errs && rcs);
-    ThreadArg a = {cfg, res, errs};
+    ThreadArg a = {cfg, res, logs, asp_only, errs};
     int rc = comm_threads_run(n, thread_main, &a, rcs, err);
-    if (rc) rt_first_failure(rc, rcs, errs, n, err);
+    if (rc) rc = rt_first_failure(rc, rcs, errs, n, err);
     free(errs);
     free(rcs);
     return rc;
 }
 
+int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) { return run_threads(cfg, res, NULL, 0, err); }
+
+int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, Err *err) {
+    return run_threads(cfg, res, logs, 1, err);
+}
+
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     const Schedule *s = cfg->sched;
     int n = s->n_ranks, rc = PD_OK;
+    if (s->kind == SCHED_ASP)   /* its owners apply pushes as they arrive: no serial order to emulate */
+        return err_set(err, PD_EINVAL, "rt_emulate: asp is not emulated (rt_asp_run_threads runs it)");
     if (cfg->threads > 0) kern_set_threads(cfg->threads);
     Comm **eps = calloc((size_t)n, sizeof(Comm *));
     Worker *ws = calloc((size_t)n, sizeof(Worker));
