@@ -53,7 +53,6 @@ typedef struct Worker {
     int *bk_layer;
     size_t *bk_lo, *bk_n;
     CommAr **bk_ar;           /* started all-reduces (NULL: not started) */
-    int bk_overlap;           /* the backward running now is the last before an all-reduce */
     /* recomputation (the schedule's recompute): slots keep only inputs; max_full contexts are
      * lent to a unit from its forward (or recompute) to its backward */
     int recompute, n_pool;
