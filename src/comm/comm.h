@@ -285,8 +285,8 @@ int comm_group_size(const CommGroup *g);
  *     caller's point-to-point or control messages (which go on as before, on the caller's
  *     thread); MPI must give MPI_THREAD_MULTIPLE;
  *   - a caller in comm_ar_wait has nothing else to do, so it makes passes too, polling as
- *     every comm wait does (MPI: spin briefly, yield, then 50 us naps; threads: until a
- *     delivery): shorter latency than the thread's naps once the ring only waits for
+ *     every comm wait does (comm_idle; MPI: spin briefly, yield, then naps of 1/20 of the
+ *     wait so far; threads: until a delivery): shorter latency than the thread's naps once the ring only waits for
  *     handshakes (shared memory).
  * The summation order is the engine's, whoever runs it: the results do not depend on which
  * thread moved a piece or when (the tests compare bitwise with comm_sum_serial).

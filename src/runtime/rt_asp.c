@@ -29,9 +29,9 @@
  * then holds the same final weights and optimizer state, so evaluation, checkpoints and the
  * weights CRC work as for dp. Batch-norm running statistics stay per replica (as in dp).
  *
- * Serving happens only when the worker polls: MPI is FUNNELED and moves messages only inside
- * comm calls, so a push that arrives while its owner computes waits for that owner's next
- * poll (between forward and backward, after its own pushes, and while it waits for its
+ * Serving happens only when the worker polls: point-to-point messages move only inside the
+ * caller's comm calls (comm's progress thread advances all-reduces only; asp has none), so a
+ * push that arrives while its owner computes waits for that owner's next poll (between forward and backward, after its own pushes, and while it waits for its
  * pulls). The pull round trip (push sent .. every shard back) measures that delay.
  *
  * Staleness of an applied gradient = the shard's version when applied - the version it was

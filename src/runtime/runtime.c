@@ -1,10 +1,10 @@
 /* runtime.c: executes a worker's instruction list (schedule.h) with real layers, data and
  * messages. One Worker holds a stage's model range, its weight-version store, one slot per
  * unit in flight (activations context, gradient buffers, posted receives, pending sends)
- * and the optimizer. The same exec() drives the MPI/threads runs (blocking waits, real
+ * and the optimizer. The same rt_exec drives the MPI/threads runs (blocking waits, real
  * all-reduce) and the serial emulation (non-blocking tests; the emulator performs
- * all-reduces itself in group rank order). Evaluation, result gathering and the CLI live
- * elsewhere (rt_eval.c, cli). */
+ * all-reduces itself in group rank order). Evaluation, asp, sessions (segments, checkpoints,
+ * result gathering) and the CLI live elsewhere (rt_eval.c, rt_asp.c, rt_session.c, cli). */
 #include "runtime.h"
 
 #include <math.h>

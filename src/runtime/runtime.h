@@ -14,8 +14,10 @@
  * Units (schedule.h): unit u carries `unit_batch` samples, the data sampler's global
  * minibatch u (drop_last, so every unit is full). Labels travel from the input stage to the
  * last stage as control messages. The loss of a unit is scaled by 1/n_micro so that a
- * minibatch's accumulated gradient is the mean over its micro-batches; replicas average
- * (COMM_MEAN) their gradients before each step.
+ * minibatch's accumulated gradient is the mean over its micro-batches; replicas all-reduce
+ * their gradients before each step: the mean where each replica's gradient is a whole
+ * minibatch's, the sum where replicas share a minibatch's micro-batches (runtime.c,
+ * rt_allreduce_op).
  *
  * Not here: planning (plan.h), the schedule's shape (schedule.h), checkpoints. */
 #ifndef PD_RUNTIME_H
@@ -86,7 +88,8 @@ typedef struct RtMem {
     size_t opt_state;     /* optimizer state: SGD momentum / Adam first moment (+ Adam second) */
     size_t stashed;       /* the version store's other buffers: (versions - 1) x params */
     size_t activations;   /* slots x (context (nnctx_bytes) + dy + dx + label buffers) */
-    size_t comm;          /* message buffers of its own: none (messages go to and from slots) */
+    size_t comm;          /* message buffers of its own: none in pipelines (messages go to and from
+                           * slots); asp: its push and answer buffers */
     size_t workspace;     /* running statistics (batch norm); the Model's kernel scratch is not counted */
     size_t total;         /* the sum of the above */
     int versions, slots;  /* weight-version buffers and activation slots (SchedWorkerInfo) */
