@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pipeline_bench.sh: the pipeline benchmark of the runtime issue, on this machine (2 cores).
+# pipeline_bench.sh: the runtime's pipeline benchmark, on this machine (2 cores).
 # vgg16, minibatch 64, 1 thread per rank, Fashion-MNIST, STEPS minibatches each:
 #   one rank (one-stage plan)   vs   2 stages on 2 ranks (1f1b)   vs   dp on 2 ranks
 # and the peer: PyTorch DDP (gloo, 2 processes x 1 thread, same per-process minibatch).

@@ -388,8 +388,9 @@ static void test_few_units(void **state) {
 }
 
 /* A worker that fails (here: its loss becomes infinite, with the loss check on) ends, and the
- * others, waiting for its pulls or pushes, fail at once naming it instead of hanging; the
- * error returned is the failing worker's own. */
+ * others, waiting for its pulls or pushes, fail at once naming it instead of hanging (they wait
+ * with no deadline: a run that hangs is ctest's timeout); the error returned is the failing
+ * worker's own. */
 static void test_failure_unwinds(void **state) {
     (void)state;
     Run x;
@@ -399,13 +400,11 @@ static void test_failure_unwinds(void **state) {
     SchedOpts so = {.kind = SCHED_ASP, .n_minibatches = 30, .n_micro = 1};
     if (sched_build(&x.tp.p, &so, &x.s, &err)) fail_msg("%s", err.msg);
     x.cfg = (RtConfig){.model_path = mlp_path, .sched = &x.s, .unit_batch = B, .opt = sgd(1e6f, 0.9f),
-                       .seed = SEED, .train = &train, .recv_timeout_s = 60, .threads = 1};
+                       .seed = SEED, .train = &train, .recv_timeout_s = 0, .threads = 1};
     x.R = 3;
-    double t0 = pd_now();
     int rc = rt_asp_run_threads(&x.cfg, x.res, NULL, &err);
     assert_int_equal(rc, PD_EINVAL);
     assert_non_null(strstr(err.msg, "the loss is"));
-    assert_true(pd_now() - t0 < 30);
     run_free(&x);
 }
 

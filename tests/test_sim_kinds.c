@@ -3,7 +3,7 @@
  *   1f1b-flush  bubble (p-1)(F+B)       / (M(F+B)   + (p-1)(F+B))      = (p-1)/(M+p-1)
  *   zb-h1       bubble (p-1)(F+B-W)     / (M(F+B+W) + (p-1)(F+B-W))    (B, W: the backward's halves)
  *   interleaved bubble (p-1)(F+B)/V     / (M(F+B)   + (p-1)(F+B)/V)    (F, B of a worker's V chunks)
- * (the issue's numbers: 3/11, 1/9 and (3*30/2)/(240+45) for p = 4, F = 10 ms, B = 20 ms, M = 8);
+ * (for p = 4, F = 10 ms, B = 20 ms, M = 8: 3/11, 1/9 and (3*30/2)/(240+45));
  * ZB-H1's peak activation memory equals 1F1B-flush's; recomputation's memory (inputs of the
  * units in flight plus one unit's activations) and time (one more forward per backward that
  * does not follow its own forward); the split backward from a profile; the optimizer step
@@ -71,8 +71,8 @@ static double max_activations(const SimResult *r) {
     return m;
 }
 
-/* The issue's three numbers. */
-static void test_issue_numbers(void **state) {
+/* The three bubbles for p = 4, F = 10 ms, B = 20 ms, M = 8. */
+static void test_three_bubbles(void **state) {
     (void)state;
     Schedule s;
     SimResult r;
@@ -396,7 +396,7 @@ static void test_step_once_per_minibatch(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_issue_numbers),      cmocka_unit_test(test_closed_forms),
+        cmocka_unit_test(test_three_bubbles),      cmocka_unit_test(test_closed_forms),
         cmocka_unit_test(test_zb_memory),          cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_interleaved_memory), cmocka_unit_test(test_split_from_profile),
         cmocka_unit_test(test_step_once_per_minibatch),

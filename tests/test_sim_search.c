@@ -12,7 +12,7 @@
  * must be of another kind or recomputation setting. With the partitioner's plans only
  * (exhaustive off) the choice still fits and is never faster than the optimum.
  *
- * And the issue's case: the authors' vgg16 and resnet50 profiles on 4 workers with a memory
+ * And the case the search is for: the authors' vgg16 and resnet50 profiles on 4 workers with a memory
  * limit at which 1f1b on the partitioner's plan does not fit: the search finds a plan that
  * fits and reports what it gave up. */
 #include "testutil.h"
@@ -225,7 +225,7 @@ static void test_exhaustive(void **state) {
     assert_true(bound > 5);
 }
 
-/* The case on the authors' profiles. */
+/* The authors' profiles under a memory limit that 1f1b on the partitioner's plan exceeds. */
 static void test_authors_profiles(void **state) {
     (void)state;
     static const char *names[] = {"vgg16", "resnet50"};

@@ -242,6 +242,10 @@ int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err) {
     return progress(c, req, -1, done, hdr, err);
 }
 
+uint64_t comm_events(Comm *c) { return c->ops->events(c); }
+
+void comm_idle(Comm *c, uint64_t mark, double t0, double deadline) { c->ops->idle(c, mark, t0, deadline); }
+
 void comm_cancel(Comm *c, CommReq **req) {
     if (!*req) return;
     c->ops->cancel(c, *req);

@@ -140,6 +140,16 @@ int comm_wait(Comm *c, CommReq **req, double deadline_s, CommHeader *hdr, Err *e
 /* Like comm_wait with no waiting: sets *done; when done, behaves as comm_wait. */
 int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err);
 
+/* A caller's own poll loop (comm_test over several requests) waits between rounds as
+ * comm_wait does: take mark = comm_events(c) before a round; if nothing completed,
+ * comm_idle(c, mark, t0, deadline) returns once something may have happened on c (threads:
+ * a message delivered to it, an endpoint closed, abort), or after a pause that grows with
+ * the time since t0, when the caller last saw something move (MPI, which cannot tell: spin
+ * for 200 us, then yield the core until 5 ms, then nap 1/20 of the wait so far, 50 us ..
+ * PD_COMM_NAP_MAX_US, default 1000), or at the absolute deadline (0 = none). */
+uint64_t comm_events(Comm *c);
+void comm_idle(Comm *c, uint64_t mark, double t0, double deadline);
+
 /* Gives up a pending request and frees it (*req = NULL). A receive is withdrawn (a message
  * that arrives later stays for a later receive). A send: threads: nothing to undo; MPI: the
  * request is released with MPI_Request_free, so the data must stay valid until comm_free.
@@ -275,8 +285,8 @@ int comm_group_size(const CommGroup *g);
  *     caller's point-to-point or control messages (which go on as before, on the caller's
  *     thread); MPI must give MPI_THREAD_MULTIPLE;
  *   - a caller in comm_ar_wait has nothing else to do, so it makes passes too, polling as
- *     every comm wait does (MPI: spin briefly, yield, then 50 us naps; threads: until a
- *     delivery): shorter latency than the thread's naps once the ring only waits for
+ *     every comm wait does (comm_idle; MPI: spin briefly, yield, then naps of 1/20 of the
+ *     wait so far; threads: until a delivery): shorter latency than the thread's naps once the ring only waits for
  *     handshakes (shared memory).
  * The summation order is the engine's, whoever runs it: the results do not depend on which
  * thread moved a piece or when (the tests compare bitwise with comm_sum_serial).

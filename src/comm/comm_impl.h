@@ -115,7 +115,8 @@ typedef struct CommOps {
     uint64_t (*events)(Comm *c);
     void (*idle)(Comm *c, uint64_t mark, double t0, double deadline);
     /* 1: idle wakes when something is delivered (threads), so the progress thread waits in
-     * it; 0: it cannot tell (MPI), so the progress thread naps a fixed time instead. */
+     * it; 0: it cannot tell (MPI), so the progress thread naps instead (comm_ar.c: 100 us,
+     * doubling to 1 ms while nothing moves). */
     int has_events;
     void (*free)(Comm *c);
 } CommOps;

@@ -71,8 +71,6 @@ int    shape_eq(Shape a, Shape b);
 /* Writes "(a, b, c)" into buf; returns buf. */
 char  *shape_str(Shape s, char *buf, size_t n);
 
-static inline size_t tensor_numel(const Tensor *t) { return shape_numel(t->shape); }
-
 /* ---- deterministic RNG ----------------------------------------------------------- */
 /* Philox4x32-10 (Salmon et al., SC'11). Every random number is a pure function of
  * (seed, stream, substream, index): e.g. stream = layer id, substream = global minibatch

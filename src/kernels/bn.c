@@ -12,7 +12,7 @@
  * running sum, no reassociation needed), the lanes in a fixed order, and the planes in
  * double; two passes (mean, then squared deviations), so no cancellation for large means.
  *
- * Not oneDNN's batch-normalization primitive (the issue asked for it): around it this
+ * Not oneDNN's batch-normalization primitive: around it this
  * module's contract would need extra passes (backward accumulates into dx: a separate
  * diff_src and a += pass; the fused-relu backward wants the primitive's workspace saved per
  * minibatch, or a masked copy of dy), so it makes 4-5 passes over the tensor where this makes

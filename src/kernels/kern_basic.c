@@ -76,8 +76,6 @@ void kern_set_threads(int n) {
     if (omp()->set_num) omp()->set_num(n);
 }
 
-int kern_threads(void) { return omp()->max_threads ? omp()->max_threads() : 1; }
-
 typedef struct ParJob {
     size_t n, align;
     KernRangeFn fn;

@@ -21,8 +21,6 @@
 #include "core.h"
 
 void kern_set_threads(int n);
-/* The thread count kern_set_threads set for the calling thread (1 if never set). */
-int  kern_threads(void);
 /* Parallel loop on the calling thread's kernel threads (the OpenMP team oneDNN uses, so no
  * second pool competes for the cores): fn(ctx, begin, end) is called on disjoint ranges that
  * cover [0, n), at most one per thread, each at least min_chunk long (so small loops stay on

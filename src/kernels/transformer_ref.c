@@ -1,6 +1,6 @@
 /* transformer_ref.c: the naive reference twins of the transformer kernels (transformer.c):
  * loops that read like the math, accumulating in double, libm's exp/tanh/erf. Oracles for
- * the fast versions (tests/test_kernels_transformer.c) and checked themselves against
+ * the fast versions (tests/test_nn_transformer.c, test_kernels_vs_ref) and checked themselves against
  * PyTorch through the layer tests. */
 #include <math.h>
 #include <string.h>

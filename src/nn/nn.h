@@ -185,9 +185,9 @@ void  optim_predict(const Optim *o, const float *w, float *out, float scale);
 
 /* ---- the loss ------------------------------------------------------------------------------ */
 /* Softmax cross-entropy over the LAST dimension of the model's output at every position of the
- * leading ones: output (K) = one class vector per sample, targets (n); output (T, K) = a
+ * dimensions before it: output (K) = one class vector per sample, targets (n); output (T, K) = a
  * language model's logits, targets (n, T), the loss the mean over all n * T positions (nats per
- * token). Returns the positions per sample (the product of the leading dimensions: 1 or T) and
+ * token). Returns the positions per sample (the product of the dimensions before the last: 1 or T) and
  * sets *classes = K. Callers pass n * positions rows to kern_xent_fwd_bwd. */
 int model_loss_positions(const Model *m, int *classes);
 /* The vocabulary size when the model's input is token ids (its first layer is an "embed"):

@@ -29,19 +29,17 @@
  * then holds the same final weights and optimizer state, so evaluation, checkpoints and the
  * weights CRC work as for dp. Batch-norm running statistics stay per replica (as in dp).
  *
- * Serving happens only when the worker polls: MPI is FUNNELED and moves messages only inside
- * comm calls, so a push that arrives while its owner computes waits for that owner's next
- * poll (between forward and backward, after its own pushes, and while it waits for its
+ * Serving happens only when the worker polls: point-to-point messages move only inside the
+ * caller's comm calls (comm's progress thread advances all-reduces only; asp has none), so a
+ * push that arrives while its owner computes waits for that owner's next poll (between forward and backward, after its own pushes, and while it waits for its
  * pulls). The pull round trip (push sent .. every shard back) measures that delay.
  *
  * Staleness of an applied gradient = the shard's version when applied - the version it was
  * computed from (0 on one rank: that is sequential SGD, bit for bit). */
 #include <math.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels.h"
 #include "rt_impl.h"
@@ -74,7 +72,6 @@ typedef struct Asp {
     double stale_sum, pull_sum, pull_max, apply_s, fb_s;
     int stale_max;
     long pulls;
-    double last_progress_t;
 } Asp;
 
 /* Shard k of P parameters over R owners starts at floor(k P / R) (k = R: P), without overflow. */
@@ -163,44 +160,31 @@ static int serve(Asp *a, int *did, Err *err) {
     return PD_OK;
 }
 
-/* Between polls that found nothing: spin a little, then yield the core, then nap (other ranks
- * may share it), as comm's own waits do. */
-static void backoff(int *idle) {
-    ++*idle;
-    if (*idle < 64) return;
-    if (*idle < 256) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-}
-
-
 /* What a poll loop waits for: returns how many requests are still pending (testing them),
  * names the first in what; *rc set on an error. */
 typedef int (*AspPending)(Asp *a, Err *err, int *rc, char *what, size_t n);
 
-/* Polls until nothing is pending, serving pushes meanwhile; gives up when nothing has moved
- * for the receive deadline, naming what it was waiting for. */
+/* Polls until nothing is pending, serving pushes meanwhile, and between rounds that found
+ * nothing waits as comm's own waits do (comm_idle); gives up when nothing has moved for the
+ * receive deadline, naming what it was waiting for. */
 static int poll_until(Asp *a, AspPending pending, Err *err) {
     double deadline = a->w->cfg->recv_timeout_s, t_last = pd_now();
-    int idle = 0, rc = PD_OK, before = -1;
+    int rc = PD_OK, before = -1;
     char what[200];
     for (;;) {
         int did = 0;
+        uint64_t mark = comm_events(a->c);
         if ((rc = serve(a, &did, err))) return rc;
         what[0] = 0;
         int left = pending(a, err, &rc, what, sizeof what);
         if (rc) return rc;
         if (!left) return PD_OK;
         if (did || left != before) {
-            idle = 0;
             t_last = pd_now();
             before = left;
             continue;
         }
-        backoff(&idle);
+        comm_idle(a->c, mark, t_last, deadline > 0 ? t_last + deadline : 0);
         if (deadline > 0 && pd_now() - t_last > deadline)
             return err_set(err, PD_ECOMM, "rank %d: asp: timed out after %g s waiting for %s", a->w->rank, deadline,
                            what);
@@ -300,23 +284,6 @@ static int final_exchange(Asp *a, Err *err) {
 
 /* ---- one worker's segment ---------------------------------------------------------------- */
 
-/* The progress line (replica 0), like the pipeline's. */
-static void progress(Asp *a, int u, float loss) {
-    Worker *w = a->w;
-    double now = pd_now(), t0 = w->cfg->progress_t0 > 0 ? w->cfg->progress_t0 : w->t_start, el = now - t0;
-    int last = u + a->R >= a->N;
-    if (!last && now - a->last_progress_t < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
-    a->last_progress_t = now;
-    long total = w->cfg->units_total > 0 ? w->cfg->units_total : a->N;
-    long done = (long)w->cfg->unit_base + u + 1;
-    double rate = (double)(done - (long)w->cfg->progress_u0) * w->cfg->unit_batch / (el > 0 ? el : 1e-9);
-    double eta = (double)w->cfg->unit_batch * (double)(total - done) / (rate > 0 ? rate : 1);
-    fprintf(stderr, "%sunit %ld/%ld  loss %.4f  %.0f samples/s  elapsed %.0f s  ETA %.0f s%s",
-            w->cfg->progress == 1 ? "\r" : "", done, total, (double)loss, rate, el, eta,
-            w->cfg->progress == 1 && !last ? "   " : "\n");
-    fflush(stderr);
-}
-
 /* Forward of unit u (the i-th of this worker) on the local weights: data, loss, its gradient
  * into slot 0's dy. */
 static int forward(Asp *a, int u, int i, Err *err) {
@@ -344,7 +311,7 @@ static int forward(Asp *a, int u, int i, Err *err) {
     double t1 = pd_now();
     r->compute_s += t1 - t0;
     trace_ev(a, OP_FORWARD, u, i, t0, t1);
-    if (w->cfg->progress && a->me == 0) progress(a, u, loss);
+    if (w->cfg->progress && a->me == 0) rt_progress(w, u, u + a->R >= a->N, loss);
     return PD_OK;
 }
 
@@ -566,64 +533,13 @@ int rt_asp_exec(Worker *w, RtAspLog *log, Err *err) {
     return rc ? RT_ERR : RT_DONE;
 }
 
-/* ---- running asp outside a session (tests) ------------------------------------------------ */
+/* ---- the log ------------------------------------------------------------------------------- */
 
 void rt_asp_log_release(RtAspLog *l) {
     if (!l) return;
     free(l->unit);
     free(l->from);
     memset(l, 0, sizeof *l);
-}
-
-int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err) {
-    Worker w;
-    memset(&w, 0, sizeof w);
-    const Schedule *s = cfg->sched;
-    int rank = comm_rank(c), rc = PD_OK;
-    if (cfg->threads > 0) kern_set_threads(cfg->threads);
-    if (s->kind != SCHED_ASP)
-        rc = err_set(err, PD_EINVAL, "rt_asp_worker_run: the schedule is %s, not asp", sched_kind_name(s->kind));
-    else if (comm_size(c) != s->n_ranks)
-        rc = err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", s->n_ranks, comm_size(c));
-    else
-        rc = rt_worker_init(&w, c, cfg, rank, res, err);
-    int all = comm_agree(c, rc);
-    if (all != PD_OK) {
-        if (w.cfg) rt_worker_release(&w);
-        if (rc) return rc;
-        return err_set(err, PD_ECOMM, "rank %d: another rank failed to set up (see its message)", rank);
-    }
-    w.t_start = pd_now();
-    if (w.stage >= 0 && rt_asp_exec(&w, log, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
-    if (!rc) rt_worker_finish(&w);
-    if (!rc && cfg->test) rc = rt_eval(&w, err);
-    rt_worker_release(&w);
-    return rc;
-}
-
-typedef struct AspThreadArg {
-    const RtConfig *cfg;
-    RtWorkerResult *res;
-    RtAspLog *logs;
-    Err *errs;
-} AspThreadArg;
-
-static int asp_thread(Comm *c, int rank, void *arg) {
-    AspThreadArg *t = arg;
-    return rt_asp_worker_run(c, t->cfg, &t->res[rank], t->logs ? &t->logs[rank] : NULL, &t->errs[rank]);
-}
-
-int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, Err *err) {
-    int n = cfg->sched->n_ranks;
-    Err *errs = calloc((size_t)n, sizeof(Err));
-    int *rcs = calloc((size_t)n, sizeof(int));
-    PD_ASSERT(errs && rcs);
-    AspThreadArg t = {cfg, res, logs, errs};
-    int rc = comm_threads_run(n, asp_thread, &t, rcs, err);
-    if (rc) rc = rt_first_failure(rc, rcs, errs, n, err);
-    free(errs);
-    free(rcs);
-    return rc;
 }
 
 /* ---- figures across segments and workers (the session) ------------------------------------ */

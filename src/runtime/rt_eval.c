@@ -8,11 +8,8 @@
 
 /* Evaluation batch b travels as minibatch id unit_base + n_units + b: the ids after the
  * list's last unit, which no training message of this list uses. With several stages per rank
- * (interleaved) the id also names the stage the activation feeds, as in training (runtime.c,
- * msg_id), and a rank runs each batch through its chunks in order. */
-static int64_t eval_id(const Schedule *s, int64_t mb, int boundary) {
-    return s->n_chunks > 1 ? mb * s->n_stages + boundary : mb;
-}
+ * (interleaved) the id also names the stage the activation feeds, as in training (rt_msg_id),
+ * and a rank runs each batch through its chunks in order. */
 
 /* Batch b (n samples, id mb) through stage w's range: receive (or read) its input, forward,
  * send the output on (or count the answers at the last stage). */
@@ -40,7 +37,7 @@ static int eval_batch(Worker *w, size_t b, int n, int64_t mb, Err *err) {
                 return rc;
         }
     } else {
-        if ((rc = comm_irecv(w->c, prev, COMM_ACT, eval_id(s, mb, w->stage), in, nnctx_input(sl->ctx), &rq, err)))
+        if ((rc = comm_irecv(w->c, prev, COMM_ACT, rt_msg_id(s, mb, w->stage), in, nnctx_input(sl->ctx), &rq, err)))
             return rc;
         if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) return rc;
         if (w->is_last) {
@@ -58,7 +55,7 @@ static int eval_batch(Worker *w, size_t b, int n, int64_t mb, Err *err) {
         w->res->test_correct += correct;
         w->res->test_total += n * w->tlen;
     } else {
-        if ((rc = comm_isend(w->c, next, COMM_ACT, eval_id(s, mb, w->stage + 1), w->newest, out, y, &sl->s_act, err)))
+        if ((rc = comm_isend(w->c, next, COMM_ACT, rt_msg_id(s, mb, w->stage + 1), w->newest, out, y, &sl->s_act, err)))
             return rc;
         /* the output buffer is rewritten by the next batch's forward: complete the send */
         if ((rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err))) return rc;

@@ -1,5 +1,6 @@
-/* rt_impl.h: the Worker and Slot structs shared by runtime.c (instruction execution) and
- * rt_eval.c (the forward-only evaluation pass). Not a public header. */
+/* rt_impl.h: the Worker and Slot structs and the helpers shared by runtime.c (instruction
+ * execution), rt_eval.c (the forward-only evaluation pass), rt_asp.c and rt_session.c. Not a
+ * public header. */
 #ifndef PD_RT_IMPL_H
 #define PD_RT_IMPL_H
 
@@ -53,7 +54,6 @@ typedef struct Worker {
     int *bk_layer;
     size_t *bk_lo, *bk_n;
     CommAr **bk_ar;           /* started all-reduces (NULL: not started) */
-    int bk_overlap;           /* the backward running now is the last before an all-reduce */
     /* recomputation (the schedule's recompute): slots keep only inputs; max_full contexts are
      * lent to a unit from its forward (or recompute) to its backward */
     int recompute, n_pool;
@@ -93,6 +93,19 @@ typedef struct Worker {
     double last_progress;
 } Worker;
 
+/* The message id of unit u's activation into stage `boundary`, or of the gradient w.r.t. that
+ * stage's input (training and evaluation alike). With one stage per rank the unit alone tells
+ * messages apart (a rank gets one kind of message per unit from a peer); with several, the
+ * same two ranks exchange one per chunk, so the id carries the boundary too
+ * (docs/schedules.md, interleaved). */
+static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
+    return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
+}
+
+/* The progress line on stderr (RtConfig.progress) after unit u of w's list, whose loss was
+ * loss; last: w computes no later unit of the list (that line is always written). */
+void rt_progress(Worker *w, int u, int last, float loss);
+
 /* Chunk c of the rank w leads (w itself when the rank runs one stage; c < w->n_chunk). */
 static inline Worker *rt_chunk(Worker *w, int c) { return w->chunk ? w->chunk[c] : w; }
 
@@ -116,6 +129,12 @@ int  rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err);
 int  rt_buckets(const Model *m, int first, int last, size_t bucket_bytes, int *layer, size_t *lo, size_t *n);
 void rt_worker_finish(Worker *w);
 int  rt_exec(Worker *w, int blocking, Err *err);
+/* The group of w's replicas for its all-reduces (w->group), when its stage has several and
+ * the kind all-reduces (every kind but asp). Collective over the stage's replicas. */
+int  rt_worker_group(Worker *w, Err *err);
+/* Runs w's list (bound, t_start set) to its end over MPI or threads: rt_exec, or rt_asp_exec
+ * for asp (log: optional, RtAspLog), then completes its sends. Returns PD_OK or the error. */
+int  rt_worker_segment(Worker *w, RtAspLog *log, Err *err);
 /* Forward-only pass of cfg->test through replica 0 of every stage; the last stage counts
  * correct answers into w->res. Collective over the workers of replica 0. */
 int  rt_eval(Worker *w, Err *err);

@@ -1,10 +1,10 @@
 /* runtime.c: executes a worker's instruction list (schedule.h) with real layers, data and
  * messages. One Worker holds a stage's model range, its weight-version store, one slot per
  * unit in flight (activations context, gradient buffers, posted receives, pending sends)
- * and the optimizer. The same exec() drives the MPI/threads runs (blocking waits, real
+ * and the optimizer. The same rt_exec drives the MPI/threads runs (blocking waits, real
  * all-reduce) and the serial emulation (non-blocking tests; the emulator performs
- * all-reduces itself in group rank order). Evaluation, result gathering and the CLI live
- * elsewhere (rt_eval.c, cli). */
+ * all-reduces itself in group rank order). Evaluation, asp, sessions (segments, checkpoints,
+ * result gathering) and the CLI live elsewhere (rt_eval.c, rt_asp.c, rt_session.c, cli). */
 #include "runtime.h"
 
 #include <math.h>
@@ -226,16 +226,6 @@ static size_t split_floats(const Worker *w) {
     return model_split_floats(w->m, w->first, w->last, w->cfg->unit_batch);
 }
 
-static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
-
-/* The message id of unit u's activation into stage `boundary`, or of the gradient w.r.t. that
- * stage's input. With one stage per rank the unit alone tells messages apart (a rank gets one
- * kind of message per unit from a peer); with several, the same two ranks exchange one per
- * chunk, so the id carries the boundary too (docs/schedules.md, interleaved). */
-static int64_t msg_id(const Schedule *s, int64_t u, int boundary) {
-    return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
-}
-
 /* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
  * that of one whole minibatch, and a round of r minibatches makes one step: the mean. The
  * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
@@ -419,12 +409,12 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
                             &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
-            int src = rank_of(s, 0, in->mb);
+            int src = sched_rank_of(s, 0, in->mb);
             rc = comm_irecv(w->c, src, COMM_CTRL, in->mb, shape1(w->cfg->unit_batch * w->tlen), sl->labels_f, &sl->r_lab,
                             err);
             if (rc) return rc;
@@ -433,7 +423,7 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
                             &sl->r_grad, err);
             if (rc) return rc;
         }
@@ -481,14 +471,12 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
                        w->cfg->unit_batch);
     if (w->is_last) return PD_OK;
     for (int i = 0; i < n * w->tlen; i++) sl->labels_f[i] = (float)sl->labels[i];
-    int dst = rank_of(w->s, w->s->n_stages - 1, u);
+    int dst = sched_rank_of(w->s, w->s->n_stages - 1, u);
     return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n * w->tlen), sl->labels_f, &sl->s_lab, err);
 }
 
-/* The live progress line of the last stage's first replica. */
-static void progress(Worker *w, int u, float loss) {
+void rt_progress(Worker *w, int u, int last, float loss) {
     double now = pd_now(), t0 = w->cfg->progress_t0 > 0 ? w->cfg->progress_t0 : w->t_start, el = now - t0;
-    int last = u + 1 >= w->s->n_units;
     if (!last && now - w->last_progress < (w->cfg->progress == 1 ? 0.25 : 10.0)) return;
     w->last_progress = now;
     long total = w->cfg->units_total > 0 ? w->cfg->units_total : w->s->n_units;
@@ -532,7 +520,7 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
         float *h = &w->res->hist[3 * w->res->n_hist++];
         h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)rows;
         w->res->units_done++;
-        if (w->cfg->progress && w->sw->replica == 0) progress(w, in->mb, loss);
+        if (w->cfg->progress && w->sw->replica == 0) rt_progress(w, in->mb, in->mb + 1 >= w->s->n_units, loss);
         w->mb_loss_sum += loss;
         w->mb_loss_n++;
         if (w->mb_loss_n == w->s->n_micro) {
@@ -726,13 +714,13 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         case OP_SEND_ACT:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_ACT, msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
+            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
                             slot_out(x, sl), &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_GRAD, msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
+            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
                             &sl->s_grad, err);
             /* its buffers stay untouched until the send completes (slot_drain); a split
              * backward's unit stays until its BW */
@@ -1235,14 +1223,32 @@ void rt_result_release(RtWorkerResult *r) {
 
 /* ---- the three ways to run ---------------------------------------------------------------- */
 
-int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+int rt_worker_group(Worker *w, Err *err) {
+    if (w->stage < 0 || w->s->kind == SCHED_ASP) return PD_OK;   /* asp all-reduces nothing */
+    const SchedStage *st = &w->s->stages[w->stage];
+    if (st->replicas < 2) return PD_OK;
+    return comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+}
+
+int rt_worker_segment(Worker *w, RtAspLog *log, Err *err) {
+    if (w->stage < 0) return PD_OK;
+    int st = w->s->kind == SCHED_ASP ? rt_asp_exec(w, log, err) : rt_exec(w, 1, err);
+    if (st == RT_ERR) return err->code ? err->code : PD_ECOMM;
+    return rt_worker_drain(w, err);   /* all sends complete before buffers are reused or go away */
+}
+
+/* rt_worker_run and rt_asp_worker_run (asp_only: a schedule of another kind is a set-up
+ * error, like a plan for another number of ranks). */
+static int worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, int asp_only, Err *err) {
     Worker w;
     memset(&w, 0, sizeof w);
     int rank = comm_rank(c);
     if (cfg->threads > 0) kern_set_threads(cfg->threads);   /* per thread for OpenMP: here */
     const Schedule *s = cfg->sched;
     int rc = PD_OK;
-    if (comm_size(c) != s->n_ranks)
+    if (asp_only && s->kind != SCHED_ASP)
+        rc = err_set(err, PD_EINVAL, "rt_asp_worker_run: the schedule is %s, not asp", sched_kind_name(s->kind));
+    else if (comm_size(c) != s->n_ranks)
         rc = err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", s->n_ranks, comm_size(c));
     else
         rc = rt_worker_init(&w, c, cfg, rank, res, err);
@@ -1253,24 +1259,21 @@ int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
         if (rc) return rc;
         return err_set(err, PD_ECOMM, "rank %d: another rank failed to set up (see its message)", rank);
     }
-    if (w.stage >= 0 && s->stages[w.stage].replicas > 1) {
-        rc = comm_group_new(c, s->stages[w.stage].ranks, s->stages[w.stage].replicas, &w.group, err);
-        if (rc) {
-            rt_worker_release(&w);
-            return rc;
-        }
-    }
+    rc = rt_worker_group(&w, err);
     w.t_start = pd_now();
-    rc = PD_OK;
-    if (w.stage >= 0 && rt_exec(&w, 1, err) == RT_ERR) rc = err->code ? err->code : PD_ECOMM;
-    if (!rc) {
-        /* All sends must complete before buffers go away. */
-        rc = rt_worker_drain(&w, err);
-    }
+    if (!rc) rc = rt_worker_segment(&w, log, err);
     if (!rc) rt_worker_finish(&w);
     if (!rc && cfg->test) rc = rt_eval(&w, err);
     rt_worker_release(&w);
     return rc;
+}
+
+int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+    return worker_run(c, cfg, res, NULL, 0, err);
+}
+
+int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err) {
+    return worker_run(c, cfg, res, log, 1, err);
 }
 
 int rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err) {
@@ -1287,30 +1290,41 @@ int rt_first_failure(int rc, const int *rcs, const Err *errs, int n, Err *err) {
 typedef struct ThreadArg {
     const RtConfig *cfg;
     RtWorkerResult *res;
+    RtAspLog *logs;   /* NULL, or one per rank */
+    int asp_only;
     Err *errs;
 } ThreadArg;
 
 static int thread_main(Comm *c, int rank, void *arg) {
     ThreadArg *a = arg;
-    return rt_worker_run(c, a->cfg, &a->res[rank], &a->errs[rank]);
+    return worker_run(c, a->cfg, &a->res[rank], a->logs ? &a->logs[rank] : NULL, a->asp_only, &a->errs[rank]);
 }
 
-int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
+/* rt_run_threads and rt_asp_run_threads: worker_run on one thread per rank. */
+static int run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, int asp_only, Err *err) {
     int n = cfg->sched->n_ranks;
     Err *errs = calloc((size_t)n, sizeof(Err));
     int *rcs = calloc((size_t)n, sizeof(int));
     PD_ASSERT(errs && rcs);
-    ThreadArg a = {cfg, res, errs};
+    ThreadArg a = {cfg, res, logs, asp_only, errs};
     int rc = comm_threads_run(n, thread_main, &a, rcs, err);
-    if (rc) rt_first_failure(rc, rcs, errs, n, err);
+    if (rc) rc = rt_first_failure(rc, rcs, errs, n, err);
     free(errs);
     free(rcs);
     return rc;
 }
 
+int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err) { return run_threads(cfg, res, NULL, 0, err); }
+
+int rt_asp_run_threads(const RtConfig *cfg, RtWorkerResult *res, RtAspLog *logs, Err *err) {
+    return run_threads(cfg, res, logs, 1, err);
+}
+
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     const Schedule *s = cfg->sched;
     int n = s->n_ranks, rc = PD_OK;
+    if (s->kind == SCHED_ASP)   /* its owners apply pushes as they arrive: no serial order to emulate */
+        return err_set(err, PD_EINVAL, "rt_emulate: asp is not emulated (rt_asp_run_threads runs it)");
     if (cfg->threads > 0) kern_set_threads(cfg->threads);
     Comm **eps = calloc((size_t)n, sizeof(Comm *));
     Worker *ws = calloc((size_t)n, sizeof(Worker));

@@ -14,8 +14,10 @@
  * Units (schedule.h): unit u carries `unit_batch` samples, the data sampler's global
  * minibatch u (drop_last, so every unit is full). Labels travel from the input stage to the
  * last stage as control messages. The loss of a unit is scaled by 1/n_micro so that a
- * minibatch's accumulated gradient is the mean over its micro-batches; replicas average
- * (COMM_MEAN) their gradients before each step.
+ * minibatch's accumulated gradient is the mean over its micro-batches; replicas all-reduce
+ * their gradients before each step: the mean where each replica's gradient is a whole
+ * minibatch's, the sum where replicas share a minibatch's micro-batches (runtime.c,
+ * rt_allreduce_op).
  *
  * Not here: planning (plan.h), the schedule's shape (schedule.h), checkpoints. */
 #ifndef PD_RUNTIME_H
@@ -112,7 +114,8 @@ typedef struct RtMem {
     size_t opt_state;     /* optimizer state: SGD momentum / Adam first moment (+ Adam second) */
     size_t stashed;       /* the version store's other buffers: (versions - 1) x params */
     size_t activations;   /* slots x (context (nnctx_bytes) + dy + dx + label buffers) */
-    size_t comm;          /* message buffers of its own: none (messages go to and from slots) */
+    size_t comm;          /* message buffers of its own: none in pipelines (messages go to and from
+                           * slots); asp: its push and answer buffers */
     size_t workspace;     /* running statistics (batch norm); the Model's kernel scratch is not counted */
     size_t predicted;     /* staleness prediction or look-ahead: the predicted weights, n x params
                            * (SchedWorkerInfo.max_predicted buffers) */
@@ -170,16 +173,18 @@ typedef struct RtWorkerResult {
 
 void rt_result_release(RtWorkerResult *r);
 
-/* Runs rank comm_rank(c)'s list of cfg->sched over c, then (if cfg->test) the evaluation
- * pass. Every rank must call it with the same configuration. Returns PD_OK, or an error with
+/* Runs rank comm_rank(c)'s list of cfg->sched over c (asp: as rt_asp_worker_run without a
+ * log), then (if cfg->test) the evaluation pass. Every rank must call it with the same configuration. Returns PD_OK, or an error with
  * err naming the rank, the instruction and the minibatch (a timeout names the peer). */
 int rt_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, Err *err);
 
-/* One thread per rank over the threads transport; res has sched->n_ranks entries. */
+/* One thread per rank over the threads transport; res has sched->n_ranks entries. On
+ * failure: the code and message of the first worker that failed on its own. */
 int rt_run_threads(const RtConfig *cfg, RtWorkerResult *res, Err *err);
 
 /* The serial single-process emulation (see above); res has sched->n_ranks entries. A
- * schedule that cannot progress is reported as a deadlock naming the blocked workers. */
+ * schedule that cannot progress is reported as a deadlock naming the blocked workers. Not
+ * for asp (PD_EINVAL). */
 int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err);
 
 /* ---- checkpoints (rt_ckpt.c) ---------------------------------------------------------------- */
@@ -345,9 +350,9 @@ void rt_train_summary_release(RtTrainSummary *s);
 
 /* ---- asynchronous parallel training (rt_asp.c, docs/asp.md) ------------------------------------
  * sched_build(SCHED_ASP) gives the stage table of dp (every rank a replica of the whole model)
- * and per worker F u, B u, U for its own units; rt_worker_run, rt_run_threads and rt_emulate do
- * NOT execute asp (they would train replicas apart): a session (rt_train) and the functions
- * below do. The parameters are sharded over the replicas; each worker pushes every gradient
+ * and per worker F u, B u, U for its own units; those lists alone would train the replicas
+ * apart, so rt_worker_run, rt_run_threads, a session (rt_train) and the functions below run
+ * asp's pushes and pulls instead (rt_asp.c), and rt_emulate refuses it. The parameters are sharded over the replicas; each worker pushes every gradient
  * to the shards' owners, which apply it at once and answer with the shard for its next unit.
  *
  * RtAspLog (tests, analysis): what one rank's shard [lo, hi) of the whole model's parameter
@@ -361,8 +366,8 @@ typedef struct RtAspLog {
 } RtAspLog;
 void rt_asp_log_release(RtAspLog *l);   /* zeroed is fine */
 
-/* rt_worker_run for cfg->sched of kind asp, on every rank of c (all of them replicas); log
- * (optional) gets this rank's shard log. Afterwards every rank's res holds the same final
+/* rt_worker_run for cfg->sched of kind asp (another kind is an error), on every rank of c
+ * (all of them replicas); log (optional) gets this rank's shard log. Afterwards every rank's res holds the same final
  * weights and optimizer state. */
 int rt_asp_worker_run(Comm *c, const RtConfig *cfg, RtWorkerResult *res, RtAspLog *log, Err *err);
 /* One thread per rank over the threads transport; res (and logs, optional) sched->n_ranks entries.

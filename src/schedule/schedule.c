@@ -48,6 +48,8 @@ int sched_replica_of(const Schedule *s, int st, int u) {
     return s->kind == SCHED_MP ? 0 : u % r;
 }
 
+int sched_rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
+
 /* ---- building --------------------------------------------------------------------- */
 
 static void push_c(SchedWorker *w, int op, int mb, int peer, int version, int chunk) {
@@ -63,15 +65,13 @@ static void push_c(SchedWorker *w, int op, int mb, int peer, int version, int ch
 
 static void push(SchedWorker *w, int op, int mb, int peer, int version) { push_c(w, op, mb, peer, version, 0); }
 
-static int rank_of(const Schedule *s, int st, int u) { return s->stages[st].ranks[sched_replica_of(s, st, u)]; }
-
 /* Forward of unit u at the worker's chunk c: receive (not at stage 0), F, send (not at the
  * last stage). */
 static void emit_forward_c(const Schedule *s, SchedWorker *w, int u, int version, int c) {
     int st = w->stages ? w->stages[c] : w->stage;
-    if (st > 0) push_c(w, OP_RECV_ACT, u, rank_of(s, st - 1, u), -1, c);
+    if (st > 0) push_c(w, OP_RECV_ACT, u, sched_rank_of(s, st - 1, u), -1, c);
     push_c(w, OP_FORWARD, u, -1, version, c);
-    if (st < s->n_stages - 1) push_c(w, OP_SEND_ACT, u, rank_of(s, st + 1, u), -1, c);
+    if (st < s->n_stages - 1) push_c(w, OP_SEND_ACT, u, sched_rank_of(s, st + 1, u), -1, c);
 }
 
 /* The last compute instruction of w's list is the forward of (u, c): its activations are
@@ -90,9 +90,9 @@ static int just_forwarded(const SchedWorker *w, int u, int c) {
 static void emit_backward_c(const Schedule *s, SchedWorker *w, int u, int version, int c, int split) {
     int st = w->stages ? w->stages[c] : w->stage;
     if (s->recompute && !just_forwarded(w, u, c)) push_c(w, OP_RECOMPUTE, u, -1, version, c);
-    if (st < s->n_stages - 1) push_c(w, OP_RECV_GRAD, u, rank_of(s, st + 1, u), -1, c);
+    if (st < s->n_stages - 1) push_c(w, OP_RECV_GRAD, u, sched_rank_of(s, st + 1, u), -1, c);
     push_c(w, split ? OP_BACKWARD_B : OP_BACKWARD, u, -1, version, c);
-    if (st > 0) push_c(w, OP_SEND_GRAD, u, rank_of(s, st - 1, u), -1, c);
+    if (st > 0) push_c(w, OP_SEND_GRAD, u, sched_rank_of(s, st - 1, u), -1, c);
 }
 
 static void emit_forward(const Schedule *s, SchedWorker *w, int u, int version) { emit_forward_c(s, w, u, version, 0); }
@@ -118,7 +118,7 @@ typedef struct Gen {
 static int own_units(Gen *g, const SchedWorker *w, int rank, int lo, int hi) {
     int n = 0;
     for (int u = lo; u < hi; u++)
-        if (rank_of(g->s, w->stage, u) == rank) g->units[n++] = u;
+        if (sched_rank_of(g->s, w->stage, u) == rank) g->units[n++] = u;
     return n;
 }
 

@@ -155,10 +155,10 @@ static inline int sched_bw_follows(const SchedWorker *w, int i) {
     return a->op == OP_BACKWARD_B && b && b->op == OP_BACKWARD_W && b->mb == a->mb && b->chunk == a->chunk;
 }
 
-/* Minibatch (optimizer step) a unit belongs to, and the replica of stage st that runs
- * unit u: round-robin, u mod replicas (replica 0 for model-parallel). */
-static inline int sched_minibatch_of(const Schedule *s, int u) { return u / s->n_micro; }
+/* The replica of stage st that runs unit u: round-robin, u mod replicas (replica 0 for
+ * model-parallel); sched_rank_of: that replica's rank. */
 int sched_replica_of(const Schedule *s, int st, int u);
+int sched_rank_of(const Schedule *s, int st, int u);
 
 /* ---- analysis: what a worker's list implies for memory --------------------------------- */
 /* The ONE definition of weight-version liveness, units in flight and activation slots; the

@@ -2,8 +2,8 @@
  * minibatch, busy/bubble fractions, memory, weight versions) and deadlock reports, and
  * per-stage costs from a profile. Workers run as far as they can; a worker blocked on a
  * receive or an all-reduce is woken by the send or the last arrival it waits for. Since
- * a directed link carries only its source's sends, in program order, every transfer's
- * times are fixed when it is posted, so the order in which workers are advanced does not
+ * a worker's one outgoing link carries only its own sends, in program order, every
+ * transfer's times are fixed when it is posted, so the order in which workers are advanced does not
  * change any time: the result is exact and deterministic. Drawing is in timeline.c. */
 #include "sim.h"
 
@@ -610,7 +610,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         /* Workers that compute share their machine's cores. How many contend on average: each
          * worker's compute over the run relative to the machine's busiest (in a pipeline's
          * steady state every worker computes its share once per bottleneck period), so an idle
-         * rank costs nothing and a light stage little (docs/simulator.md, "Cores"). */
+         * rank costs nothing and a light stage little (docs/formats.md, cluster). */
         double *load = calloc((size_t)W + 1, sizeof(double));
         PD_ASSERT(load);
         for (int w = 0; w < W; w++)

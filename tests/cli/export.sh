@@ -4,11 +4,11 @@
 # PyTorch's test loss in `pipedream eval` (relative 1e-4); `train --init` starts from those
 # weights and `--save` writes weights that `eval` scores exactly as train did; unsupported
 # modules are one-line errors naming the module; `train --text` / `eval --text` on a generated
-# text. Skipped (exit 0) when /usr/bin/python3 has no torch.
+# text. Skipped (77) when /usr/bin/python3 (PD_TORCH_PYTHON) has no torch.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
-PY=/usr/bin/python3
+PY=${PD_TORCH_PYTHON:-/usr/bin/python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -18,7 +18,7 @@ close() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -
 
 if ! $PY -c "import torch" 2>/dev/null; then
     echo "SKIP: $PY cannot import torch"
-    exit 0
+    exit 77
 fi
 
 # ---- the CNN: export, PyTorch's test loss vs pipedream eval ----------------------------------------

@@ -1,7 +1,7 @@
-"""export_cnn.py: the PyTorch CNN of the export round trip (tests/cli/export.sh, the issue's done
-criterion): conv, batch norm, ReLU, max-pool, a residual add, dropout and linear, for
-Fashion-MNIST (1, 28, 28). Written the way PyTorch users write models (named submodules,
-functional relu, an explicit forward), not the way pipedream's JSON reads."""
+"""export_cnn.py: the PyTorch CNN of the export round trip (tests/cli/export.sh): conv,
+batch norm, ReLU, max-pool, a residual add, dropout and linear, for Fashion-MNIST (1, 28, 28).
+Written the way PyTorch users write models (named submodules, functional relu, an explicit
+forward), not the way pipedream's JSON reads."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -3,7 +3,7 @@
 # with --recompute), a pipelined run given a profile of the same model reports, per stage,
 # what replica 0 allocated and what the simulator predicts from the profile (its layers'
 # output and saved bytes, scaled to the unit batch): they must agree within 2% (they agree to
-# alignment padding; the issue asks 10%). The model has what makes a prediction from output
+# alignment padding). The model has what makes a prediction from output
 # sizes alone go wrong: batch norm (statistics, normalised input), max pooling (indices),
 # a residual block (inner activations), dropout (masks).
 set -u

@@ -2,8 +2,9 @@
 # train_converge.sh: lenet5, one epoch of Fashion-MNIST, minibatch 64, SGD lr 0.01 momentum
 # 0.9 (MODELS.md's recipe), inputs standardised with the training set's mean and std,
 # reaches >= 83% test accuracy. PyTorch with the same recipe and data reaches 83.0-84.3%
-# over seeds 1-3 (tools/torch_models.py lenet5); we reach 83.7-85.0% over seeds 1-4 (the
-# issue's 85% is above what this recipe gives in either framework). ~10-15 s in a release build; skipped in sanitizer builds (minutes).
+# over seeds 1-3 (tools/torch_models.py lenet5); we reach 83.7-85.0% over seeds 1-4 (85% is
+# above what this recipe gives in either framework). ~10-15 s in a release build; skipped in
+# sanitizer builds (minutes).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
