@@ -72,7 +72,8 @@ typedef struct PipeOpts {
 static int parse(int argc, char **argv, PipeOpts *o) {
     const char *C = "train";
     *o = (PipeOpts){.micro = 0, .epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B,
-                    .lr = 0.01, .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD};
+                    .lr = 0.01, .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD,
+                    .staleness = RT_STALE_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int rc = CLI_OK;

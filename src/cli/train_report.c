@@ -27,6 +27,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     cJSON_AddStringToObject(o, "model", s->model);
     cJSON_AddStringToObject(o, "schedule", s->schedule);
     cJSON_AddStringToObject(o, "transport", s->transport);
+    cJSON_AddStringToObject(o, "staleness", s->staleness);
     num(o, "workers", s->workers);
     num(o, "stages", s->stages);
     num(o, "steps", s->steps);
@@ -85,6 +86,9 @@ char *train_stage_json(const RtTrainSummary *s, int i) {
     num(o, "predicted_ms_per_unit", g->predicted_ms);
     num(o, "busy", g->busy);
     num(o, "versions", g->versions);
+    /* the staleness its units crossed: updates between the version read and their own */
+    num(o, "staleness_mean", g->delay_mean);
+    num(o, "staleness_max", g->delay_max);
     /* the memory ledger: what replica 0 allocated, beside the simulator's prediction */
     num(o, "allocated_bytes", (double)g->mem.total);
     num(o, "params_bytes", (double)g->mem.params);
@@ -93,6 +97,7 @@ char *train_stage_json(const RtTrainSummary *s, int i) {
     num(o, "stashed_bytes", (double)g->mem.stashed);
     num(o, "activation_bytes", (double)g->mem.activations);
     num(o, "workspace_bytes", (double)g->mem.workspace);
+    num(o, "predicted_weights_bytes", (double)g->mem.predicted);
     num(o, "predicted_allocated_bytes", g->predicted_bytes);
     num(o, "predicted_activation_bytes", g->predicted_activation_bytes);
     num(o, "predicted_stashed_bytes", g->predicted_stashed_bytes);
@@ -156,12 +161,14 @@ static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
 }
 
 int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
-    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %8s %12s %12s\n", "stage", "replicas", "measured F+B ms/unit",
-            "predicted F+B ms/unit", "busy %", "versions", "alloc MB", "predicted MB");
+    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %8s %12s %12s %15s\n", "stage", "replicas", "measured F+B ms/unit",
+            "predicted F+B ms/unit", "busy %", "versions", "alloc MB", "predicted MB", "staleness avg/max");
     for (int i = 0; i < s->stages; i++)
-        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %8d %12.2f %12.2f\n", i, s->stage[i].replicas,
+        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %8d %12.2f %12.2f %11.2f/%-3d\n", i, s->stage[i].replicas,
                 s->stage[i].measured_ms, s->stage[i].predicted_ms, 100 * s->stage[i].busy, s->stage[i].versions,
-                (double)s->stage[i].mem.total / 1e6, s->stage[i].predicted_bytes / 1e6);
+                (double)s->stage[i].mem.total / 1e6, s->stage[i].predicted_bytes / 1e6, s->stage[i].delay_mean,
+                s->stage[i].delay_max);
+    fprintf(stderr, "staleness compensation: %s\n", s->staleness);
     fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", s->time_per_unit_ms,
             s->predicted_time_per_unit_ms, isfinite(s->predicted_time_per_unit_ms) ? "same plan and profile"
                                                                                      : "no profile given");

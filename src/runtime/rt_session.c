@@ -351,6 +351,7 @@ typedef struct Wire {
     double asp_staleness_mean, asp_pull_ms_mean, asp_pull_ms_max;
     int64_t n_chunks, chunk_fwd[RT_MAX_CHUNKS], chunk_crc[RT_MAX_CHUNKS];   /* several stages per rank */
     double chunk_compute_s[RT_MAX_CHUNKS];
+    int64_t n_delayed, delay_sum, delay_max;   /* the staleness its units crossed */
 } Wire;
 
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
@@ -358,7 +359,7 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
               a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
-              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}};
+              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->n_delayed, a->delay_sum, a->delay_max};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
@@ -396,7 +397,8 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
                               .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
                               .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
                               .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
-                              .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks};
+                              .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks,
+                              .n_delayed = (int)y.n_delayed, .delay_sum = y.delay_sum, .delay_max = (int)y.delay_max};
         for (int c = 0; c < RT_MAX_CHUNKS; c++)
             o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
             o->chunk_compute_s[c] = y.chunk_compute_s[c];
@@ -839,8 +841,14 @@ static int session_thread(Comm *c, int rank, void *arg) {
     return session_rank(c, rank, S, &S->errs[rank]);
 }
 
-int rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err) {
+int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
     memset(out, 0, sizeof *out);
+    RtTrainSpec resolved = *given, *spec = &resolved;
+    if (spec->staleness == RT_STALE_DEFAULT) spec->staleness = rt_staleness_default(spec->kind);
+    if (spec->kind == SCHED_ASP && spec->staleness)
+        return err_set(err, PD_EINVAL, "--staleness applies to the kinds whose delays the instruction list fixes (1f1b, "
+                       "2bw); asp's depend on timing");
+    rt_staleness_name(spec->staleness, out->staleness, sizeof out->staleness);
     if (spec->minibatch < 1 || (spec->n_micro > 1 && spec->minibatch % spec->n_micro))
         return err_set(err, PD_EINVAL, "minibatch %d is not a positive multiple of %d micro-batches", spec->minibatch,
                        spec->n_micro);

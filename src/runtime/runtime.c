@@ -178,6 +178,10 @@ const char *rt_staleness_name(int flags, char *buf, size_t n) {
     return buf;
 }
 
+int rt_staleness_default(SchedKind kind) {
+    return kind == SCHED_1F1B || kind == SCHED_2BW ? RT_STALE_LOOKAHEAD : RT_STALE_NONE;
+}
+
 double rt_stale_lr_factor(int D, long t, int K) {
     if (D <= 1) return 1.0;
     if (K <= 0) K = RT_STALE_WARMUP_STEPS;

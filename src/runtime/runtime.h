@@ -88,6 +88,11 @@ enum { RT_STALE_NONE = 0, RT_STALE_PREDICT = 1, RT_STALE_LOOKAHEAD = 2, RT_STALE
 /* Parses "none", "predict", "lookahead", "lr-warmup" or a '+'-joined combination (not predict
  * with lookahead) into *flags; PD_OK or PD_EINVAL with err naming the bad word. */
 int rt_staleness_parse(const char *s, int *flags, Err *err);
+/* RtTrainSpec.staleness's default: rt_staleness_default(kind), lookahead for the asynchronous
+ * kinds (1f1b, 2bw; the one method that kept vgg16's recipe from collapsing, and it helps
+ * gpt-mini: docs/explanation/staleness.md), none for the rest (their units are never delayed). */
+#define RT_STALE_DEFAULT (-1)
+int rt_staleness_default(SchedKind kind);
 /* The name of flags as rt_staleness_parse reads it ("none", "predict+lr-warmup"); returns buf. */
 const char *rt_staleness_name(int flags, char *buf, size_t n);
 /* The learning-rate factor RT_STALE_LR_WARMUP applies at step t (0-based) of a stage whose most
@@ -289,7 +294,7 @@ typedef struct RtTrainSpec {
                                   * the pipeline drains there, as at a checkpoint */
     double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */
     int no_stash;                /* ablation of weight stashing (RtConfig.no_stash) */
-    int staleness;               /* RT_STALE_* (RtConfig.staleness) */
+    int staleness;               /* RT_STALE_* (RtConfig.staleness), or RT_STALE_DEFAULT */
     int staleness_warmup;        /* RtConfig.staleness_warmup */
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
 } RtTrainSpec;
@@ -317,6 +322,7 @@ typedef struct RtStageSummary {
 
 typedef struct RtTrainSummary {
     char model[64], schedule[32], transport[16];
+    char staleness[48];          /* the compensation the run used (rt_staleness_name) */
     int workers, stages, steps, units, unit_batch;
     double final_loss;           /* mean loss of the last minibatch (NAN if none) */
     double mean_loss;            /* mean over the run's units */

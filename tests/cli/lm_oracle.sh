@@ -52,7 +52,7 @@ oracle() {   # oracle NAME ARGS...: the oracle's summary line in $tmp/or_NAME.js
 }
 ours() {     # ours NAME ARGS...: pipedream on 4 threads from the oracle's initial weights
     local name=$1; shift
-    "$PD" train "$tmp/gpt.json" $R --workers 4 --plan "$tmp/p4.json" --resume "$tmp/ck0" "$@" \
+    "$PD" train "$tmp/gpt.json" $R --workers 4 --plan "$tmp/p4.json" --resume "$tmp/ck0" --staleness none "$@" \
         >"$tmp/pd_$name.out" 2>"$tmp/pd_$name.err" || fail "pipedream $name: $(tail -3 "$tmp/pd_$name.err")"
 }
 oracle seq --kind seq
