@@ -191,9 +191,10 @@ int cmd_train_pipelined(int argc, char **argv) {
         if (!(plan = plan_load(o.plan, &err))) return cli_fail(&err);
         if (plan->chunks > 1 && !o.kind_given) o.kind = SCHED_INTERLEAVED;
         if (plan->chunks > 1 && o.kind != SCHED_INTERLEAVED) {
+            int chunks = plan->chunks;
             plan_free(plan);
             return cli_usage_error("train", "%s is an interleaved plan (%d stages per worker): it runs with --schedule "
-                                   "interleaved only", o.plan, plan->chunks);
+                                   "interleaved only", o.plan, chunks);
         }
         if (o.chunks && plan->chunks > 1 && o.chunks != plan->chunks) {
             err_set(&err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", o.plan, plan->chunks, o.chunks);

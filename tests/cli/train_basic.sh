@@ -21,6 +21,27 @@ for args in "--bogus" "--lr abc" "--minibatch 0" "--optimizer rmsprop" "--epochs
     [ -s "$tmp/out" ] && fail "train $args: wrote to stdout"
 done
 
+# an interleaved plan (2 stages per worker) with a schedule that is not interleaved: a usage
+# error naming the plan's chunks (read before the plan is freed: this case runs under ASan too)
+cat >"$tmp/il.json" <<'JSON'
+{"format": "pipedream-plan", "version": 1, "model": "lenet5", "profile_crc32": "00000000", "n_layers": 8,
+ "cost_model": {"kind": "ours", "straight": true, "allow_idle": false, "memory_limit": 0,
+                "activation_compression": 0, "overlap_allreduce": false},
+ "cluster": {"levels": [{"workers": 2, "bandwidth": 1e10, "latency": 0}], "memory_per_worker": 0},
+ "n_workers": 2, "noam": 2, "chunks": 2,
+ "predicted": {"pipeline_s": 1, "single_worker_s": 1, "data_parallel_s": 1, "speedup_over_single": 1,
+               "speedup_over_data_parallel": 1},
+ "stages": [{"layers": [0, 1], "replicas": 1, "ranks": [0], "compute_s": 1, "time_s": 1},
+            {"layers": [2, 3], "replicas": 1, "ranks": [1], "compute_s": 1, "time_s": 1},
+            {"layers": [4, 5], "replicas": 1, "ranks": [0], "compute_s": 1, "time_s": 1},
+            {"layers": [6, 7], "replicas": 1, "ranks": [1], "compute_s": 1, "time_s": 1}]}
+JSON
+"$PD" train $SRC/models/lenet5.json --workers 2 --plan "$tmp/il.json" --schedule 1f1b --steps 1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 2 ] || fail "interleaved plan with --schedule 1f1b: exit $rc, want 2: $(head -5 "$tmp/err")"
+grep -q "^pipedream: error: .*il.json is an interleaved plan (2 stages per worker)" "$tmp/err" ||
+    fail "interleaved plan with --schedule 1f1b: $(head -5 "$tmp/err")"
+
 "$PD" train "$tmp/missing.json" >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 1 ] || fail "missing model: want exit 1"
 grep -q "missing.json" "$tmp/err" || fail "missing model: $(cat "$tmp/err")"
