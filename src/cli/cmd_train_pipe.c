@@ -33,7 +33,7 @@ static const char *USAGE =
     "  --no-stash            ablation: backward uses the newest weights instead of the version its\n"
     "                        forward used (no weight stashing)\n"
     "  --microbatches M      micro-batches per minibatch (gpipe, 1f1b-flush, 2bw, zb, interleaved:\n"
-    "                        a multiple of the workers; default 4)\n"
+    "                        a multiple of the workers; default: one per worker of the plan)\n"
     "  --epochs N | --steps N   training length (default 1 epoch); steps = minibatches fed\n"
     "  --minibatch B         samples per minibatch (default 64; split into M micro-batches)\n"
     "  --lr X  --momentum M  --weight-decay W  --optimizer sgd|adam  --seed S\n"
@@ -160,19 +160,18 @@ static int parse(int argc, char **argv, PipeOpts *o) {
 
 /* After the plan is known (an interleaved plan makes interleaved the default schedule): the
  * micro-batch defaults and checks. */
-static int check_micro(PipeOpts *o) {
+static int check_micro(PipeOpts *o, int n_workers) {
     const char *C = "train";
-    int micro_kind = o->kind == SCHED_GPIPE || o->kind == SCHED_1F1B_FLUSH || o->kind == SCHED_2BW ||
-                     o->kind == SCHED_ZB_H1 || o->kind == SCHED_ZB_H2 || o->kind == SCHED_INTERLEAVED;
-    if (o->micro == 0) o->micro = micro_kind ? 4 : 1;
-    if (o->micro > 1 && !micro_kind)
+    if (o->micro == 0) o->micro = sched_default_micro(o->kind, n_workers);
+    if (o->micro > 1 && !sched_kind_microbatched(o->kind))
         return cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved");
     if (o->vsync && o->kind != SCHED_1F1B) return cli_usage_error(C, "--vertical-sync applies only to 1f1b");
     if (o->init && o->resume) return cli_usage_error(C, "--init and --resume exclude each other");
     if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
     if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");
     if (o->batch % o->micro)
-        return cli_usage_error(C, "--minibatch %d is not a multiple of --microbatches %d", o->batch, o->micro);
+        return cli_usage_error(C, "--minibatch %d is not a multiple of %d micro-batches (--microbatches; default: one "
+                               "per worker)", o->batch, o->micro);
     return CLI_OK;
 }
 
@@ -209,7 +208,7 @@ int cmd_train_pipelined(int argc, char **argv) {
     } else if (o.chunks || o.kind == SCHED_INTERLEAVED) {
         return cli_usage_error("train", "interleaved needs --plan (make one with 'pipedream plan --chunks V')");
     }
-    if ((rc = check_micro(&o))) {
+    if ((rc = check_micro(&o, plan ? plan->n_workers : o.workers))) {
         plan_free(plan);
         return rc;
     }
