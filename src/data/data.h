@@ -84,8 +84,6 @@ void data_truncate(Dataset *d, size_t n);
 
 /* Standardises every value in place: x = (x - mean) * (1 / std) (torchvision's Normalize for
  * one channel). Training uses the training split's own statistics (data_stats). */
-#define DATA_FMNIST_MEAN 0.2860f
-#define DATA_FMNIST_STD 0.3530f
 void data_normalize(Dataset *d, float mean, float std);
 
 /* Minibatches per epoch: ceil(n / batch), or floor(n / batch) with drop_last. batch >= 1. */
