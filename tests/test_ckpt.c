@@ -631,6 +631,31 @@ static void test_latest(void **state) {
     assert_non_null(strstr(err.msg, "nope"));
 }
 
+/* ---- ckpt_prune: --keep-last ------------------------------------------------------ */
+static void test_prune(void **state) {
+    (void)state;
+    Err err = {0};
+    char name[64];
+    for (int s = 10; s <= 50; s += 10) {
+        assert_int_equal(ckpt_name((uint64_t)s, name, sizeof name, &err), PD_OK);
+        spit(tpath(name), "x", 1);
+    }
+    spit(tpath("ckpt-0000000100.safetensors"), "damaged", 7);   /* newer than the run's newest */
+    spit(tpath("ckpt-0000000020.safetensors.tmp.1.0"), "x", 1);
+    spit(tpath("notes.txt"), "x", 1);
+    /* the run's newest is 40: keep it and the one before; 50 and 100 are not the run's to judge */
+    assert_int_equal(ckpt_prune(g_dir, 2, 40, &err), 2);
+    assert_string_equal(dir_listing(g_dir), "ckpt-0000000020.safetensors.tmp.1.0|ckpt-0000000030.safetensors|"
+                                            "ckpt-0000000040.safetensors|ckpt-0000000050.safetensors|"
+                                            "ckpt-0000000100.safetensors|notes.txt");
+    assert_int_equal(ckpt_prune(g_dir, 1, 50, &err), 2);
+    assert_string_equal(dir_listing(g_dir), "ckpt-0000000020.safetensors.tmp.1.0|ckpt-0000000050.safetensors|"
+                                            "ckpt-0000000100.safetensors|notes.txt");
+    assert_int_equal(ckpt_prune(g_dir, 5, 50, &err), 0);
+    assert_int_equal(ckpt_prune(tpath("nope"), 1, 50, &err), -1);
+    assert_non_null(strstr(err.msg, "nope"));
+}
+
 /* ---- tools/read_ckpt.py agrees with C -------------------------------------------- */
 static void test_python_reader(void **state) {
     (void)state;
@@ -702,6 +727,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_hostile_sizes, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_atomic, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_latest, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_prune, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_python_reader, setup_dir, teardown_dir),
     };
     pd_log_set_level(LOG_ERROR);   /* ckpt_latest warns about the bad files on purpose */

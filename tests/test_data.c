@@ -586,6 +586,12 @@ static void test_fashion_mnist(void **state) {
         assert_true(lo == 0.0f && hi == 1.0f);
         /* torchvision's FashionMNIST mean after ToTensor is 0.2860 (train) */
         assert_true(fabs(sum / (double)(d.n * 784) - 0.286) < 0.005);
+        if (s == 0) {   /* the training split's statistics, rounded: exactly the constants recipes use */
+            double mean, std;
+            data_stats(&d, &mean, &std);
+            assert_true(mean == 0.286 && std == 0.353);
+            assert_true((float)mean == 0.2860f && (float)std == 0.3530f);
+        }
         data_release(&d);
     }
 }
@@ -603,6 +609,71 @@ static void test_normalize(void **state) {
     data_release(&e);
 }
 
+/* data_stats: mean and population std over every value, rounded to 4 decimals. */
+static void test_stats(void **state) {
+    (void)state;
+    Dataset d = {0};
+    float x[8] = {0, 0, 0, 0, 1, 1, 1, 1};   /* mean 0.5, std 0.5 */
+    d.x = x, d.n = 2, d.c = 1, d.h = 2, d.w = 2;
+    double m, s;
+    data_stats(&d, &m, &s);
+    assert_true(m == 0.5 && s == 0.5);
+    float y[3] = {0.1f, 0.2f, 0.6f};   /* mean 0.3, std sqrt(0.14 / 3) = 0.21602 */
+    d.x = y, d.n = 3, d.h = 1, d.w = 1;
+    data_stats(&d, &m, &s);
+    assert_true(m == 0.3 && s == 0.216);
+}
+
+/* data_splits_open: an IDX directory read for a model, checked against it, standardised with the
+ * training split's statistics; text read as sequences of the model's context. */
+static void test_splits(void **state) {
+    (void)state;
+    TmpDir t;
+    tmp_new(&t);
+    write_set(&t, "train", 0, 0x803, N, sizeof g_pix, N, sizeof g_lab);
+    write_set(&t, "t10k", 0, 0x803, N, sizeof g_pix, N, sizeof g_lab);
+    DataFit fit = {"m", shape3(1, R, C), shape1(10)};
+    DataSplits d;
+    Err err = {0};
+    assert_int_equal(data_splits_open(t.path, NULL, &fit, 1, &d, &err), PD_OK);
+    assert_int_equal(d.train.n, N);
+    assert_int_equal(d.test.n, N);
+    double m, s;
+    data_stats(&d.train, &m, &s);
+    assert_true(d.mean == m && d.std == s && s > 0);
+    float x0 = d.test.x[7];
+    assert_int_equal(data_splits_standardise(&d, m, s, &err), PD_OK);
+    assert_float_equal(d.test.x[7], (x0 - (float)m) * (1.0f / (float)s), 1e-6);
+    data_splits_release(&d);
+    /* only the test split: no statistics */
+    assert_int_equal(data_splits_open(t.path, NULL, &fit, 0, &d, &err), PD_OK);
+    assert_int_equal(d.train.n, 0);
+    assert_true(isnan(d.mean));
+    data_splits_release(&d);
+    /* models that do not fit */
+    fit.output = shape1(5);
+    expect_err(data_splits_open(t.path, NULL, &fit, 1, &d, &err), &err, PD_EINVAL, "m: output (5) for 10 classes");
+    fit.output = shape1(10), fit.input = shape3(1, R, R);
+    expect_err(data_splits_open(t.path, NULL, &fit, 1, &d, &err), &err, PD_EINVAL,
+               "m: input (1, 3, 3) does not match the data's samples (1, 3, 4)");
+    /* text: a model of context 4 over 256 byte classes */
+    char p[512];
+    snprintf(p, sizeof p, "%s/t.txt", t.path);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 100; i++) fputs("the lord is my shepherd. ", f);
+    fclose(f);
+    DataFit lm = {"lm", shape1(4), shape2(4, 256)};
+    assert_int_equal(data_splits_open(NULL, p, &lm, 1, &d, &err), PD_OK);
+    assert_true(d.text && d.train.n > 0 && d.test.n > 0 && d.train.y_len == 4 && isnan(d.mean));
+    assert_int_equal(data_splits_standardise(&d, 0.5, 0.5, &err), PD_OK);   /* text: nothing to do */
+    assert_true(d.test.x[0] == (float)'t' || d.test.x[0] >= 0);
+    data_splits_release(&d);
+    expect_err(data_splits_open(NULL, p, &fit, 1, &d, &err), &err, PD_EINVAL, "a text model takes (T) byte tokens");
+    unlink(p);
+    tmp_remove(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx_good),       cmocka_unit_test(test_idx_errors),
@@ -611,6 +682,7 @@ int main(void) {
         cmocka_unit_test(test_epoch_order),    cmocka_unit_test(test_batch_pos_and_copy),
         cmocka_unit_test(test_sharding),       cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_fashion_mnist),  cmocka_unit_test(test_normalize),
+        cmocka_unit_test(test_stats),          cmocka_unit_test(test_splits),
     };
     return tu_run_group(tests, NULL, NULL);
 }

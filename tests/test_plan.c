@@ -630,12 +630,29 @@ static void test_bad_cluster(void **state) {
     profile_release(&prof);
 }
 
+/* plan_single: one stage of every layer on rank 0, valid, and saved and loaded like any plan. */
+static void test_single(void **state) {
+    (void)state;
+    Plan *p = plan_single("tiny", 5);
+    Err err = {0};
+    assert_int_equal(plan_validate(p, 5, &err), PD_OK);
+    assert_int_equal(p->n_stages, 1);
+    assert_int_equal(p->n_workers, 1);
+    assert_int_equal(p->stages[0].n_layers, 5);
+    assert_int_equal(p->stages[0].layers[4], 4);
+    assert_int_equal(p->stages[0].ranks[0], 0);
+    assert_string_equal(p->model, "tiny");
+    assert_int_equal(cluster_check(&p->cluster, &err), PD_OK);
+    plan_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ours_chain_exhaustive),   cmocka_unit_test(test_ours_dag_exhaustive),
         cmocka_unit_test(test_compat_chain_exhaustive), cmocka_unit_test(test_compat_dag_exhaustive),
         cmocka_unit_test(test_deterministic),           cmocka_unit_test(test_plan_json_round_trip),
         cmocka_unit_test(test_validate),                cmocka_unit_test(test_bad_cluster),
+        cmocka_unit_test(test_single),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

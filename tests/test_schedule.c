@@ -628,8 +628,42 @@ static void test_analysis_random(void **state) {
     }
 }
 
+/* The one micro-batch predicate: sched_build takes several micro-batches per minibatch exactly
+ * for the kinds it names (interleaved on a plan of 4 stages on 2 ranks), and the default is one
+ * per worker for those kinds, 1 for the others. */
+static void test_microbatched_kinds(void **state) {
+    (void)state;
+    int rep[4] = {1, 1, 1, 1};
+    Plan *p = make_plan(4, rep);
+    for (int i = 0; i < SCHED_COUNT; i++) {
+        SchedKind k = (SchedKind)i;
+        int micro = sched_kind_microbatched(k);
+        assert_int_equal(micro, k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 ||
+                                    k == SCHED_ZB_H2 || k == SCHED_INTERLEAVED);
+        assert_int_equal(sched_default_micro(k, 4), micro ? 4 : 1);
+        assert_int_equal(sched_default_micro(k, 1), 1);
+        if (k == SCHED_INTERLEAVED) {   /* stage i on rank i mod 2 */
+            p->stages[2].ranks[0] = 0, p->stages[3].ranks[0] = 1, p->n_workers = 2;
+        }
+        Schedule s;
+        Err err = {0};
+        SchedOpts o = {k, 4, 4, 0, 0};
+        int rc = sched_build(p, &o, &s, &err);
+        if (micro && rc) fail_msg("%s with 4 micro-batches: %s", sched_kind_name(k), err.msg);
+        if (!micro) {
+            assert_int_equal(rc, PD_EINVAL);
+            assert_non_null(strstr(err.msg, "micro-batches apply only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and "
+                                            "interleaved"));
+        }
+        sched_release(&s);
+        if (k == SCHED_INTERLEAVED) p->stages[2].ranks[0] = 2, p->stages[3].ranks[0] = 3, p->n_workers = 4;
+    }
+    free_plan(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_microbatched_kinds),
         cmocka_unit_test(test_analysis),        cmocka_unit_test(test_analysis_errors),
         cmocka_unit_test(test_analysis_random),
         cmocka_unit_test(test_1f1b_straight),   cmocka_unit_test(test_1f1b_round_robin),

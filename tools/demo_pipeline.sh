@@ -27,7 +27,7 @@ LEN="--epochs ${EPOCHS:-1}"
 # 10 rounds of 20 iterations (medians), the fastest round kept: this VM's single-core speed
 # comes in spells (the host's other tenants: the same profile at 23 and at 29 ms per step a
 # minute apart), and a prediction inherits whatever speed the profile saw.
-case "$SCHEDULE" in gpipe|1f1b-flush|2bw|zb-h1|zb-h2) UNIT=16 ;; *) UNIT=64 ;; esac
+case "$SCHEDULE" in gpipe|1f1b-flush|2bw|zb-h1|zb-h2) UNIT=16 MICRO="--microbatches 4" ;; *) UNIT=64 MICRO="" ;; esac
 echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread, the fastest of 10 rounds)"
 "$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 20 --rounds 10 -o "$OUT/vgg16.profile.json"
 echo
@@ -43,7 +43,7 @@ echo "== 2. plan for $WORKERS workers (one host: shared memory, ~10 GB/s between
 echo
 echo "== 3. train with $SCHEDULE over MPI ($WORKERS ranks on $(nproc) cores)"
 mpirun -np "$WORKERS" --oversubscribe --bind-to none "$PD" train models/vgg16.json --plan "$OUT/vgg16.plan.json" \
-    --schedule "$SCHEDULE" --seed "$SEED" $LEN --minibatch 64 --threads 1 --profile "$OUT/vgg16.profile.json" \
+    --schedule "$SCHEDULE" $MICRO --seed "$SEED" $LEN --minibatch 64 --threads 1 --profile "$OUT/vgg16.profile.json" \
     --svg "$OUT/timeline.svg" --trace "$OUT/trace.json" --curve "$OUT/curve.svg" --metrics "$OUT/metrics.jsonl" \
     --progress | tee "$OUT/summary.json"
 echo

@@ -141,4 +141,12 @@ int ckpt_name_parse(const char *name, uint64_t *step);
  * PD_EINVAL if the path does not fit into n bytes. */
 int ckpt_latest(const char *dir, char *out, size_t n, Err *err);
 
+/* Keeps the newest `keep` (>= 1) checkpoints of a run whose newest is step `newest` (just
+ * written and verified: the one a resume needs): deletes the checkpoint files of dir with a
+ * step below newest, except the keep - 1 largest of those. Files of a step above newest (another
+ * run's, or a damaged one a resume skips) and other files are left alone, so newest is never
+ * deleted and never displaced. Returns the number deleted; a file that cannot be deleted is a
+ * warning (pd_log), not an error. PD_EIO (in err, returning -1) if dir cannot be read. */
+int ckpt_prune(const char *dir, int keep, uint64_t newest, Err *err);
+
 #endif

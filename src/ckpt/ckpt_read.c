@@ -666,9 +666,9 @@ static int cmp_cand_desc(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-int ckpt_latest(const char *dir, char *out, size_t n, Err *err) {
-    PD_ASSERT(n > 0);
-    out[0] = 0;
+/* The checkpoint files of dir, newest first (*nc of them; caller frees names and array). */
+static int list_ckpts(const char *dir, Cand **out, size_t *nout, Err *err) {
+    *out = NULL, *nout = 0;
     DIR *d = opendir(dir);
     if (!d) return err_set(err, PD_EIO, "%s: cannot read checkpoint directory: %s", dir, strerror(errno));
     Cand *c = NULL;
@@ -690,7 +690,40 @@ int ckpt_latest(const char *dir, char *out, size_t n, Err *err) {
     }
     closedir(d);
     if (nc > 1) qsort(c, nc, sizeof *c, cmp_cand_desc);
-    int rc = PD_OK;
+    *out = c, *nout = nc;
+    return PD_OK;
+}
+
+int ckpt_prune(const char *dir, int keep, uint64_t newest, Err *err) {
+    PD_ASSERT(keep >= 1);
+    Cand *c;
+    size_t nc;
+    if (list_ckpts(dir, &c, &nc, err)) return -1;
+    int kept = 1, deleted = 0;   /* newest itself */
+    for (size_t i = 0; i < nc; i++) {
+        if (c[i].step >= newest) continue;
+        if (kept < keep) {
+            kept++;
+            continue;
+        }
+        char path[4096];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, c[i].name) >= sizeof path ||
+            (unlink(path) != 0 && errno != ENOENT))
+            pd_log(LOG_WARN, "cannot delete the old checkpoint %s/%s: %s", dir, c[i].name, strerror(errno));
+        else deleted++;
+    }
+    for (size_t i = 0; i < nc; i++) free(c[i].name);
+    free(c);
+    return deleted;
+}
+
+int ckpt_latest(const char *dir, char *out, size_t n, Err *err) {
+    PD_ASSERT(n > 0);
+    out[0] = 0;
+    Cand *c;
+    size_t nc;
+    int rc = list_ckpts(dir, &c, &nc, err);
+    if (rc) return rc;
     for (size_t i = 0; i < nc; i++) {
         char path[4096];
         if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, c[i].name) >= sizeof path) {

@@ -32,9 +32,7 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* True when this process was started by mpirun (Open MPI, MPICH/PMI, PMIx). */
 int cli_under_mpirun(void);
 
-int cmd_train(int argc, char **argv);
-/* Pipelined training over MPI or threads; cmd_train hands over when given --plan/--workers. */
-int cmd_train_pipelined(int argc, char **argv);
+int cmd_train(int argc, char **argv);   /* one worker or many: a training session (runtime.h) */
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   /* cmd_eval.c: test loss of a weights file */
 int cmd_profile(int argc, char **argv);

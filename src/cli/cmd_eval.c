@@ -1,15 +1,17 @@
 /* cmd_eval.c: `pipedream eval MODEL.json --weights W.safetensors`: the test loss and accuracy
- * of given weights, in eval mode, with the data standardised exactly as `pipedream train` does
- * (train_data.c): Fashion-MNIST's test split (or --data DIR), or the held-out tail of a text
- * file (--text: loss in nats per byte). Weights: tools/export_torch.py, `train --save`, or any
- * checkpoint `train` wrote (weights.h). Prints one JSON line on stdout. */
+ * of given weights, in eval mode, with the data read and standardised as `pipedream train`
+ * does (data.h, "a model's data"): Fashion-MNIST's test split (or --data DIR) standardised with
+ * the statistics the weights file records (train --save, a checkpoint), or else with the
+ * training split's; or the held-out tail of a text file (--text: loss in nats per byte).
+ * Weights: tools/export_torch.py, `train --save`, or any checkpoint `train` wrote
+ * (rt_weights_load). Prints one JSON line on stdout. */
+#include <math.h>
 #include <string.h>
 
 #include "cli.h"
 #include "kernels.h"
 #include "nn.h"
-#include "train_data.h"
-#include "weights.h"
+#include "runtime.h"
 
 static void help(void) {
     printf("usage: pipedream eval MODEL.json --weights W.safetensors [options]\n\n"
@@ -18,7 +20,8 @@ static void help(void) {
            "per byte), test_accuracy, samples, time_s.\n\n"
            "options:\n"
            "  --weights FILE        weights: tools/export_torch.py, train --save, or a checkpoint\n"
-           "  --data DIR            IDX dataset directory (default %s)\n"
+           "  --data DIR            IDX dataset directory (default %s), standardised with the\n"
+           "                        mean and std the weights file records (else its training split's)\n"
            "  --text FILE           a language model on FILE's held-out tail (as train --text)\n"
            "  --minibatch B         samples per forward (default 256)\n"
            "  --threads T           compute threads (default 1)\n",
@@ -56,24 +59,38 @@ int cmd_eval(int argc, char **argv) {
     if (data && text) return cli_usage_error(c, "--data and --text exclude each other");
     Err err = {0};
     Model *m = NULL;
-    TrainData d = {0};
+    DataSplits d = {0};
     Trainer t = {0};
     float *x = NULL;
     int32_t *y = NULL;
     int ret = CLI_FAIL;
     kern_set_threads(threads);
     if (!(m = model_load(model, &err))) goto fail;
-    if (train_data_open(&d, m, data, text, 0, batch, 1, &err)) goto fail;
     OptConfig oc = optim_defaults(OPT_SGD, 0.0f);
     if (trainer_init(&t, m, batch, &oc, 1, &err)) goto fail;
-    if (weights_load(weights, m, t.w, t.state, &err)) goto fail;
-    x = pd_alloc_f32((size_t)batch * d.in_numel);
-    y = pd_alloc((size_t)batch * d.targets * sizeof(int32_t));
-    double t0 = pd_now(), loss, acc;
-    train_data_evaluate(&d, &t, x, y, &loss, &acc);
+    RtCkpt w = {.params = t.w, .state = t.state};
+    if (rt_weights_load(weights, m, &w, &err)) goto fail;
+    /* the statistics the weights were trained with; without them, the training split's */
+    DataFit fit = {model_name(m), model_input_shape(m), model_layer_out_shape(m, model_n_layers(m) - 1)};
+    int recorded = isfinite(w.data_mean);
+    if (data_splits_open(data, text, &fit, !recorded && !text, &d, &err)) goto fail;
+    if (data_splits_standardise(&d, recorded ? w.data_mean : d.mean, recorded ? w.data_std : d.std, &err)) goto fail;
+    size_t in_numel = data_sample_numel(&d.test);
+    int targets = data_targets(&d.test);
+    x = pd_alloc_f32((size_t)batch * in_numel);
+    y = pd_alloc((size_t)batch * (size_t)targets * sizeof(int32_t));
+    double t0 = pd_now(), sl = 0;
+    long hits = 0;
+    for (size_t i = 0; i < d.test.n; i += (size_t)batch) {
+        int cnt = (int)(d.test.n - i < (size_t)batch ? d.test.n - i : (size_t)batch), correct = 0;
+        data_batch(&d.test, NULL, i, cnt, x, y);
+        sl += (double)trainer_eval(&t, x, y, cnt, &correct) * cnt;
+        hits += correct;
+    }
+    double loss = sl / (double)d.test.n, acc = (double)hits / ((double)d.test.n * targets);
     printf("{\"model\": \"%s\", \"test_loss\": %.8g, \"test_accuracy\": %.6f, \"samples\": %zu, "
            "\"time_s\": %.3f}\n",
-           model_name(m), loss, acc, d.n_test, pd_now() - t0);
+           model_name(m), loss, acc, d.test.n, pd_now() - t0);
     ret = CLI_OK;
     goto done;
 fail:
@@ -82,7 +99,7 @@ done:
     pd_free(x);
     pd_free(y);
     trainer_release(&t);
-    train_data_close(&d);
+    data_splits_release(&d);
     model_free(m);
     return ret;
 }

@@ -104,9 +104,7 @@ int cmd_simulate(int argc, char **argv) {
     }
     if (!plan_path) return cli_usage_error("simulate", "missing PLAN.json");
     if (!profile_path) return cli_usage_error("simulate", "missing --profile PROFILE");
-    int micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW ||
-                     so.kind == SCHED_ZB_H1 || so.kind == SCHED_ZB_H2 || so.kind == SCHED_INTERLEAVED;
-    if (so.n_micro > 1 && !micro_kind && kind_given)   /* else the plan's schedule may have them */
+    if (so.n_micro > 1 && !sched_kind_microbatched(so.kind) && kind_given)   /* else the plan's schedule may have them */
         return cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
                                "not %s", sched_kind_name(so.kind));
     if (chunks && kind_given && so.kind != SCHED_INTERLEAVED)
@@ -146,8 +144,7 @@ int cmd_simulate(int argc, char **argv) {
                           so.recompute ? ", recomputation" : "");
     }
     if (!kind_given && !chunks && p->chunks > 1) so.kind = SCHED_INTERLEAVED;
-    micro_kind = so.kind == SCHED_GPIPE || so.kind == SCHED_1F1B_FLUSH || so.kind == SCHED_2BW || so.kind == SCHED_ZB_H1 ||
-                 so.kind == SCHED_ZB_H2 || so.kind == SCHED_INTERLEAVED;
+    int micro_kind = sched_kind_microbatched(so.kind);
     if (so.n_micro > 1 && !micro_kind) {
         rc = cli_usage_error("simulate", "--microbatches applies to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
                              "not %s", sched_kind_name(so.kind));
@@ -163,7 +160,7 @@ int cmd_simulate(int argc, char **argv) {
     }
     cl = p->cluster;
     if (cluster_path && cluster_load(cluster_path, &cl, &err)) goto fail;
-    if (!so.n_micro) so.n_micro = micro_kind ? p->n_workers : 1;
+    if (!so.n_micro) so.n_micro = sched_default_micro(so.kind, p->n_workers);
     if (!so.n_minibatches) so.n_minibatches = micro_kind ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;

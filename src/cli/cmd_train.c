@@ -1,116 +1,283 @@
-/* cmd_train.c: `pipedream train MODEL.json`: one-worker training (no pipeline) on
- * Fashion-MNIST (or any IDX dataset) or, with --text, a plain-text file read as byte tokens
- * (language models: the loss over every position, test_loss in nats per byte on the held-out
- * tail): minibatch SGD/Adam, test-set evaluation after each epoch, metrics as JSON lines, a
- * one-line JSON summary on stdout; --init starts from a weights file, --save writes one.
- * Pipelined training is the runtime's; this is its single-worker reference and the quickest
- * way to train a model. Data: train_data.c; weights files: weights.c. */
+/* cmd_train.c: `pipedream train MODEL.json`: training on one worker or many, one program. The
+ * flags (one table, FLAGS below: adding a flag is adding a row and a field) become an
+ * RtTrainSpec; the session (rt_train, runtime.h) runs it: one worker is one stage of the whole
+ * model on one thread, --workers N threads of this process, or the ranks of an MPI job
+ * (mpirun ... --plan PLAN.json); the summary and its files are train_report.c's. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli.h"
-#include "data.h"
-#include "kernels.h"
-#include "nn.h"
-#include "train_data.h"
-#include "weights.h"
-
-/* CPU seconds of this process (all threads): throughput on a shared machine. */
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void help(void) {
-    printf("usage: pipedream train MODEL.json [options]\n\n"
-           "Trains MODEL.json on one worker and prints a JSON summary line on stdout: steps, epochs,\n"
-           "final_loss (mean training loss of the last --log-every steps), test_loss and\n"
-           "test_accuracy (eval mode, after the last step; text: nats per byte), samples_per_s\n"
-           "(training steps only; samples_per_cpu_s: per CPU second of this process).\n"
-           "A progress line goes to stderr when it is a terminal.\n\n"
-           "options:\n"
-           "  --data DIR            IDX dataset directory (default %s)\n"
-           "  --text FILE           train a language model on FILE's bytes (the last 5%% held out)\n"
-           "  --init W.safetensors  start from these weights (tools/export_torch.py, --save, a checkpoint)\n"
-           "  --save W.safetensors  write the final weights (and batch-norm state)\n"
-           "  --epochs N            passes over the training set (default 1)\n"
-           "  --steps N             train exactly N minibatches instead of whole epochs\n"
-           "  --minibatch B         samples per minibatch (default 64)\n"
-           "  --lr X                learning rate (default 0.01)\n"
-           "  --momentum M          SGD momentum (default 0.9)\n"
-           "  --weight-decay W      L2 weight decay (default 0)\n"
-           "  --optimizer sgd|adam  (default sgd)\n"
-           "  --threads T           compute threads (default 1)\n"
-           "  --seed S              weight init, data order and dropout seed (default 1)\n"
-           "  --metrics FILE.jsonl  write one JSON object per logged step and per epoch\n"
-           "  --log-every N         steps between metrics lines (default 50)\n",
-           DATA_DEFAULT_IDX_DIR);
-}
+#include "runtime.h"
+#include "train_report.h"
 
 typedef struct TrainOpts {
-    const char *model, *data, *metrics, *text, *init, *save;
-    int epochs, steps, batch, threads, seed, log_every;
-    double lr, momentum, wd;
-    int opt;
+    const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
+        *save;
+    int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
+        nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup;
+    SchedKind kind;
+    double lr, momentum, wd, timeout, target;
 } TrainOpts;
 
+static int set_schedule(TrainOpts *o, const char *v) {
+    if (sched_kind_parse(v, &o->kind)) return cli_usage_error("train", "unknown schedule \"%s\"", v);
+    o->kind_given = 1;
+    return CLI_OK;
+}
+
+static int set_optimizer(TrainOpts *o, const char *v) {
+    if ((o->opt_kind = optim_kind_parse(v)) < 0)
+        return cli_usage_error("train", "--optimizer expects sgd or adam, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_staleness(TrainOpts *o, const char *v) {
+    Err e = {0};
+    if (rt_staleness_parse(v, &o->staleness, &e)) return cli_usage_error("train", "%s", e.msg);
+    return CLI_OK;
+}
+
+static int set_nan_check(TrainOpts *o, const char *v) {
+    if (!strcmp(v, "loss")) o->nan_check = RT_NAN_LOSS;
+    else if (!strcmp(v, "all")) o->nan_check = RT_NAN_ALL;
+    else if (!strcmp(v, "off")) o->nan_check = RT_NAN_OFF;
+    else return cli_usage_error("train", "--nan-check expects loss, all or off, got \"%s\"", v);
+    return CLI_OK;
+}
+
+/* One flag: a switch (arg NULL), an integer or number in [lo, hi], a string, or a choice
+ * parsed by its own function; off locates its field in TrainOpts. A row with name NULL is a
+ * heading of the help text. */
+typedef enum { F_SWITCH, F_INT, F_NUM, F_STR, F_CHOICE } FlagKind;
+typedef struct Flag {
+    const char *name, *arg;
+    FlagKind kind;
+    size_t off;
+    double lo, hi;
+    int (*choice)(TrainOpts *o, const char *v);
+    const char *help;
+} Flag;
+
+#define SECTION(t) {NULL, NULL, F_SWITCH, 0, 0, 0, NULL, t}
+#define SWITCH(n, f, h) {n, NULL, F_SWITCH, offsetof(TrainOpts, f), 0, 0, NULL, h}
+#define INT(n, a, f, lo, hi, h) {n, a, F_INT, offsetof(TrainOpts, f), lo, hi, NULL, h}
+#define NUM(n, a, f, lo, hi, h) {n, a, F_NUM, offsetof(TrainOpts, f), lo, hi, NULL, h}
+#define STR(n, a, f, h) {n, a, F_STR, offsetof(TrainOpts, f), 0, 0, NULL, h}
+#define CHOICE(n, a, fn, h) {n, a, F_CHOICE, 0, 0, 0, fn, h}
+
+static const Flag FLAGS[] = {
+    SECTION("workers and schedule"),
+    INT("--workers", "N", workers, 1, 4096,
+        "run N workers as threads of this process (default: the plan's workers; 1 without --plan). "
+        "Without --plan, N > 1 workers are planned here from a brief profile (10 GB/s links)"),
+    STR("--plan", "PLAN.json", plan, "stages, replicas and ranks (from 'pipedream plan'); needed under mpirun"),
+    CHOICE("--schedule", "KIND", set_schedule,
+           "1f1b (default), gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 (1f1b-flush with the backward "
+           "split into input and weight gradient, the weight passes deferred into the bubbles), "
+           "dp, model-parallel, asp (every worker the whole model, gradients applied at sharded "
+           "parameter owners without waiting), interleaved (several stages per worker; the "
+           "default for a plan written by 'pipedream plan --chunks V')"),
+    INT("--chunks", "V", chunks, 2, RT_MAX_CHUNKS,
+        "interleave a straight plan of S one-replica stages: stage i on worker i mod (S / V), "
+        "V stages per worker (implies --schedule interleaved; needs 2 or more workers)"),
+    INT("--microbatches", "M", micro, 1, 65536,
+        "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved "
+        "(interleaved: a multiple of the workers; default: one per worker of the plan)"),
+    SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
+    SWITCH("--recompute", recompute,
+           "keep only each stage's input per unit in flight and recompute the forward before "
+           "the backward (activation memory for time)"),
+    SWITCH("--no-stash", no_stash,
+           "ablation: the backward uses the newest weights, not the version its forward used"),
+    CHOICE("--staleness", "METHOD", set_staleness,
+           "compensation for the delayed gradients of the asynchronous schedules: none, predict, "
+           "lookahead (default for 1f1b and 2bw), lr-warmup, or several joined with + "
+           "(docs/explanation/staleness.md)"),
+    INT("--staleness-warmup", "K", staleness_warmup, 1, 1000000000,
+        "lr-warmup: the optimizer steps of the warm-up (default 500)"),
+    SECTION("training"),
+    INT("--epochs", "N", epochs, 1, 100000, "passes over the training set (default 1; whole minibatches)"),
+    INT("--steps", "N", steps, 1, 1000000000, "train exactly N minibatches instead"),
+    INT("--minibatch", "B", batch, 1, 65536, "samples per minibatch (default 64; split into the micro-batches)"),
+    NUM("--lr", "X", lr, 0, 100, "learning rate (default 0.01)"),
+    NUM("--momentum", "M", momentum, 0, 0.999999, "SGD momentum (default 0.9)"),
+    NUM("--weight-decay", "W", wd, 0, 10, "L2 weight decay (default 0)"),
+    CHOICE("--optimizer", "sgd|adam", set_optimizer, "the optimizer (default sgd)"),
+    INT("--seed", "S", seed, 0, 2147483647, "weight init, data order and dropout seed (default 1)"),
+    INT("--threads", "T", threads, 1, 1024, "kernel threads per worker (default 1)"),
+    SECTION("data and weights"),
+    STR("--data", "DIR", data,
+        "IDX image set (default " DATA_DEFAULT_IDX_DIR "), standardised "
+        "with its training split's mean and std"),
+    STR("--text", "FILE", text, "or byte-level text for a language model (its last 5% held out; test_loss in nats per byte)"),
+    STR("--init", "W.safetensors", init,
+        "start from these weights (--save, tools/export_torch.py, a checkpoint); optimizer fresh"),
+    STR("--save", "W.safetensors", save, "write the final weights (and batch-norm state, input statistics)"),
+    SECTION("checkpoints and evaluation"),
+    INT("--checkpoint-every", "N", checkpoint_every, 1, 1000000000,
+        "checkpoint every N minibatches into --checkpoint-dir (the pipeline drains there, so "
+        "the checkpoint is exact)"),
+    STR("--checkpoint-dir", "D", checkpoint_dir, "where checkpoints go (ckpt-<minibatches>.safetensors; created if missing)"),
+    INT("--keep-last", "N", keep_last, 1, 1000000000,
+        "keep only the newest N checkpoints of the run (default: all); never the one a resume needs"),
+    STR("--resume", "D", resume,
+        "continue from the newest complete checkpoint in D (same seed and optimizer; any plan, "
+        "schedule or worker count: tensors are named by layer)"),
+    INT("--eval-every", "N", eval_every, 1, 1000000000,
+        "evaluate on the test set every N minibatches (the pipeline drains there); default: "
+        "only after training"),
+    NUM("--target-accuracy", "A", target, 0, 1, "stop at the first evaluation with test accuracy >= A (time to accuracy)"),
+    CHOICE("--nan-check", "WHAT", set_nan_check,
+           "stop at a NaN or Inf: loss (default: the last stage's loss), all (also every stage's "
+           "gradients after each backward), off"),
+    NUM("--timeout", "S", timeout, 0, 1e6, "deadline of every wait in seconds (default 300)"),
+    SECTION("outputs"),
+    STR("--metrics", "FILE.jsonl", metrics,
+        "JSON lines: the summary, one per stage, one per evaluation, one per --log-every minibatches"),
+    INT("--log-every", "N", log_every, 1, 1000000000, "minibatches per metrics \"step\" line (default 50)"),
+    STR("--profile", "FILE", profile, "profile for the simulator's predicted times (default: the one made without --plan)"),
+    STR("--trace", "FILE.json", trace, "Chrome trace of every worker's instructions"),
+    STR("--svg", "FILE", svg, "timeline of the measured run (beside the simulated one, with a profile)"),
+    STR("--curve", "FILE", curve, "loss and accuracy curve (SVG)"),
+    SWITCH("--progress", progress, "a progress line every 10 s even when stderr is not a terminal"),
+};
+enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
+
+static void help(void) {
+    printf("usage: pipedream train MODEL.json [options]                        one worker, or --workers N\n"
+           "       mpirun -np N pipedream train MODEL.json --plan PLAN.json [options]    MPI, N workers\n\n"
+           "Trains MODEL.json: one worker runs the whole model; several run the plan's stages\n"
+           "following the schedule's instruction lists. The same flags, checks, checkpoints and\n"
+           "summary in every mode: one JSON line on stdout (docs/formats.md, \"Training summary\"),\n"
+           "a per-stage table on stderr, a progress line on stderr when it is a terminal.\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        const Flag *f = &FLAGS[i];
+        if (!f->name) {
+            printf("\n%s:\n", f->help);
+            continue;
+        }
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s", f->name, f->arg ? " " : "", f->arg ? f->arg : "");
+        printf("  %-24s", head);
+        int col = 26;
+        for (const char *p = f->help; *p;) {   /* words, wrapped at 100 columns under the first */
+            size_t n = strcspn(p, " ");
+            if (col > 26 && col + 1 + (int)n > 100) printf("\n%26s", ""), col = 26;
+            else if (col > 26) putchar(' '), col++;
+            printf("%.*s", (int)n, p);
+            col += (int)n;
+            p += n;
+            while (*p == ' ') p++;
+        }
+        putchar('\n');
+    }
+}
+
 static int parse(int argc, char **argv, TrainOpts *o) {
-    const char *c = "train";
-    *o = (TrainOpts){.epochs = 1, .batch = 64, .threads = 1, .seed = 1, .log_every = 50, .lr = 0.01, .momentum = 0.9,
-                     .opt = OPT_SGD};
+    const char *C = "train";
+    *o = (TrainOpts){.epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
+                     .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD, .log_every = 50,
+                     .staleness = RT_STALE_DEFAULT};
     int have_epochs = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int rc = CLI_OK;
+        const char *a = argv[i], *v = NULL;
         if (a[0] != '-') {
-            if (o->model) return cli_usage_error(c, "unexpected argument \"%s\"", a);
+            if (o->model) return cli_usage_error(C, "unexpected argument \"%s\"", a);
             o->model = a;
             continue;
         }
-        if (!strcmp(a, "--data") || !strcmp(a, "--metrics") || !strcmp(a, "--optimizer") || !strcmp(a, "--epochs") ||
-            !strcmp(a, "--steps") || !strcmp(a, "--minibatch") || !strcmp(a, "--lr") || !strcmp(a, "--momentum") ||
-            !strcmp(a, "--weight-decay") || !strcmp(a, "--threads") || !strcmp(a, "--seed") ||
-            !strcmp(a, "--log-every") || !strcmp(a, "--text") || !strcmp(a, "--init") || !strcmp(a, "--save")) {
-            if (!(v = cli_value(c, argc, argv, &i))) return CLI_USAGE;
-        } else {
-            return cli_usage_error(c, "unknown option \"%s\"", a);
+        const Flag *f = NULL;
+        for (int k = 0; k < N_FLAGS && !f; k++)
+            if (FLAGS[k].name && !strcmp(a, FLAGS[k].name)) f = &FLAGS[k];
+        if (!f) return cli_usage_error(C, "unknown option \"%s\"", a);
+        have_epochs |= !strcmp(a, "--epochs");
+        char *field = (char *)o + f->off;
+        if (f->kind == F_SWITCH) {
+            *(int *)field = 1;
+            continue;
         }
-        if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--text")) o->text = v;
-        else if (!strcmp(a, "--init")) o->init = v;
-        else if (!strcmp(a, "--save")) o->save = v;
-        else if (!strcmp(a, "--metrics")) o->metrics = v;
-        else if (!strcmp(a, "--optimizer")) {
-            o->opt = optim_kind_parse(v);
-            if (o->opt < 0) return cli_usage_error(c, "--optimizer expects sgd or adam, got \"%s\"", v);
-        } else if (!strcmp(a, "--epochs")) {
-            rc = cli_parse_int(c, a, v, 1, 100000, &o->epochs);
-            have_epochs = 1;
-        } else if (!strcmp(a, "--steps")) rc = cli_parse_int(c, a, v, 1, 1000000000, &o->steps);
-        else if (!strcmp(a, "--minibatch")) rc = cli_parse_int(c, a, v, 1, 65536, &o->batch);
-        else if (!strcmp(a, "--threads")) rc = cli_parse_int(c, a, v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--seed")) rc = cli_parse_int(c, a, v, 0, 2147483647, &o->seed);
-        else if (!strcmp(a, "--log-every")) rc = cli_parse_int(c, a, v, 1, 1000000000, &o->log_every);
-        else if (!strcmp(a, "--lr")) rc = cli_parse_double(c, a, v, 0, 100, &o->lr);
-        else if (!strcmp(a, "--momentum")) rc = cli_parse_double(c, a, v, 0, 0.999999, &o->momentum);
-        else if (!strcmp(a, "--weight-decay")) rc = cli_parse_double(c, a, v, 0, 10, &o->wd);
+        if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+        int rc = CLI_OK;
+        switch (f->kind) {
+        case F_INT: rc = cli_parse_int(C, a, v, (long)f->lo, (long)f->hi, (int *)field); break;
+        case F_NUM: rc = cli_parse_double(C, a, v, f->lo, f->hi, (double *)field); break;
+        case F_STR: *(const char **)field = v; break;
+        case F_CHOICE: rc = f->choice(o, v); break;
+        case F_SWITCH: break;
+        }
         if (rc) return rc;
     }
-    if (!o->model) return cli_usage_error(c, "missing MODEL.json");
-    if (have_epochs && o->steps) return cli_usage_error(c, "--epochs and --steps exclude each other");
+    if (!o->model) return cli_usage_error(C, "missing MODEL.json");
+    if (have_epochs && o->steps) return cli_usage_error(C, "--epochs and --steps exclude each other");
+    if (o->data && o->text) return cli_usage_error(C, "--data and --text exclude each other");
+    if (o->init && o->resume) return cli_usage_error(C, "--init and --resume exclude each other");
+    if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
+    if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");
+    if (o->keep_last && !o->checkpoint_every)
+        return cli_usage_error(C, "--keep-last needs --checkpoint-every and --checkpoint-dir");
+    if (o->chunks && o->kind_given && o->kind != SCHED_INTERLEAVED)
+        return cli_usage_error(C, "--chunks applies to --schedule interleaved only");
+    if (o->chunks) o->kind = SCHED_INTERLEAVED, o->kind_given = 1;
+    return CLI_OK;
+}
+
+/* The plan (NULL: one worker's, made by the session), its interleaving, and the checks that
+ * need it: the schedule, the micro-batches, the workers. */
+static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
+    const char *C = "train";
+    Plan *plan = NULL;
+    *out = NULL;
+    if (o->plan) {
+        if (!(plan = plan_load(o->plan, err))) return CLI_FAIL;
+        if (plan->chunks > 1 && !o->kind_given) o->kind = SCHED_INTERLEAVED;
+        int chunks = plan->chunks;
+        if (chunks > 1 && o->kind != SCHED_INTERLEAVED) {
+            plan_free(plan);
+            return cli_usage_error(C, "%s is an interleaved plan (%d stages per worker): it runs with --schedule "
+                                   "interleaved only", o->plan, chunks);
+        }
+        if (o->chunks && chunks > 1 && o->chunks != chunks) {
+            err_set(err, PD_EINVAL, "%s is an interleaved plan of %d chunks, not %d", o->plan, chunks, o->chunks);
+            plan_free(plan);
+            return CLI_FAIL;
+        }
+        if (o->chunks && chunks <= 1 && plan_interleave(plan, o->chunks, err)) {
+            err_prefix(err, "%s: --chunks %d", o->plan, o->chunks);
+            plan_free(plan);
+            return CLI_FAIL;
+        }
+        if (!mpi && o->workers && plan->n_workers != o->workers) {
+            err_set(err, PD_EINVAL, "the plan uses %d workers, --workers says %d", plan->n_workers, o->workers);
+            plan_free(plan);
+            return CLI_FAIL;
+        }
+        o->workers = plan->n_workers;
+    } else {
+        if (!o->workers) o->workers = 1;
+        if (o->chunks || o->kind == SCHED_INTERLEAVED)
+            return cli_usage_error(C, "interleaved needs --plan (make one with 'pipedream plan --chunks V') and 2 or "
+                                   "more workers");
+    }
+    if (o->micro == 0) o->micro = sched_default_micro(o->kind, o->workers);
+    int rc = CLI_OK;
+    if (o->micro > 1 && !sched_kind_microbatched(o->kind))
+        rc = cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved");
+    else if (o->vsync && o->kind != SCHED_1F1B)
+        rc = cli_usage_error(C, "--vertical-sync applies only to 1f1b");
+    else if (o->batch % o->micro)
+        rc = cli_usage_error(C, "--minibatch %d is not a multiple of %d micro-batches (--microbatches; default: one "
+                             "per worker)", o->batch, o->micro);
+    if (rc) {
+        plan_free(plan);
+        return rc;
+    }
+    *out = plan;
     return CLI_OK;
 }
 
 int cmd_train(int argc, char **argv) {
-    /* Pipelined training (cmd_train_pipe.c): a plan, several workers, or under mpirun. */
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--plan") || !strcmp(argv[i], "--workers") || !strcmp(argv[i], "--schedule"))
-            return cmd_train_pipelined(argc, argv);
-    if (cli_under_mpirun()) return cmd_train_pipelined(argc, argv);
     if (cli_wants_help(argc, argv)) {
         help();
         return CLI_OK;
@@ -118,100 +285,66 @@ int cmd_train(int argc, char **argv) {
     TrainOpts o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
+    int mpi = cli_under_mpirun(), given_workers = o.workers;
+    Plan *plan = NULL;
     Err err = {0};
-    TrainData d = {0};
-    Model *m = NULL;
-    Trainer t = {0};
-    FILE *mf = NULL;
-    float *x = NULL;
-    int32_t *y = NULL;
-    int ret = CLI_FAIL;
-    kern_set_threads(o.threads);
-    if (!(m = model_load(o.model, &err))) goto fail;
-    if (train_data_open(&d, m, o.data, o.text, 1, o.batch, (uint64_t)o.seed, &err)) goto fail;
-    OptConfig oc = optim_defaults((OptKind)o.opt, (float)o.lr);
-    oc.momentum = (float)o.momentum;
+    if ((rc = resolve_plan(&o, mpi, &plan, &err))) return rc == CLI_USAGE ? rc : cli_fail(&err);
+    Comm *comm = NULL;
+    if (mpi && comm_mpi_create(&argc, &argv, &comm, &err)) {
+        plan_free(plan);
+        return cli_fail(&err);
+    }
+    int rank = comm ? comm_rank(comm) : 0;
+    Profile prof = {0};
+    int have_prof = 0;
+    RtTrainSummary sum = {0};
+    if (mpi && given_workers && given_workers != comm_size(comm)) {
+        rc = err_set(&err, PD_EINVAL, "--workers %d, but mpirun started %d ranks", given_workers, comm_size(comm));
+        goto out;
+    }
+    if (o.profile) {
+        if ((rc = profile_load(o.profile, &prof, &err))) goto out;
+        have_prof = 1;
+    }
+    if (!plan && o.workers > 1) {   /* profile briefly on this host and plan for N workers joined by shared memory */
+        RtProfileOpts po = {.minibatch = o.batch / o.micro, .threads = o.threads, .warmup = 2, .iterations = 5,
+                            .progress = pd_stderr_is_tty()};
+        if (!have_prof && (rc = rt_profile(o.model, &po, &prof, &err))) goto out;
+        have_prof = 1;
+        Cluster cl = {.n_levels = 1};
+        cl.level[0] = (ClusterLevel){.workers = o.workers, .bandwidth = 1e10, .latency = 1e-5};
+        PlanOpts popt = {.cost_model = COST_OURS};
+        if (!(plan = plan_new(&prof, &cl, &popt, &err))) {
+            rc = err.code ? err.code : PD_EINVAL;
+            goto out;
+        }
+        fprintf(stderr, "pipedream: planned %d stage(s) for %d workers from a %d-iteration profile\n", plan->n_stages,
+                o.workers, po.iterations);
+    }
+    OptConfig oc = optim_defaults((OptKind)o.opt_kind, (float)o.lr);
+    if (o.opt_kind == OPT_SGD) oc.momentum = (float)o.momentum;
     oc.weight_decay = (float)o.wd;
-    if (trainer_init(&t, m, o.batch, &oc, (uint64_t)o.seed, &err)) goto fail;
-    if (o.init && weights_load(o.init, m, t.w, t.state, &err)) goto fail;
-    if (o.metrics && !(mf = fopen(o.metrics, "w"))) {
-        err_set(&err, PD_EIO, "%s: cannot open for writing", o.metrics);
-        goto fail;
+    RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
+                        .vertical_sync = o.vsync, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
+                        .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text, .threads = o.threads,
+                        .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
+                        .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,
+                        .init_weights = o.init, .trace = o.trace || o.svg,
+                        .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
+                        .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every, .target_accuracy = o.target,
+                        .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
+                        .recompute = o.recompute, .save = o.save};
+    if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
+    if (rank == 0) {
+        TrainOutputs outs = {.metrics = o.metrics, .log_every = o.log_every, .trace = o.trace, .svg = o.svg,
+                             .curve = o.curve};
+        rc = train_report(&sum, &outs, &err);
     }
-    x = pd_alloc_f32((size_t)o.batch * d.in_numel);
-    y = pd_alloc((size_t)o.batch * d.targets * sizeof(int32_t));
-    uint64_t nb = d.n_batches, total = o.steps ? (uint64_t)o.steps : (uint64_t)o.epochs * nb;
-    int tty = pd_stderr_is_tty();
-    double t_train = 0, t_cpu = 0, win_loss = 0, last_loss = NAN, test_loss = NAN, test_acc = NAN;
-    long win_n = 0, samples = 0, win_hits = 0, win_samples = 0;
-    int epochs_done = 0;
-    for (uint64_t g = 0; g < total; g++) {
-        int cnt = train_data_get(&d, g, x, y), correct = 0;
-        double t0 = pd_now(), c0 = cpu_now();
-        float loss = trainer_step(&t, x, y, cnt, g, &correct);
-        t_train += pd_now() - t0;
-        t_cpu += cpu_now() - c0;
-        if (!isfinite(loss)) {
-            err_set(&err, PD_EINVAL, "loss is %g at step %llu (learning rate too high?)", (double)loss,
-                    (unsigned long long)g + 1);
-            goto fail;
-        }
-        samples += cnt;
-        win_loss += loss;
-        win_n++;
-        win_hits += correct;
-        win_samples += cnt * d.targets;
-        uint64_t epoch = g / nb;
-        int end_epoch = (g + 1) % nb == 0 || g + 1 == total;
-        if ((g + 1) % (uint64_t)o.log_every == 0 || g + 1 == total) {
-            last_loss = win_loss / win_n;
-            double sps = samples / t_train;
-            if (mf)
-                fprintf(mf, "{\"type\": \"step\", \"step\": %llu, \"epoch\": %llu, \"loss\": %.6g, \"accuracy\": %.4f, "
-                            "\"samples_per_s\": %.1f, \"time_s\": %.3f}\n",
-                        (unsigned long long)g + 1, (unsigned long long)epoch, last_loss,
-                        (double)win_hits / win_samples, sps, t_train);
-            if (tty) {
-                double eta = (double)(total - g - 1) * o.batch / sps;
-                fprintf(stderr, "\repoch %llu step %llu/%llu loss %.4f %.0f samples/s ETA %.0fs   ",
-                        (unsigned long long)epoch + 1, (unsigned long long)g + 1, (unsigned long long)total,
-                        last_loss, sps, eta);
-                fflush(stderr);
-            }
-            win_loss = 0;
-            win_n = 0;
-            win_hits = win_samples = 0;
-        }
-        if (end_epoch) {
-            train_data_evaluate(&d, &t, x, y, &test_loss, &test_acc);
-            epochs_done += (g + 1) % nb == 0;
-            if (mf)
-                fprintf(mf, "{\"type\": \"epoch\", \"epoch\": %llu, \"step\": %llu, \"test_loss\": %.6g, "
-                            "\"test_accuracy\": %.4f, \"time_s\": %.3f}\n",
-                        (unsigned long long)epoch, (unsigned long long)g + 1, test_loss, test_acc, t_train);
-            if (tty) fprintf(stderr, "\repoch %llu: test accuracy %.4f, test loss %.4f%30s\n", (unsigned long long)epoch + 1,
-                             test_acc, test_loss, "");
-        }
-    }
-    printf("{\"model\": \"%s\", \"steps\": %llu, \"epochs\": %d, \"minibatch\": %d, \"threads\": %d, "
-           "\"optimizer\": \"%s\", \"lr\": %g, \"final_loss\": %.6g, \"test_loss\": %.6g, \"test_accuracy\": %.4f, "
-           "\"samples_per_s\": %.1f, \"train_time_s\": %.3f, \"samples_per_cpu_s\": %.1f}\n",
-           model_name(m), (unsigned long long)total, epochs_done, o.batch, o.threads, o.opt == OPT_SGD ? "sgd" : "adam",
-           o.lr, last_loss, test_loss, test_acc, samples / t_train, t_train, samples / t_cpu);
-    if (o.save && weights_save(o.save, m, t.w, t.state, &err)) goto fail;
-    ret = CLI_OK;
-    goto done;
-fail:
-    ret = cli_fail(&err);
-done:
-    if (mf && fclose(mf) != 0 && ret == CLI_OK) {
-        err_set(&err, PD_EIO, "%s: write failed", o.metrics);
-        ret = cli_fail(&err);
-    }
-    pd_free(x);
-    pd_free(y);
-    train_data_close(&d);
-    trainer_release(&t);
-    model_free(m);
-    return ret;
+out:
+    rt_train_summary_release(&sum);
+    if (have_prof) profile_release(&prof);
+    plan_free(plan);
+    if (rc) fprintf(stderr, "pipedream: error: %s\n", err.msg);
+    comm_free(comm);
+    return rc ? CLI_FAIL : CLI_OK;
 }

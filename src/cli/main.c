@@ -20,7 +20,7 @@ static const CliCommand COMMANDS[] = {
     /* one line per subcommand; keep this order (the user's path) */
     {"version", "print the version", cmd_version},
     {"profile", "time a model's layers on one worker and write a profile", cmd_profile},
-    {"train", "train a model on one worker (no pipeline)", cmd_train},
+    {"train", "train a model on one worker, on threads, or over MPI (a pipeline)", cmd_train},
     {"eval", "test loss and accuracy of a model's weights", cmd_eval},
     {"bench", "time training steps of a model on synthetic data", cmd_bench},
     {"plan", "partition a profile into pipeline stages over a cluster", cmd_plan},

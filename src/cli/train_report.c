@@ -30,7 +30,12 @@ char *train_summary_json(const RtTrainSummary *s) {
     cJSON_AddStringToObject(o, "staleness", s->staleness);
     num(o, "workers", s->workers);
     num(o, "stages", s->stages);
+    num(o, "threads", s->threads);
+    cJSON_AddStringToObject(o, "optimizer", s->optimizer);
+    num(o, "lr", s->lr);
+    num(o, "minibatch", s->minibatch);
     num(o, "steps", s->steps);
+    num(o, "epochs", s->epochs);
     num(o, "units", s->units);
     num(o, "unit_batch", s->unit_batch);
     num(o, "final_loss", s->final_loss);
@@ -38,10 +43,13 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "test_accuracy", s->test_accuracy);
     num(o, "test_loss", s->test_loss);
     num(o, "samples_per_s", s->samples_per_s);
+    num(o, "samples_per_cpu_s", s->samples_per_cpu_s);
     num(o, "time_per_unit_ms", s->time_per_unit_ms);
     num(o, "predicted_time_per_unit_ms", s->predicted_time_per_unit_ms);
     num(o, "overhead_pct", s->overhead_pct);
     num(o, "wall_s", s->wall_s);
+    num(o, "data_mean", s->data_mean);
+    num(o, "data_std", s->data_std);
     num(o, "resumed_from", (double)s->resumed_from);
     if (s->target_minibatches) {
         num(o, "target_minibatches", (double)s->target_minibatches);
@@ -50,10 +58,11 @@ char *train_summary_json(const RtTrainSummary *s) {
         cJSON_AddNullToObject(o, "target_minibatches");
         cJSON_AddNullToObject(o, "target_train_s");
     }
-    if (s->asp_figures) {   /* asp: staleness of the applied gradients, pull round trips (docs/asp.md) */
-        num(o, "staleness_mean", s->staleness_mean), num(o, "staleness_max", s->staleness_max);
-        num(o, "pull_ms_mean", s->pull_ms_mean), num(o, "pull_ms_max", s->pull_ms_max);
-    }
+    /* asp: staleness of the applied gradients, pull round trips (docs/asp.md); null otherwise */
+    num(o, "staleness_mean", s->staleness_mean);
+    num(o, "staleness_max", s->asp_figures && s->staleness_max >= 0 ? s->staleness_max : NAN);
+    num(o, "pull_ms_mean", s->pull_ms_mean);
+    num(o, "pull_ms_max", s->pull_ms_max);
     if (s->last_checkpoint[0]) cJSON_AddStringToObject(o, "last_checkpoint", s->last_checkpoint);
     else cJSON_AddNullToObject(o, "last_checkpoint");
     cJSON *crcs = cJSON_AddArrayToObject(o, "weights_crc");
@@ -73,6 +82,16 @@ char *train_eval_json(const RtEvalPoint *e) {
     num(o, "train_s", e->train_s);
     num(o, "test_accuracy", e->test_accuracy);
     num(o, "test_loss", e->test_loss);
+    return print_free(o);
+}
+
+char *train_step_json(int step, double epoch, double loss, double accuracy) {
+    cJSON *o = cJSON_CreateObject();
+    PD_ASSERT(o);
+    num(o, "step", step);
+    num(o, "epoch", epoch);
+    num(o, "loss", loss);
+    num(o, "accuracy", accuracy);
     return print_free(o);
 }
 
@@ -138,8 +157,9 @@ static int write_pictures(const RtTrainSummary *s, const TrainOutputs *o, Err *e
     return rc;
 }
 
-/* Loss and training accuracy per unit from the last stage's replicas, and test accuracy. */
-static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
+/* Loss and training accuracy per unit (global index; NAN where none) from the last stage's
+ * replicas: *n entries each, owned. */
+static void unit_history(const RtTrainSummary *s, float **loss_out, float **acc_out, int *n_out) {
     int n = 0;
     for (int r = 0; r < s->workers; r++)
         for (int k = 0; k < s->res[r].n_hist; k++)
@@ -152,6 +172,42 @@ static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
             int u = (int)s->res[r].hist[3 * k];
             if (u >= 0 && u < n) loss[u] = s->res[r].hist[3 * k + 1], acc[u] = s->res[r].hist[3 * k + 2];
         }
+    *loss_out = loss, *acc_out = acc, *n_out = n;
+}
+
+/* The "step" metrics lines: every log_every minibatches of this run (and its last), the mean
+ * loss and training accuracy of the window's minibatches (each the mean of its units). */
+static void write_steps(FILE *f, const RtTrainSummary *s, int log_every) {
+    float *loss, *acc;
+    int n;
+    unit_history(s, &loss, &acc, &n);
+    int per = s->unit_batch > 0 && s->minibatch >= s->unit_batch ? s->minibatch / s->unit_batch : 1;
+    double wl = 0, wa = 0;
+    int wn = 0;
+    for (int g = (int)s->resumed_from; g < s->steps; g++) {
+        double l = 0, a = 0;
+        int k = 0;
+        for (int u = g * per; u < (g + 1) * per && u < n; u++)
+            if (isfinite(loss[u])) l += loss[u], a += acc[u], k++;
+        if (k) wl += l / k, wa += a / k, wn++;
+        if ((g + 1) % log_every == 0 || g + 1 == s->steps) {
+            if (wn) {
+                char *t = train_step_json(g + 1, s->steps > 0 ? s->epochs * (g + 1) / s->steps : NAN, wl / wn, wa / wn);
+                fprintf(f, "%s\n", t);
+                free(t);
+            }
+            wl = wa = 0, wn = 0;
+        }
+    }
+    free(loss);
+    free(acc);
+}
+
+/* Loss and training accuracy per unit from the last stage's replicas, and test accuracy. */
+static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
+    float *loss, *acc;
+    int n;
+    unit_history(s, &loss, &acc, &n);
     char title[160];
     snprintf(title, sizeof title, "%s, %d workers: training loss and accuracy", s->schedule, s->workers);
     int rc = curve_svg_write(path, loss, acc, n, s->test_accuracy, title, err);
@@ -170,8 +226,7 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
                 s->stage[i].delay_max);
     fprintf(stderr, "staleness compensation: %s\n", s->staleness);
     fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", s->time_per_unit_ms,
-            s->predicted_time_per_unit_ms, isfinite(s->predicted_time_per_unit_ms) ? "same plan and profile"
-                                                                                     : "no profile given");
+            s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "no profile given");
     char *line = train_summary_json(s);
     puts(line);
     fflush(stdout);
@@ -191,6 +246,7 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
                 fprintf(f, "%s\n", t);
                 free(t);
             }
+            write_steps(f, s, o->log_every > 0 ? o->log_every : 50);
             if (fclose(f) != 0) rc = err_set(err, PD_EIO, "%s: write failed", o->metrics);
         }
     }

@@ -82,10 +82,8 @@ void data_truncate(Dataset *d, size_t n);
 
 /* ---- order ----------------------------------------------------------------------- */
 
-/* Standardises every value in place: x = (x - mean) / std (torchvision's Normalize for one
- * channel). The CLI applies Fashion-MNIST's training-set statistics (DATA_FMNIST_MEAN/STD). */
-#define DATA_FMNIST_MEAN 0.2860f
-#define DATA_FMNIST_STD 0.3530f
+/* Standardises every value in place: x = (x - mean) * (1 / std) (torchvision's Normalize for
+ * one channel). Training uses the training split's own statistics (data_stats). */
 void data_normalize(Dataset *d, float mean, float std);
 
 /* Minibatches per epoch: ceil(n / batch), or floor(n / batch) with drop_last. batch >= 1. */
@@ -196,5 +194,44 @@ int  data_text_sampler_get(TextSampler *s, uint64_t g, float *x, int32_t *y);
  * n_classes 256. Caller owns *out (data_release). */
 int  data_text_dataset(const TextData *t, int test, Dataset *out, Err *err);
 /* ==== end of text ============================================================================ */
+
+/* ==== a model's data (data_fit.c) ===========================================================
+ * What `pipedream train`, `pipedream eval` and a training session read, in one place: an IDX
+ * image directory (Fashion-MNIST by default) or a plain-text file (byte-level language
+ * modelling, the last DATA_TEXT_TEST_FRACTION held out), checked against the model that reads
+ * it, and for images the training split's mean and std to standardise with. */
+typedef struct DataFit {
+    const char *model;     /* the model's name, for messages */
+    Shape input;           /* one sample of the model's input: (C, H, W), or (T) token ids */
+    Shape output;          /* one sample of its output: logits (K), or (T, K) per position */
+} DataFit;
+
+typedef struct DataSplits {
+    int text;              /* byte-level text (data_text_dataset's layout) */
+    Dataset train, test;   /* train empty unless asked for */
+    double mean, std;      /* images: the training split's statistics (data_stats) when it was read,
+                            * after data_splits_standardise the ones applied; NAN otherwise */
+} DataSplits;
+
+/* The mean and the population standard deviation of every value of d, each rounded to 4
+ * decimals, as the published constants are: Fashion-MNIST's training split gives exactly
+ * 0.2860 and 0.3530 (the values PyTorch recipes use), MNIST's 0.1307 and 0.3081. */
+void data_stats(const Dataset *d, double *mean, double *std);
+/* Checks that fit's model reads the data: text: input (T) and output (T, >= 256); images (d):
+ * input equal to a sample's (C, H, W), output (K) with K >= the data's classes. PD_EINVAL with
+ * "<model>: input ... does not match the data's samples ..." or "<model>: output ... for N
+ * classes" otherwise. */
+int  data_fit_check(const DataFit *fit, int text, const Dataset *d, Err *err);
+/* Reads the data for fit's model: text != NULL: that file; else the IDX set in dir (NULL =
+ * DATA_DEFAULT_IDX_DIR). The training split only when want_train (its statistics then in
+ * out->mean, out->std); the test split always. Checks the model against the data
+ * (data_fit_check) before returning. Images are NOT standardised yet (a session agrees on the
+ * statistics first): data_splits_standardise. Caller releases *out (data_splits_release). */
+int  data_splits_open(const char *dir, const char *text, const DataFit *fit, int want_train, DataSplits *out,
+                      Err *err);
+/* Standardises both splits of an image set with (mean, std) and records them (text: nothing
+ * to do). PD_EINVAL if std is not positive. */
+int  data_splits_standardise(DataSplits *d, double mean, double std, Err *err);
+void data_splits_release(DataSplits *d);   /* zeroed is fine */
 
 #endif

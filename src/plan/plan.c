@@ -20,6 +20,25 @@ CostModel plan_cost_model_parse(const char *name) {
     return COST_COUNT;
 }
 
+Plan *plan_single(const char *model, int n_layers) {
+    PD_ASSERT(n_layers >= 1);
+    Plan *p = calloc(1, sizeof *p);
+    PD_ASSERT(p);
+    snprintf(p->model, sizeof p->model, "%s", model);
+    p->n_layers = n_layers, p->n_stages = 1, p->n_workers = 1, p->noam = 1;
+    p->stages = calloc(1, sizeof *p->stages);
+    PD_ASSERT(p->stages);
+    PlanStage *st = &p->stages[0];
+    st->n_layers = n_layers, st->replicas = 1;
+    st->layers = malloc((size_t)n_layers * sizeof(int));
+    st->ranks = calloc(1, sizeof(int));
+    PD_ASSERT(st->layers && st->ranks);
+    for (int l = 0; l < n_layers; l++) st->layers[l] = l;
+    p->cluster.n_levels = 1;
+    p->cluster.level[0] = (ClusterLevel){.workers = 1, .bandwidth = 1e10, .latency = 1e-5};
+    return p;
+}
+
 void plan_free(Plan *p) {
     if (!p) return;
     for (int s = 0; s < p->n_stages && p->stages; s++) {

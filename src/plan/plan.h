@@ -109,6 +109,9 @@ typedef struct Plan {
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
 Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *err);
+/* The plan of one worker: one stage of all n_layers layers, one replica on rank 0, a cluster of
+ * that one worker (the plan of one-worker training). Caller frees (plan_free). */
+Plan *plan_single(const char *model, int n_layers);
 void  plan_free(Plan *p);    /* NULL is fine */
 /* Checks every layer in exactly one stage, contiguous stages (for a chain: consecutive
  * index ranges in order; with edges: no edge into an earlier stage), replicas >= 1

@@ -1,59 +1,130 @@
-/* rt_ckpt.c: what goes into a training checkpoint and how it comes back. Tensors are named by
- * GLOBAL layer (model_param_tensors: "layers.7.weight"), so a checkpoint taken under one plan
- * loads under any other plan, schedule or one worker: the whole model's buffers are rebuilt
- * and every stage takes its range. Contents: parameters, optimizer state ("optim.m.<name>",
- * "optim.v.<name>" for Adam), batch-norm running statistics ("state.layers.<i>" per layer
- * with state), and metadata: model, minibatches and units done, optimizer step count, seed,
- * schedule. Checkpoints are taken where no minibatch is in flight (the end of a segment of
- * a segmented run, see cmd_train_pipe.c), so no stashed versions or activations need saving.
- * The file layout itself (safetensors, atomic write, checksum) is ckpt.h's. */
+/* rt_ckpt.c: what goes into a training checkpoint and a weights file, and how it comes back.
+ * Tensors are named by GLOBAL layer (model_param_tensors: "layers.7.weight"), so a checkpoint
+ * taken under one plan loads under any other plan, schedule or one worker: the whole model's
+ * buffers are rebuilt and every stage takes its range. Contents: parameters, optimizer state
+ * ("optim.m.<name>", "optim.v.<name>" for Adam), batch-norm running statistics
+ * ("state.layers.<i>" per layer with state), and metadata: model, minibatches and units done,
+ * optimizer step count, seed, schedule, the optimizer and its hyper-parameters, and the mean
+ * and std the inputs were standardised with. Checkpoints are taken where no minibatch is in
+ * flight (the end of a segment of a session, rt_session.c), so no stashed versions or
+ * activations need saving. A weights file holds the parameters, the state and the input
+ * statistics only. The file layout itself (safetensors, atomic write, checksum) is ckpt.h's. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt.h"
 #include "runtime.h"
 
-int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_out, size_t n, Err *err) {
-    char name[64], path[4096];
-    int rc = ckpt_name(c->minibatches_done, name, sizeof name, err);
+static const char *opt_name(int kind) { return kind == OPT_ADAM ? "adam" : "sgd"; }
+
+int rt_ckpt_path(const char *dir, uint64_t minibatches, char *path, size_t n, Err *err) {
+    char name[64];
+    int rc = ckpt_name(minibatches, name, sizeof name, err);
     if (rc) return rc;
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
-        return err_set(err, PD_EINVAL, "%s: checkpoint directory path too long", dir);
+    if ((size_t)snprintf(path, n, "%s/%s", dir, name) >= n)
+        return err_set(err, PD_EINVAL, "checkpoint path too long (%zu bytes): %.200s...", strlen(dir) + 1 + strlen(name),
+                       dir);
+    return PD_OK;
+}
+
+/* The tensors every weights file and checkpoint has: parameters, then each layer's state. */
+static int add_weights(CkptWriter *w, const Model *m, const float *params, const float *state, Err *err) {
+    int nt, rc = PD_OK;
+    const ParamInfo *pt = model_param_tensors(m, &nt);
+    for (int i = 0; i < nt && !rc; i++) rc = ckpt_writer_add_f32(w, pt[i].name, pt[i].shape, params + pt[i].offset, err);
+    int nl = model_n_layers(m);
+    char key[64];
+    for (int l = 0; l < nl && !rc; l++) {
+        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
+        if (b == a) continue;
+        snprintf(key, sizeof key, "state.layers.%d", l);
+        rc = ckpt_writer_add_f32(w, key, shape1((int)(b - a)), state + a, err);
+    }
+    return rc;
+}
+
+/* The shortest of %.15g and %.17g that reads back as x. */
+static void num_text(char *buf, size_t n, double x) {
+    snprintf(buf, n, "%.15g", x);
+    if (strtod(buf, NULL) != x) snprintf(buf, n, "%.17g", x);
+}
+
+typedef struct Meta {
+    const char *k;
+    char v[64];
+} Meta;
+
+/* model, params and (when finite) the input statistics */
+static int common_meta(const Model *m, double mean, double std, Meta *meta) {
+    int nm = 0;
+    meta[nm].k = "pipedream.model", snprintf(meta[nm++].v, 64, "%s", model_name(m));
+    meta[nm].k = "pipedream.params", snprintf(meta[nm++].v, 64, "%zu", model_param_count(m, 0, model_n_layers(m)));
+    if (isfinite(mean) && isfinite(std)) {
+        meta[nm].k = "pipedream.data_mean", num_text(meta[nm++].v, 64, mean);
+        meta[nm].k = "pipedream.data_std", num_text(meta[nm++].v, 64, std);
+    }
+    return nm;
+}
+
+static int write_meta(CkptWriter *w, const Meta *meta, int nm, Err *err) {
+    int rc = PD_OK;
+    for (int i = 0; i < nm && !rc; i++) rc = ckpt_writer_meta(w, meta[i].k, meta[i].v, err);
+    return rc;
+}
+
+int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_out, size_t n, Err *err) {
+    char path[4096];
+    int rc = rt_ckpt_path(dir, c->minibatches_done, path, sizeof path, err);
+    if (rc) return rc;
     CkptWriter *w = ckpt_writer_new();
     int nt;
     const ParamInfo *pt = model_param_tensors(m, &nt);
     char key[160];
+    rc = add_weights(w, m, c->params, c->state, err);
     for (int i = 0; i < nt && !rc; i++) {
-        rc = ckpt_writer_add_f32(w, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
         snprintf(key, sizeof key, "optim.m.%s", pt[i].name);
-        if (!rc) rc = ckpt_writer_add_f32(w, key, pt[i].shape, c->opt_m + pt[i].offset, err);
+        rc = ckpt_writer_add_f32(w, key, pt[i].shape, c->opt_m + pt[i].offset, err);
         if (!rc && c->opt_v) {
             snprintf(key, sizeof key, "optim.v.%s", pt[i].name);
             rc = ckpt_writer_add_f32(w, key, pt[i].shape, c->opt_v + pt[i].offset, err);
         }
     }
-    int nl = model_n_layers(m);
-    for (int l = 0; l < nl && !rc; l++) {
-        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
-        if (b == a) continue;
-        snprintf(key, sizeof key, "state.layers.%d", l);
-        rc = ckpt_writer_add_f32(w, key, shape1((int)(b - a)), c->state + a, err);
-    }
-    struct { const char *k; char v[64]; } meta[8];
-    int nm = 0;
-    meta[nm].k = "pipedream.model", snprintf(meta[nm++].v, 64, "%s", model_name(m));
-    meta[nm].k = "pipedream.params", snprintf(meta[nm++].v, 64, "%zu", model_param_count(m, 0, nl));
+    Meta meta[20];
+    int nm = common_meta(m, c->data_mean, c->data_std, meta);
     meta[nm].k = "pipedream.minibatches_done", snprintf(meta[nm++].v, 64, "%" PRIu64, c->minibatches_done);
     meta[nm].k = "pipedream.units_done", snprintf(meta[nm++].v, 64, "%" PRIu64, c->units_done);
     meta[nm].k = "pipedream.optimizer_step", snprintf(meta[nm++].v, 64, "%ld", c->opt_step);
     meta[nm].k = "pipedream.seed", snprintf(meta[nm++].v, 64, "%" PRIu64, c->seed);
     meta[nm].k = "pipedream.schedule", snprintf(meta[nm++].v, 64, "%s", c->schedule);
-    meta[nm].k = "pipedream.optimizer", snprintf(meta[nm++].v, 64, "%s", c->opt_v ? "adam" : "sgd");
-    for (int i = 0; i < nm && !rc; i++) rc = ckpt_writer_meta(w, meta[i].k, meta[i].v, err);
+    const OptConfig *o = &c->opt;
+    meta[nm].k = "pipedream.optimizer", snprintf(meta[nm++].v, 64, "%s", opt_name(o->kind));
+    meta[nm].k = "pipedream.lr", snprintf(meta[nm++].v, 64, "%.9g", (double)o->lr);
+    meta[nm].k = "pipedream.weight_decay", snprintf(meta[nm++].v, 64, "%.9g", (double)o->weight_decay);
+    if (o->kind == OPT_ADAM) {
+        meta[nm].k = "pipedream.adam_beta1", snprintf(meta[nm++].v, 64, "%.9g", (double)o->beta1);
+        meta[nm].k = "pipedream.adam_beta2", snprintf(meta[nm++].v, 64, "%.9g", (double)o->beta2);
+        meta[nm].k = "pipedream.adam_eps", snprintf(meta[nm++].v, 64, "%.9g", (double)o->eps);
+    } else {
+        meta[nm].k = "pipedream.momentum", snprintf(meta[nm++].v, 64, "%.9g", (double)o->momentum);
+    }
+    if (!rc) rc = write_meta(w, meta, nm, err);
     if (!rc) rc = ckpt_write(w, path, err);
     ckpt_writer_free(w);
     if (!rc && path_out) snprintf(path_out, n, "%s", path);
+    return rc;
+}
+
+int rt_weights_save(const char *path, const Model *m, const float *params, const float *state, double data_mean,
+                    double data_std, Err *err) {
+    CkptWriter *w = ckpt_writer_new();
+    int rc = add_weights(w, m, params, state, err);
+    Meta meta[4];
+    int nm = common_meta(m, data_mean, data_std, meta);
+    if (!rc) rc = write_meta(w, meta, nm, err);
+    if (!rc) rc = ckpt_write(w, path, err);
+    ckpt_writer_free(w);
     return rc;
 }
 
@@ -65,6 +136,41 @@ static int meta_u64(const Ckpt *ck, const char *key, uint64_t *out, Err *err) {
     if (*end) return err_set(err, PD_EINVAL, "%s: metadata \"%s\" is not a number: \"%s\"", ckpt_path(ck), key, v);
     *out = x;
     return PD_OK;
+}
+
+/* An optional number: NAN when absent, an error when not a number. */
+static int meta_num(const Ckpt *ck, const char *key, double *out, Err *err) {
+    const char *v = ckpt_meta(ck, key);
+    *out = NAN;
+    if (!v) return PD_OK;
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end) return err_set(err, PD_EINVAL, "%s: metadata \"%s\" is not a number: \"%s\"", ckpt_path(ck), key, v);
+    *out = x;
+    return PD_OK;
+}
+
+/* The input statistics (both or neither). */
+static int read_stats(const Ckpt *ck, RtCkpt *c, Err *err) {
+    int rc = meta_num(ck, "pipedream.data_mean", &c->data_mean, err);
+    if (!rc) rc = meta_num(ck, "pipedream.data_std", &c->data_std, err);
+    if (!rc && isfinite(c->data_mean) != isfinite(c->data_std))
+        rc = err_set(err, PD_EINVAL, "%s: records one of pipedream.data_mean and pipedream.data_std", ckpt_path(ck));
+    return rc;
+}
+
+static int read_weights(const Ckpt *ck, const Model *m, RtCkpt *c, Err *err) {
+    int nt, nl = model_n_layers(m), rc = PD_OK;
+    const ParamInfo *pt = model_param_tensors(m, &nt);
+    for (int i = 0; i < nt && !rc; i++) rc = ckpt_copy_f32(ck, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
+    char key[160];
+    for (int l = 0; l < nl && !rc; l++) {
+        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
+        if (b == a) continue;
+        snprintf(key, sizeof key, "state.layers.%d", l);
+        rc = ckpt_copy_f32(ck, key, shape1((int)(b - a)), c->state + a, err);
+    }
+    return rc;
 }
 
 int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
@@ -92,23 +198,38 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
     c->opt_step = (long)step;
     const char *sk = ckpt_meta(ck, "pipedream.schedule");
     snprintf(c->schedule, sizeof c->schedule, "%s", sk ? sk : "");
+    /* the optimizer: the buffers given say this run's (opt_v: Adam's second moment) */
+    int run = c->opt_v ? OPT_ADAM : OPT_SGD;
+    const char *on = ckpt_meta(ck, "pipedream.optimizer");
+    int taken = on ? optim_kind_parse(on) : run;
+    if (taken < 0) {
+        rc = err_set(err, PD_EINVAL, "%s: unknown optimizer \"%s\"", path, on);
+        goto out;
+    }
+    if (taken != run) {
+        rc = err_set(err, PD_EINVAL, "%s: taken with --optimizer %s, this run has --optimizer %s (its state does not "
+                     "carry over)", path, opt_name(taken), opt_name(run));
+        goto out;
+    }
+    double v[6];
+    static const char *const keys[6] = {"pipedream.lr", "pipedream.momentum", "pipedream.weight_decay",
+                                        "pipedream.adam_beta1", "pipedream.adam_beta2", "pipedream.adam_eps"};
+    for (int i = 0; i < 6 && !rc; i++) rc = meta_num(ck, keys[i], &v[i], err);
+    if (!rc) rc = read_stats(ck, c, err);
+    if (rc) goto out;
+    c->opt = (OptConfig){.kind = (OptKind)taken, .lr = (float)v[0], .momentum = (float)v[1],
+                         .weight_decay = (float)v[2], .beta1 = (float)v[3], .beta2 = (float)v[4], .eps = (float)v[5]};
+    if ((rc = read_weights(ck, m, c, err))) goto out;
     int nt;
     const ParamInfo *pt = model_param_tensors(m, &nt);
     char key[160];
     for (int i = 0; i < nt && !rc; i++) {
-        rc = ckpt_copy_f32(ck, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
         snprintf(key, sizeof key, "optim.m.%s", pt[i].name);
-        if (!rc) rc = ckpt_copy_f32(ck, key, pt[i].shape, c->opt_m + pt[i].offset, err);
+        rc = ckpt_copy_f32(ck, key, pt[i].shape, c->opt_m + pt[i].offset, err);
         if (!rc && c->opt_v) {
             snprintf(key, sizeof key, "optim.v.%s", pt[i].name);
             rc = ckpt_copy_f32(ck, key, pt[i].shape, c->opt_v + pt[i].offset, err);
         }
-    }
-    for (int l = 0; l < nl && !rc; l++) {
-        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
-        if (b == a) continue;
-        snprintf(key, sizeof key, "state.layers.%d", l);
-        rc = ckpt_copy_f32(ck, key, shape1((int)(b - a)), c->state + a, err);
     }
 out:
     ckpt_close(ck);
@@ -119,16 +240,33 @@ int rt_weights_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
     Ckpt *ck;
     int rc = ckpt_open(path, &ck, err);
     if (rc) return rc;
-    int nt, nl = model_n_layers(m);
-    const ParamInfo *pt = model_param_tensors(m, &nt);
-    for (int i = 0; i < nt && !rc; i++) rc = ckpt_copy_f32(ck, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
-    char key[160];
-    for (int l = 0; l < nl && !rc; l++) {
-        size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);
-        if (b == a) continue;
-        snprintf(key, sizeof key, "state.layers.%d", l);
-        rc = ckpt_copy_f32(ck, key, shape1((int)(b - a)), c->state + a, err);
-    }
+    rc = read_stats(ck, c, err);
+    if (!rc) rc = read_weights(ck, m, c, err);
     ckpt_close(ck);
     return rc;
+}
+
+int rt_ckpt_opt_changes(const OptConfig *taken, const OptConfig *run, char *was, char *now, size_t n) {
+    struct {
+        const char *flag;
+        float a, b;
+    } h[6] = {{"--lr", taken->lr, run->lr},
+              {"--momentum", taken->momentum, run->momentum},
+              {"--weight-decay", taken->weight_decay, run->weight_decay},
+              {"adam beta1", taken->beta1, run->beta1},
+              {"adam beta2", taken->beta2, run->beta2},
+              {"adam eps", taken->eps, run->eps}};
+    int k = 0;
+    size_t la = 0, lb = 0;
+    was[0] = now[0] = 0;
+    for (int i = 0; i < 6; i++) {
+        int applies = run->kind == OPT_ADAM ? i != 1 : i < 3;
+        if (!applies || isnan(h[i].a) || h[i].a == h[i].b) continue;
+        la += (size_t)snprintf(was + la, la < n ? n - la : 0, "%s%s %g", k ? " " : "", h[i].flag, (double)h[i].a);
+        lb += (size_t)snprintf(now + lb, lb < n ? n - lb : 0, "%s%s %g", k ? " " : "", h[i].flag, (double)h[i].b);
+        if (la >= n) la = n - 1;
+        if (lb >= n) lb = n - 1;
+        k++;
+    }
+    return k;
 }

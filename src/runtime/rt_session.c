@@ -1,35 +1,39 @@
-/* rt_session.c: a whole training run (runtime.h, "training sessions"). One function,
- * session_rank, runs one rank's part over a Comm; rt_train calls it once (MPI: this process's
- * rank) or on one thread per worker (threads transport). Everything ranks tell each other
- * goes over comm's typed control plane (channels below), every wait bounded by the spec's
- * timeout. The flow:
+/* rt_session.c: a whole training run (runtime.h, "training sessions"). session_rank runs one
+ * rank's part over a Comm; rt_train calls it once (MPI: this process's rank) or on one thread
+ * per worker (threads transport); one-worker training is a session of one stage on one
+ * worker. Everything ranks tell each other goes over comm's typed control plane, every wait
+ * bounded by the spec's timeout. A rank's run, one function each:
  *
- *   set-up   model (parsed once), plan check, data, checkpoint directory, resume file:
- *            agreed; a failure anywhere is every rank's error, naming the failing rank
- *   workers  built once for the first segment, rebound (rt_worker_bind) for the others
- *   segments run; drain; checkpoint: gather replica 0 of every stage on rank 0, write,
- *            agree on the result before anyone calls it the last checkpoint
- *   end      evaluation; every worker's figures gathered on rank 0; the summary
+ *   setup     model (parsed once), plan check, data, checkpoint directory, resume file:
+ *             agreed; a failure anywhere is every rank's error, naming the failing rank; then
+ *             the training set's size and input statistics from the first input rank
+ *   workers   each rank's starting state (resume slicing: rt_stage_state_slice), the worker
+ *             built once for the first segment, rebound (rt_worker_bind) for the others
+ *   segments  run (rt_segment_end says where each ends); drain; checkpoint: gather replica 0
+ *             of every stage on rank 0, write, agree on the result before anyone calls it the
+ *             last checkpoint, prune (--keep-last); evaluation and target accuracy
+ *   finish    the final weights (--save), the final evaluation
+ *   results   every worker's figures gathered on rank 0 (rt_result_pack/unpack); the summary
+ *             (rt_summarize)
  *
  * During a segment a failing rank ends the job with comm_abort (nobody waits for a rank that
- * may be dead or stuck). */
+ * may be dead or stuck). The parts tests call alone are declared in rt_session.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt.h"
 #include "kernels.h"
 #include "rt_impl.h"
+#include "rt_session.h"
 #include "sim.h"
 
-/* control channels of a session */
-enum { CH_CKPT = 1, CH_RESULT = 2 };
-
 typedef struct Sess {
-    const RtTrainSpec *spec;
+    const RtTrainSpec *spec;     /* its plan given (rt_train makes one-worker training's) */
     const char *model_text;      /* the model JSON, read once */
     int n_ranks;
     RtTrainSummary *out;         /* filled by rank 0 */
@@ -39,19 +43,46 @@ typedef struct Sess {
 /* One rank's state. */
 typedef struct Rank {
     const Sess *S;
+    const RtTrainSpec *sp;
     Comm *c;
-    int rank, stage, reads_input;
+    int rank, stage, reads_input, first_input;
     double timeout;
+    Schedule probe;              /* one minibatch of the plan's schedule: stages, ranks, n_micro */
     Model *m;
-    Dataset train, test;
-    int have_train, have_test;
-    uint64_t mb_done;            /* minibatches done before this segment */
-    RtCkpt ck;                   /* resume: whole-model buffers (all ranks); rank 0: checkpoint assembly */
+    DataSplits data;             /* what this rank read (unless the spec gives the data) */
+    const Dataset *train, *test; /* what the session uses: data's, the spec's, or NULL */
+    double data_mean, data_std;  /* the input statistics applied (NAN: none) */
+    int64_t n_train;             /* training samples (from the first input rank) */
+    int unit_batch;
+    long n_mb;                   /* minibatches of the whole run */
+    uint64_t mb_done;            /* minibatches done before the current segment */
+    uint64_t resumed;            /* ... by the checkpoint resumed from */
+    RtCkpt ck;                   /* resume / init: whole-model buffers (all ranks); rank 0: checkpoint assembly */
     int have_ck;
     char last_ckpt[4096];
     RtWorkerResult acc;          /* this worker's totals over segments */
     double t0;                   /* session start */
+    double train_s, cpu_s;       /* training seconds (wall, this process's CPU) */
+    /* the worker */
+    Worker w;
+    int built;
+    RtWorkerResult segres;
+    RtConfig cfg;
+    Schedule seg;
+    RtStageState *init;          /* per rank; this rank's entry set */
+    int own_init;                /* init[rank]'s buffers were made here (a rank with several chunks) */
+    /* evaluations */
+    RtEvalLog ev;
+    int64_t eval_batches, run_units;
+    uint64_t target_mb;
+    double target_s;
 } Rank;
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void ck_alloc(const Model *m, int adam, RtCkpt *c) {
     int nl = model_n_layers(m);
@@ -60,6 +91,7 @@ static void ck_alloc(const Model *m, int adam, RtCkpt *c) {
     c->opt_m = pd_alloc_f32(np ? np : 1);
     c->opt_v = adam ? pd_alloc_f32(np ? np : 1) : NULL;
     c->state = pd_alloc_f32(ns ? ns : 1);
+    c->data_mean = c->data_std = NAN;
 }
 
 static void ck_free(RtCkpt *c) {
@@ -131,73 +163,6 @@ static int check_ckpt_dir(const char *dir, Err *err) {
     return PD_OK;
 }
 
-/* Set-up of one rank before anything is agreed: model, plan, data, checkpoint directory,
- * resume file. */
-static int setup_local(Rank *R, const Schedule *probe, Err *err) {
-    const RtTrainSpec *sp = R->S->spec;
-    int rc;
-    if (!(R->m = model_parse(R->S->model_text, sp->model_path, err))) return err->code ? err->code : PD_EINVAL;
-    int nl = model_n_layers(R->m);
-    if (sp->plan->n_layers != nl)
-        return err_set(err, PD_EINVAL, "the plan was made for a model of %d layers; %s has %d", sp->plan->n_layers,
-                       sp->model_path, nl);
-    if ((rc = plan_validate(sp->plan, nl, err))) return rc;
-    if (comm_size(R->c) != probe->n_ranks)
-        return err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", probe->n_ranks,
-                       comm_size(R->c));
-    if (sp->text) {   /* byte-level text: sequences of the model's context length, a held-out tail */
-        Shape in = model_input_shape(R->m);
-        if (in.ndim != 1)
-            return err_set(err, PD_EINVAL, "%s: --text needs a model whose input is (T) token ids", sp->model_path);
-        TextData txt;
-        if ((rc = data_text_load(sp->text, in.d[0], DATA_TEXT_TEST_FRACTION, &txt, err))) return rc;
-        if (R->reads_input) {
-            rc = data_text_dataset(&txt, 0, &R->train, err);
-            R->have_train = !rc;
-        }
-        if (!rc) {
-            rc = data_text_dataset(&txt, 1, &R->test, err);
-            R->have_test = !rc;
-        }
-        data_text_release(&txt);
-        if (rc) return rc;
-    } else {
-        if (R->reads_input) {
-            if ((rc = data_load_idx(sp->data_dir, "train", &R->train, err))) return rc;
-            R->have_train = 1;
-            data_normalize(&R->train, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
-        }
-        if ((rc = data_load_idx(sp->data_dir, "test", &R->test, err))) return rc;
-        R->have_test = 1;
-        data_normalize(&R->test, DATA_FMNIST_MEAN, DATA_FMNIST_STD);
-    }
-    if (R->rank == 0 && sp->checkpoint_dir && (rc = check_ckpt_dir(sp->checkpoint_dir, err))) return rc;
-    if (sp->resume) {
-        char path[4096];
-        if ((rc = ckpt_latest(sp->resume, path, sizeof path, err))) return rc;
-        if (!path[0])
-            return err_set(err, PD_EINVAL, "%s: no complete checkpoint to resume from (see the warnings above, if any)",
-                           sp->resume);
-        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
-        R->have_ck = 1;
-        if ((rc = rt_ckpt_load(path, R->m, &R->ck, err))) return rc;
-        if (R->ck.seed != sp->seed)
-            return err_set(err, PD_EINVAL, "%s: taken with --seed %llu, this run has --seed %llu", path,
-                           (unsigned long long)R->ck.seed, (unsigned long long)sp->seed);
-        int per = probe->n_micro;
-        if (R->ck.units_done % (uint64_t)per)
-            return err_set(err, PD_EINVAL, "%s: %llu units done is not a whole number of %d-unit minibatches", path,
-                           (unsigned long long)R->ck.units_done, per);
-        R->mb_done = R->ck.units_done / (uint64_t)per;
-        snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
-    } else if (sp->init_weights) {   /* given weights, a fresh optimizer (zero moments, step 0) */
-        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
-        R->have_ck = 1;
-        if ((rc = rt_weights_load(sp->init_weights, R->m, &R->ck, err))) return rc;
-    }
-    return PD_OK;
-}
-
 /* Adds one segment's figures to the worker's totals (loss history and events moved to the
  * run's unit numbering and clock). */
 static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off) {
@@ -239,14 +204,184 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     rt_result_release(seg);
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------- */
+/* ---- set-up ----------------------------------------------------------------------------------- */
 
-/* Replica 0 of every stage sends [opt_step (int64) | params | opt_m | opt_v (Adam) | state] to
- * rank 0 (others send nothing); rank 0 places them by layer and writes the file. Then every
- * rank agrees on the outcome. */
-static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
-    const RtTrainSpec *sp = R->S->spec;
-    int adam = sp->opt.kind == OPT_ADAM, rc = PD_OK;
+/* Set-up of one rank before anything is agreed: model, plan, data, checkpoint directory,
+ * resume file. */
+static int setup_local(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    const Schedule *probe = &R->probe;
+    int rc;
+    if (!(R->m = model_parse(R->S->model_text, sp->model_path, err))) return err->code ? err->code : PD_EINVAL;
+    int nl = model_n_layers(R->m);
+    if (sp->plan->n_layers != nl)
+        return err_set(err, PD_EINVAL, "the plan was made for a model of %d layers; %s has %d", sp->plan->n_layers,
+                       sp->model_path, nl);
+    if ((rc = plan_validate(sp->plan, nl, err))) return rc;
+    if (comm_size(R->c) != probe->n_ranks)
+        return err_set(err, PD_EINVAL, "the plan needs %d workers but %d were started", probe->n_ranks,
+                       comm_size(R->c));
+    if (sp->train) {   /* the data given: as it is */
+        R->train = R->reads_input ? sp->train : NULL;
+        R->test = sp->test;
+    } else {
+        DataFit fit = {model_name(R->m), model_input_shape(R->m), model_layer_out_shape(R->m, nl - 1)};
+        if ((rc = data_splits_open(sp->data_dir, sp->text, &fit, R->reads_input, &R->data, err))) return rc;
+        R->train = R->reads_input ? &R->data.train : NULL;
+        R->test = &R->data.test;
+    }
+    if (R->rank == 0 && sp->checkpoint_dir && (rc = check_ckpt_dir(sp->checkpoint_dir, err))) return rc;
+    if (sp->resume) {
+        char path[4096];
+        if ((rc = ckpt_latest(sp->resume, path, sizeof path, err))) return rc;
+        if (!path[0])
+            return err_set(err, PD_EINVAL, "%s: no complete checkpoint to resume from (see the warnings above, if any)",
+                           sp->resume);
+        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
+        R->have_ck = 1;
+        if ((rc = rt_ckpt_load(path, R->m, &R->ck, err))) return rc;
+        if (R->ck.seed != sp->seed)
+            return err_set(err, PD_EINVAL, "%s: taken with --seed %llu, this run has --seed %llu", path,
+                           (unsigned long long)R->ck.seed, (unsigned long long)sp->seed);
+        int per = probe->n_micro;
+        if (R->ck.units_done % (uint64_t)per)
+            return err_set(err, PD_EINVAL, "%s: %llu units done is not a whole number of %d-unit minibatches", path,
+                           (unsigned long long)R->ck.units_done, per);
+        R->mb_done = R->ck.units_done / (uint64_t)per;
+        snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
+    } else if (sp->init_weights) {   /* given weights, a fresh optimizer (zero moments, step 0) */
+        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
+        R->have_ck = 1;
+        if ((rc = rt_weights_load(sp->init_weights, R->m, &R->ck, err))) return rc;
+    }
+    return PD_OK;
+}
+
+/* Every rank's set-up, agreed; then the training set's size and the input statistics from the
+ * first input rank (its training split's, or those of the checkpoint resumed from), the data
+ * standardised with them, and the run's length. */
+static int session_setup(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    int rank = R->rank, rc = plan_ranks(sp, &R->probe, err);   /* the same on every rank: no agreement needed */
+    if (rc) return rc;
+    const Schedule *probe = &R->probe;
+    comm_set_coll_timeout(R->c, sp->timeout_s);
+    R->stage = rank < probe->n_ranks ? probe->workers[rank].stage : -1;
+    R->reads_input = R->stage == 0;
+    R->first_input = probe->stages[0].ranks[0];
+    for (int j = 1; j < probe->stages[0].replicas; j++)
+        if (probe->stages[0].ranks[j] < R->first_input) R->first_input = probe->stages[0].ranks[j];
+    rc = setup_local(R, err);
+    if (rc) err_prefix(err, "rank %d (stage %d)", rank, R->stage);
+    if ((rc = agree(R, rc, err))) return rc;
+    union {
+        int64_t i;
+        double d;
+    } v[3] = {{.i = R->train ? (int64_t)R->train->n : 0}, {.d = R->data.mean}, {.d = R->data.std}};
+    if (R->have_ck && sp->resume && isfinite(R->ck.data_mean)) v[1].d = R->ck.data_mean, v[2].d = R->ck.data_std;
+    if ((rc = comm_bcast(R->c, R->first_input, v, sizeof v, R->timeout, err))) return rc;
+    R->n_train = v[0].i;
+    R->data_mean = R->data_std = NAN;
+    if (!sp->train && !R->data.text) {
+        rc = data_splits_standardise(&R->data, v[1].d, v[2].d, err);
+        if (rc) err_prefix(err, "rank %d (stage %d)", rank, R->stage);
+        if ((rc = agree(R, rc, err))) return rc;
+        R->data_mean = v[1].d, R->data_std = v[2].d;
+    }
+    R->unit_batch = sp->minibatch / probe->n_micro;
+    long n_mb = sp->steps ? sp->steps : (long)sp->epochs * (long)(R->n_train / R->unit_batch) / probe->n_micro;
+    if (n_mb < 1) n_mb = 1;
+    if (n_mb > 1000000000L) n_mb = 1000000000L;
+    R->n_mb = n_mb;
+    if (R->mb_done > (uint64_t)n_mb)
+        return err_set(err, PD_EINVAL, "rank %d: %s is %llu minibatches in, beyond this run's %ld", rank, R->last_ckpt,
+                       (unsigned long long)R->mb_done, n_mb);
+    R->resumed = R->mb_done;
+    if (R->mb_done && rank == 0) {
+        fprintf(stderr, "pipedream: resuming from %s (%llu of %ld minibatches done)\n", R->last_ckpt,
+                (unsigned long long)R->mb_done, n_mb);
+        char was[256], now[256];
+        if (rt_ckpt_opt_changes(&R->ck.opt, &sp->opt, was, now, sizeof was))
+            pd_log(LOG_WARN, "%s was taken with %s; this run has %s", R->last_ckpt, was, now);
+    }
+    if (rank == 0)
+        fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %ld minibatches of %d samples\n",
+                sp->model_path, sched_kind_name(sp->kind), probe->n_ranks, comm_name(R->c), n_mb, sp->minibatch);
+    return PD_OK;
+}
+
+/* ---- workers ---------------------------------------------------------------------------------- */
+
+int rt_stage_state_slice(const Model *m, const Schedule *s, int rank, const RtCkpt *c, RtStageState *out) {
+    memset(out, 0, sizeof *out);
+    const SchedWorker *pw = rank < s->n_ranks ? &s->workers[rank] : NULL;
+    if (!pw || pw->stage < 0) return 0;
+    if (pw->n_chunks <= 1) {
+        int first = s->stages[pw->stage].layers[0];
+        size_t po = model_param_offset(m, first), so = model_state_offset(m, first);
+        *out = (RtStageState){c->params + po, c->state + so, c->opt_m + po, c->opt_v ? c->opt_v + po : NULL, c->opt_step};
+        return 0;
+    }
+    size_t np = 0, ns = 0;   /* its chunks' ranges, concatenated */
+    for (int k = 0; k < pw->n_chunks; k++) {
+        const SchedStage *st = &s->stages[pw->stages[k]];
+        int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
+        np += model_param_count(m, first, last), ns += model_state_count(m, first, last);
+    }
+    out->params = pd_alloc_f32(np ? np : 1), out->opt_m = pd_alloc_f32(np ? np : 1);
+    out->state = pd_alloc_f32(ns ? ns : 1);
+    out->opt_v = c->opt_v ? pd_alloc_f32(np ? np : 1) : NULL;
+    out->opt_step = c->opt_step;
+    size_t po = 0, so = 0;
+    for (int k = 0; k < pw->n_chunks; k++) {
+        const SchedStage *st = &s->stages[pw->stages[k]];
+        int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
+        size_t n = model_param_count(m, first, last), q = model_state_count(m, first, last);
+        size_t o = model_param_offset(m, first), r = model_state_offset(m, first);
+        memcpy(out->params + po, c->params + o, n * sizeof(float));
+        memcpy(out->opt_m + po, c->opt_m + o, n * sizeof(float));
+        if (out->opt_v) memcpy(out->opt_v + po, c->opt_v + o, n * sizeof(float));
+        memcpy(out->state + so, c->state + r, q * sizeof(float));
+        po += n, so += q;
+    }
+    return 1;
+}
+
+void rt_stage_state_free(RtStageState *st) {
+    pd_free(st->params), pd_free(st->opt_m), pd_free(st->opt_v), pd_free(st->state);
+    memset(st, 0, sizeof *st);
+}
+
+/* Each rank's starting state, the workers' configuration, the failure handler. */
+static int session_workers(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    const Schedule *probe = &R->probe;
+    R->init = calloc((size_t)probe->n_ranks, sizeof *R->init);
+    PD_ASSERT(R->init);
+    if (R->have_ck) R->own_init = rt_stage_state_slice(R->m, probe, R->rank, &R->ck, &R->init[R->rank]);
+    R->cfg = (RtConfig){.model_path = sp->model_path, .model = R->m, .unit_batch = R->unit_batch, .opt = sp->opt,
+                        .seed = sp->seed, .train = R->train, .test = NULL, .recv_timeout_s = sp->timeout_s,
+                        .trace = sp->trace, .threads = sp->threads, .progress = sp->progress,
+                        .units_total = (int)(R->n_mb * probe->n_micro), .progress_t0 = pd_now(),
+                        .progress_u0 = R->mb_done * (uint64_t)probe->n_micro, .init = R->init,
+                        .nan_check = sp->nan_check, .no_stash = sp->no_stash, .staleness = sp->staleness,
+                        .staleness_warmup = sp->staleness_warmup};
+    if (sp->threads > 0) kern_set_threads(sp->threads);
+    R->eval_batches = R->test ? (int64_t)((R->test->n + (size_t)R->unit_batch - 1) / (size_t)R->unit_batch) : 0;
+    R->run_units = (int64_t)R->n_mb * probe->n_micro;   /* evaluation ids start after them */
+    int rc = rt_fail_setup(R->c, probe, R->timeout, err);
+    if (rc) return rc;
+    rt_fail_set_checkpoint(R->last_ckpt[0] ? R->last_ckpt : "none");
+    return PD_OK;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------ */
+
+/* Replica 0 of every stage sends [opt_step (int64) | params | opt_m | opt_v (Adam) | state] of
+ * its newest weights to rank 0 (others send nothing); rank 0 places them by layer into R->ck.
+ * Collective over every rank. */
+static int gather_state(Rank *R, Worker *w, const Schedule *s, Err *err) {
+    int adam = R->sp->opt.kind == OPT_ADAM, rc = PD_OK;
     size_t nbytes = 0;
     char *mine = NULL;
     if (w->stage >= 0 && w->sw->replica == 0) {   /* one record per stage (chunk), in chunk order */
@@ -279,67 +414,272 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     size_t *sizes = NULL;
     rc = comm_gather(R->c, 0, mine, nbytes, &parts, &sizes, R->timeout, err);
     free(mine);
+    if (rc || R->rank != 0) return rc;   /* rc: the control plane failed (a peer gone or stuck, named in err) */
+    if (!R->have_ck) {
+        ck_alloc(R->m, adam, &R->ck);
+        R->have_ck = 1;
+    }
+    RtCkpt *c = &R->ck;
+    /* a rank's records are its stages in ascending order (its chunks): read them in stage order */
+    size_t *at = calloc((size_t)comm_size(R->c), sizeof(size_t));
+    PD_ASSERT(at);
+    c->opt_step = 0;
+    for (int i = 0; i < s->n_stages && !rc; i++) {
+        int r0 = s->stages[i].ranks[0];
+        int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
+        size_t po = model_param_offset(R->m, first), so = model_state_offset(R->m, first);
+        size_t np = model_param_count(R->m, first, last), ns = model_state_count(R->m, first, last);
+        size_t want = sizeof(int64_t) + (np * (adam ? 3 : 2) + ns) * sizeof(float);
+        if (sizes[r0] < at[r0] + want) {
+            rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, too few for stage %d (%zu more)", r0,
+                         sizes[r0], i, want);
+            break;
+        }
+        const char *p = (const char *)parts[r0] + at[r0];
+        at[r0] += want;
+        int64_t step;
+        memcpy(&step, p, sizeof step), p += sizeof step;
+        if ((long)step > c->opt_step) c->opt_step = (long)step;   /* a stage without parameters never steps */
+        memcpy(c->params + po, p, np * sizeof(float)), p += np * sizeof(float);
+        memcpy(c->opt_m + po, p, np * sizeof(float)), p += np * sizeof(float);
+        if (adam) memcpy(c->opt_v + po, p, np * sizeof(float)), p += np * sizeof(float);
+        memcpy(c->state + so, p, ns * sizeof(float));
+    }
+    for (int r = 0; r < comm_size(R->c) && !rc; r++)
+        if (at[r] != sizes[r])
+            rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, its stages make %zu", r, sizes[r], at[r]);
+    free(at);
+    comm_parts_free(parts, sizes, comm_size(R->c));
+    return rc;
+}
+
+/* The checkpoint after R->mb_done minibatches: rank 0 gathers and writes it, the other ranks
+ * name it; every rank agrees on the outcome before anyone calls it the last checkpoint; then
+ * rank 0 prunes the older ones (--keep-last). */
+static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    char path[4096];
+    int rc = gather_state(R, w, s, err);
     if (rc) return rc;   /* the control plane failed: a peer is gone or stuck (named in err) */
     if (R->rank == 0) {
-        if (!R->have_ck) {
-            ck_alloc(R->m, adam, &R->ck);
-            R->have_ck = 1;
-        }
         RtCkpt *c = &R->ck;
-        /* a rank's records are its stages in ascending order (its chunks): read them in stage order */
-        size_t *at = calloc((size_t)comm_size(R->c), sizeof(size_t));
-        PD_ASSERT(at);
-        c->opt_step = 0;
-        for (int i = 0; i < s->n_stages && !rc; i++) {
-            int r0 = s->stages[i].ranks[0];
-            int first = s->stages[i].layers[0], last = s->stages[i].layers[s->stages[i].n_layers - 1] + 1;
-            size_t po = model_param_offset(R->m, first), so = model_state_offset(R->m, first);
-            size_t np = model_param_count(R->m, first, last), ns = model_state_count(R->m, first, last);
-            size_t want = sizeof(int64_t) + (np * (adam ? 3 : 2) + ns) * sizeof(float);
-            if (sizes[r0] < at[r0] + want) {
-                rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, too few for stage %d (%zu more)", r0,
-                             sizes[r0], i, want);
-                break;
-            }
-            const char *p = (const char *)parts[r0] + at[r0];
-            at[r0] += want;
-            int64_t step;
-            memcpy(&step, p, sizeof step), p += sizeof step;
-            if ((long)step > c->opt_step) c->opt_step = (long)step;   /* a stage without parameters never steps */
-            memcpy(c->params + po, p, np * sizeof(float)), p += np * sizeof(float);
-            memcpy(c->opt_m + po, p, np * sizeof(float)), p += np * sizeof(float);
-            if (adam) memcpy(c->opt_v + po, p, np * sizeof(float)), p += np * sizeof(float);
-            memcpy(c->state + so, p, ns * sizeof(float));
-        }
-        for (int r = 0; r < comm_size(R->c) && !rc; r++)
-            if (at[r] != sizes[r])
-                rc = err_set(err, PD_ECOMM, "checkpoint: rank %d sent %zu bytes, its stages make %zu", r, sizes[r], at[r]);
-        free(at);
-        comm_parts_free(parts, sizes, comm_size(R->c));
-        if (!rc) {
-            c->minibatches_done = R->mb_done;
-            c->units_done = R->mb_done * (uint64_t)s->n_micro;
-            c->seed = sp->seed;
-            snprintf(c->schedule, sizeof c->schedule, "%s", sched_kind_name(s->kind));
-            char path[4096];
-            rc = rt_ckpt_save(sp->checkpoint_dir, R->m, c, path, sizeof path, err);
-            if (rc) err_prefix(err, "rank 0 (stage %d): checkpoint after minibatch %llu", R->stage,
-                               (unsigned long long)R->mb_done);
-            else snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
-        }
+        c->minibatches_done = R->mb_done;
+        c->units_done = R->mb_done * (uint64_t)s->n_micro;
+        c->seed = sp->seed;
+        c->opt = sp->opt;
+        c->data_mean = R->data_mean, c->data_std = R->data_std;
+        snprintf(c->schedule, sizeof c->schedule, "%s", sched_kind_name(s->kind));
+        rc = rt_ckpt_save(sp->checkpoint_dir, R->m, c, path, sizeof path, err);
+    } else {
+        rc = rt_ckpt_path(sp->checkpoint_dir, R->mb_done, path, sizeof path, err);
     }
+    if (rc) err_prefix(err, "rank %d (stage %d): checkpoint after minibatch %llu", R->rank, R->stage,
+                       (unsigned long long)R->mb_done);
     /* nobody calls it the last checkpoint before everyone knows it was written */
     if ((rc = agree(R, rc, err))) return rc;
-    char name[64];
-    Err e2;
-    if (R->rank != 0 && ckpt_name(R->mb_done, name, sizeof name, &e2) == PD_OK)
-        snprintf(R->last_ckpt, sizeof R->last_ckpt, "%.4000s/%.64s", sp->checkpoint_dir, name);
-    if (R->rank == 0) fprintf(stderr, "pipedream: checkpoint %s\n", R->last_ckpt);
+    snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
     rt_fail_set_checkpoint(R->last_ckpt);
+    if (R->rank == 0) {
+        fprintf(stderr, "pipedream: checkpoint %s\n", R->last_ckpt);
+        Err e2 = {0};
+        if (sp->keep_last > 0 && ckpt_prune(sp->checkpoint_dir, sp->keep_last, R->mb_done, &e2) < 0)
+            pd_log(LOG_WARN, "--keep-last: %s", e2.msg);
+    }
     return PD_OK;
 }
 
-/* ---- results -------------------------------------------------------------------------------- */
+/* ---- evaluation ------------------------------------------------------------------------------- */
+
+const RtEvalPoint *rt_eval_log_add(RtEvalLog *log, uint64_t minibatches, int minibatch, int64_t n_train,
+                                   double train_s, const int64_t ct[2], double loss_sum) {
+    int64_t n = ct[1];
+    log->ct[0] = ct[0], log->ct[1] = ct[1], log->loss_sum = loss_sum;
+    RtEvalPoint pt = {minibatches, (double)minibatches * minibatch / (double)(n_train ? n_train : 1), train_s,
+                      n ? (double)ct[0] / (double)n : NAN, n ? loss_sum / (double)n : NAN};
+    log->pts = realloc(log->pts, (size_t)(log->n + 1) * sizeof *log->pts);
+    PD_ASSERT(log->pts);
+    log->pts[log->n] = pt;
+    return &log->pts[log->n++];
+}
+
+int rt_target_reached(double target, const RtEvalPoint *pt) { return target > 0 && pt->test_accuracy >= target; }
+
+void rt_eval_log_release(RtEvalLog *log) {
+    free(log->pts);
+    memset(log, 0, sizeof *log);
+}
+
+/* Evaluates the newest weights (replica 0 of every stage) after R->mb_done minibatches, every
+ * rank learning the result from the last stage's first replica, and logs the point; every
+ * evaluation gets its own message ids after the run's units (eval_batches each). */
+static int evaluate(Rank *R, Worker *w, const Schedule *s, const RtEvalPoint **pt, Err *err) {
+    RtWorkerResult tmp = {0};
+    RtWorkerResult *keep = w->res;
+    RtConfig *cfg = &R->cfg;
+    w->res = &tmp;
+    cfg->test = R->test;
+    cfg->eval_base = R->run_units + (int64_t)R->ev.n * R->eval_batches;
+    w->cfg = cfg;
+    int rc = rt_eval(w, err);
+    cfg->test = NULL;
+    cfg->eval_base = 0;
+    w->res = keep;
+    if (rc) return rc;
+    int last = s->stages[s->n_stages - 1].ranks[0];
+    union {
+        int64_t i[2];
+        double d[2];
+    } v[2];
+    v[0].i[0] = tmp.test_correct, v[0].i[1] = tmp.test_total;
+    v[1].d[0] = tmp.test_loss_sum, v[1].d[1] = 0;
+    if ((rc = comm_bcast(R->c, last, v, sizeof v, R->timeout, err))) return rc;
+    *pt = rt_eval_log_add(&R->ev, R->mb_done, R->sp->minibatch, R->n_train, R->train_s, v[0].i, v[1].d[0]);
+    return PD_OK;
+}
+
+/* ---- segments --------------------------------------------------------------------------------- */
+
+uint64_t rt_segment_end(uint64_t done, uint64_t total, int checkpoint_every, int eval_every) {
+    uint64_t end = total;
+    int every[2] = {checkpoint_every, eval_every};
+    for (int i = 0; i < 2; i++)
+        if (every[i] > 0) {
+            uint64_t k = (uint64_t)every[i], e = (done / k + 1) * k;
+            if (e < end) end = e;
+        }
+    return end;
+}
+
+/* Ends err's message with the checkpoint to resume from (once). */
+static void name_last_ckpt(const Rank *R, int rc, Err *err) {
+    if (strstr(err->msg, "last checkpoint to resume from")) return;
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%.400s; last checkpoint to resume from: %.600s", err->msg,
+             R->last_ckpt[0] ? R->last_ckpt : "none");
+    err_set(err, rc, "%s", msg);
+}
+
+/* A failure during a segment, or a peer lost or stuck anywhere (PD_ECOMM: a wait passed its
+ * deadline, in a segment or in the control plane between them): the rank ends the job, naming
+ * itself and the last checkpoint. Returning instead would leave MPI_Finalize waiting for that
+ * peer forever. */
+static int fail_segment(Rank *R, int rc, Err *err) {
+    if (!strstr(err->msg, "(stage ")) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
+    name_last_ckpt(R, rc, err);
+    comm_abort(R->c, rc, err->msg);   /* MPI: does not return */
+    return rc;
+}
+
+/* One segment, minibatches [R->mb_done, end): built (the first) or rebound, run, drained, its
+ * figures added to the worker's totals. */
+static int run_segment(Rank *R, uint64_t end, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    Worker *w = &R->w;
+    int len = (int)(end - R->mb_done), rc;
+    SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = R->probe.n_micro,
+                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+    sched_release(&R->seg);
+    if ((rc = sched_build(sp->plan, &so, &R->seg, err))) return rc;
+    R->cfg.sched = &R->seg;
+    R->cfg.unit_base = R->mb_done * (uint64_t)R->seg.n_micro;
+    if (!R->built) {
+        rc = rt_worker_init(w, R->c, &R->cfg, R->rank, &R->segres, err);
+        if (rc) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
+        if ((rc = agree(R, rc, err))) return rc;
+        if (w->stage >= 0 && R->seg.stages[w->stage].replicas > 1 &&
+            (rc = comm_group_new(R->c, R->seg.stages[w->stage].ranks, R->seg.stages[w->stage].replicas, &w->group,
+                                 err)))
+            return rc;
+        R->built = 1;
+        w->t_start = pd_now();
+    } else if ((rc = rt_worker_bind(w, &R->cfg, &R->segres, err))) {
+        return fail_segment(R, rc, err);
+    }
+    double seg_t0 = w->t_start - R->t0, c0 = cpu_now();
+    if (w->stage >= 0 && (R->seg.kind == SCHED_ASP ? rt_asp_exec(w, NULL, err) : rt_exec(w, 1, err)) == RT_ERR)
+        return fail_segment(R, err->code ? err->code : PD_ECOMM, err);
+    if ((rc = rt_worker_drain(w, err))) {
+        err_prefix(err, "rank %d (stage %d), completing the segment's sends", R->rank, R->stage);
+        return fail_segment(R, rc, err);
+    }
+    R->cpu_s += cpu_now() - c0;
+    R->segres.wall_s = pd_now() - w->t_start;
+    R->train_s += R->segres.wall_s;
+    acc_add(&R->acc, &R->segres, R->cfg.unit_base, seg_t0);
+    R->mb_done = end;
+    return PD_OK;
+}
+
+/* The segment loop: segments end at checkpoints and evaluations; the run stops at the end or
+ * at the first evaluation reaching the target accuracy. */
+static int session_segments(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    uint64_t n_mb = (uint64_t)R->n_mb;
+    int rc;
+    while (R->mb_done < n_mb) {
+        uint64_t end = rt_segment_end(R->mb_done, n_mb, sp->checkpoint_every, sp->eval_every);
+        if ((rc = run_segment(R, end, err))) return rc;
+        int ck_due = sp->checkpoint_every && (R->mb_done % (uint64_t)sp->checkpoint_every == 0 || R->mb_done == n_mb);
+        if (ck_due && sp->checkpoint_dir && (rc = checkpoint(R, &R->w, &R->seg, err))) return rc;
+        if (sp->eval_every && R->test && R->mb_done % (uint64_t)sp->eval_every == 0 && R->mb_done < n_mb) {
+            const RtEvalPoint *pt;
+            if ((rc = evaluate(R, &R->w, &R->seg, &pt, err))) return fail_segment(R, rc, err);
+            if (R->rank == 0)
+                fprintf(stderr, "pipedream: evaluation after %llu minibatches (%.0f s of training): test accuracy %.4f\n",
+                        (unsigned long long)R->mb_done, R->train_s, pt->test_accuracy);
+            if (rt_target_reached(sp->target_accuracy, pt) && !R->target_mb) {
+                R->target_mb = R->mb_done, R->target_s = R->train_s;
+                if (R->rank == 0)
+                    fprintf(stderr, "pipedream: target accuracy %.4f reached: stopping\n", sp->target_accuracy);
+                break;
+            }
+        }
+    }
+    if (!R->built)
+        return err_set(err, PD_EINVAL, "rank %d: nothing to train: %s is already %llu minibatches in", R->rank,
+                       R->last_ckpt, (unsigned long long)R->mb_done);
+    return PD_OK;
+}
+
+/* ---- finish ------------------------------------------------------------------------------------ */
+
+/* --save: the final weights gathered on rank 0 and written; every rank agrees on the outcome. */
+static int save_weights(Rank *R, Err *err) {
+    int rc = gather_state(R, &R->w, &R->seg, err);
+    if (rc) return rc;
+    if (R->rank == 0) {
+        rc = rt_weights_save(R->sp->save, R->m, R->ck.params, R->ck.state, R->data_mean, R->data_std, err);
+        if (rc) err_prefix(err, "rank 0 (stage %d): --save", R->stage);
+    }
+    return agree(R, rc, err);
+}
+
+/* The final weights (their checksums), --save, then the evaluation on them. */
+static int session_finish(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    int rc;
+    if (sp->save && (rc = save_weights(R, err))) return rc;
+    RtWorkerResult fin = {0};
+    R->w.res = &fin;
+    rt_worker_finish(&R->w);
+    R->acc.params_crc = fin.params_crc;
+    memcpy(R->acc.chunk_crc, fin.chunk_crc, sizeof fin.chunk_crc);
+    R->acc.n_chunks = fin.n_chunks;
+    R->acc.n_params = fin.n_params;
+    R->acc.n_state = fin.n_state;
+    R->w.res = NULL;
+    rt_result_release(&fin);
+    if (R->test && !(R->ev.n && R->ev.pts[R->ev.n - 1].minibatches == R->mb_done)) {   /* unless just evaluated */
+        const RtEvalPoint *pt;
+        if ((rc = evaluate(R, &R->w, &R->seg, &pt, err))) return fail_segment(R, rc, err);
+        if (rt_target_reached(sp->target_accuracy, pt) && !R->target_mb) R->target_mb = R->mb_done, R->target_s = R->train_s;
+    }
+    if (R->test && R->rank == 0)   /* totals over targets (a language model: positions) */
+        R->acc.test_correct = R->ev.ct[0], R->acc.test_total = R->ev.ct[1], R->acc.test_loss_sum = R->ev.loss_sum;
+    return PD_OK;
+}
+
+/* ---- results ---------------------------------------------------------------------------------- */
 
 /* The fixed part of a worker's figures on the wire (host byte order, as comm assumes). */
 typedef struct Wire {
@@ -351,79 +691,88 @@ typedef struct Wire {
     double asp_staleness_mean, asp_pull_ms_mean, asp_pull_ms_max;
     int64_t n_chunks, chunk_fwd[RT_MAX_CHUNKS], chunk_crc[RT_MAX_CHUNKS];   /* several stages per rank */
     double chunk_compute_s[RT_MAX_CHUNKS];
-    int64_t n_delayed, delay_sum, delay_max;   /* the staleness its units crossed */
+    double cpu_s;
+    int64_t pid, n_delayed, delay_sum, delay_max;   /* staleness: the delays its units crossed */
 } Wire;
 
-static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
+char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
     Wire x = {a->rank, a->stage, a->replica, a->n_fwd, a->n_bwd, a->units_done, a->test_correct, a->test_total,
               a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
               a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
-              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->n_delayed, a->delay_sum, a->delay_max};
+              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
+              a->delay_max};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
-    size_t n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
-    char *buf = malloc(n);
+    *n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
+    char *buf = malloc(*n);
     PD_ASSERT(buf);
     memcpy(buf, &x, sizeof x);
     if (ne) memcpy(buf + sizeof x, a->events, ne * sizeof(RtEvent));
     if (nh) memcpy(buf + sizeof x + ne * sizeof(RtEvent), a->hist, nh * 3 * sizeof(float));
+    return buf;
+}
+
+int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err *err) {
+    memset(o, 0, sizeof *o);
+    Wire y;
+    if (n < sizeof y) return err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes", rank, n);
+    memcpy(&y, buf, sizeof y);
+    if (y.n_events < 0 || y.n_hist < 0 || y.n_events > (int64_t)(n / sizeof(RtEvent)) ||
+        y.n_hist > (int64_t)(n / (3 * sizeof(float))) ||
+        n != sizeof y + (size_t)y.n_events * sizeof(RtEvent) + (size_t)y.n_hist * 3 * sizeof(float))
+        return err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes for %lld events and %lld losses", rank, n,
+                       (long long)y.n_events, (long long)y.n_hist);
+    *o = (RtWorkerResult){.rank = (int)y.rank, .stage = (int)y.stage, .replica = (int)y.replica,
+                          .n_params = (size_t)y.n_params, .n_state = (size_t)y.n_state,
+                          .params_crc = (uint32_t)y.crc, .max_versions = (int)y.max_versions,
+                          .loss_sum = y.loss_sum, .last_loss = y.last_loss, .units_done = (int)y.units_done,
+                          .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
+                          .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
+                          .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
+                          .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
+                          .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
+                          .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
+                          .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks, .cpu_s = y.cpu_s,
+                          .pid = y.pid, .n_delayed = (int)y.n_delayed, .delay_sum = (long)y.delay_sum,
+                          .delay_max = (int)y.delay_max};
+    for (int c = 0; c < RT_MAX_CHUNKS; c++)
+        o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
+        o->chunk_compute_s[c] = y.chunk_compute_s[c];
+    const char *p = (const char *)buf + sizeof y;
+    if (y.n_events) {
+        o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
+        PD_ASSERT(o->events);
+        memcpy(o->events, p, (size_t)y.n_events * sizeof(RtEvent));
+        p += (size_t)y.n_events * sizeof(RtEvent);
+    }
+    if (y.n_hist) {
+        o->hist = malloc((size_t)y.n_hist * 3 * sizeof(float));
+        PD_ASSERT(o->hist);
+        memcpy(o->hist, p, (size_t)y.n_hist * 3 * sizeof(float));
+    }
+    return PD_OK;
+}
+
+/* Every worker's figures to rank 0 (all: comm_size entries there). */
+static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
+    size_t n;
+    char *buf = rt_result_pack(a, &n);
     void **parts = NULL;
     size_t *sizes = NULL;
     int rc = comm_gather(R->c, 0, buf, n, &parts, &sizes, R->timeout, err);
     free(buf);
     if (rc || R->rank != 0) return rc;
-    for (int r = 0; r < comm_size(R->c) && !rc; r++) {
-        Wire y;
-        if (sizes[r] < sizeof y) {
-            rc = err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes", r, sizes[r]);
-            break;
-        }
-        memcpy(&y, parts[r], sizeof y);
-        if (sizes[r] != sizeof y + (size_t)y.n_events * sizeof(RtEvent) + (size_t)y.n_hist * 3 * sizeof(float)) {
-            rc = err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes for %lld events and %lld losses", r, sizes[r],
-                         (long long)y.n_events, (long long)y.n_hist);
-            break;
-        }
-        RtWorkerResult *o = &all[r];
-        *o = (RtWorkerResult){.rank = (int)y.rank, .stage = (int)y.stage, .replica = (int)y.replica,
-                              .n_params = (size_t)y.n_params, .n_state = (size_t)y.n_state,
-                              .params_crc = (uint32_t)y.crc, .max_versions = (int)y.max_versions,
-                              .loss_sum = y.loss_sum, .last_loss = y.last_loss, .units_done = (int)y.units_done,
-                              .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
-                              .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
-                              .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
-                              .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
-                              .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
-                              .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
-                              .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks,
-                              .n_delayed = (int)y.n_delayed, .delay_sum = y.delay_sum, .delay_max = (int)y.delay_max};
-        for (int c = 0; c < RT_MAX_CHUNKS; c++)
-            o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
-            o->chunk_compute_s[c] = y.chunk_compute_s[c];
-        const char *p = (const char *)parts[r] + sizeof y;
-        if (y.n_events) {
-            o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
-            PD_ASSERT(o->events);
-            memcpy(o->events, p, (size_t)y.n_events * sizeof(RtEvent));
-            p += (size_t)y.n_events * sizeof(RtEvent);
-        }
-        if (y.n_hist) {
-            o->hist = malloc((size_t)y.n_hist * 3 * sizeof(float));
-            PD_ASSERT(o->hist);
-            memcpy(o->hist, p, (size_t)y.n_hist * 3 * sizeof(float));
-        }
-    }
+    for (int r = 0; r < comm_size(R->c) && !rc; r++) rc = rt_result_unpack(parts[r], sizes[r], r, &all[r], err);
     comm_parts_free(parts, sizes, comm_size(R->c));
     return rc;
 }
 
-/* Rank 0: the summary from every worker's figures, with the simulator's prediction. */
-static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, const char *transport,
-                      RtTrainSummary *out) {
+void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, const char *transport, int64_t n_train,
+                  double mean, double std, RtTrainSummary *out) {
     RtWorkerResult *res = out->res;
-    double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0, test_loss = 0;
+    double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0, test_loss = 0, cpu = 0;
     long correct = 0, total = 0;
     int units = 0, n_last = 0;
     const SchedStage *lst = &s->stages[s->n_stages - 1];
@@ -445,11 +794,26 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
             double ov = (res[r].wall_s - res[r].compute_s - res[r].wait_s) / res[r].wall_s;
             if (ov > overhead) overhead = ov;
         }
+        /* CPU: the processes' clocks, each once (workers on threads of one process share it) */
+        int first = 1;
+        double most = res[r].cpu_s;
+        for (int q = 0; q < s->n_ranks; q++)
+            if (res[q].pid == res[r].pid) {
+                if (q < r) first = 0;
+                if (res[q].cpu_s > most) most = res[q].cpu_s;
+            }
+        if (first) cpu += most;
     }
     snprintf(out->model, sizeof out->model, "%s", sp->plan->model);
     snprintf(out->schedule, sizeof out->schedule, "%s", sched_kind_name(s->kind));
     snprintf(out->transport, sizeof out->transport, "%s", transport);
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", sp->opt.kind == OPT_ADAM ? "adam" : "sgd");
+    char lr[32];
+    snprintf(lr, sizeof lr, "%.7g", (double)sp->opt.lr);   /* the float's decimal, not its binary expansion */
+    out->lr = strtod(lr, NULL);
+    out->minibatch = sp->minibatch, out->threads = sp->threads > 0 ? sp->threads : 1;
     out->workers = s->n_ranks, out->stages = s->n_stages, out->steps = s->n_minibatches;
+    out->epochs = n_train > 0 ? (double)s->n_minibatches * sp->minibatch / (double)n_train : NAN;
     out->units = units, out->unit_batch = unit_batch;
     out->final_loss = n_last ? last_loss / n_last : NAN;
     out->mean_loss = units ? loss_sum / units : NAN;
@@ -457,9 +821,13 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
     out->test_loss = total ? test_loss / (double)total : NAN;
     out->wall_s = wall;
     out->samples_per_s = wall > 0 ? (double)units * unit_batch / wall : 0;
+    out->samples_per_cpu_s = cpu > 0 ? (double)units * unit_batch / cpu : NAN;
     out->time_per_unit_ms = units ? 1e3 * wall / (double)units : NAN;
     out->overhead_pct = 100 * overhead;
+    out->data_mean = mean, out->data_std = std;
     out->predicted_time_per_unit_ms = NAN;
+    out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
+    out->staleness_max = -1;
     out->stage = calloc((size_t)s->n_stages, sizeof *out->stage);
     PD_ASSERT(out->stage);
     for (int i = 0; i < s->n_stages; i++) {
@@ -490,14 +858,20 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
         g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = NAN;
     }
     if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
-    if (!sp->profile) return;
+    if (!sp->profile) {
+        snprintf(out->predicted_note, sizeof out->predicted_note, "no profile given");
+        return;
+    }
     SimCosts costs;
     SimResult sr;
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = sp->opt.kind == OPT_ADAM ? 2 : 1,
                   .samples_per_unit = unit_batch,
                   .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0};
     Err e2 = {0};
-    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
+    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
+        snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
+        return;
+    }
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         /* as the simulator charges it: slowed where workers share a machine's cores, and with
@@ -519,319 +893,70 @@ static void summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, 
             out->stage[i].predicted_stashed_bytes = pm->alloc_stashed;
         }
         sim_result_release(&sr);
+        snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
+    } else {
+        snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }
     sim_costs_release(&costs);
 }
 
-/* ---- evaluation ------------------------------------------------------------------------------ */
-
-/* Evaluates the newest weights (replica 0 of every stage), then every rank learns the result
- * from the last stage's first replica. *correct, *total, *loss_sum: over the test set. */
-static int evaluate(Rank *R, Worker *w, RtConfig *cfg, const Schedule *s, int64_t base, int64_t out[2],
-                    double *loss_sum, Err *err) {
-    RtWorkerResult tmp = {0};
-    RtWorkerResult *keep = w->res;
-    w->res = &tmp;
-    cfg->test = &R->test;
-    cfg->eval_base = base;
-    w->cfg = cfg;
-    int rc = rt_eval(w, err);
-    cfg->test = NULL;
-    cfg->eval_base = 0;
-    w->res = keep;
-    if (rc) return rc;
-    int last = s->stages[s->n_stages - 1].ranks[0];
-    union {
-        int64_t i[2];
-        double d[2];
-    } v[2];
-    v[0].i[0] = tmp.test_correct, v[0].i[1] = tmp.test_total;
-    v[1].d[0] = tmp.test_loss_sum, v[1].d[1] = 0;
-    if ((rc = comm_bcast(R->c, last, v, sizeof v, R->timeout, err))) return rc;
-    out[0] = v[0].i[0], out[1] = v[0].i[1];
-    *loss_sum = v[1].d[0];
-    return PD_OK;
-}
-
-/* The run's evaluations; ct and loss_sum are the newest one's totals over targets. */
-typedef struct EvalLog {
-    RtEvalPoint *pts;
-    int n;
-    int64_t ct[2];
-    double loss_sum;
-} EvalLog;
-
-/* Evaluates after R->mb_done minibatches (train_s seconds of training) and logs the point; every
- * evaluation gets its own message ids after the run's units (eval_batches each). */
-static int eval_point(Rank *R, Worker *w, RtConfig *cfg, const Schedule *seg, int64_t run_units, int64_t eval_batches,
-                      int64_t n_train, double train_s, EvalLog *log, Err *err) {
-    int64_t base = run_units + (int64_t)log->n * eval_batches;
-    int rc = evaluate(R, w, cfg, seg, base, log->ct, &log->loss_sum, err);
-    if (rc) return rc;
-    int64_t n = log->ct[1];
-    RtEvalPoint pt = {R->mb_done, (double)R->mb_done * R->S->spec->minibatch / (double)(n_train ? n_train : 1),
-                      train_s, n ? (double)log->ct[0] / (double)n : NAN, n ? log->loss_sum / (double)n : NAN};
-    log->pts = realloc(log->pts, (size_t)(log->n + 1) * sizeof *log->pts);
-    PD_ASSERT(log->pts);
-    log->pts[log->n++] = pt;
-    return PD_OK;
-}
-
-/* ---- one rank ------------------------------------------------------------------------------ */
-
-/* Ends err's message with the checkpoint to resume from (once). */
-static void name_last_ckpt(const Rank *R, int rc, Err *err) {
-    if (strstr(err->msg, "last checkpoint to resume from")) return;
-    char msg[1100];
-    snprintf(msg, sizeof msg, "%.400s; last checkpoint to resume from: %.600s", err->msg,
-             R->last_ckpt[0] ? R->last_ckpt : "none");
-    err_set(err, rc, "%s", msg);
-}
-
-/* A failure during a segment, or a peer lost or stuck anywhere (PD_ECOMM: a wait passed its
- * deadline, in a segment or in the control plane between them): the rank ends the job, naming
- * itself and the last checkpoint. Returning instead would leave MPI_Finalize waiting for that
- * peer forever. */
-static int fail_segment(Rank *R, int rc, Err *err) {
-    if (!strstr(err->msg, "(stage ")) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
-    name_last_ckpt(R, rc, err);
-    comm_abort(R->c, rc, err->msg);   /* MPI: does not return */
+/* Every worker's figures gathered on rank 0, which makes the summary. */
+static int session_results(Rank *R, Err *err) {
+    const RtTrainSpec *sp = R->sp;
+    int rank = R->rank, n = comm_size(R->c), rc;
+    R->acc.rank = rank, R->acc.stage = R->stage, R->acc.replica = R->stage >= 0 ? R->probe.workers[rank].replica : 0;
+    R->acc.cpu_s = R->cpu_s, R->acc.pid = (int64_t)getpid();
+    RtWorkerResult *all = rank == 0 ? calloc((size_t)n, sizeof *all) : NULL;
+    PD_ASSERT(rank != 0 || all);
+    Schedule whole = {0};
+    if ((rc = gather_results(R, &R->acc, all, err)) || rank != 0) goto out;
+    SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)R->mb_done, .n_micro = R->probe.n_micro,
+                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+    if ((rc = sched_build(sp->plan, &so, &whole, err))) goto out;
+    RtTrainSummary *out = R->S->out;
+    out->res = all;
+    all = NULL;
+    rt_summarize(sp, &whole, R->unit_batch, comm_name(R->c), R->n_train, R->data_mean, R->data_std, out);
+    out->evals = R->ev.pts, out->n_evals = R->ev.n;
+    R->ev.pts = NULL, R->ev.n = 0;
+    out->target_minibatches = R->target_mb, out->target_train_s = R->target_s;
+    out->resumed_from = R->resumed;
+    snprintf(out->last_checkpoint, sizeof out->last_checkpoint, "%s", R->last_ckpt);
+out:
+    if (all)
+        for (int r = 0; r < n; r++) rt_result_release(&all[r]);
+    free(all);
+    sched_release(&whole);
     return rc;
 }
 
+/* ---- one rank --------------------------------------------------------------------------------- */
+
 static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
-    const RtTrainSpec *sp = S->spec;
-    Rank R = {.S = S, .c = c, .rank = rank, .timeout = sp->timeout_s, .t0 = pd_now()};
-    Schedule probe = {0}, seg = {0};
-    Worker w;
-    memset(&w, 0, sizeof w);
-    RtWorkerResult segres = {0};
-    RtStageState *init = NULL;
-    EvalLog ev = {0};
-    uint64_t target_mb = 0;
-    double train_s = 0, target_s = 0;
-    int own_init = 0;   /* init[rank]'s buffers were made here (a rank with several chunks) */
-    int rc = plan_ranks(sp, &probe, err);   /* the same on every rank: no agreement needed */
-    if (rc) return rc;
-    comm_set_coll_timeout(c, sp->timeout_s);
-    R.stage = rank < probe.n_ranks ? probe.workers[rank].stage : -1;
-    R.reads_input = R.stage == 0;
-    int first_input = probe.stages[0].ranks[0];
-    for (int j = 1; j < probe.stages[0].replicas; j++)
-        if (probe.stages[0].ranks[j] < first_input) first_input = probe.stages[0].ranks[j];
-    snprintf(R.last_ckpt, sizeof R.last_ckpt, "%s", "");
-    rc = setup_local(&R, &probe, err);
-    if (rc) err_prefix(err, "rank %d (stage %d)", rank, R.stage);
-    if ((rc = agree(&R, rc, err))) goto out;
-    /* the training set's size, from the first rank that read it */
-    int unit_batch = sp->minibatch / probe.n_micro;
-    int64_t n_train = R.have_train ? (int64_t)R.train.n : 0;
-    if ((rc = comm_bcast_i64(c, first_input, &n_train, 1, R.timeout, err))) goto out;
-    long n_mb = sp->steps ? sp->steps : (long)sp->epochs * (long)(n_train / unit_batch) / probe.n_micro;
-    if (n_mb < 1) n_mb = 1;
-    if (n_mb > 1000000000L) n_mb = 1000000000L;
-    if (R.mb_done > (uint64_t)n_mb) {
-        rc = err_set(err, PD_EINVAL, "rank %d: %s is %llu minibatches in, beyond this run's %ld", rank, R.last_ckpt,
-                     (unsigned long long)R.mb_done, n_mb);
-        goto out;
-    }
-    uint64_t resumed = R.mb_done;
-    if (R.mb_done && rank == 0)
-        fprintf(stderr, "pipedream: resuming from %s (%llu of %ld minibatches done)\n", R.last_ckpt,
-                (unsigned long long)R.mb_done, n_mb);
-    if (rank == 0)
-        fprintf(stderr, "pipedream: training %s with %s on %d workers (%s), %ld minibatches of %d samples\n",
-                sp->model_path, sched_kind_name(sp->kind), probe.n_ranks, comm_name(c), n_mb, sp->minibatch);
-    /* workers: built for the first segment, rebound for the others */
-    init = calloc((size_t)probe.n_ranks, sizeof *init);
-    PD_ASSERT(init);
-    if (R.have_ck && R.stage >= 0 && probe.workers[rank].n_chunks > 1) {   /* its chunks' ranges, concatenated */
-        const SchedWorker *pw = &probe.workers[rank];
-        size_t np = 0, ns = 0;
-        for (int k = 0; k < pw->n_chunks; k++) {
-            const SchedStage *st = &probe.stages[pw->stages[k]];
-            int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
-            np += model_param_count(R.m, first, last), ns += model_state_count(R.m, first, last);
-        }
-        RtStageState *x = &init[rank];
-        x->params = pd_alloc_f32(np ? np : 1), x->opt_m = pd_alloc_f32(np ? np : 1), x->state = pd_alloc_f32(ns ? ns : 1);
-        x->opt_v = R.ck.opt_v ? pd_alloc_f32(np ? np : 1) : NULL;
-        x->opt_step = R.ck.opt_step;
-        own_init = 1;
-        size_t po = 0, so = 0;
-        for (int k = 0; k < pw->n_chunks; k++) {
-            const SchedStage *st = &probe.stages[pw->stages[k]];
-            int first = st->layers[0], last = st->layers[st->n_layers - 1] + 1;
-            size_t n = model_param_count(R.m, first, last), m = model_state_count(R.m, first, last);
-            size_t o = model_param_offset(R.m, first), q = model_state_offset(R.m, first);
-            memcpy(x->params + po, R.ck.params + o, n * sizeof(float));
-            memcpy(x->opt_m + po, R.ck.opt_m + o, n * sizeof(float));
-            if (x->opt_v) memcpy(x->opt_v + po, R.ck.opt_v + o, n * sizeof(float));
-            memcpy(x->state + so, R.ck.state + q, m * sizeof(float));
-            po += n, so += m;
-        }
-    } else if (R.have_ck && R.stage >= 0) {
-        int first = probe.stages[R.stage].layers[0];
-        size_t po = model_param_offset(R.m, first), so = model_state_offset(R.m, first);
-        init[rank] = (RtStageState){R.ck.params + po, R.ck.state + so, R.ck.opt_m + po,
-                                    R.ck.opt_v ? R.ck.opt_v + po : NULL, R.ck.opt_step};
-    }
-    RtConfig cfg = {.model_path = sp->model_path, .model = R.m, .unit_batch = unit_batch, .opt = sp->opt,
-                    .seed = sp->seed, .train = R.have_train ? &R.train : NULL, .test = NULL,
-                    .recv_timeout_s = sp->timeout_s, .trace = sp->trace, .threads = sp->threads,
-                    .progress = sp->progress, .units_total = (int)(n_mb * probe.n_micro), .progress_t0 = pd_now(),
-                    .progress_u0 = R.mb_done * (uint64_t)probe.n_micro, .init = init, .nan_check = sp->nan_check,
-                    .no_stash = sp->no_stash, .staleness = sp->staleness, .staleness_warmup = sp->staleness_warmup};
-    if (sp->threads > 0) kern_set_threads(sp->threads);
-    int built = 0;
-    int64_t eval_batches = R.have_test ? (int64_t)((R.test.n + (size_t)unit_batch - 1) / (size_t)unit_batch) : 0;
-    int64_t run_units = (int64_t)n_mb * probe.n_micro;   /* evaluation ids start after them */
-    if ((rc = rt_fail_setup(c, &probe, R.timeout, err))) goto out;
-    rt_fail_set_checkpoint(R.last_ckpt[0] ? R.last_ckpt : "none");
-    while (R.mb_done < (uint64_t)n_mb) {
-        /* the segment ends at the next checkpoint or evaluation (multiples of their intervals
-         * in the whole run's minibatches), or at the end */
-        uint64_t end = (uint64_t)n_mb;
-        if (sp->checkpoint_every) {
-            uint64_t k = (uint64_t)sp->checkpoint_every, e = (R.mb_done / k + 1) * k;
-            if (e < end) end = e;
-        }
-        if (sp->eval_every) {
-            uint64_t k = (uint64_t)sp->eval_every, e = (R.mb_done / k + 1) * k;
-            if (e < end) end = e;
-        }
-        int len = (int)(end - R.mb_done);
-        SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = probe.n_micro,
-                        .vertical_sync = sp->vertical_sync,
-                        .recompute = sp->recompute};
-        sched_release(&seg);
-        if ((rc = sched_build(sp->plan, &so, &seg, err))) goto out;
-        cfg.sched = &seg;
-        cfg.unit_base = R.mb_done * (uint64_t)seg.n_micro;
-        if (!built) {
-            rc = rt_worker_init(&w, c, &cfg, rank, &segres, err);
-            if (rc) err_prefix(err, "rank %d (stage %d)", rank, R.stage);
-            if ((rc = agree(&R, rc, err))) goto out;
-            if (w.stage >= 0 && seg.stages[w.stage].replicas > 1 &&
-                (rc = comm_group_new(c, seg.stages[w.stage].ranks, seg.stages[w.stage].replicas, &w.group, err)))
-                goto out;
-            built = 1;
-            w.t_start = pd_now();
-        } else if ((rc = rt_worker_bind(&w, &cfg, &segres, err))) {
-            rc = fail_segment(&R, rc, err);
-            goto out;
-        }
-        double seg_t0 = w.t_start - R.t0;
-        if (w.stage >= 0 && (seg.kind == SCHED_ASP ? rt_asp_exec(&w, NULL, err) : rt_exec(&w, 1, err)) == RT_ERR) {
-            rc = fail_segment(&R, err->code ? err->code : PD_ECOMM, err);
-            goto out;
-        }
-        if ((rc = rt_worker_drain(&w, err))) {
-            err_prefix(err, "rank %d (stage %d), completing the segment's sends", rank, R.stage);
-            rc = fail_segment(&R, rc, err);
-            goto out;
-        }
-        segres.wall_s = pd_now() - w.t_start;
-        double segres_wall = segres.wall_s;
-        acc_add(&R.acc, &segres, cfg.unit_base, seg_t0);
-        R.mb_done += (uint64_t)len;
-        train_s += segres_wall;
-        int ck_due = sp->checkpoint_every && (R.mb_done % (uint64_t)sp->checkpoint_every == 0 ||
-                                              R.mb_done == (uint64_t)n_mb);
-        if (ck_due && sp->checkpoint_dir && (rc = checkpoint(&R, &w, &seg, err))) goto out;
-        if (sp->eval_every && R.have_test && R.mb_done % (uint64_t)sp->eval_every == 0 && R.mb_done < (uint64_t)n_mb) {
-            if ((rc = eval_point(&R, &w, &cfg, &seg, run_units, eval_batches, n_train, train_s, &ev, err))) {
-                rc = fail_segment(&R, rc, err);
-                goto out;
-            }
-            const RtEvalPoint pt = ev.pts[ev.n - 1];
-            if (rank == 0)
-                fprintf(stderr, "pipedream: evaluation after %llu minibatches (%.0f s of training): test accuracy %.4f\n",
-                        (unsigned long long)R.mb_done, train_s, pt.test_accuracy);
-            if (sp->target_accuracy > 0 && pt.test_accuracy >= sp->target_accuracy && !target_mb) {
-                target_mb = R.mb_done, target_s = train_s;
-                if (rank == 0) fprintf(stderr, "pipedream: target accuracy %.4f reached: stopping\n", sp->target_accuracy);
-                break;
-            }
-        }
-    }
-    if (!built) {
-        rc = err_set(err, PD_EINVAL, "rank %d: nothing to train: %s is already %llu minibatches in", rank, R.last_ckpt,
-                     (unsigned long long)R.mb_done);
-        goto out;
-    }
-    /* the final weights, then evaluation on them */
-    {
-        RtWorkerResult fin = {0};
-        w.res = &fin;
-        rt_worker_finish(&w);
-        R.acc.params_crc = fin.params_crc;
-        memcpy(R.acc.chunk_crc, fin.chunk_crc, sizeof fin.chunk_crc);
-        R.acc.n_chunks = fin.n_chunks;
-        R.acc.n_params = fin.n_params;
-        R.acc.n_state = fin.n_state;
-        w.res = NULL;
-        rt_result_release(&fin);
-        if (R.have_test && !(ev.n && ev.pts[ev.n - 1].minibatches == R.mb_done)) {   /* unless just evaluated */
-            rc = eval_point(&R, &w, &cfg, &seg, run_units, eval_batches, n_train, train_s, &ev, err);
-            if (!rc && sp->target_accuracy > 0 && ev.pts[ev.n - 1].test_accuracy >= sp->target_accuracy && !target_mb)
-                target_mb = R.mb_done, target_s = train_s;
-        }
-        if (!rc && R.have_test && rank == 0)   /* totals over targets (a language model: positions) */
-            R.acc.test_correct = ev.ct[0], R.acc.test_total = ev.ct[1], R.acc.test_loss_sum = ev.loss_sum;
-        if (rc) {
-            rc = fail_segment(&R, rc, err);
-            goto out;
-        }
-    }
-    R.acc.rank = rank, R.acc.stage = R.stage, R.acc.replica = R.stage >= 0 ? probe.workers[rank].replica : 0;
-    {
-        RtWorkerResult *all = rank == 0 ? calloc((size_t)comm_size(c), sizeof *all) : NULL;
-        PD_ASSERT(rank != 0 || all);
-        if ((rc = gather_results(&R, &R.acc, all, err))) {
-            if (all)
-                for (int r = 0; r < comm_size(c); r++) rt_result_release(&all[r]);
-            free(all);
-            goto out;
-        }
-        if (rank == 0) {
-            Schedule whole;
-            SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)R.mb_done, .n_micro = probe.n_micro,
-                            .vertical_sync = sp->vertical_sync,
-                        .recompute = sp->recompute};
-            if ((rc = sched_build(sp->plan, &so, &whole, err))) {
-                for (int r = 0; r < comm_size(c); r++) rt_result_release(&all[r]);
-                free(all);
-                goto out;
-            }
-            S->out->res = all;
-            summarize(sp, &whole, unit_batch, comm_name(c), S->out);
-            S->out->evals = ev.pts, S->out->n_evals = ev.n;
-            ev.pts = NULL;
-            S->out->target_minibatches = target_mb, S->out->target_train_s = target_s;
-            S->out->resumed_from = resumed;
-            snprintf(S->out->last_checkpoint, sizeof S->out->last_checkpoint, "%s", R.last_ckpt);
-            sched_release(&whole);
-        }
-    }
-out:
+    Rank R = {.S = S, .sp = S->spec, .c = c, .rank = rank, .timeout = S->spec->timeout_s, .t0 = pd_now()};
+    memset(&R.w, 0, sizeof R.w);
+    R.data.mean = R.data.std = NAN;
+    R.data_mean = R.data_std = NAN;
+    int rc = session_setup(&R, err);
+    if (!rc) rc = session_workers(&R, err);
+    if (!rc) rc = session_segments(&R, err);
+    if (!rc) rc = session_finish(&R, err);
+    if (!rc) rc = session_results(&R, err);
     if (rc == PD_ECOMM) fail_segment(&R, rc, err);
     else if (rc) name_last_ckpt(&R, rc, err);
-    if (w.cfg) {
-        w.res = &segres;
-        rt_worker_release(&w);
+    if (R.w.cfg) {
+        R.w.res = &R.segres;
+        rt_worker_release(&R.w);
     }
-    rt_result_release(&segres);
+    rt_result_release(&R.segres);
     rt_result_release(&R.acc);
-    free(ev.pts);
-    if (own_init)
-        pd_free(init[rank].params), pd_free(init[rank].opt_m), pd_free(init[rank].opt_v), pd_free(init[rank].state);
-    free(init);
-    sched_release(&seg);
-    sched_release(&probe);
+    rt_eval_log_release(&R.ev);
+    if (R.own_init) rt_stage_state_free(&R.init[rank]);
+    free(R.init);
+    sched_release(&R.seg);
+    sched_release(&R.probe);
     if (R.have_ck) ck_free(&R.ck);
-    if (R.have_train) data_release(&R.train);
-    if (R.have_test) data_release(&R.test);
+    data_splits_release(&R.data);
     model_free(R.m);
     return rc;
 }
@@ -854,19 +979,29 @@ int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
                        spec->n_micro);
     if ((spec->checkpoint_every > 0) != (spec->checkpoint_dir != NULL))
         return err_set(err, PD_EINVAL, "checkpoints need both an interval and a directory");
+    if (spec->keep_last < 0 || (spec->keep_last > 0 && !spec->checkpoint_dir))
+        return err_set(err, PD_EINVAL, "keeping the last %d checkpoints needs checkpoints", spec->keep_last);
     char *text = NULL;
     int rc = pd_read_file(spec->model_path, 1 << 24, &text, NULL, err);
     if (rc) return rc;
-    Sess S = {.spec = spec, .model_text = text, .out = out};
+    RtTrainSpec sp = *spec;
+    Plan *single = NULL;
+    if (!sp.plan) {   /* one worker: one stage of the whole model */
+        Model *m = model_parse(text, spec->model_path, err);
+        if (!m) {
+            free(text);
+            return err->code ? err->code : PD_EINVAL;
+        }
+        sp.plan = single = plan_single(model_name(m), model_n_layers(m));
+        model_free(m);
+    }
+    Sess S = {.spec = &sp, .model_text = text, .out = out};
     if (c) {
         S.n_ranks = comm_size(c);
         rc = session_rank(c, comm_rank(c), &S, err);
     } else {
         Schedule probe;
-        if ((rc = plan_ranks(spec, &probe, err))) {
-            free(text);
-            return rc;
-        }
+        if ((rc = plan_ranks(&sp, &probe, err))) goto done;
         int n = S.n_ranks = probe.n_ranks;
         sched_release(&probe);
         S.errs = calloc((size_t)n, sizeof(Err));
@@ -877,7 +1012,9 @@ int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
         free(S.errs);
         free(rcs);
     }
+done:
     free(text);
+    plan_free(single);
     if (rc && out->res) rt_train_summary_release(out);
     return rc;
 }

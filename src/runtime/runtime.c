@@ -235,10 +235,7 @@ static size_t split_floats(const Worker *w) {
  * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
  * 1/n_micro: the sum is the minibatch's mean gradient. */
 static CommOp rt_allreduce_op(const Schedule *s) {
-    return s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW || s->kind == SCHED_ZB_H1 ||
-                   s->kind == SCHED_ZB_H2
-               ? COMM_SUM
-               : COMM_MEAN;
+    return sched_kind_microbatched(s->kind) ? COMM_SUM : COMM_MEAN;
 }
 
 /* ---- gradient buckets: all-reduce while backward runs ---------------------------------------- */

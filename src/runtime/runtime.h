@@ -174,6 +174,10 @@ typedef struct RtWorkerResult {
     int asp_staleness_max;
     long asp_pulls;
     double asp_pull_ms_mean, asp_pull_ms_max;
+    /* sessions (rt_session.c): CPU seconds of this worker's process during its training
+     * segments, and the process (workers on threads of one process share its clock) */
+    double cpu_s;
+    int64_t pid;
 } RtWorkerResult;
 
 void rt_result_release(RtWorkerResult *r);
@@ -199,16 +203,35 @@ typedef struct RtCkpt {
     long opt_step;
     uint64_t minibatches_done, units_done, seed;
     char schedule[32];
+    OptConfig opt;               /* the optimizer and its hyper-parameters (load: NAN where the file
+                                  * records none) */
+    double data_mean, data_std;  /* the statistics the input images were standardised with (NAN: none,
+                                  * as for text) */
 } RtCkpt;
 
-/* Writes <dir>/ckpt-<minibatches_done>.safetensors atomically (ckpt.h), tensors named by
- * global layer; the written path goes to path_out (if non-NULL). */
+/* "<dir>/ckpt-<minibatches>.safetensors" (ckpt_name) into path: the name every rank gives the
+ * checkpoint after that many minibatches. PD_EINVAL if it does not fit into n bytes. */
+int rt_ckpt_path(const char *dir, uint64_t minibatches, char *path, size_t n, Err *err);
+/* Writes rt_ckpt_path(dir, c->minibatches_done) atomically (ckpt.h), tensors named by global
+ * layer, metadata with the optimizer's name and hyper-parameters and the input statistics; the
+ * written path goes to path_out (if non-NULL). */
 int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_out, size_t n, Err *err);
-/* Reads a checkpoint of model m into c's buffers (sized for m) and fields. Fails naming the
- * file if it is of another model, lacks a tensor, has a wrong shape, or is damaged. */
+/* Reads a checkpoint of model m into c's buffers (sized for m; opt_v given means this run uses
+ * Adam) and fields. Fails naming the file if it is of another model, was taken with another
+ * optimizer than c's buffers are for ("taken with --optimizer adam, this run has --optimizer
+ * sgd"), lacks a tensor, has a wrong shape, or is damaged. */
 int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err);
-/* Reads only the parameters and state of a weights file (train --save, tools/export_torch.py,
- * any checkpoint) into c's buffers; optimizer buffers and counters are left as they are. */
+/* The hyper-parameters of run that differ from those a checkpoint records (taken; NAN: not
+ * recorded, never a difference), as flags: was gets "--lr 0.001 --momentum 0.9", now the run's
+ * values of the same flags (each n bytes). Returns how many differ. */
+int rt_ckpt_opt_changes(const OptConfig *taken, const OptConfig *run, char *was, char *now, size_t n);
+/* A weights file (`train --save`): parameters, state, model name and the input statistics
+ * (when finite), written atomically. */
+int rt_weights_save(const char *path, const Model *m, const float *params, const float *state, double data_mean,
+                    double data_std, Err *err);
+/* Reads only the parameters, state and input statistics (NAN when absent) of a weights file
+ * (train --save, tools/export_torch.py, any checkpoint) into c; optimizer buffers and counters
+ * are left as they are. */
 int rt_weights_load(const char *path, const Model *m, RtCkpt *c, Err *err);
 
 /* ---- the profiler (profiler.c) ------------------------------------------------------------ */
@@ -265,10 +288,13 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
  * (stage S): cause"). During a segment, the rank that fails ends the job (comm_abort: MPI
  * aborts every rank; threads: every peer unwinds) with a message naming its rank, stage,
  * cause and the last checkpoint that was written and agreed (or "none"). A rank lost to a
- * signal is named by the others (rt_fail.c). */
+ * signal is named by the others (rt_fail.c).
+ *
+ * One-worker training is a session too: plan NULL is one stage of the whole model on one
+ * worker (plan_single), the same flags, checks, checkpoints, evaluations and summary. */
 typedef struct RtTrainSpec {
     const char *model_path;
-    const Plan *plan;            /* borrowed; checked against the model */
+    const Plan *plan;            /* borrowed; checked against the model; NULL: one stage on one worker */
     SchedKind kind;
     int n_micro;                 /* units per minibatch (1 unless a micro-batch kind) */
     int vertical_sync;
@@ -277,12 +303,19 @@ typedef struct RtTrainSpec {
     int minibatch;               /* samples per minibatch (n_micro units) */
     OptConfig opt;
     uint64_t seed;
-    const char *data_dir;        /* IDX directory (NULL: DATA_DEFAULT_IDX_DIR) */
+    const char *data_dir;        /* IDX directory (NULL: DATA_DEFAULT_IDX_DIR), its images standardised
+                                  * with its training split's mean and std (data_stats; a resumed run:
+                                  * the checkpoint's) */
     const char *text;            /* or a plain-text file: byte-level language-model data (data.h) */
+    const Dataset *train;        /* or, borrowed and optional, the data itself: used as given (not
+                                  * standardised) instead of reading data_dir or text */
+    const Dataset *test;         /* ... and its test set (NULL with train given: no evaluation) */
     int threads;                 /* kernel threads per worker */
     double timeout_s;            /* deadline of every wait: messages, control, collectives */
     int checkpoint_every;        /* minibatches per segment; 0 = one segment, no checkpoints */
     const char *checkpoint_dir;  /* created if missing (mkdir -p) */
+    int keep_last;               /* keep only the newest keep_last checkpoints of the run (0: all;
+                                  * ckpt_prune: never the one a resume needs) */
     const char *resume;          /* directory: continue from its newest valid checkpoint */
     const char *init_weights;    /* or a weights file (a checkpoint's names): start from these
                                   * parameters and state, optimizer fresh, minibatch 0 */
@@ -297,6 +330,7 @@ typedef struct RtTrainSpec {
     int staleness;               /* RT_STALE_* (RtConfig.staleness), or RT_STALE_DEFAULT */
     int staleness_warmup;        /* RtConfig.staleness_warmup */
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
+    const char *save;            /* write the final weights here (rt_weights_save); NULL: no file */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -321,9 +355,17 @@ typedef struct RtStageSummary {
 } RtStageSummary;
 
 typedef struct RtTrainSummary {
-    char model[64], schedule[32], transport[16];
+    char model[64], schedule[32], transport[16], optimizer[8];
     char staleness[48];          /* the compensation the run used (rt_staleness_name) */
     int workers, stages, steps, units, unit_batch;
+    int minibatch, threads;      /* samples per minibatch, kernel threads per worker */
+    double lr;
+    double epochs;               /* passes over the training set the run's minibatches make (resumed
+                                  * ones included) */
+    double samples_per_cpu_s;    /* samples per CPU second of the job's processes (training only) */
+    double data_mean, data_std;  /* what the input images were standardised with (NAN: text, given data) */
+    char predicted_note[256];    /* what the prediction is: "same plan and profile", "no profile given",
+                                  * or the simulator's error */
     double final_loss;           /* mean loss of the last minibatch (NAN if none) */
     double mean_loss;            /* mean over the run's units */
     double test_accuracy;        /* NAN without a test set */

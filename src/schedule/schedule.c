@@ -372,9 +372,9 @@ static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
     const char *kn = KIND_NAMES[o->kind];
     if (o->n_minibatches < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 minibatch", kn);
     if (o->n_micro < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 micro-batch", kn);
-    if (o->n_micro > 1 &&
-        (o->kind == SCHED_1F1B || o->kind == SCHED_DP || o->kind == SCHED_MP || o->kind == SCHED_ASP))
-        return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to gpipe, 1f1b-flush and 2bw", kn);
+    if (o->n_micro > 1 && !sched_kind_microbatched(o->kind))
+        return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 "
+                       "and interleaved", kn);
     if (o->vertical_sync && o->kind != SCHED_1F1B)
         return err_set(err, PD_EINVAL, "schedule %s: vertical sync applies only to 1f1b", kn);
     if (o->recompute && o->kind == SCHED_ASP) return err_set(err, PD_EINVAL, "schedule asp: no recomputation");

@@ -119,6 +119,20 @@ typedef struct SchedOpts {
 int  sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err);
 void sched_release(Schedule *s);   /* zeroed is fine */
 
+/* 1 for the kinds that split each minibatch (optimizer step) into n_micro units, each unit's
+ * loss scaled by 1/n_micro, replicas summing their share: gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2
+ * and interleaved. 1f1b, dp, model-parallel and asp run one unit per minibatch. */
+static inline int sched_kind_microbatched(SchedKind k) {
+    return k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 || k == SCHED_ZB_H2 ||
+           k == SCHED_INTERLEAVED;
+}
+/* Micro-batches per minibatch when none are given: one per worker of the plan for a
+ * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
+ * 1 for the others. The default of `train`, `simulate` and the planner alike. */
+static inline int sched_default_micro(SchedKind k, int n_workers) {
+    return sched_kind_microbatched(k) && n_workers > 1 ? n_workers : 1;
+}
+
 /* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
  * "zb-h2", "interleaved". */
 const char *sched_kind_name(SchedKind k);

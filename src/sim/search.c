@@ -11,11 +11,6 @@
     (1u << SCHED_1F1B | 1u << SCHED_GPIPE | 1u << SCHED_1F1B_FLUSH | 1u << SCHED_2BW | 1u << SCHED_DP |                \
      1u << SCHED_ZB_H1 | 1u << SCHED_ZB_H2 | 1u << SCHED_INTERLEAVED)
 
-static int is_micro_kind(SchedKind k) {
-    return k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 || k == SCHED_ZB_H2 ||
-           k == SCHED_INTERLEAVED;
-}
-
 static long lcm_replicas(const Plan *p) {
     long period = 1;
     for (int i = 0; i < p->n_stages && period <= 64; i++) {
@@ -208,11 +203,11 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
             /* the partitioner under each schedule's own memory rule, replicated and straight */
             for (int k = 0; k < SCHED_COUNT; k++) {
                 if (!(kinds >> k & 1) || k == SCHED_DP || k == SCHED_INTERLEAVED) continue;
-                int nmk = is_micro_kind((SchedKind)k) ? nm : 1;
+                int nmk = sched_kind_microbatched((SchedKind)k) ? nm : 1;
                 for (int mi = 0; mi < nmk; mi++)
                     for (int rc = 0; rc < 2; rc++) {
                         if ((o->recompute == 1 && rc) || (o->recompute == 2 && !rc)) continue;
-                        MemModel mm = {(SchedKind)k, is_micro_kind((SchedKind)k) ? micro[mi] * W : 1, rc, W,
+                        MemModel mm = {(SchedKind)k, sched_kind_microbatched((SchedKind)k) ? micro[mi] * W : 1, rc, W,
                                        o->opt_state_factor > 0 ? o->opt_state_factor : 1};
                         parts_add(&ps, dp_plan(prof, cl, &o->plan, 0, o->memory_limit, 0, &mm));
                         parts_add(&ps, dp_plan(prof, cl, &o->plan, 1, o->memory_limit, 0, &mm));
@@ -235,9 +230,9 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
             SchedKind kind = (SchedKind)k;
             if ((kind == SCHED_INTERLEAVED) != (p->chunks > 1)) continue;
             if (kind == SCHED_DP && pi > 0) continue;   /* dp ignores the partition */
-            int nmk = is_micro_kind(kind) ? nm : 1;
+            int nmk = sched_kind_microbatched(kind) ? nm : 1;
             for (int mi = 0; mi < nmk; mi++) {
-                int M = is_micro_kind(kind) ? micro[mi] * p->n_workers : 1;
+                int M = sched_kind_microbatched(kind) ? micro[mi] * p->n_workers : 1;
                 for (int rc = 0; rc < 2; rc++) {
                     if ((o->recompute == 1 && rc) || (o->recompute == 2 && !rc)) continue;
                     SearchCand c;

@@ -45,7 +45,8 @@ plan "$tmp/p3.json" 8 ledger "0, 1, 2" "3, 4" "5, 6, 7"
 n=0
 for k in 1f1b "1f1b --vertical-sync" "1f1b --recompute" gpipe "gpipe --recompute" 1f1b-flush "1f1b-flush --recompute" \
          2bw zb-h1 "zb-h1 --recompute" zb-h2 model-parallel dp; do
-    "$PD" train "$tmp/m.json" --workers 3 --plan "$tmp/p3.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
+    M=""; case $k in gpipe*|1f1b-flush*|2bw|zb-h*) M="--microbatches 4" ;; esac
+    "$PD" train "$tmp/m.json" --workers 3 --plan "$tmp/p3.json" --profile "$tmp/prof.json" --schedule $k $M --steps 6 \
         --minibatch 16 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
     check "$k" || fail "$k: ledger and prediction disagree"
     n=$((n + 1))

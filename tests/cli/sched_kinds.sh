@@ -44,6 +44,24 @@ for run in "1f1b-flush" "zb-h1" "zb-h2" "zb-h1 --recompute" "zb-h2 --recompute";
     [ "$got" = "$want" ] || fail "train $run: weights $got, 1f1b-flush's $want"
 done
 echo "ok: train zb-h1, zb-h2 (and --recompute) = 1f1b-flush bitwise ($want)"
+# one default number of micro-batches for a micro-batched kind: train and simulate agree on it
+python3 - "$tmp/u4.json" <<'PY'
+import json, sys
+layers = [{"name": "l%d" % i, "type": "linear", "forward_s": 0.005, "backward_s": 0.010,
+           "activation_bytes": 1e6, "parameter_bytes": 4e6} for i in range(4)]
+json.dump({"format": "pipedream-profile", "version": 1, "model": "mlp", "minibatch": 32,
+           "input_bytes": 1e6, "layers": layers}, open(sys.argv[1], "w"))
+PY
+"$PD" simulate "$tmp/mlp_plan.json" --profile "$tmp/u4.json" --schedule gpipe --json >"$tmp/sim.json" 2>"$tmp/err" ||
+    fail "simulate gpipe: $(cat "$tmp/err")"
+"$PD" train "$SRC/models/mlp.json" --plan "$tmp/mlp_plan.json" --workers 3 --schedule gpipe --steps 2 --minibatch 12 \
+    --timeout 60 >"$tmp/out" 2>"$tmp/err" || fail "train gpipe: $(tail -3 "$tmp/err")"
+python3 - "$tmp/sim.json" "$tmp/out" <<'PY' || fail "train and simulate default to different micro-batch counts"
+import json, sys
+sim = json.load(open(sys.argv[1]))
+run = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+assert run["units"] // run["steps"] == sim["microbatches"], (run["units"], run["steps"], sim["microbatches"])
+PY
 
 "$PD" plan "$tmp/u8.json" --workers 4 --bandwidth 1e30 --straight -o "$tmp/p4.json" >/dev/null 2>"$tmp/err" || fail "plan: $(cat "$tmp/err")"
 "$PD" plan "$tmp/u8.json" --workers 8 --bandwidth 1e30 --straight -o "$tmp/p8.json" >/dev/null 2>"$tmp/err" || fail "plan 8: $(cat "$tmp/err")"

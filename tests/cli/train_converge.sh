@@ -15,6 +15,6 @@ fi
 out=$("$PD" train "$SRC/models/lenet5.json" --epochs 1 --minibatch 64 --lr 0.01 --momentum 0.9 --seed 1) ||
     { echo "FAIL: exit $?"; exit 1; }
 echo "$out"
-acc=$(echo "$out" | sed -n 's/.*"test_accuracy": \([0-9.]*\).*/\1/p')
+acc=$(echo "$out" | sed -n 's/.*"test_accuracy": *\([0-9.]*\).*/\1/p')
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.83) }' || { echo "FAIL: test accuracy $acc < 0.83"; exit 1; }
 echo PASS

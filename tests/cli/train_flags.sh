@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# train_flags.sh: every flag `pipedream train --help` lists, in every mode: one worker, two
+# workers on threads (--workers 2) and, when mpirun is installed, two MPI ranks. Each flag is
+# checked for its effect in a tiny run (a file written, a line printed, a key of the summary,
+# weights that change or stay); a flag the help lists without a check here fails the test, so
+# a new flag comes with its check. The summaries of all modes have the same keys.
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+. "$SRC/tests/cli/lib/common.sh"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+
+# a small IDX set (320 training images: 10 minibatches of 32 per epoch), a text, their models
+python3 - "$tmp" <<'PY'
+import os, random, struct, sys
+d = os.path.join(sys.argv[1], "d")
+os.makedirs(d)
+r = random.Random(5)
+for pre, n in (("train", 320), ("t10k", 64)):
+    ys = [r.randrange(10) for _ in range(n)]
+    with open(os.path.join(d, pre + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28))
+        for y in ys: f.write(bytes(min(255, r.randrange(0, 120) + 12 * y) for _ in range(784)))
+    with open(os.path.join(d, pre + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(ys))
+words = "the of and to in that he shall unto for his i a lord they be is him not them it with all".split()
+with open(os.path.join(sys.argv[1], "t.txt"), "w") as f:
+    for _ in range(400): f.write(" ".join(r.choice(words) for _ in range(8)) + ".\n")
+PY
+cat >"$tmp/gpt.json" <<'JSON'
+{"name": "gpt-tiny", "input": [16],
+ "layers": [{"type": "embed", "vocab": 256, "dim": 16, "positions": 16},
+            {"type": "block", "steps": [[{"type": "layernorm", "features": 16},
+                                         {"type": "attention", "dim": 16, "heads": 2, "causal": true}]]},
+            {"type": "layernorm", "features": 16}, {"type": "dense", "in": 16, "out": 256}]}
+JSON
+plan "$tmp/p1.json" 8 lenet5 "0, 1, 2, 3, 4, 5, 6, 7"
+plan "$tmp/p2.json" 8 lenet5 "0, 1, 2, 3" "4, 5, 6, 7"
+plan "$tmp/p4.json" 8 lenet5 "0, 1" "2, 3" "4, 5" "6, 7"
+plan "$tmp/g2.json" 4 gpt-tiny "0, 1" "2, 3"
+plan "$tmp/m2.json" 4 mlp "0, 1" "2, 3"
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 32 --iterations 2 -o "$tmp/prof.json" >/dev/null 2>&1 || fail "profile"
+M="$SRC/models/lenet5.json --data $tmp/d --minibatch 32 --steps 6 --timeout 60"
+
+# tr MODE NAME [MODEL-ARGS] -- ARGS...: `train` in MODE, stdout in $tmp/MODE.NAME.out, stderr in .err;
+# MODEL-ARGS replace $M; the mode's workers and plan go last unless ARGS give a plan of their own
+tr() {
+    local mode=$1 name=$2 base=$M; shift 2
+    if [ "${1:-}" != "--" ]; then base=$1; shift; fi
+    shift
+    local P=$tmp/p2.json; case " $base " in *gpt.json*) P=$tmp/g2.json ;; *mlp.json*) P=$tmp/m2.json ;; esac
+    local pl="--plan $P" wk="--workers 2"
+    case " $* " in *" --plan "*) pl="" ;; esac
+    case " $* " in *" --workers "*) wk="" ;; esac
+    case $mode in
+        one) "$PD" train $base "$@" ;;
+        thr) "$PD" train $base $wk $pl "$@" ;;
+        mpi) timeout 300 mpirun -np 2 --oversubscribe "$PD" train $base $pl "$@" ;;
+    esac >"$tmp/$mode.$name.out" 2>"$tmp/$mode.$name.err"
+}
+ok() {   # ok MODE NAME ARGS...: tr, which must succeed
+    local mode=$1 name=$2; shift 2
+    tr "$mode" "$name" "$@" || fail "$mode: train $*: exit $?: $(tail -3 "$tmp/$mode.$name.err")"
+}
+key() {  # key MODE NAME KEY: the summary's value (JSON)
+    python3 -c 'import json, sys
+v = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(json.dumps(v[sys.argv[2]]) if sys.argv[2] in v else "MISSING")' "$tmp/$1.$2.out" "$3"
+}
+want() { # want MODE NAME KEY VALUE
+    local got; got=$(key "$1" "$2" "$3")
+    [ "$got" = "$4" ] || fail "$1 $2: \"$3\" is $got, want $4"
+}
+crcs() { key "$1" "$2" weights_crc; }
+differs() { [ "$(crcs "$1" "$2")" != "$(crcs "$1" plain)" ] || fail "$1: $2 changed no weight: $(crcs "$1" "$2")"; }
+same() { [ "$(crcs "$1" "$2")" = "$(crcs "$1" "$3")" ] || fail "$1: $2 $(crcs "$1" "$2") != $3 $(crcs "$1" "$3")"; }
+errs() { # errs MODE NAME PATTERN ARGS...: train fails (exit 1 or 2) with PATTERN on stderr
+    local mode=$1 name=$2 pat=$3; shift 3
+    tr "$mode" "$name" "$@" && fail "$mode: train $* succeeded"
+    grep -q "$pat" "$tmp/$mode.$name.err" || fail "$mode: train $*: $(tail -3 "$tmp/$mode.$name.err")"
+}
+metric_lines() { grep -c "^{\"$2\":" "$1"; }
+workers_of() { case $1 in one) echo 1 ;; *) echo 2 ;; esac; }
+
+check() {   # check MODE FLAG
+    local m=$1 W; W=$(workers_of "$1")
+    case $2 in
+    --workers)
+        if [ "$m" = one ]; then ok one workers -- --workers 1; want one workers workers 1
+        elif [ "$m" = thr ]; then ok thr workers -- --workers 2; want thr workers workers 2
+        else errs mpi workers "mpirun started 2 ranks" -- --workers 3; fi ;;
+    --plan)
+        if [ "$m" = one ]; then ok one plan -- --plan "$tmp/p1.json"; want one plan stages 1; same one plan plain
+        else ok "$m" plan -- --plan "$tmp/p2.json"; want "$m" plan stages 2; fi ;;
+    --schedule)
+        ok "$m" schedule -- --schedule gpipe; want "$m" schedule schedule '"gpipe"'
+        want "$m" schedule units $((6 * W)) ;;   # one micro-batch per worker by default
+    --chunks)
+        if [ "$m" = one ]; then errs one chunks "needs --plan" -- --chunks 2
+        else ok "$m" chunks -- --plan "$tmp/p4.json" --chunks 2; want "$m" chunks schedule '"interleaved"'
+             want "$m" chunks stages 4; want "$m" chunks workers 2; fi ;;
+    --microbatches)
+        ok "$m" micro -- --schedule 1f1b-flush --microbatches 4; want "$m" micro units 24; want "$m" micro unit_batch 8 ;;
+    --vertical-sync)
+        ok "$m" vsync -- --vertical-sync
+        if [ "$m" = one ]; then same one vsync plain; else differs "$m" vsync; fi ;;
+    --recompute)
+        ok "$m" recompute -- --recompute --metrics "$tmp/$m.rc.jsonl"; same "$m" recompute plain
+        python3 - "$tmp/$m.rc.jsonl" "$tmp/$m.plain.jsonl" <<'PY' || fail "$m: --recompute kept as much activation memory"
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if l.startswith('{"stage"')] for f in sys.argv[1:])
+assert sum(r["activation_bytes"] for r in a) < sum(r["activation_bytes"] for r in b), (a, b)
+PY
+        ;;
+    --no-stash)
+        ok "$m" nostash -- --no-stash
+        if [ "$m" = one ]; then same one nostash plain; else differs "$m" nostash; fi ;;
+    --staleness)   # one stage: no delay, nothing to compensate; two: stage 0's units are one update late
+        ok "$m" stale -- --staleness predict
+        if [ "$m" = one ]; then same one stale plain; else differs "$m" stale; fi ;;
+    --staleness-warmup)
+        ok "$m" warm -- --staleness lr-warmup --staleness-warmup 2
+        if [ "$m" = one ]; then same one warm plain
+        else ok "$m" warm500 -- --staleness lr-warmup; [ "$(crcs "$m" warm)" != "$(crcs "$m" warm500)" ] ||
+            fail "$m: --staleness-warmup 2 changed nothing"; fi ;;
+    --epochs)
+        ok "$m" epochs "$SRC/models/lenet5.json --data $tmp/d --minibatch 32 --timeout 60" -- --epochs 2
+        want "$m" epochs steps 20; want "$m" epochs epochs 2 ;;
+    --steps) want "$m" base steps 6 ;;
+    --minibatch) want "$m" base minibatch 32; want "$m" base unit_batch 32 ;;
+    --lr) ok "$m" lr -- --lr 0.05; want "$m" lr lr 0.05; differs "$m" lr ;;
+    --momentum) ok "$m" mom -- --momentum 0.5; differs "$m" mom ;;
+    --weight-decay) ok "$m" wd -- --weight-decay 0.5; differs "$m" wd ;;
+    --optimizer) ok "$m" adam -- --optimizer adam --lr 0.001; want "$m" adam optimizer '"adam"'; differs "$m" adam ;;
+    --seed) ok "$m" seed -- --seed 2; differs "$m" seed ;;
+    --threads) ok "$m" threads -- --threads 2; want "$m" threads threads 2 ;;
+    --data)
+        want "$m" base data_mean "$(python3 -c "
+import struct; b = open('$tmp/d/train-images-idx3-ubyte', 'rb').read()[16:]
+v = [x / 255 for x in b]; print(round(sum(v) / len(v), 4))")" ;;
+    --text)
+        ok "$m" text "$tmp/gpt.json --minibatch 8 --steps 3 --optimizer adam --lr 0.001" -- --text "$tmp/t.txt"
+        want "$m" text data_mean null
+        python3 -c "import json,sys; v=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(not 1 < v['test_loss'] < 6)" \
+            "$tmp/$m.text.out" || fail "$m: --text: test loss $(key "$m" text test_loss)" ;;
+    --save)
+        "$PD" eval "$SRC/models/lenet5.json" --data "$tmp/d" --weights "$tmp/$m.w.st" >"$tmp/$m.eval" 2>&1 ||
+            fail "$m: eval of --save: $(cat "$tmp/$m.eval")"
+        python3 -c "import json,sys; a=json.load(open(sys.argv[1])); b=json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+sys.exit(abs(a['test_loss'] - b['test_loss']) > 1e-5 * b['test_loss'])" "$tmp/$m.eval" "$tmp/$m.base.out" ||
+            fail "$m: --save weights: eval $(cat "$tmp/$m.eval"), train's test loss $(key "$m" base test_loss)" ;;
+    --init)
+        ok "$m" init -- --init "$tmp/$m.w.st"; differs "$m" init
+        ok "$m" init2 -- --init "$tmp/$m.w.st"; same "$m" init init2 ;;
+    --checkpoint-every|--checkpoint-dir)
+        [ "$(ls "$tmp/$m.ck")" = "ckpt-0000000004.safetensors
+ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
+        want "$m" base last_checkpoint "\"$tmp/$m.ck/ckpt-0000000006.safetensors\"" ;;
+    --keep-last)
+        ok "$m" keep -- --checkpoint-every 2 --checkpoint-dir "$tmp/$m.keep" --keep-last 1
+        [ "$(ls "$tmp/$m.keep")" = "ckpt-0000000006.safetensors" ] || fail "$m: --keep-last 1 left $(ls "$tmp/$m.keep")" ;;
+    --resume)
+        ok "$m" resume "$SRC/models/lenet5.json --data $tmp/d --minibatch 32 --steps 8 --timeout 60" -- \
+            --resume "$tmp/$m.ck"
+        want "$m" resume resumed_from 6; want "$m" resume steps 8 ;;
+    --eval-every)
+        [ "$(metric_lines "$tmp/$m.m.jsonl" eval_minibatches)" = 3 ] || fail "$m: evaluations: $(cat "$tmp/$m.m.jsonl")" ;;
+    --target-accuracy)
+        ok "$m" target -- --eval-every 2 --target-accuracy 0.01
+        want "$m" target target_minibatches 2; want "$m" target steps 2 ;;
+    --nan-check)
+        local N="$SRC/models/mlp.json --data $tmp/d --minibatch 32 --steps 12 --lr 100 --momentum 0.99 --timeout 60"
+        errs "$m" nan "the loss is -\?nan" "$N" -- --nan-check loss
+        ok "$m" nanoff "$N" -- --nan-check off ;;
+    --timeout)
+        if [ "$m" = one ]; then ok one timeout -- --timeout 0.000001   # one worker waits for nobody
+        else errs "$m" timeout "timed out" -- --timeout 0.000001; fi ;;
+    --metrics)
+        [ "$(metric_lines "$tmp/$m.m.jsonl" model)" = 1 ] && [ "$(metric_lines "$tmp/$m.m.jsonl" stage)" = "$W" ] ||
+            fail "$m: --metrics: $(cat "$tmp/$m.m.jsonl")"
+        [ "$(head -1 "$tmp/$m.m.jsonl")" = "$(tail -1 "$tmp/$m.base.out")" ] || fail "$m: metrics' summary differs" ;;
+    --log-every)
+        [ "$(metric_lines "$tmp/$m.m.jsonl" step)" = 3 ] || fail "$m: --log-every 2: $(cat "$tmp/$m.m.jsonl")" ;;
+    --profile)
+        python3 -c "import json,sys; v=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(not v['predicted_time_per_unit_ms'] > 0)" \
+            "$tmp/$m.base.out" || fail "$m: --profile: no prediction: $(tail -1 "$tmp/$m.base.out")"
+        grep -q "same plan and profile" "$tmp/$m.base.err" || fail "$m: --profile: $(cat "$tmp/$m.base.err")" ;;
+    --trace) python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/$m.trace.json" ||
+        fail "$m: --trace" ;;
+    --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
+    --curve) grep -q "<svg" "$tmp/$m.c.svg" || fail "$m: --curve" ;;
+    --progress) grep -q "^unit 6/6 " "$tmp/$m.base.err" || fail "$m: --progress: $(cat "$tmp/$m.base.err")" ;;
+    *) fail "no check for $2 (a flag of train --help): add one here" ;;
+    esac
+}
+
+flags=$("$PD" train --help | sed -n 's/^  \(--[a-z-]*\).*/\1/p')
+[ "$(echo "$flags" | wc -l)" -ge 30 ] || fail "train --help lists only: $flags"
+modes="one thr"
+command -v mpirun >/dev/null && modes="$modes mpi"
+modes=${TRAIN_FLAGS_MODES:-$modes}
+for m in $modes; do
+    # the reference: no flag beyond the model, data and length (one segment)
+    ok "$m" plain -- --metrics "$tmp/$m.plain.jsonl"
+    # the base run: every output flag at once (checked one by one below)
+    ok "$m" base -- --checkpoint-every 4 --checkpoint-dir "$tmp/$m.ck" --eval-every 2 --metrics "$tmp/$m.m.jsonl" \
+        --log-every 2 --profile "$tmp/prof.json" --trace "$tmp/$m.trace.json" --svg "$tmp/$m.t.svg" --curve "$tmp/$m.c.svg" \
+        --progress --save "$tmp/$m.w.st"
+    for f in $flags; do check "$m" "$f"; done
+    echo "ok: $m: $(echo $flags | wc -w) flags"
+done
+# one summary schema: the same keys in every mode
+python3 - $(for m in $modes; do echo "$tmp/$m.base.out"; done) <<'PY' || fail "the modes' summaries have different keys"
+import json, sys
+keys = [list(json.loads(open(f).read().strip().splitlines()[-1])) for f in sys.argv[1:]]
+for f, k in zip(sys.argv[2:], keys[1:]):
+    assert k == keys[0], (f, sorted(set(k) ^ set(keys[0])))
+PY
+echo PASS
