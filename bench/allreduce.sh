@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/allreduce.sh [BUILD_DIR]: the all-reduce micro-benchmark of docs/comm.md ("Measured"):
+# bench/allreduce.sh [BUILD_DIR]: the all-reduce micro-benchmark of docs/explanation/communication.md ("Measured"):
 # MPI, 2 ranks (PD_COMM_BENCH_NP to change), a 64 MB buffer (PD_COMM_BENCH_MB), the old chain
 # (chain reduce + broadcast) vs the ring (comm_group_allreduce) vs MPI_Allreduce: median time,
 # GB/s and the bytes each rank sent. It is test_comm_mpi in benchmark mode (it re-launches

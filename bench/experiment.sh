@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/experiment.sh: the PipeDream experiment on the emulated cluster (docs/experiments.md).
+# bench/experiment.sh: the PipeDream experiment on the emulated cluster (docs/explanation/experiments.md).
 #
 # vgg16 (models/vgg16.json), Fashion-MNIST, minibatch 64, 4 hosts of tools/cluster.sh, one rank
 # per host, 1 kernel thread per rank, SGD lr 0.01 momentum 0.9 (the defaults), seed 1.
@@ -62,7 +62,7 @@ if [ "$ONLY" = plot ]; then exec "$PY" bench/experiment_plot.py "$OUT"; fi
 [ "$(id -u)" = 0 ] || { echo "experiment.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
 
 # Link rate (tc notation) -> TCP payload bytes/s: 1448 payload bytes per 1514-byte frame
-# (95.6%, measured in docs/cluster.md). The plans and the simulator get this figure.
+# (95.6%, measured in docs/howto/emulated-cluster.md). The plans and the simulator get this figure.
 payload_bps() {
     local v=${1%bit} m=1
     case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac

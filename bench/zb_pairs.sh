@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # zb_pairs.sh: zb-h1 against 1f1b-flush on 2 MPI ranks x 2 straight stages of vgg16, the
-# measurement of docs/schedules.md ("Measured"). Profiles at 8 samples per micro-batch (the
+# measurement of docs/explanation/schedules.md ("Measured"). Profiles at 8 samples per micro-batch (the
 # fastest of 5 rounds), plans 2 straight stages, then for each M in MICRO ("2 4") runs PAIRS
 # (8) pairs of the two kinds, order alternating, STEPS (24) minibatches of 8 x M samples each,
 # and prints per M: medians of ms per minibatch measured and predicted, the predicted gain,

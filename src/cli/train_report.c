@@ -49,7 +49,7 @@ char *train_summary_json(const RtTrainSummary *s) {
         cJSON_AddNullToObject(o, "target_minibatches");
         cJSON_AddNullToObject(o, "target_train_s");
     }
-    if (s->asp_figures) {   /* asp: staleness of the applied gradients, pull round trips (docs/asp.md) */
+    if (s->asp_figures) {   /* asp: staleness of the applied gradients, pull round trips (docs/explanation/asp.md) */
         num(o, "staleness_mean", s->staleness_mean), num(o, "staleness_max", s->staleness_max);
         num(o, "pull_ms_mean", s->pull_ms_mean), num(o, "pull_ms_max", s->pull_ms_max);
     }

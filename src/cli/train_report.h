@@ -1,7 +1,7 @@
 /* train_report.h: what `pipedream train` prints after a pipelined run (rank 0): the per-stage
  * table on stderr, the summary line on stdout, metrics lines, measured timelines and the loss
  * curve. JSON is written with cJSON from RtTrainSummary; NaN and Inf become null. The schema
- * is in docs/formats.md ("train summary"). */
+ * is in docs/reference/formats.md ("train summary"). */
 #ifndef PD_TRAIN_REPORT_H
 #define PD_TRAIN_REPORT_H
 

@@ -1,4 +1,4 @@
-/* rt_asp.c: asynchronous parallel training (--schedule asp; docs/asp.md), the paper's
+/* rt_asp.c: asynchronous parallel training (--schedule asp; docs/explanation/asp.md), the paper's
  * asynchronous baseline. Every rank holds the whole model, like dp, and trains on its own
  * units (round-robin: replica j of R takes units j, j + R, j + 2R, ...; data and dropout keys
  * are those of dp and of sequential SGD). Nobody waits for anybody else's step: the whole
