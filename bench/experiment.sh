@@ -64,7 +64,7 @@ if [ "$ONLY" = plot ]; then exec "$PY" bench/experiment_plot.py "$OUT"; fi
 [ "$(id -u)" = 0 ] || { echo "experiment.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
 
 # Link rate (tc notation) -> TCP payload bytes/s: 1448 payload bytes per 1514-byte frame
-# (95.6%, measured in docs/howto/emulated-cluster.md). The plans and the simulator get this figure.
+# (95.6%, measured: docs/reference/cluster-sh.md). The plans and the simulator get this figure.
 payload_bps() {
     local v=${1%bit} m=1
     case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac

@@ -315,7 +315,7 @@ int comm_group_size(const CommGroup *g);
 /* 60 KiB: under Open MPI's TCP eager limit (64 KiB with its headers), so a piece is sent
  * at once instead of by rendezvous, whose go-ahead message queues behind this rank's own
  * outgoing data on a shaped full-duplex link (256 KiB pieces reached half the link rate at
- * 100 Mbit/s on the emulated cluster, 60 KiB pieces 96%: docs/howto/emulated-cluster.md). */
+ * 100 Mbit/s on the emulated cluster, 60 KiB pieces 96%: bench/results/2026-12-03-cluster-dp-vs-ddp.md). */
 #define COMM_AR_PIECE ((size_t)15360)  /* floats per pipelined piece */
 typedef struct CommAr CommAr;
 int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr **out, Err *err);

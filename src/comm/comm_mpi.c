@@ -123,7 +123,7 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
          * the sender is inside an MPI call, so a stage's activation (hundreds of KB) waits on
          * the sender's next comm call while it computes, and the go-ahead queues behind the
          * receiver's own outgoing data on a slow link. Eager up to 4 MiB: the whole message
-         * goes to the socket at once (docs/howto/emulated-cluster.md). A value the user set wins. */
+         * goes to the socket at once (bench/results/2026-12-03-eager-limit-pairs.md). A value the user set wins. */
         setenv("OMPI_MCA_btl_tcp_eager_limit", "4194304", 0);
         setenv("OMPI_MCA_btl_tcp_max_send_size", "4194304", 0);
         if (MPI_Init_thread(argc, argv, want, &provided) != MPI_SUCCESS)
