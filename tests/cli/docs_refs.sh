@@ -4,7 +4,7 @@
 #    docs/...; a path with a placeholder or wildcard such as src/nn/layer_<type>.c or
 #    tests/ref/*.bin is skipped) is a file or folder of the repository;
 #  - every relative Markdown link ([text](howto/resume.md#anchor)) leads to a file, relative
-#    to the page it is on;
+#    to the page it is on, and its anchor, if any, to a heading of that page;
 #  - every flag in a `pipedream CMD ...` command line (also `$PD CMD ...`, continuation lines
 #    joined) is listed by `pipedream CMD --help`.
 # Each miss is reported as FILE:LINE and what is missing; the test fails if there is one.
@@ -48,15 +48,24 @@ for f in "${pages[@]}"; do
         s = $0
         while (match(s, /\]\([^) ]+\)/)) {
             l = substr(s, RSTART + 2, RLENGTH - 3); s = substr(s, RSTART + RLENGTH)
-            if (l ~ /^(https?:|mailto:|#)/) continue
-            sub(/#.*/, "", l)
+            if (l ~ /^(https?:|mailto:)/) continue
+            if (l ~ /^#/) l = F l; else l = D "/" l
             print F ":" NR " " l
         }
-    }' "$f"
+    }' D="$(dirname "$f")" "$f"
 done >"$tmp/links"
+# the anchors of a page: its headings as GitHub makes them (lower case, punctuation dropped,
+# spaces as hyphens)
+anchors() {
+    awk '/^```/ { code = !code } !code && /^#+ / {
+        h = tolower($0); sub(/^#+ /, "", h); gsub(/[^a-z0-9 _-]/, "", h); gsub(/ /, "-", h); print h }' "$1"
+}
 while read -r where l; do
-    dir=$(dirname "${where%%:*}")
-    [ -e "$dir/$l" ] || miss "$where: link $l"
+    file=${l%%#*}
+    [ -e "$file" ] || { miss "$where: link $l"; continue; }
+    case $l in
+    *.md#*) anchors "$file" | grep -qxF -- "${l#*#}" || miss "$where: link $l (no such heading)" ;;
+    esac
 done <"$tmp/links"
 
 # 3. Flags of pipedream command lines: "FILE:LINE CMD --flag".
