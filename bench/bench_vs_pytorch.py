@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -151,6 +152,7 @@ def main():
     ap.add_argument('--layers', default='auto', choices=['auto', 'always', 'never'])
     ap.add_argument('--md', default=None, help='also append the tables (markdown) to this file')
     a = ap.parse_args()
+    t0, load0 = time.time(), loadavg()
     md = []
     head = '| model | threads | pipedream samples/s | PyTorch samples/s | ratio |%s pd GFLOP/s | pd memory MB | PyTorch memory MB |' % (
         ' base samples/s | after/base |' if a.base else '')
@@ -205,6 +207,40 @@ def main():
     if a.md:
         with open(a.md, 'a') as f:
             f.write('\n'.join(md) + '\n')
+    write_result(md, t0, load0)
+
+
+def write_result(md, t0, load0):
+    """The run's result file, as bench/lib/result.sh writes it for the shell scripts:
+    bench/results/<UTC date>-<time>-bench-vs-pytorch.md (PD_RESULTS=DIR elsewhere; empty: none)."""
+    d = os.environ.get('PD_RESULTS', os.path.join(ROOT, 'bench', 'results'))
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M', time.gmtime(t0)) + '-bench-vs-pytorch.md')
+    sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
+    cpu = sh("sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1") or 'unknown CPU'
+    head = ['# bench-vs-pytorch', '',
+            '- date: %s to %s' % (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t0)),
+                                  time.strftime('%H:%M:%S UTC', time.gmtime())),
+            '- command: `/usr/bin/python3 bench/bench_vs_pytorch.py %s`' % ' '.join(sys.argv[1:]),
+            '- commit: %s' % (sh('git -C %s describe --always --dirty' % ROOT) or 'unknown'),
+            '- machine: %s; %s; %d cores; torch %s; OPENBLAS_CORETYPE=%s' % (
+                sh('uname -srm'), cpu, os.cpu_count(), torch_version(), os.environ.get('OPENBLAS_CORETYPE', '')),
+            '- load average: %s at the start, %s at the end' % (load0, loadavg()), '']
+    with open(path, 'w') as f:
+        f.write('\n'.join(head + md) + '\n')
+    print('wrote', path, file=sys.stderr)
+
+
+def loadavg():
+    return ' '.join(open('/proc/loadavg').read().split()[:3])
+
+
+def torch_version():
+    r = subprocess.run(['/usr/bin/python3', '-c', 'import torch; print(torch.__version__)'],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or 'unknown'
 
 
 if __name__ == '__main__':

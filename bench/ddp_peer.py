@@ -9,7 +9,7 @@ processes together). Usage: /usr/bin/python3 bench/ddp_peer.py MODEL WORLD MINIB
 Launched alone, it spawns WORLD processes on this machine (rendezvous on 127.0.0.1). Launched
 as WORLD processes by mpirun (OMPI_COMM_WORLD_RANK/SIZE set) or by torchrun (RANK/WORLD_SIZE
 set), each process is one rank and meets the others at MASTER_ADDR:MASTER_PORT; across hosts
-gloo also needs GLOO_SOCKET_IFNAME. tools/cluster.sh run-torch sets all three (docs/cluster.md):
+gloo also needs GLOO_SOCKET_IFNAME. tools/cluster.sh run-torch sets all three (docs/reference/cluster-sh.md):
   tools/cluster.sh run-torch 2 /usr/bin/python3 bench/ddp_peer.py vgg16 2 64 50
 """
 import os

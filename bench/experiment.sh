@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/experiment.sh: the PipeDream experiment on the emulated cluster (docs/experiments.md).
+# bench/experiment.sh: the PipeDream experiment on the emulated cluster (docs/explanation/experiments.md).
 #
 # vgg16 (models/vgg16.json), Fashion-MNIST, minibatch 64, 4 hosts of tools/cluster.sh, one rank
 # per host, 1 kernel thread per rank, SGD lr 0.01 momentum 0.9 (the defaults), seed 1.
@@ -14,7 +14,9 @@
 #     about TTA_BUDGET_S seconds of training at the throughput phase's rate for that schedule,
 #     whichever is fewer minibatches (the same wall-clock budget for every schedule).
 #  3. bench/experiment_plot.py: OUT/results.json (every figure), OUT/table.md, OUT/tta.svg
-#     (test accuracy against training wall-clock time, one line per schedule).
+#     (test accuracy against training wall-clock time, one line per schedule); the first two
+#     are also copied to bench/results/<UTC date>-<time>-experiment-MODE.{json,md}
+#     (PD_RESULTS=DIR elsewhere, PD_RESULTS= none).
 #
 # usage: bench/experiment.sh [--quick] [--out DIR] [--pd BINARY] [--only tput|tta|plot]
 #   as root (the cluster needs network namespaces); ~6 min quick, ~60 min full on 2 cores.
@@ -26,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-MODE=full OUT="" PD=build-exp/pipedream ONLY=""
+MODE=full OUT="" PD=build-exp/pipedream ONLY="" ARGS="$*"
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) MODE=quick; shift ;;
@@ -62,7 +64,7 @@ if [ "$ONLY" = plot ]; then exec "$PY" bench/experiment_plot.py "$OUT"; fi
 [ "$(id -u)" = 0 ] || { echo "experiment.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
 
 # Link rate (tc notation) -> TCP payload bytes/s: 1448 payload bytes per 1514-byte frame
-# (95.6%, measured in docs/cluster.md). The plans and the simulator get this figure.
+# (95.6%, measured: docs/reference/cluster-sh.md). The plans and the simulator get this figure.
 payload_bps() {
     local v=${1%bit} m=1
     case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
@@ -200,3 +202,14 @@ fi
 
 cleanup; CLUSTER_UP=0
 "$PY" bench/experiment_plot.py "$OUT"
+RES=${PD_RESULTS-bench/results}
+if [ -n "$RES" ]; then
+    mkdir -p "$RES"
+    stem=$RES/$(date -u +%Y-%m-%d-%H%M)-experiment-$MODE
+    cp "$OUT/results.json" "$stem.json"
+    { echo "# experiment ($MODE)"; echo
+      echo "- command: \`bench/experiment.sh${ARGS:+ $ARGS}\`; every run's command, date, load average and the"
+      echo "  machine: $(basename "$stem").json"; echo
+      cat "$OUT/table.md"; } >"$stem.md"
+    echo "wrote $stem.md $stem.json" >&2
+fi

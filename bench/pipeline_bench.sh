@@ -5,8 +5,11 @@
 # and the peer: PyTorch DDP (gloo, 2 processes x 1 thread, same per-process minibatch).
 # Prints each run's summary line and a table: samples/s, ratio to one rank, measured vs
 # simulated time per minibatch, and the runtime overhead (wall time neither in kernels nor
-# waiting). Run on a quiet machine: `bash bench/pipeline_bench.sh [build/pipedream]`.
+# waiting), and leaves them in bench/results/ (bench/lib/result.sh).
+# Run on a quiet machine: `bash bench/pipeline_bench.sh [build/pipedream]`.
 set -euo pipefail
+. "$(dirname "$0")/lib/result.sh"
+result_start pipeline-bench "$@"
 PD=${1:-build/pipedream}
 STEPS=${STEPS:-150}
 MODEL=${MODEL:-vgg16}
@@ -40,3 +43,4 @@ for n, r in runs.items():
           f"{r['predicted_time_per_unit_ms'] or float('nan'):>11.2f}{r.get('overhead_pct', float('nan')):>12.2f}")
 print(f"{'pytorch ddp (gloo) x2':<22}{peer['samples_per_s']:>11.1f}{peer['samples_per_s'] / base:>12.2f}")
 PY
+result_finish

@@ -11,9 +11,11 @@
 # (build/pipedream), DP_MINIBATCH (64: each replica's minibatch, so dp's optimizer step
 # averages 4 x 64 samples and an epoch has a quarter of 1f1b's steps; 16 gives dp 1f1b's
 # 64 samples per step and its number of steps). Writes OUT_DIR/{1f1b,dp}.json (summaries) and .jsonl (one line per
-# evaluation) and prints one line per evaluation.
+# evaluation) and prints one line per evaluation, also into bench/results/ (bench/lib/result.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/result.sh
+result_start same-epochs "$@"
 PLANS=${1:-out/experiment-full/plans} OUT=${2:-out/same-epochs}
 EPOCHS=${EPOCHS:-4} PD=${PD:-build/pipedream} DP_MINIBATCH=${DP_MINIBATCH:-64}
 for f in "$PLANS/planner-100mbit.json" "$PLANS/straight-100mbit.json" "$PD"; do
@@ -31,3 +33,4 @@ for k in "1f1b planner 64" "dp straight $DP_MINIBATCH"; do
         --timeout 900 >"$OUT/$1.json" 2>"$OUT/$1.err" || { echo "same_epochs.sh: $1 failed: $(tail -1 "$OUT/$1.err")" >&2; exit 1; }
     grep '"eval_minibatches"' "$OUT/$1.jsonl" | sed "s/^/$1 /"
 done
+result_finish

@@ -1,5 +1,5 @@
 /* sgemm_peak.c: the machine's single-thread sgemm speed, the reference for "GFLOP/s as a share
- * of peak" (docs/performance.md): dnnl_sgemm (oneDNN's JIT, AVX-512 where the CPU has it) on
+ * of peak" (docs/explanation/performance.md): dnnl_sgemm (oneDNN's JIT, AVX-512 where the CPU has it) on
  * M = N = K = 1024, the best of 10 timed calls after 2 untimed ones; prints GFLOP/s. Run with
  * OMP_NUM_THREADS=1. Built by bench/vgg16_vs_peak.sh. */
 #include <dnnl.h>

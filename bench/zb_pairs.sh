@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # zb_pairs.sh: zb-h1 against 1f1b-flush on 2 MPI ranks x 2 straight stages of vgg16, the
-# measurement of docs/schedules.md ("Measured"). Profiles at 8 samples per micro-batch (the
+# measurement quoted in docs/explanation/schedules.md. Profiles at 8 samples per micro-batch (the
 # fastest of 5 rounds), plans 2 straight stages, then for each M in MICRO ("2 4") runs PAIRS
 # (8) pairs of the two kinds, order alternating, STEPS (24) minibatches of 8 x M samples each,
 # and prints per M: medians of ms per minibatch measured and predicted, the predicted gain,
 # the median (quartiles) of the per-pair ratios zb-h1 / 1f1b-flush, how many pairs zb-h1 won,
 # and in how many the two ended with the same weights (weights_crc).
 # Usage: bash bench/zb_pairs.sh [build/pipedream] [DATA_DIR]   (DATA_DIR: Fashion-MNIST IDX;
-# default the installed one; a small test set keeps the final evaluation short)
+# default the installed one; a small test set keeps the final evaluation short). The figures
+# also go to bench/results/ (bench/lib/result.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/result.sh
+result_start zb-pairs "$@"
 PD=${1:-build/pipedream} DATA=${2:-} MICRO=${MICRO:-"2 4"} PAIRS=${PAIRS:-8} STEPS=${STEPS:-24}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -44,3 +47,4 @@ for M in sorted({m for m, _ in by}, key=int):
           f"pair ratio zb-h1 / 1f1b-flush {st.median(ratio):.3f} ({q(.25):.3f}, {q(.75):.3f}); zb-h1 faster in "
           f"{sum(x < 1 for x in ratio)}; same weights in {sum(a[2] == b[2] for a, b in zip(f, z))}")
 PY
+result_finish

@@ -352,7 +352,7 @@ static void test_tag_layout(void **s) {
     const int64_t ubs[4] = {2147483647, 32767, 2 * COMM_KIND_COUNT + COMM_CTRL_TAG_COUNT + COMM_AR_TAG_COUNT - 1,
                             100000};
     assert_int_equal(comm_tag_window_for_ub(ubs[0]), 1 << 20);
-    assert_int_equal(comm_tag_window_for_ub(ubs[1]), 5109);   /* docs/comm.md */
+    assert_int_equal(comm_tag_window_for_ub(ubs[1]), 5109);   /* docs/explanation/communication.md */
     assert_int_equal(comm_tag_window_for_ub(ubs[2]), 1);
     assert_int_equal(comm_tag_window_for_ub(ubs[2] - 1), 0);
     for (int u = 0; u < 4; u++) {

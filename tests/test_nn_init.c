@@ -1,4 +1,4 @@
-/* test_nn_init.c: the model JSON's "init" schemes (src/nn/init.c, docs/formats.md).
+/* test_nn_init.c: the model JSON's "init" schemes (src/nn/init.c, docs/reference/formats.md).
  *
  * Statistics: each scheme fills a large tensor whose sample mean and variance are compared
  * with the scheme's formula, within 6 standard errors of the estimators for that sample size

@@ -6,7 +6,7 @@
  *    closed under predecessors (found by testing all 2^n subsets), and every replica vector
  *    (r1..rS), ri >= 1 (all 1 when straight), summing to the total W' of workers used
  *    (W' = W, or any W' <= W with allow_idle). Stage s runs on ranks sum(r<s)..; its cost is
- *    computed from the formulas in docs/planner.md with the test's own link-level
+ *    computed from the formulas in docs/explanation/planner.md with the test's own link-level
  *    arithmetic; the value is the max over stages and boundaries; memory per the stash rule.
  *  - pipedream (compat), per level l from the innermost, exactly as the authors' recursion:
  *    for every row i (only row 0 at the last level), column j >= i and worker count m+1 of

@@ -2,7 +2,7 @@
  * Exhaustive search on random small chains and DAGs: every chain of predecessor-closed node
  * sets {} = D0 < D1 < ... < D_{VW} = all nodes (found by testing all 2^n subsets), stage i on
  * rank i mod W, its time max(compute, the boundaries before and after it at the bandwidth of
- * the link between the ranks, docs/planner.md); the DP's bottleneck must equal the minimum.
+ * the link between the ranks, docs/explanation/planner.md); the DP's bottleneck must equal the minimum.
  * Also the plan's shape (round-robin ranks, chunks, noam), validation errors, the JSON round
  * trip and plan_interleave. */
 #include "testutil.h"

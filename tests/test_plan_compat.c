@@ -1,5 +1,5 @@
 /* test_plan_compat.c: the compatibility cost model (--cost-model pipedream) quirk by
- * quirk on tiny profiles with hand-computed values (docs/authors-planner.md §3), its results on the
+ * quirk on tiny profiles with hand-computed values (docs/explanation/authors-planner.md §3), its results on the
  * authors' profiles against values from their optimizer's logic (a port of
  * optimizer_graph_hierarchical.py run offline; the numbers are below), the published
  * vgg16 configuration, cut-state counts, and the pruned DP against the plain loops. */
@@ -342,7 +342,7 @@ static void test_states_and_pruning(void **state) {
     static const struct { const char *name; int states; } S[] = {
         {"alexnet", 22},    {"vgg16", 40},       {"resnet18", 100},   {"resnet50", 240}, {"resnet101", 410},
         {"squeezenet1_0", 99}, {"densenet121", 430}, {"gnmt", 99},     {"gnmt_large", 1495},
-        {"inception_v3", 221564}, /* docs/authors-planner.md's count; the authors' optimizer never gets past it */
+        {"inception_v3", 221564}, /* docs/explanation/authors-planner.md's count; the authors' optimizer never gets past it */
     };
     for (size_t q = 0; q < sizeof S / sizeof S[0]; q++) {
         Profile p;

@@ -1,4 +1,4 @@
-/* test_runtime_asp.c: asynchronous parallel training (--schedule asp; rt_asp.c, docs/asp.md)
+/* test_runtime_asp.c: asynchronous parallel training (--schedule asp; rt_asp.c, docs/explanation/asp.md)
  * over the threads transport, against oracles written here on the nn API:
  *  - one rank: bitwise equal to sequential SGD (SGD with momentum and Adam; an MLP, and a CNN
  *    with batch norm and dropout), every staleness 0;
@@ -447,7 +447,7 @@ static void test_session_one_worker_is_dp(void **state) {
 /* Training learns: lenet5, 4 workers, 500 asynchronous steps of plain SGD (lr 0.05): the loss of
  * the last 60 units is well below that of the first 60, and the test accuracy far above chance
  * (measured on the CLI: accuracy 0.75-0.76). Not momentum 0.9: with it, asp now and then
- * collapses back to chance when it leaves the loss plateau (docs/asp.md). */
+ * collapses back to chance when it leaves the loss plateau (docs/explanation/asp.md). */
 static void test_session_learns(void **state) {
     (void)state;
     if (!have_fmnist()) tu_skip("no Fashion-MNIST in %s", DATA_DEFAULT_IDX_DIR);

@@ -1,5 +1,5 @@
 /* test_runtime_interleaved.c: the runtime executes Megatron's interleaved 1F1B, a rank holding
- * V stages (chunks) of a straight plan, stage i on rank i mod W (docs/schedules.md).
+ * V stages (chunks) of a straight plan, stage i on rank i mod W (docs/explanation/schedules.md).
  *  - Flush per minibatch: after the run every stage's weights equal sequential minibatch SGD on
  *    the same micro-batches up to summation order (rt_sequential, the tolerance of the other
  *    flushed kinds in test_runtime.c), on a 5-layer MLP (4 stages, V = 2), a 9-layer MLP (6 and

@@ -615,7 +615,7 @@ static void test_analysis_random(void **state) {
                     assert_int_equal(alive[i], n);
                 }
                 free(created), free(alive);
-                /* one stashed version per warm-up forward at most (docs/schedules.md) */
+                /* one stashed version per warm-up forward at most (docs/explanation/schedules.md) */
                 if (kind == SCHED_1F1B && !vs) assert_true(wi->max_versions_alive <= s.stages[w->stage].warmup);
                 if (kind == SCHED_2BW) assert_true(wi->max_versions_alive <= 2);
                 if (kind != SCHED_1F1B && kind != SCHED_2BW) assert_int_equal(wi->max_versions_alive, 1);

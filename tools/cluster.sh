@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh: an emulated cluster on one Linux machine, as root (docs/cluster.md).
+# cluster.sh: an emulated cluster on one Linux machine, as root (docs/reference/cluster-sh.md).
 #
 # N hosts are network namespaces NAME-h0 .. NAME-h<N-1> on a bridge NAME-br; host i is
 # 198.18.0.<i+1>/24, the bridge (where mpirun runs) 198.18.0.254. Only 198.18.0.0/24 is ever

@@ -2,7 +2,7 @@
 """torch_pipedream_lm.py: an independent oracle of pipedream's pipelined training semantics in
 PyTorch, for the language models: the twin of models/<model>.json (tools/torch_models.py) split
 into the stages of a straight plan, trained on pipedream's exact minibatches (tools/pd_io.py)
-with the weight versions each schedule kind reads (docs/schedules.md, "Weight versions"):
+with the weight versions each schedule kind reads (docs/explanation/schedules.md, "Weight versions"):
 
     kind          stage s of p computes minibatch m's forward and backward on its version
     seq, 1f1b-flush, gpipe   m                  (sequential training; micro-batches change only

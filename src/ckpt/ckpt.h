@@ -2,7 +2,7 @@
  * and validating them, finding the newest complete one in a directory. What goes into a
  * checkpoint (which tensors, which counters) is the runtime's business, not this module's.
  *
- * Layout (docs/checkpoints.md; the safetensors format):
+ * Layout (docs/reference/formats.md, "Weights files and checkpoints"; the safetensors format):
  *   u64 little-endian N | N bytes of JSON header, padded with spaces to a multiple of 8 |
  *   data section: raw little-endian tensors, contiguous, in header order of offsets.
  * Header: {"__metadata__": {"k": "v", ...},

@@ -55,7 +55,7 @@ static void help(FILE *f) {
             "  --optimizer sgd|adam       optimizer state in the memory (default sgd with momentum)\n"
             "  --exhaustive N             score every plan when there are at most N (default 2000)\n"
             "  --candidates               also print every candidate scored\n"
-            "  -o PLAN.json               write the plan (docs/formats.md)\n");
+            "  -o PLAN.json               write the plan (docs/reference/formats.md)\n");
 }
 
 /* Parses "a,b,c" into up to PD_MAX_LEVELS numbers; returns the count, or -1 (usage error printed). */

@@ -1,5 +1,5 @@
 /* cmd_profile.c: `pipedream profile MODEL.json`: times training steps on one worker and
- * writes the per-layer profile the planner reads (docs/formats.md). */
+ * writes the per-layer profile the planner reads (docs/reference/formats.md). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>

@@ -22,7 +22,7 @@ static void help(FILE *f) {
             "simulator: stage times from PROFILE (our profile JSON or the authors' graph.txt),\n"
             "transfers and all-reduces over the plan's cluster (or CLUSTER). Reports time per\n"
             "minibatch, throughput, busy and bubble fractions, peak memory and weight versions;\n"
-            "a schedule that deadlocks is an error naming the blocked workers. See docs/schedules.md.\n\n"
+            "a schedule that deadlocks is an error naming the blocked workers. See docs/explanation/schedules.md.\n\n"
             "  --schedule KIND      1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel,\n"
             "                       zb-h1, zb-h2 (Zero Bubble, backward split), interleaved\n"
             "                       (Megatron's interleaved 1F1B; a plan with several stages per worker)\n"

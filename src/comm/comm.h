@@ -13,7 +13,7 @@
  * agree built on them) on a tag range of its own, every call with a deadline that names the
  * late rank. What it does not: schedule anything, own tensors, retry, or survive the loss
  * of a rank (a dead peer becomes an error naming it, then the runtime aborts).
- * See docs/comm.md.
+ * See docs/explanation/communication.md.
  *
  * Threading: an endpoint (Comm) is used by one thread at a time (the caller's). Besides it,
  * each Comm may have one progress thread of its own that advances its running all-reduces
@@ -56,7 +56,7 @@ typedef struct CommHeader {
  * comm_isend cannot send one. Its header reads differently: count = payload BYTES (exact),
  * ndim = 0, dims[0] = channel, dims[1] = operation (0 message, 1 broadcast, 2 gather,
  * 3 agree, 4 group set-up), dims[2] = root (or -1), mb = collective sequence number (0 for
- * a plain message), version = 0. See docs/comm.md, "Control plane". */
+ * a plain message), version = 0. See docs/explanation/communication.md, "Control plane". */
 #define COMM_CTRL_BYTES 3
 
 typedef struct Comm Comm;
@@ -108,7 +108,7 @@ void comm_set_coll_timeout(Comm *c, double seconds);
 /* Starts sending a message to peer (0..size-1, self included): header (kind, mb >= 0,
  * version, shape) + payload of shape_numel(shape) floats from data (may be NULL when that is
  * 0; a message without payload has shape1(0), not the 0-d shape, which holds one float). The message matches only a receive posted by peer for the same source, kind and
- * minibatch (see docs/comm.md, tag scheme); messages with the same (source, kind, mb) arrive
+ * minibatch (see docs/explanation/communication.md, tag scheme); messages with the same (source, kind, mb) arrive
  * in send order. data is borrowed: it must stay valid and unchanged until the request
  * completes (the threads transport copies at once, MPI may not). Returns PD_OK and *req
  * (complete it with comm_wait/comm_test), or PD_ECOMM (MPI failure; threads: peer's
@@ -261,7 +261,7 @@ int comm_group_size(const CommGroup *g);
  * Non-blocking: comm_group_iallreduce starts one and returns at once. Any number up to
  * COMM_AR_WINDOW may be outstanding on a group (gradient buckets): every member must start
  * the same all-reduces (same n and op) in the same order (each gets the group's next
- * sequence number, which its tags carry: docs/comm.md, tag layout); they may be completed
+ * sequence number, which its tags carry: docs/explanation/communication.md, tag layout); they may be completed
  * in any order. buf is borrowed until the all-reduce completes: do not read or write it
  * before then.
  *
@@ -315,7 +315,7 @@ int comm_group_size(const CommGroup *g);
 /* 60 KiB: under Open MPI's TCP eager limit (64 KiB with its headers), so a piece is sent
  * at once instead of by rendezvous, whose go-ahead message queues behind this rank's own
  * outgoing data on a shaped full-duplex link (256 KiB pieces reached half the link rate at
- * 100 Mbit/s on the emulated cluster, 60 KiB pieces 96%: docs/cluster.md). */
+ * 100 Mbit/s on the emulated cluster, 60 KiB pieces 96%: bench/results/2026-12-03-cluster-dp-vs-ddp.md). */
 #define COMM_AR_PIECE ((size_t)15360)  /* floats per pipelined piece */
 typedef struct CommAr CommAr;
 int comm_group_iallreduce(CommGroup *g, float *buf, size_t n, CommOp op, CommAr **out, Err *err);
@@ -380,7 +380,7 @@ const char *comm_kind_name(CommKind k);   /* "activation", "gradient", "control"
 /* Minibatches mb and mb + window map to the same tag on c (2^20, or less where MPI's tag
  * space is smaller); the header check still tells them apart. */
 int64_t comm_tag_window(const Comm *c);
-/* The MPI tag of (kind, mb, part) (part 0 = header, 1 = payload): see docs/comm.md.
+/* The MPI tag of (kind, mb, part) (part 0 = header, 1 = payload): see docs/explanation/communication.md.
  * window = how many consecutive minibatches get distinct tags. Always < 2 * COMM_KIND_COUNT
  * * window. */
 int comm_tag(CommKind kind, int64_t mb, int part, int64_t window);

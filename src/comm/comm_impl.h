@@ -21,7 +21,7 @@ _Static_assert(COMM_CTRL_BYTES >= COMM_KIND_COUNT, "a control header's kind is n
 enum { COMM_CH_COLL = COMM_CHANNELS,        /* broadcast, gather, agree */
        COMM_CH_GROUP = COMM_CHANNELS + 1 }; /* group set-up (members only) */
 _Static_assert(COMM_CH_GROUP + 1 == COMM_CTRL_TAG_COUNT, "every control channel has its tag");
-/* Tag layout (docs/comm.md): data tags 0 .. 2*KINDS*window - 1 (comm_tag), then one tag per
+/* Tag layout (docs/explanation/communication.md): data tags 0 .. 2*KINDS*window - 1 (comm_tag), then one tag per
  * control channel, then two per all-reduce sequence number modulo COMM_AR_WINDOW (notices,
  * ring pieces). The whole range must be a C int (the tag type of both transports), and
  * even MPI's smallest allowed MPI_TAG_UB (32767) must leave a window of at least 1. */

@@ -123,7 +123,7 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
          * the sender is inside an MPI call, so a stage's activation (hundreds of KB) waits on
          * the sender's next comm call while it computes, and the go-ahead queues behind the
          * receiver's own outgoing data on a slow link. Eager up to 4 MiB: the whole message
-         * goes to the socket at once (docs/cluster.md). A value the user set wins. */
+         * goes to the socket at once (bench/results/2026-12-03-eager-limit-pairs.md). A value the user set wins. */
         setenv("OMPI_MCA_btl_tcp_eager_limit", "4194304", 0);
         setenv("OMPI_MCA_btl_tcp_max_send_size", "4194304", 0);
         if (MPI_Init_thread(argc, argv, want, &provided) != MPI_SUCCESS)
@@ -152,7 +152,7 @@ int comm_mpi_create(int *argc, char ***argv, Comm **out, Err *err) {
     MPI_Comm_rank(m->comm, &c->rank);
     MPI_Comm_size(m->comm, &c->size);
     /* the tag space must hold 2 * COMM_KIND_COUNT tags per minibatch of the window, then
-     * the control channels' tags, then the all-reduce tags (docs/comm.md, tag layout) */
+     * the control channels' tags, then the all-reduce tags (docs/explanation/communication.md, tag layout) */
     int *tag_ub = NULL, flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
     int64_t ub = flag && tag_ub ? (int64_t)*tag_ub : 32767;

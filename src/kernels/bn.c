@@ -17,7 +17,7 @@
  * diff_src and a += pass; the fused-relu backward wants the primitive's workspace saved per
  * minibatch, or a masked copy of dy), so it makes 4-5 passes over the tensor where this makes
  * 2 (backward) and 3, two of them in L2 (forward). Not measured against it: see
- * docs/performance.md for what was measured. */
+ * docs/explanation/performance.md for what was measured. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif

@@ -1,4 +1,4 @@
-/* init.c: parameter initialisation schemes, the model JSON's "init" (docs/formats.md, Model).
+/* init.c: parameter initialisation schemes, the model JSON's "init" (docs/reference/formats.md, Model).
  *
  * A scheme is given per parameter tensor role ("weight": weights, batch-norm gamma, lstm
  * weight_ih and weight_hh; "bias": biases, batch-norm beta, lstm bias_ih and bias_hh), either

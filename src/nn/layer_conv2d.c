@@ -3,7 +3,7 @@
  * Keys: "in" (channels, must equal the incoming C), "out", "kernel", "stride" (default 1),
  * "pad" (default 0), "bias" (default true), "relu" (default false). Input (C, H, W), output
  * (out, OH, OW). Parameters: weight (out, in, k, k), bias (out): nn.Conv2d's layout; "init"
- * (init.c, docs/formats.md) takes fan_in = in k k, fan_out = out k k, as PyTorch. */
+ * (init.c, docs/reference/formats.md) takes fan_in = in k k, fan_out = out k k, as PyTorch. */
 #include "nn_impl.h"
 
 static int conv_parse(Layer *l, JObj *j, const char *ctx, Err *err) {

@@ -1,7 +1,7 @@
 /* layer_linear.c: "linear": y(N, out) = x(N, in) W(out, in)^T + b(out), optionally relu'd.
  * Keys: "in" (must equal the incoming 1-D shape), "out", "bias" (default true), "relu"
  * (default false: fuses a following relu into this top-level layer). Parameters: weight
- * (out, in), bias (out), PyTorch's nn.Linear layout; "init" (init.c, docs/formats.md) takes
+ * (out, in), bias (out), PyTorch's nn.Linear layout; "init" (init.c, docs/reference/formats.md) takes
  * fan_in = in, fan_out = out. */
 #include "nn_impl.h"
 

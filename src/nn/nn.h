@@ -86,7 +86,7 @@ const ParamInfo *model_param_tensors(const Model *m, int *n);
 int model_build(Model *m, int first, int last, int n_max, Err *err);
 
 /* Initialises the parameters of [first, last) into w (range layout) by the model JSON's "init"
- * schemes (init.c, docs/formats.md); without one, PyTorch's default: weights and biases
+ * schemes (init.c, docs/reference/formats.md); without one, PyTorch's default: weights and biases
  * uniform(+-1/sqrt(fan_in)), gamma 1, beta 0. Draws come from Philox(seed, RNG_STREAM_INIT,
  * substream = layer id), so the values are a pure function of (seed, layer) whatever the range. */
 void model_init_params(const Model *m, int first, int last, uint64_t seed, float *w);

@@ -1,5 +1,5 @@
 /* cluster.c: the cluster description (levels innermost first, memory per worker), read
- * from JSON (docs/formats.md), and rank arithmetic over it. Knows nothing of plans. */
+ * from JSON (docs/reference/formats.md), and rank arithmetic over it. Knows nothing of plans. */
 #include "plan.h"
 
 #include <cjson/cJSON.h>

@@ -1,5 +1,5 @@
 /* plan.c: plan_new (profile + cluster -> stages, replicas, ranks), the checks a plan must
- * pass before it is written, the plan JSON (docs/formats.md) and the printed table. The
+ * pass before it is written, the plan JSON (docs/reference/formats.md) and the printed table. The
  * dynamic programs live in plan_compat.c and plan_ours.c, the cut states in
  * plan_graph.c. Runs nothing; see schedule.h. */
 #include "plan_impl.h"
@@ -296,7 +296,7 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *gp, const PStates *s
         for (int l = 0; l < L && !any; l++) any = stage_of[l] == q;
         if (!any)
             rc = err_set(err, PD_EINVAL, "the authors' optimum here (%.6g s per minibatch) splits a range between two "
-                         "unrelated cut states (a quirk of their lower levels, docs/planner.md), which leaves stage %d "
+                         "unrelated cut states (a quirk of their lower levels, docs/explanation/planner.md), which leaves stage %d "
                          "empty: no runnable plan; use --cost-model ours", sol.pipeline_s, q);
     }
     if (rc) {

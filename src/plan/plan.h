@@ -1,6 +1,6 @@
 /* plan.h: clusters, plans and the partitioner (PipeDream's dynamic program). A plan says
  * which layers each stage runs, how many replicas each stage has and which ranks run
- * them. Plans are JSON files; see docs/formats.md. Runs nothing; see schedule.h. */
+ * them. Plans are JSON files; see docs/reference/formats.md. Runs nothing; see schedule.h. */
 #ifndef PD_PLAN_H
 #define PD_PLAN_H
 
@@ -36,7 +36,7 @@ typedef struct Cluster {
  * NULL: every rank below n_ranks computes all the time. */
 double cluster_compute_slowdown(const Cluster *cl, int r, const double *load, int n_ranks);
 
-/* Reads a cluster JSON file (docs/formats.md). On error returns non-zero with err naming
+/* Reads a cluster JSON file (docs/reference/formats.md). On error returns non-zero with err naming
  * the file and key; *out is zeroed. */
 int cluster_load(const char *path, Cluster *out, Err *err);
 struct cJSON;
@@ -125,7 +125,7 @@ int   plan_validate(const Plan *p, int n_layers, Err *err);
 int   plan_check_memory(const Plan *p, const Profile *prof, Err *err);
 /* Predicted bytes per worker of stage s: k * (activations + parameters of the stage),
  * k = stashed minibatches: ours ceil(workers from s to the end / replicas), the authors'
- * ceil(workers after s / replicas) (docs/planner.md). */
+ * ceil(workers after s / replicas) (docs/explanation/planner.md). */
 double plan_stage_memory(const Plan *p, const Profile *prof, int s);
 /* Writes the human-readable table `pipedream plan` prints. */
 void  plan_print(const Plan *p, FILE *f);

@@ -1,4 +1,4 @@
-/* plan_chunks.c: plans for the interleaved schedule (`pipedream plan --chunks V`, docs/planner.md).
+/* plan_chunks.c: plans for the interleaved schedule (`pipedream plan --chunks V`, docs/explanation/planner.md).
  * V x W one-replica stages in a straight line, stage i on rank i mod W (worker w holds stages
  * w, w + W, ...). The DP splits the cut states into V W consecutive stages minimising the
  * bottleneck stage time max(C, boundary before, boundary after), with boundaries charged as in

@@ -1,5 +1,5 @@
 /* plan_compat.c: the authors' optimizer (optimizer_graph_hierarchical.py), reproduced
- * value for value as docs/authors-planner.md §3 describes it, quirks included: the all-reduce added
+ * value for value as docs/explanation/authors-planner.md §3 describes it, quirks included: the all-reduce added
  * to compute and divided by r, /nw only in the initialisation, the stash factor counting
  * only later workers, transfers ignored without a compression ratio, lower levels
  * filling every row (index-based segments, even between unrelated states), and the
@@ -82,7 +82,7 @@ static int build_anc(Ctx *c, Err *err) {
     return PD_OK;
 }
 
-/* One candidate (docs/authors-planner.md §3.3, the k/r loop body). Updates *e if strictly better. */
+/* One candidate (docs/explanation/authors-planner.md §3.3, the k/r loop body). Updates *e if strictly better. */
 static void candidate(const Ctx *c, const AEnt *A, int N, double B, int i, int j, int m, int k, int r, AEnt *e) {
     const PStates *s = c->s;
     const PlanOpts *o = c->o;
@@ -138,7 +138,7 @@ static int level_dp(Ctx *c, AEnt *A, int rows, int N, double B, double nw, int f
                     } else if (IS_NONE(prev->t)) {
                         return err_set(err, PD_EINVAL,
                                        "the authors' optimizer crashes here (TypeError: None < float, "
-                                       "docs/authors-planner.md §3.4): with --allow-idle and the memory limit, state "
+                                       "docs/explanation/authors-planner.md §3.4): with --allow-idle and the memory limit, state "
                                        "range %d..%d fits on %d workers but not on %d; use --cost-model ours",
                                        i, j, m + 1, m);
                     } else if (prev->t < e.t) {
@@ -313,7 +313,7 @@ int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
         }
         nw = lv[l].N;
     }
-    /* Reconstruction, top-down (docs/authors-planner.md §3.5): ranges of states with replicas. */
+    /* Reconstruction, top-down (docs/explanation/authors-planner.md §3.5): ranges of states with replicas. */
     {
         int cap = n + 2;
         int *a = malloc(sizeof(int) * cap), *b = malloc(sizeof(int) * cap), *rep = malloc(sizeof(int) * cap);

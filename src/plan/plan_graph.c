@@ -1,5 +1,5 @@
 /* plan_graph.c: the profile as a graph of bitsets, and the cut states the dynamic
- * programs run over. States are the authors' antichains (docs/authors-planner.md §3.2), each stored as
+ * programs run over. States are the authors' antichains (docs/explanation/authors-planner.md §3.2), each stored as
  * the set of nodes before the cut; a move adds one node fed from the set together with
  * all its ancestors, which is what their augment/replace/de-augment step does. Found
  * breadth-first with a hash set; sorted by size, so the order is topological. The

@@ -9,7 +9,7 @@
 #include "plan.h"
 
 /* The profile as the planner sees it: Input sources and __getitem__ sinks removed
- * (docs/authors-planner.md §3.2), nodes in the profile's topological order. */
+ * (docs/explanation/authors-planner.md §3.2), nodes in the profile's topological order. */
 typedef struct PGraph {
     int n;                 /* kept nodes */
     int words;             /* 64-bit words per node bitset */
@@ -63,9 +63,9 @@ typedef struct PSolution {
     double pipeline_s, single_s, dp_s;
 } PSolution;
 
-/* The authors' optimizer (--cost-model pipedream), docs/authors-planner.md §3. */
+/* The authors' optimizer (--cost-model pipedream), docs/explanation/authors-planner.md §3. */
 int plan_dp_compat(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
-/* Ours (docs/planner.md): flat over ranks, topology-aware bandwidths, exact 1F1B stash. */
+/* Ours (docs/explanation/planner.md): flat over ranks, topology-aware bandwidths, exact 1F1B stash. */
 int plan_dp_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 void psolution_release(PSolution *s);
 /* The plan of a solution (stages as state ranges with replicas, ranks consecutive; o->chunks

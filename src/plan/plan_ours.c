@@ -1,4 +1,4 @@
-/* plan_ours.c: our cost model (--cost-model ours, the default; docs/planner.md) and its
+/* plan_ours.c: our cost model (--cost-model ours, the default; docs/explanation/planner.md) and its
  * dynamic program. Flat over ranks: stage s of r replicas runs on the next r ranks
  * (innermost levels first), so the DP knows where every stage sits and charges each
  * transfer at the bandwidth of the slowest link it crosses:

@@ -1,6 +1,6 @@
-/* profile_io.c: reading and writing profiles. Our JSON format (docs/formats.md) is read
+/* profile_io.c: reading and writing profiles. Our JSON format (docs/reference/formats.md) is read
  * strictly (unknown keys are errors) and written with every double round-tripping
- * exactly; the authors' graph.txt (docs/authors-planner.md §2) is read line by line, its nodes put in
+ * exactly; the authors' graph.txt (docs/explanation/authors-planner.md §2) is read line by line, its nodes put in
  * a topological order (Kahn, ties by file line) and its milliseconds turned into seconds.
  * It does not measure anything (that is the profiler) and does not write graph.txt. */
 #include "profile.h"

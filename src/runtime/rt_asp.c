@@ -1,4 +1,4 @@
-/* rt_asp.c: asynchronous parallel training (--schedule asp; docs/asp.md), the paper's
+/* rt_asp.c: asynchronous parallel training (--schedule asp; docs/explanation/asp.md), the paper's
  * asynchronous baseline. Every rank holds the whole model, like dp, and trains on its own
  * units (round-robin: replica j of R takes units j, j + R, j + 2R, ...; data and dropout keys
  * are those of dp and of sequential SGD). Nobody waits for anybody else's step: the whole
@@ -31,8 +31,9 @@
  *
  * Serving happens only when the worker polls: point-to-point messages move only inside the
  * caller's comm calls (comm's progress thread advances all-reduces only; asp has none), so a
- * push that arrives while its owner computes waits for that owner's next poll (between forward and backward, after its own pushes, and while it waits for its
- * pulls). The pull round trip (push sent .. every shard back) measures that delay.
+ * push that arrives while its owner computes waits for that owner's next poll (between
+ * forward and backward, after its own pushes, and while it waits for its pulls). The pull
+ * round trip (push sent .. every shard back) measures that delay.
  *
  * Staleness of an applied gradient = the shard's version when applied - the version it was
  * computed from (0 on one rank: that is sequential SGD, bit for bit). */

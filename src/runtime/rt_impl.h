@@ -97,7 +97,7 @@ typedef struct Worker {
  * stage's input (training and evaluation alike). With one stage per rank the unit alone tells
  * messages apart (a rank gets one kind of message per unit from a peer); with several, the
  * same two ranks exchange one per chunk, so the id carries the boundary too
- * (docs/schedules.md, interleaved). */
+ * (docs/explanation/schedules.md, interleaved). */
 static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
     return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
 }

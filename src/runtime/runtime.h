@@ -112,7 +112,7 @@ typedef struct RtEvent {
 /* Bytes a worker allocated for its stage, by category (rt_worker_init; zero on idle ranks;
  * several chunks: their sums, each chunk with its own slots).
  * versions x params and slots x (activations / slots) are what the simulator predicts from the
- * schedule analysis (SimMem.allocated, docs/schedules.md). */
+ * schedule analysis (SimMem.allocated, docs/explanation/schedules.md). */
 typedef struct RtMem {
     size_t params;        /* one weight version's buffer */
     size_t grads;         /* the gradient buffer (dw) */
@@ -165,7 +165,7 @@ typedef struct RtWorkerResult {
     int n_events;
     RtEvent *events;         /* when cfg->trace, owned */
     RtMem mem;               /* what it allocated (filled by rt_worker_init) */
-    /* asp only (zero otherwise; rt_asp.c, docs/asp.md): gradients applied to this rank's shard of
+    /* asp only (zero otherwise; rt_asp.c, docs/explanation/asp.md): gradients applied to this rank's shard of
      * the parameters, their staleness (the shard's version when applied - the version the
      * gradient was computed from), and the round trip of this worker's pulls (its push sent ..
      * every shard back) */
@@ -242,7 +242,7 @@ typedef struct RtProfileOpts {
     int iterations;      /* timed steps; the median is recorded */
     int rounds;          /* repeat warmup + iterations this many times (0 or 1: once) and keep
                           * the round whose layers sum to the least time: the machine's speed
-                          * when nothing else slows it (this VM's comes in spells: docs/formats.md) */
+                          * when nothing else slows it (this VM's comes in spells: docs/reference/formats.md) */
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
 } RtProfileOpts;
@@ -396,7 +396,7 @@ typedef struct RtTrainSummary {
 int  rt_train(Comm *c, const RtTrainSpec *spec, RtTrainSummary *out, Err *err);
 void rt_train_summary_release(RtTrainSummary *s);
 
-/* ---- asynchronous parallel training (rt_asp.c, docs/asp.md) ------------------------------------
+/* ---- asynchronous parallel training (rt_asp.c, docs/explanation/asp.md) ------------------------------------
  * sched_build(SCHED_ASP) gives the stage table of dp (every rank a replica of the whole model)
  * and per worker F u, B u, U for its own units; those lists alone would train the replicas
  * apart, so rt_worker_run, rt_run_threads, a session (rt_train) and the functions below run

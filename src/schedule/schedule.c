@@ -139,7 +139,7 @@ static int gen_rounds(Gen *g, int rank) {
         int v = steps_before_forward(i, st->warmup);
         if (s->vertical_sync && w->stage > 0) {
             /* The input stage's version for this unit, as a count of minibatches folded
-             * in, mapped to this stage's rounds (docs/schedules.md). */
+             * in, mapped to this stage's rounds (docs/explanation/schedules.md). */
             const SchedStage *s0 = &s->stages[0];
             int u = g->units[i];
             int v0 = steps_before_forward(u / s0->replicas, s0->warmup);
@@ -170,7 +170,7 @@ static int gen_rounds(Gen *g, int rank) {
 /* asp: per own unit i (round-robin), F u@i, B u@i and U i+1, where version i is the weights
  * the worker pulled for its i-th unit and U pushes the gradient and pulls the next ones. No
  * all-reduce: the runtime (rt_asp.c) applies every gradient at the parameters' owners as it
- * comes (docs/asp.md); a simulation of these lists is compute only. */
+ * comes (docs/explanation/asp.md); a simulation of these lists is compute only. */
 static void gen_asp(Gen *g, int rank) {
     Schedule *s = g->s;
     SchedWorker *w = &s->workers[rank];

@@ -2,7 +2,7 @@
  * of instructions it executes: forward/backward of a unit, sends and receives of
  * activations and gradients, all-reduce within a stage's replicas, optimizer step, flush.
  * The simulator (sim.h) and the runtime interpret exactly these lists. Semantics (weight
- * versions, when replicas synchronise, gradient scaling) are in docs/schedules.md.
+ * versions, when replicas synchronise, gradient scaling) are in docs/explanation/schedules.md.
  *
  * Units. Work is counted in *units*: one unit is one profile minibatch worth of samples
  * (what the profile timed). Kinds without micro-batches (1f1b, dp, model-parallel) have
@@ -27,7 +27,7 @@ typedef enum SchedKind {
     SCHED_DP,          /* data parallel BSP: every worker the whole model */
     SCHED_MP,          /* model parallel: replica 0 of each stage, one minibatch in flight */
     SCHED_ASP,         /* asynchronous parallel: every worker the whole model, no synchronisation
-                        * (lists: F u, B u, U per own unit; the runtime's rt_asp.c, docs/asp.md) */
+                        * (lists: F u, B u, U per own unit; the runtime's rt_asp.c, docs/explanation/asp.md) */
     SCHED_ZB_H1,       /* Zero Bubble's ZB-H1: 1F1B-flush with backward split into BI (input gradient)
                         * and BW (weight gradient), BW deferred into the drain (peak memory of 1f1b-flush) */
     SCHED_ZB_H2,       /* Zero Bubble's ZB-H2 with a flush: ZB-H1 with 2(S-s)-1 warm-up forwards (more memory) */
@@ -46,7 +46,7 @@ typedef enum InstrOp {
                     * collective over all replicas of the stage, in the same order on each */
     OP_STEP,       /* optimizer step; version = the version it writes (weights after it) */
     OP_FLUSH,      /* marker: no unit in flight at this worker; stashes may be freed */
-    /* Added with the zero-bubble kinds and recomputation (docs/schedules.md); the kinds above
+    /* Added with the zero-bubble kinds and recomputation (docs/explanation/schedules.md); the kinds above
      * never emit them unless SchedOpts.recompute is set (OP_RECOMPUTE only). */
     OP_BACKWARD_B, /* zb kinds: mb, version: the input-gradient half of backward (what SEND_GRAD sends);
                     * keeps what BW needs (the unit stays in flight) */
@@ -60,7 +60,7 @@ typedef enum InstrOp {
 /* 20 bytes; unused fields are -1 (chunk: 0). An initialiser naming only the first four
  * fields leaves chunk 0, the worker's first (for every kind but interleaved: only) stage.
  * Messages are (kind, sender, receiver, unit, boundary): the boundary is the stage an
- * activation feeds / whose input gradient it is (docs/schedules.md, interleaved). */
+ * activation feeds / whose input gradient it is (docs/explanation/schedules.md, interleaved). */
 typedef struct Instr {
     int32_t op;       /* InstrOp */
     int32_t mb;       /* global unit index, or -1 */
@@ -176,7 +176,7 @@ int sched_rank_of(const Schedule *s, int st, int u);
 
 /* ---- analysis: what a worker's list implies for memory --------------------------------- */
 /* The ONE definition of weight-version liveness, units in flight and activation slots; the
- * runtime allocates by it and the simulator predicts memory by it (docs/schedules.md,
+ * runtime allocates by it and the simulator predicts memory by it (docs/explanation/schedules.md,
  * "Schedule analysis"). Instruction indices are into the worker's list. */
 
 /* Activation slots beyond the units in flight: see SchedWorkerInfo.n_slots. */

@@ -1,4 +1,4 @@
-/* search.c: the schedule search (search.h, docs/planner.md "Choosing the schedule"): candidate
+/* search.c: the schedule search (search.h, docs/explanation/planner.md "Choosing the schedule"): candidate
  * partitions from plan_enumerate or the partitioner, every applicable kind, micro-batch count
  * and recomputation setting on each, scored by the simulator; the fastest that fits wins. */
 #include "search.h"

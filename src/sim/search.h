@@ -1,5 +1,5 @@
 /* search.h: the planner that chooses the schedule too (`pipedream plan --choose-schedule`,
- * docs/planner.md "Choosing the schedule"). Given a profile, a cluster and a per-worker
+ * docs/explanation/planner.md "Choosing the schedule"). Given a profile, a cluster and a per-worker
  * memory limit it searches partition x replication x kind x micro-batches x chunks x
  * recomputation for the plan with the shortest simulated time per unit (one profile
  * minibatch of samples) whose worst worker's simulated peak memory (SimMem.peak) fits, and

@@ -180,7 +180,7 @@ static void msg_grow(Engine *e) {
 
 /* The live message (posted or waited for) with this identity, created empty if asked. A
  * message is (kind, sender, receiver, unit, boundary): with several chunks per worker two
- * messages of one unit can join the same pair of ranks (docs/schedules.md). The table holds
+ * messages of one unit can join the same pair of ranks (docs/explanation/schedules.md). The table holds
  * only live messages (received ones are removed), so it stays small. */
 static Msg *msg_find(Engine *e, int kind, int src, int dst, int mb, int bnd, int create) {
     uint64_t key = (uint64_t)kind << 40 | (uint64_t)src << 20 | (uint64_t)dst;
@@ -610,7 +610,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         /* Workers that compute share their machine's cores. How many contend on average: each
          * worker's compute over the run relative to the machine's busiest (in a pipeline's
          * steady state every worker computes its share once per bottleneck period), so an idle
-         * rank costs nothing and a light stage little (docs/formats.md, cluster). */
+         * rank costs nothing and a light stage little (docs/explanation/simulator.md, "Cores"). */
         double *load = calloc((size_t)W + 1, sizeof(double));
         PD_ASSERT(load);
         for (int w = 0; w < W; w++)

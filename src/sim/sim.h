@@ -6,7 +6,7 @@
  * instructions involved. It also draws timelines (SVG) and writes Chrome trace JSON from
  * a generic event list, so a measured runtime trace can be drawn the same way.
  *
- * Model (docs/schedules.md):
+ * Model (docs/explanation/schedules.md):
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
  *     profile times (a replica computes a whole unit);
  *   - a send is asynchronous: the transfer starts when the send is posted and the

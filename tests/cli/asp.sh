@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# asp.sh: `pipedream train --schedule asp` end to end (docs/asp.md), on threads and over MPI.
+# asp.sh: `pipedream train --schedule asp` end to end (docs/explanation/asp.md), on threads and over MPI.
 #  - one worker: asp is sequential SGD, so its weights equal dp's bit for bit (CRC-32), on
 #    threads and over MPI (-np 1);
 #  - 4 MPI ranks and 4 threads (mlp: 1.9 M parameters, so the pushes and pulls are large
 #    messages): the run ends, one summary line, "schedule":"asp", every shard applied every
 #    gradient once (the asp line on stderr), staleness reported (around R - 1 = 3 on
-#    average), the loss falls (plain SGD, lr 0.05: docs/asp.md on momentum);
+#    average), the loss falls (plain SGD, lr 0.05: docs/explanation/asp.md on momentum);
 #  - checkpoint segments on 3 threads: checkpoints written, a resumed run continues from the
 #    newest;
 #  - usage: --microbatches with asp is exit 2; the pipelined --help names asp.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh: the emulated cluster of tools/cluster.sh (docs/cluster.md), 2 hosts:
+# cluster.sh: the emulated cluster of tools/cluster.sh (docs/reference/cluster-sh.md), 2 hosts:
 #  - at 20mbit each direction of each host's link carries its shaped rate, both directions at
 #    once (full duplex: egress shaping), and so does the ingress alone (bridge -> host); where
 #    the kernel has sch_netem, --delay 5ms makes a 10 ms round trip between the hosts;

@@ -91,7 +91,7 @@ slow = json.load(open(tmp + "/slow_out.json"))["time_per_minibatch_s"]
 assert slow > 1.5 * a, (slow, a)
 EOF
 # cores: 4 workers sharing 2 cores (the same plan, --cores 2) compute slower by k / 2, k the
-# workers counted by their compute relative to the busiest (docs/formats.md), exactly
+# workers counted by their compute relative to the busiest (docs/reference/formats.md), exactly
 "$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --cores 2 -o "$tmp/plan2c.json" >/dev/null 2>"$tmp/err" ||
     fail "plan --cores: $(cat "$tmp/err")"
 tr -d ' \t\n' <"$tmp/plan2c.json" | grep -q '"cores_per_machine":2' || fail "cores not in the plan"
