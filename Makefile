@@ -16,10 +16,15 @@ deps:
 demo: all
 	@bash tools/demo_pipeline.sh $(BUILD)/pipedream
 
-# The whole suite: a release build, then the same tests under ASan + UBSan.
+# The whole suite: a release build, then the same tests under ASan + UBSan but those labelled
+# slow (CMakeLists.txt), which the release run covers.
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory test-asan
+
+# The release build's tests without the slow ones.
+test-fast: all
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE slow
 
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DPD_SANITIZE=ON >/dev/null
