@@ -298,6 +298,11 @@ int cmd_train(int argc, char **argv) {
     Profile prof = {0};
     int have_prof = 0;
     RtTrainSummary sum = {0};
+    if (mpi && !plan && comm_size(comm) > 1) {
+        rc = err_set(&err, PD_EINVAL, "under mpirun, give --plan (make one with 'pipedream plan'); without one the run "
+                     "is one worker");
+        goto out;
+    }
     if (mpi && given_workers && given_workers != comm_size(comm)) {
         rc = err_set(&err, PD_EINVAL, "--workers %d, but mpirun started %d ranks", given_workers, comm_size(comm));
         goto out;
