@@ -150,7 +150,7 @@ static void help(void) {
            "       mpirun -np N pipedream train MODEL.json --plan PLAN.json [options]    MPI, N workers\n\n"
            "Trains MODEL.json: one worker runs the whole model; several run the plan's stages\n"
            "following the schedule's instruction lists. The same flags, checks, checkpoints and\n"
-           "summary in every mode: one JSON line on stdout (docs/formats.md, \"Training summary\"),\n"
+           "summary in every mode: one JSON line on stdout (docs/reference/formats.md, \"Training summary\"),\n"
            "a per-stage table on stderr, a progress line on stderr when it is a terminal.\n");
     for (int i = 0; i < N_FLAGS; i++) {
         const Flag *f = &FLAGS[i];

@@ -2,7 +2,8 @@
 # docs_refs.sh: what README.md and docs/**/*.md name exists.
 #  - every repository path they mention (src/..., tools/..., models/..., bench/..., tests/...,
 #    docs/...; a path with a placeholder or wildcard such as src/nn/layer_<type>.c or
-#    tests/ref/*.bin is skipped) is a file or folder of the repository;
+#    tests/ref/*.bin is skipped) is a file or folder of the repository, and so is every docs
+#    page the code, tests, tools and bench scripts name;
 #  - every relative Markdown link ([text](howto/resume.md#anchor)) leads to a file, relative
 #    to the page it is on, and its anchor, if any, to a heading of that page;
 #  - every flag in a `pipedream CMD ...` command line (also `$PD CMD ...`, continuation lines
@@ -41,6 +42,13 @@ while read -r where p; do
     p=${p%%[.,:;)]}
     [ -e "$p" ] || miss "$where: path $p"
 done <"$tmp/paths"
+
+# 1b. The docs pages the code, tests, tools and scripts point to.
+grep -rnoE 'docs/[A-Za-z0-9_./-]+[.](md|svg)' src tools bench tests fuzz Makefile CMakeLists.txt 2>/dev/null |
+    grep -v '^tests/cli/docs_refs.sh:' | while IFS=: read -r f l p; do
+    [ -e "$p" ] || echo "$f:$l $p"
+done >"$tmp/code_paths"
+while read -r where p; do miss "$where: path $p"; done <"$tmp/code_paths"
 
 # 2. Relative Markdown links.
 for f in "${pages[@]}"; do
