@@ -1,6 +1,6 @@
 """pd_io.py: pipedream's files and conventions for Python tools (numpy only, no torch):
 
-- safetensors weights files as pipedream reads them (src/runtime/rt_ckpt.c, docs/checkpoints.md):
+- safetensors weights files as pipedream reads them (src/runtime/rt_ckpt.c, docs/explanation/checkpoints.md):
   write_weights / read_safetensors;
 - the global tensor names of a model JSON, in parameter-buffer order (src/nn/model.c and the
   layer_<kind>.c files): param_names(model) -> [(name, shape)], state_names(model) ->

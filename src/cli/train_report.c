@@ -58,7 +58,7 @@ char *train_summary_json(const RtTrainSummary *s) {
         cJSON_AddNullToObject(o, "target_minibatches");
         cJSON_AddNullToObject(o, "target_train_s");
     }
-    /* asp: staleness of the applied gradients, pull round trips (docs/asp.md); null otherwise */
+    /* asp: staleness of the applied gradients, pull round trips (docs/explanation/asp.md); null otherwise */
     num(o, "staleness_mean", s->staleness_mean);
     num(o, "staleness_max", s->asp_figures && s->staleness_max >= 0 ? s->staleness_max : NAN);
     num(o, "pull_ms_mean", s->pull_ms_mean);

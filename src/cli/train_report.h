@@ -1,7 +1,7 @@
 /* train_report.h: what `pipedream train` prints after a run, one worker or many (rank 0): the
  * per-stage table on stderr, the summary line on stdout, metrics lines, measured timelines and
  * the loss curve. JSON is written with cJSON from RtTrainSummary; NaN and Inf become null. The
- * schema is in docs/formats.md ("Training summary"). */
+ * schema is in docs/reference/formats.md ("Training summary"). */
 #ifndef PD_TRAIN_REPORT_H
 #define PD_TRAIN_REPORT_H
 
