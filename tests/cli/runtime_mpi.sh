@@ -8,7 +8,8 @@
 #    are also bitwise 1f1b-flush's (the same units, flushes and order of additions). So must
 #    interleaved (2 stages per rank), with and without --recompute, also = 1f1b-flush.
 #  - bad launches fail on every rank with a clear message and no hang: a plan for more
-#    ranks than started, a plan made for another model, --plan missing under mpirun.
+#    ranks than started, a plan made for another model, --plan missing under mpirun (one
+#    worker's one-stage plan on 2 ranks).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -111,5 +112,5 @@ bad_launch "np 2 for a 3-rank plan" "rank 0 (stage 0): the plan needs 3 workers 
     "$MODEL" --plan "$tmp/plan.json" --steps 4
 bad_launch "a plan for another model" "made for a model of 4 layers" 3 \
     "$SRC/models/lenet5.json" --plan "$tmp/plan.json" --steps 4
-bad_launch "mpirun without --plan" "under mpirun, give --plan" 2 "$MODEL" --steps 4
+bad_launch "mpirun without --plan" "the plan needs 1 workers but 2 were started" 2 "$MODEL" --steps 4
 echo "ok: bad launches"
