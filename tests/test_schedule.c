@@ -160,6 +160,17 @@ static void test_gpipe_flush_2bw(void **state) {
                 "F0@0 SA0>1 F1@0 SA1>1 RG0<1 B0@0 F2@0 SA2>1 RG1<1 B1@0 U1 F3@0 SA3>1 RG2<1 B2@0 F4@1 SA4>1 "
                 "RG3<1 B3@0 U2 F5@1 SA5>1 RG4<1 B4@1 RG5<1 B5@1 U3");
     sched_release(&s);
+
+    /* 1f1b with 2 micro-batches: 2bw's order and steps, but a forward reads the newest
+     * version (F3 after U1 reads 1, where 2bw's reads 0) */
+    build(p, SCHED_1F1B, 3, 2, 0, &s);
+    expect_full(&s, 0, 1,
+                "F0@0 SA0>1 F1@0 SA1>1 RG0<1 B0@0 F2@0 SA2>1 RG1<1 B1@0 U1 F3@1 SA3>1 RG2<1 B2@0 F4@1 SA4>1 "
+                "RG3<1 B3@1 U2 F5@2 SA5>1 RG4<1 B4@1 RG5<1 B5@2 U3");
+    expect_full(&s, 1, 1,
+                "RA0<0 F0@0 B0@0 SG0>0 RA1<0 F1@0 B1@0 SG1>0 U1 RA2<0 F2@1 B2@1 SG2>0 RA3<0 F3@1 B3@1 SG3>0 U2 "
+                "RA4<0 F4@2 B4@2 SG4>0 RA5<0 F5@2 B5@2 SG5>0 U3");
+    sched_release(&s);
     free_plan(p);
 }
 
@@ -190,9 +201,12 @@ static void test_errors(void **state) {
     Plan *p = make_plan(4, rep);
     Schedule s;
     Err err = {0};
-    SchedOpts o = {SCHED_1F1B, 4, 2, 0, 0};
+    SchedOpts o = {SCHED_DP, 4, 2, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "micro-batches"));
+    o = (SchedOpts){SCHED_1F1B, 4, 2, 1, 0};   /* vertical sync runs one unit per minibatch */
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "vertical sync"));
     o = (SchedOpts){SCHED_GPIPE, 4, 2, 1, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "vertical sync"));
@@ -319,7 +333,7 @@ static void check_structure(const Schedule *s) {
         if (w->stage >= 0) {
             const SchedStage *g = &s->stages[w->stage];
             int flush = s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW || zb ||
-                        s->kind == SCHED_INTERLEAVED;
+                        s->kind == SCHED_INTERLEAVED || s->n_micro > 1;   /* a step per minibatch */
             int want = flush ? s->n_minibatches : (U + g->replicas - 1) / g->replicas;
             assert_int_equal(steps, want);
             assert_int_equal(ars, g->replicas > 1 ? want * w->n_chunks : 0);
@@ -354,6 +368,7 @@ static void test_random_structure(void **state) {
             if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_ZB_H1 || k == SCHED_ZB_H2)
                 M = 1 + (int)rng_below(&rng, 8);
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
+            if (k == SCHED_1F1B && rng_below(&rng, 2)) M = 2 + (int)rng_below(&rng, 7);
             for (int rc = 0; rc < 2; rc++) {
                 SchedOpts o = {(SchedKind)k, N, M, 0, rc};
                 Schedule s;
@@ -587,6 +602,7 @@ static void test_analysis_random(void **state) {
             if (k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_ZB_H1 || k == SCHED_ZB_H2)
                 M = 1 + (int)rng_below(&rng, 8);
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
+            if (k == SCHED_1F1B && rng_below(&rng, 2)) M = 2 + (int)rng_below(&rng, 7);
             SchedOpts o = {kind, N, M, vs, !vs && rng_below(&rng, 2)};
             Schedule s;
             SchedAnalysis a;
@@ -615,8 +631,11 @@ static void test_analysis_random(void **state) {
                     assert_int_equal(alive[i], n);
                 }
                 free(created), free(alive);
-                /* one stashed version per warm-up forward at most (docs/explanation/schedules.md) */
-                if (kind == SCHED_1F1B && !vs) assert_true(wi->max_versions_alive <= s.stages[w->stage].warmup);
+                /* one stashed version per warm-up forward at most (docs/explanation/schedules.md); with
+                 * micro-batches a replica may also step past minibatches it has no unit of while
+                 * its units in flight still read theirs, so one more */
+                if (kind == SCHED_1F1B && !vs)
+                    assert_true(wi->max_versions_alive <= s.stages[w->stage].warmup + (M > 1));
                 if (kind == SCHED_2BW) assert_true(wi->max_versions_alive <= 2);
                 if (kind != SCHED_1F1B && kind != SCHED_2BW) assert_int_equal(wi->max_versions_alive, 1);
                 assert_int_equal(wi->n_slots, wi->max_inflight + SCHED_SLOTS_AHEAD);
@@ -637,9 +656,10 @@ static void test_microbatched_kinds(void **state) {
     Plan *p = make_plan(4, rep);
     for (int i = 0; i < SCHED_COUNT; i++) {
         SchedKind k = (SchedKind)i;
-        int micro = sched_kind_microbatched(k);
+        int micro = sched_kind_microbatched(k), takes = sched_kind_takes_micro(k);
         assert_int_equal(micro, k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 ||
                                     k == SCHED_ZB_H2 || k == SCHED_INTERLEAVED);
+        assert_int_equal(takes, micro || k == SCHED_1F1B);
         assert_int_equal(sched_default_micro(k, 4), micro ? 4 : 1);
         assert_int_equal(sched_default_micro(k, 1), 1);
         if (k == SCHED_INTERLEAVED) {   /* stage i on rank i mod 2 */
@@ -649,11 +669,11 @@ static void test_microbatched_kinds(void **state) {
         Err err = {0};
         SchedOpts o = {k, 4, 4, 0, 0};
         int rc = sched_build(p, &o, &s, &err);
-        if (micro && rc) fail_msg("%s with 4 micro-batches: %s", sched_kind_name(k), err.msg);
-        if (!micro) {
+        if (takes && rc) fail_msg("%s with 4 micro-batches: %s", sched_kind_name(k), err.msg);
+        if (!takes) {
             assert_int_equal(rc, PD_EINVAL);
-            assert_non_null(strstr(err.msg, "micro-batches apply only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and "
-                                            "interleaved"));
+            assert_non_null(strstr(err.msg, "micro-batches apply only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 "
+                                            "and interleaved"));
         }
         sched_release(&s);
         if (k == SCHED_INTERLEAVED) p->stages[2].ranks[0] = 2, p->stages[3].ranks[0] = 3, p->n_workers = 4;

@@ -11,6 +11,11 @@ with the weight versions each schedule kind reads (docs/explanation/schedules.md
                                                  warm-up p - s follows backward i - (p - s))
     1f1b --vertical-sync    max(0, m - (p - 1)) (every stage uses the input stage's version)
     2bw           max(0, m - 1)                 (PipeDream-2BW: W(k+1) = W(k) - lr g(W(k-1)))
+    1f1b --microbatches M: micro-batch i = M m + j reads max(0, floor((i - (p - 1 - s)) / M))
+                                                (the newest version when its forward runs: a
+                                                 stage steps once per minibatch, after its M-th
+                                                 backward; its micro-batches i may then straddle
+                                                 two versions)
 
 and in every kind the stage's optimizer (Adam or SGD, one state per stage, one step per
 minibatch) applies that gradient to the stage's newest weights, making version m + 1. This is
@@ -46,6 +51,8 @@ ap.add_argument('--plan', help='pipedream plan (straight) whose stages to use')
 ap.add_argument('--cuts', help='stages by hand: top-level layer indices, stages separated by ":", e.g. 0,1:2:3:4,5,6')
 ap.add_argument('--kind', default='1f1b', choices=['seq', '1f1b', '1f1b-flush', 'gpipe', '2bw'])
 ap.add_argument('--vertical-sync', action='store_true')
+ap.add_argument('--microbatches', type=int, default=1,
+                help='1f1b: M micro-batches per minibatch, one step per minibatch (pipedream train --microbatches)')
 ap.add_argument('--delays', help='experiment: every stage\'s delay by hand (e.g. 1,0,0,0), overriding --kind\'s')
 ap.add_argument('--steps', type=int, default=200)
 ap.add_argument('--minibatch', type=int, default=32)
@@ -131,6 +138,14 @@ elif args.kind == '2bw':
     delays = [1] * p
 else:
     delays = [0] * p
+M = args.microbatches
+if M < 1 or args.minibatch % M:
+    fail('--microbatches %d: needs a divisor of --minibatch %d' % (M, args.minibatch))
+if M > 1 and (args.kind != '1f1b' or args.vertical_sync or args.delays):
+    fail('--microbatches models 1f1b without vertical sync only (the flushing kinds\' micro-batches change only '
+         'the summation order)')
+if M > 1:   # the most steps a stage's units cross: ceil((p - 1 - s) / M)
+    delays = [-(-(p - 1 - s) // M) for s in range(p)]
 if args.delays:
     delays = [int(d) for d in args.delays.split(',')]
     if len(delays) != p or min(delays) < 0:
@@ -140,9 +155,22 @@ if methods - {'predict', 'lookahead', 'lr-warmup'} or ('predict' in methods and 
     fail('--staleness %s: not a method (none, predict, lookahead, lr-warmup, joined with +)' % args.staleness)
 if methods and (args.kind != '1f1b' or args.delays):
     fail('--staleness models 1f1b\'s weight versions only')
-# Steps a stage has taken when minibatch m's forward reaches it: 1f1b admits p - s forwards before
-# its first backward, so forward m follows the step of minibatch m - (p - s), whatever version it reads.
+# Steps a stage has taken when unit i's forward reaches it: 1f1b admits p - s forwards before its
+# first backward, so forward i follows backward i - (p - s), whatever version it reads; with M
+# micro-batches a step follows every M-th backward.
 lags = [p - 1 - s for s in range(p)]
+
+
+def steps_at(s, i):
+    return max(0, (i - lags[s]) // M)
+
+
+def version(s, i):
+    # The version unit i (minibatch i // M) reads on stage s.
+    m = i // M
+    if M > 1:
+        return steps_at(s, i)
+    return max(0, m - delays[s])
 
 # Every stage's parameters and its weight versions (version v = after v steps at the stage).
 params = [[q for i in s for q in layers[i].parameters()] for s in stages]
@@ -184,11 +212,12 @@ def stage_lr(s, t):
     return args.lr * D ** -(1.0 - min(t / args.staleness_warmup, 1.0))
 
 
-def predicted(s, v, m):
-    # The weights minibatch m's forward and backward use on stage s: version v, moved ahead by
-    # tau = m - v predicted updates (predict) or by the momentum (lookahead) when tau > 0, along the
-    # direction after the steps the stage has taken then.
-    tau, k = m - v, max(0, m - lags[s])
+def predicted(s, v, i):
+    # The weights unit i's forward and backward use on stage s: version v, moved ahead by
+    # tau = m - v predicted updates (predict) or by the momentum (lookahead) when tau > 0 (m = i // M,
+    # the minibatch whose step applies the gradient), along the direction after the steps the stage
+    # has taken then.
+    tau, k = i // M - v, steps_at(s, i)
     if tau <= 0 or k == 0 or not (methods & {'predict', 'lookahead'}):
         return versions[s][v]
     if 'predict' in methods:
@@ -202,8 +231,8 @@ def predicted(s, v, m):
     return out
 
 
-def load(s, v, m=None):
-    ws = versions[s][v] if m is None else predicted(s, v, m)
+def load(s, v, i=None):
+    ws = versions[s][v] if i is None else predicted(s, v, i)
     with torch.no_grad():
         for q, w in zip(params[s], ws):
             q.copy_(w)
@@ -212,14 +241,19 @@ def load(s, v, m=None):
 model.train()
 losses = []
 for m in range(args.steps):
-    # Forward and backward of minibatch m: stage s holds version max(0, m - delay_s).
-    for s in range(p):
-        load(s, max(0, m - delays[s]), m)
-    x, y = text.minibatch(m, args.minibatch, args.seed)
+    # Forward and backward of minibatch m's units: stage s holds version(s, i); each micro-batch's
+    # loss is scaled by 1 / M and their gradients add up (pipedream's units are its sampler's
+    # minibatches of minibatch / M samples).
     opt.zero_grad(set_to_none=True)
-    loss = tm.lm_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
-    loss.backward()
-    losses.append(loss.item())
+    mb_losses = []
+    for i in range(m * M, (m + 1) * M):
+        for s in range(p):
+            load(s, version(s, i), i)
+        x, y = text.minibatch(i, args.minibatch // M, args.seed)
+        loss = tm.lm_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+        (loss / M if M > 1 else loss).backward()
+        mb_losses.append(loss.item())
+    losses.append(sum(mb_losses) / M)
     # The step: that gradient applied to each stage's newest weights (version m), making m + 1.
     grads = [[q.grad for q in ps] for ps in params]
     for s in range(p):
@@ -231,16 +265,18 @@ for m in range(args.steps):
     opt.step()
     for s in range(p):
         versions[s][m + 1] = [q.detach().clone() for q in params[s]]
-        for v in [v for v in versions[s] if v < m + 1 - delays[s]]:
+        oldest = version(s, (m + 1) * M)   # versions and steps read from now on are no older
+        for v in [v for v in versions[s] if v < oldest]:
             del versions[s][v]
         if methods & {'predict', 'lookahead'}:
             dirs[s][m + 1] = direction(s)
-            for k in [k for k in dirs[s] if k < m + 1 - lags[s]]:
+            for k in [k for k in dirs[s] if k < steps_at(s, (m + 1) * M)]:
                 del dirs[s][k]
 
 # The final weights are every stage's newest version (the parameters now hold them).
 test_loss, test_acc = tm.lm_evaluate(model, text)
 out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kind, 'vertical_sync': args.vertical_sync,
+       'microbatches': M,
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
        'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps, 'staleness': args.staleness,
        'final_loss': round(losses[-1], 6) if losses else None,

@@ -84,7 +84,8 @@ static const Flag FLAGS[] = {
         "V stages per worker (implies --schedule interleaved; needs 2 or more workers)"),
     INT("--microbatches", "M", micro, 1, 65536,
         "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved "
-        "(interleaved: a multiple of the workers; default: one per worker of the plan)"),
+        "(interleaved: a multiple of the workers; default: one per worker of the plan), and "
+        "1f1b, which then steps once per minibatch (default 1: a step per unit)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
     SWITCH("--recompute", recompute,
            "keep only each stage's input per unit in flight and recompute the forward before "
@@ -262,10 +263,13 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
     }
     if (o->micro == 0) o->micro = sched_default_micro(o->kind, o->workers);
     int rc = CLI_OK;
-    if (o->micro > 1 && !sched_kind_microbatched(o->kind))
-        rc = cli_usage_error(C, "--microbatches applies only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved");
+    if (o->micro > 1 && !sched_kind_takes_micro(o->kind))
+        rc = cli_usage_error(C, "--microbatches applies only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and "
+                             "interleaved");
     else if (o->vsync && o->kind != SCHED_1F1B)
         rc = cli_usage_error(C, "--vertical-sync applies only to 1f1b");
+    else if (o->vsync && o->micro > 1)
+        rc = cli_usage_error(C, "--vertical-sync runs one unit per minibatch: drop --microbatches");
     else if (o->batch % o->micro)
         rc = cli_usage_error(C, "--minibatch %d is not a multiple of %d micro-batches (--microbatches; default: one "
                              "per worker)", o->batch, o->micro);

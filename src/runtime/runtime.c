@@ -230,12 +230,13 @@ static size_t split_floats(const Worker *w) {
     return model_split_floats(w->m, w->first, w->last, w->cfg->unit_batch);
 }
 
-/* How replicas combine gradients. 1f1b, dp and model-parallel: each replica's gradient is
- * that of one whole minibatch, and a round of r minibatches makes one step: the mean. The
- * micro-batch kinds: replicas share one minibatch's micro-batches, each already scaled by
- * 1/n_micro: the sum is the minibatch's mean gradient. */
+/* How replicas combine gradients. 1f1b (one unit per minibatch), dp and model-parallel: each
+ * replica's gradient is that of one whole minibatch, and a round of r minibatches makes one
+ * step: the mean. The micro-batch kinds and 1f1b with micro-batches: replicas share one
+ * minibatch's micro-batches, each already scaled by 1/n_micro: the sum is the minibatch's
+ * mean gradient. */
 static CommOp rt_allreduce_op(const Schedule *s) {
-    return sched_kind_microbatched(s->kind) ? COMM_SUM : COMM_MEAN;
+    return sched_kind_microbatched(s->kind) || s->n_micro > 1 ? COMM_SUM : COMM_MEAN;
 }
 
 /* ---- gradient buckets: all-reduce while backward runs ---------------------------------------- */

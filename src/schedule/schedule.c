@@ -203,12 +203,13 @@ static int gen_flush(Gen *g, int rank) {
     return PD_OK;
 }
 
-/* Emits the forward of own unit i under 2bw's rule, failing if its version does not
- * exist yet (too few micro-batches per minibatch for the pipeline depth). */
-static int fwd_2bw(Gen *g, int rank, int i, int steps) {
+/* Emits the forward of own unit i when `steps` steps are done: under 2bw's rule (micro-batch
+ * of minibatch k reads version max(k - 1, 0)), failing if that version does not exist yet (too
+ * few micro-batches per minibatch for the pipeline depth); under 1f1b's, the newest version. */
+static int fwd_minibatch_steps(Gen *g, int rank, int i, int steps) {
     Schedule *s = g->s;
     SchedWorker *w = &s->workers[rank];
-    int u = g->units[i], k = u / s->n_micro, v = k > 0 ? k - 1 : 0;
+    int u = g->units[i], k = u / s->n_micro, v = s->kind == SCHED_1F1B ? steps : k > 0 ? k - 1 : 0;
     if (steps < v)
         return err_set(g->err, PD_EINVAL,
                        "2bw: stage %d rank %d needs version %d for micro-batch %d but has only %d; "
@@ -219,11 +220,13 @@ static int fwd_2bw(Gen *g, int rank, int i, int steps) {
     return PD_OK;
 }
 
-/* 2bw: 1F1B over all the worker's micro-batches without flushes; after its last
- * backward of minibatch k the stage all-reduces and steps to version k + 1. Every
- * micro-batch of minibatch k reads version max(k - 1, 0) (one step of delay, so at most
- * two versions are alive: W(k+1) = W(k) - lr * grad(W(k-1))). */
-static int gen_2bw(Gen *g, int rank) {
+/* 2bw, and 1f1b with micro-batches: 1F1B over all the worker's micro-batches without
+ * flushes; after its last backward of minibatch k the stage all-reduces and steps to version
+ * k + 1. 2bw: every micro-batch of minibatch k reads version max(k - 1, 0) (one step of delay,
+ * so at most two versions are alive: W(k+1) = W(k) - lr * grad(W(k-1))). 1f1b: a micro-batch
+ * reads the newest version when its forward runs, so a unit crosses at most
+ * ceil(warm-up / n_micro) steps (local accumulation, after PACI) instead of warm-up - 1. */
+static int gen_minibatch_steps(Gen *g, int rank) {
     Schedule *s = g->s;
     SchedWorker *w = &s->workers[rank];
     const SchedStage *st = &s->stages[w->stage];
@@ -232,7 +235,7 @@ static int gen_2bw(Gen *g, int rank) {
     int steps = 0;   /* steps emitted so far = newest version */
     int nf = 0, nb = 0, rc;
     while (nf < k)
-        if ((rc = fwd_2bw(g, rank, nf++, steps))) return rc;
+        if ((rc = fwd_minibatch_steps(g, rank, nf++, steps))) return rc;
     while (nb < n) {
         int u = g->units[nb], mbk = u / s->n_micro;
         while (steps < mbk) emit_sync(s, w, ++steps);   /* minibatches with none of ours */
@@ -240,7 +243,7 @@ static int gen_2bw(Gen *g, int rank) {
         nb++;
         int next = nb < n ? g->units[nb] / s->n_micro : s->n_minibatches;
         while (steps < next) emit_sync(s, w, ++steps);
-        if (nf < n && (rc = fwd_2bw(g, rank, nf++, steps))) return rc;
+        if (nf < n && (rc = fwd_minibatch_steps(g, rank, nf++, steps))) return rc;
     }
     while (steps < s->n_minibatches) emit_sync(s, w, ++steps);
     return PD_OK;
@@ -372,11 +375,14 @@ static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
     const char *kn = KIND_NAMES[o->kind];
     if (o->n_minibatches < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 minibatch", kn);
     if (o->n_micro < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 micro-batch", kn);
-    if (o->n_micro > 1 && !sched_kind_microbatched(o->kind))
-        return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 "
-                       "and interleaved", kn);
+    if (o->n_micro > 1 && !sched_kind_takes_micro(o->kind))
+        return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, "
+                       "zb-h2 and interleaved", kn);
     if (o->vertical_sync && o->kind != SCHED_1F1B)
         return err_set(err, PD_EINVAL, "schedule %s: vertical sync applies only to 1f1b", kn);
+    if (o->vertical_sync && o->n_micro > 1)
+        return err_set(err, PD_EINVAL, "schedule 1f1b: vertical sync runs one unit per minibatch, not %d micro-batches",
+                       o->n_micro);
     if (o->recompute && o->kind == SCHED_ASP) return err_set(err, PD_EINVAL, "schedule asp: no recomputation");
     if ((long)o->n_minibatches * o->n_micro > (1L << 30))
         return err_set(err, PD_EINVAL, "schedule %s: %d x %d units is too many", kn, o->n_minibatches, o->n_micro);
@@ -510,12 +516,12 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
     for (int r = 0; r < s->n_ranks && !rc; r++) {
         if (s->workers[r].stage < 0) continue;
         switch (s->kind) {
-        case SCHED_1F1B:
+        case SCHED_1F1B: rc = s->n_micro > 1 ? gen_minibatch_steps(&g, r) : gen_rounds(&g, r); break;
         case SCHED_DP:
         case SCHED_MP: rc = gen_rounds(&g, r); break;
         case SCHED_GPIPE:
         case SCHED_1F1B_FLUSH: rc = gen_flush(&g, r); break;
-        case SCHED_2BW: rc = gen_2bw(&g, r); break;
+        case SCHED_2BW: rc = gen_minibatch_steps(&g, r); break;
         case SCHED_ASP: gen_asp(&g, r); break;
         case SCHED_ZB_H1:
         case SCHED_ZB_H2: rc = gen_zb(&g, r); break;

@@ -105,7 +105,7 @@ typedef struct Schedule {
 typedef struct SchedOpts {
     SchedKind kind;
     int n_minibatches;   /* >= 1 */
-    int n_micro;         /* >= 1; must be 1 for 1f1b, dp, model-parallel */
+    int n_micro;         /* >= 1; must be 1 for dp, model-parallel, asp and 1f1b with vertical sync */
     int vertical_sync;   /* 1f1b only */
     int recompute;       /* keep only each unit's stage input between its forward and backward,
                           * recompute the forward (OP_RECOMPUTE) before it (kinds that cannot refuse) */
@@ -126,6 +126,10 @@ static inline int sched_kind_microbatched(SchedKind k) {
     return k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 || k == SCHED_ZB_H2 ||
            k == SCHED_INTERLEAVED;
 }
+/* 1 for the kinds that accept n_micro > 1: the micro-batched kinds and 1f1b, which with M
+ * micro-batches per minibatch steps once per minibatch (local accumulation) instead of after
+ * every unit; the replicas of a stage then share the minibatch's micro-batches. */
+static inline int sched_kind_takes_micro(SchedKind k) { return sched_kind_microbatched(k) || k == SCHED_1F1B; }
 /* Micro-batches per minibatch when none are given: one per worker of the plan for a
  * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
  * 1 for the others. The default of `train`, `simulate` and the planner alike. */

@@ -18,7 +18,7 @@ grep -q "usage: pipedream simulate PLAN.json --profile PROFILE" "$tmp/help" || f
     fail "plan: $(cat "$tmp/err")"
 
 for args in "--bogus" "" "$tmp/plan.json" "$tmp/plan.json --profile $PROF --schedule zigzag" \
-    "$tmp/plan.json --profile $PROF --minibatches 0" "$tmp/plan.json --profile $PROF --microbatches 2" \
+    "$tmp/plan.json --profile $PROF --minibatches 0" "$tmp/plan.json --profile $PROF --schedule dp --microbatches 2" \
     "$tmp/plan.json --profile $PROF --schedule gpipe --vertical-sync" "$tmp/plan.json --profile" \
     "$tmp/plan.json --profile $PROF --optimizer rmsprop"; do
     "$PD" simulate $args >"$tmp/out" 2>"$tmp/err"
