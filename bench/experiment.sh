@@ -12,7 +12,11 @@
 #     1f1b --no-stash, and 1f1b-flush (PipeDream-Flush, synchronous), each evaluated on the
 #     test set every EVAL_EVERY minibatches until TARGET or its cap: TTA_MAX_EPOCHS epochs, or
 #     about TTA_BUDGET_S seconds of training at the throughput phase's rate for that schedule,
-#     whichever is fewer minibatches (the same wall-clock budget for every schedule).
+#     whichever is fewer minibatches (the same wall-clock budget for every schedule). A kind
+#     of TTA_KINDS is SCHEDULE or SCHEDULE:VARIANT, the variant a train flag without its dashes
+#     (no-stash) or FLAG=VALUE (microbatches=4); plain 1f1b and its no-stash ablation run on the
+#     planner's plan, every other kind on the straight plan. Each kind runs once per seed of
+#     TTA_SEEDS (default 1).
 #  3. bench/experiment_plot.py: OUT/results.json (every figure), OUT/table.md, OUT/tta.svg
 #     (test accuracy against training wall-clock time, one line per schedule); the first two
 #     are also copied to bench/results/<UTC date>-<time>-experiment-MODE.{json,md}
@@ -21,7 +25,7 @@
 # usage: bench/experiment.sh [--quick] [--out DIR] [--pd BINARY] [--only tput|tta|plot]
 #   as root (the cluster needs network namespaces); ~6 min quick, ~60 min full on 2 cores.
 #   Environment overrides: RATES ("1gbit 300mbit 100mbit"), STEPS, DDP_STEPS, TARGET,
-#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, PDC_NAME (cluster name),
+#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, TTA_SEEDS, PDC_NAME (cluster name),
 #   CORES (the cores the emulated hosts share: $(nproc); the plans tell the simulator, which
 #   slows compute by workers / cores, so its predictions are for this machine).
 # The cluster is taken down on every exit (trap). Raw outputs: OUT/raw/<run>.{cmd,json,err,jsonl}.
@@ -47,7 +51,7 @@ else
     : "${STEPS:=60}" "${DDP_STEPS:=12}" "${TTA_BUDGET_S:=600}" "${TTA_MAX_EPOCHS:=4}" "${EVAL_EVERY:=100}"
 fi
 : "${OUT:=out/experiment-$MODE}" "${RATES:=1gbit 300mbit 100mbit}" "${TARGET:=0.85}" "${TEST_IMAGES:=2000}"
-: "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}"
+: "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}" "${TTA_SEEDS:=1}"
 NAME=${PDC_NAME:-pdexp}
 CORES=${CORES:-$(nproc)}
 WORKERS=4 MB=64 TRAIN_N=60000
@@ -87,7 +91,7 @@ cluster_rate() { log "cluster: $WORKERS hosts at $1"; CLUSTER_UP=1; tools/cluste
     echo "{\"mode\": \"$MODE\", \"started\": \"$(date -u +%FT%TZ)\", \"rates\": \"$RATES\", \"slowest\": \"$SLOWEST\","
     echo " \"steps\": $STEPS, \"ddp_steps\": $DDP_STEPS, \"target\": $TARGET, \"tta_budget_s\": $TTA_BUDGET_S,"
     echo " \"tta_max_epochs\": $TTA_MAX_EPOCHS, \"eval_every\": $EVAL_EVERY, \"test_images\": $TEST_IMAGES,"
-    echo " \"tta_kinds\": \"$TTA_KINDS\", \"cores\": $CORES, \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
+    echo " \"tta_kinds\": \"$TTA_KINDS\", \"tta_seeds\": \"$TTA_SEEDS\", \"cores\": $CORES, \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
     echo " \"binary\": \"$PD\", \"binary_mtime\": \"$(date -u -r "$PD" +%FT%TZ)\","
     echo " \"git_head\": \"$(git rev-parse --short HEAD 2>/dev/null || echo none)\","
     echo " \"git_head_subject\": $("$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$(git log -1 --format=%s 2>/dev/null | cut -c1-120)"),"
@@ -178,25 +182,29 @@ if [ -z "$ONLY" ] || [ "$ONLY" = tta ]; then
     cluster_rate "$r"
     epoch_mb=$(( (TRAIN_N + MB - 1) / MB ))
     max_mb=$(( TTA_MAX_EPOCHS * epoch_mb ))
+    for seed in $TTA_SEEDS; do
     for k in $TTA_KINDS; do
         s=${k%%:*} variant=""; [ "$k" = "$s" ] || variant=${k#*:}
-        case $s in 1f1b) plankind=planner ;; *) plankind=straight ;; esac
+        case $k in 1f1b|1f1b:no-stash) plankind=planner ;; *) plankind=straight ;; esac
         # The cap: about TTA_BUDGET_S s of training at this schedule's measured rate (the
-        # throughput phase's run of the same schedule and plan at this link rate; 1 epoch
-        # when there is none), at most TTA_MAX_EPOCHS epochs, rounded up to evaluations.
+        # throughput phase's run of the same schedule and plan at this link rate; none when
+        # there is none), at most TTA_MAX_EPOCHS epochs, rounded up to evaluations.
         tput=$RAW/tput-$r-$s.json; [ "$s" = 1f1b ] && tput=$RAW/tput-$r-1f1b-planner.json
         sps=$(grep -o '"samples_per_s":[ 0-9.e+-]*' "$tput" 2>/dev/null | tail -1 | cut -d: -f2 || true)
         if [ -n "$sps" ]; then cap=$(awk -v s="$sps" -v b="$TTA_BUDGET_S" -v mb=$MB 'BEGIN { printf "%d", s * b / mb + 1 }')
-        else cap=$epoch_mb; fi
+        else cap=$max_mb; fi
         [ "$cap" -le "$max_mb" ] || cap=$max_mb
         cap=$(( (cap + EVAL_EVERY - 1) / EVAL_EVERY * EVAL_EVERY ))
-        id="tta-$r-${s}${variant:+-$variant}"
-        extra=(--eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --metrics "$RAW/$id.jsonl" --timeout 600)
-        [ -z "$variant" ] || extra+=("--$variant")
+        id="tta-$r-${s}${variant:+-$variant}"; [ "$seed" = 1 ] || id="$id-seed$seed"
+        extra=(--eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --metrics "$RAW/$id.jsonl" --timeout 600
+               --seed "$seed")
+        case $variant in "") ;; *=*) extra+=("--${variant%%=*}" "${variant#*=}") ;; *) extra+=("--$variant") ;; esac
+        label=$variant; [ "$seed" = 1 ] || label="${label:+$label }seed $seed"
         # a generous kill deadline: 3x the budget plus evaluations and start-up
         tmo=$(awk -v c="$cap" -v s="${sps:-20}" -v mb=$MB 'BEGIN { printf "%d", 3 * c * mb / s + 600 }')
         pd_train "$OUT/plans/$plankind-$r.json" "$s" "$cap" "$OUT/data/eval" "${extra[@]}"
-        run "$id" tta "$r" "$s" "$plankind" "$variant" "$cap" "$tmo" "${CMD[@]}"
+        run "$id" tta "$r" "$s" "$plankind" "$label" "$cap" "$tmo" "${CMD[@]}"
+    done
     done
 fi
 

@@ -23,7 +23,13 @@ ROW_ORDER = [  # (schedule, plan kind) of the throughput table
     ("pytorch-ddp", "-"),
 ]
 COLORS = {"dp": "#1f77b4", "asp": "#ff7f0e", "1f1b": "#2ca02c", "1f1b no-stash": "#d62728",
-          "1f1b-flush": "#9467bd"}
+          "1f1b-flush": "#9467bd", "1f1b microbatches=4": "#17becf"}
+
+
+def color_of(label):
+    """A run's colour: its schedule and variant's, whatever its seed (the label's " seed N")."""
+    base = label.split(" seed ")[0]
+    return COLORS.get(label) or COLORS.get(base, "#555")
 
 
 def rate_bits(r):
@@ -297,9 +303,9 @@ def write_svg(path, tta, target, meta):
     o.append(f'<text x="{ml + pw - 4}" y="{Y(target) - 5:.1f}" text-anchor="end">target {target:g}</text>')
     ly, rings = mt + 8, []  # the rings where a line reaches the target go on top of every line
     for t in tta:
-        c = COLORS.get(t["label"], "#555")
+        c = color_of(t["label"])
         pts = [(X(e["train_s"]), Y(e["test_accuracy"])) for e in t["evals"] if e["test_accuracy"] is not None]
-        dash = ' stroke-dasharray="5 3"' if t["variant"] else ""
+        dash = ' stroke-dasharray="5 3"' if "no-stash" in (t["variant"] or "") else ""   # the ablation
         if len(pts) > 1:
             o.append(f'<polyline fill="none" stroke="{c}" stroke-width="2"{dash} points="'
                      + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')

@@ -93,8 +93,8 @@ static const Flag FLAGS[] = {
     SWITCH("--no-stash", no_stash,
            "ablation: the backward uses the newest weights, not the version its forward used"),
     CHOICE("--staleness", "METHOD", set_staleness,
-           "compensation for the delayed gradients of the asynchronous schedules: none, predict, "
-           "lookahead (default for 1f1b and 2bw), lr-warmup, or several joined with + "
+           "compensation for the delayed gradients of the asynchronous schedules: none, predict "
+           "(default for 2bw), lookahead (default for 1f1b), lr-warmup, or several joined with + "
            "(docs/explanation/staleness.md)"),
     INT("--staleness-warmup", "K", staleness_warmup, 1, 1000000000,
         "lr-warmup: the optimizer steps of the warm-up (default 500)"),

@@ -88,9 +88,11 @@ enum { RT_STALE_NONE = 0, RT_STALE_PREDICT = 1, RT_STALE_LOOKAHEAD = 2, RT_STALE
 /* Parses "none", "predict", "lookahead", "lr-warmup" or a '+'-joined combination (not predict
  * with lookahead) into *flags; PD_OK or PD_EINVAL with err naming the bad word. */
 int rt_staleness_parse(const char *s, int *flags, Err *err);
-/* RtTrainSpec.staleness's default: rt_staleness_default(kind), lookahead for the asynchronous
- * kinds (1f1b, 2bw; the one method that kept vgg16's recipe from collapsing, and it helps
- * gpt-mini: docs/explanation/staleness.md), none for the rest (their units are never delayed). */
+/* RtTrainSpec.staleness's default: rt_staleness_default(kind). 1f1b: lookahead (its units cross
+ * up to warm-up - 1 steps, where predict collapsed vgg16's recipe and lookahead did not); 2bw:
+ * predict (every unit crosses exactly one step, and where the newer version exists the
+ * prediction is that version: the best on gpt-mini); none for the rest (their units are never
+ * delayed). docs/explanation/staleness.md has the measurements. */
 #define RT_STALE_DEFAULT (-1)
 int rt_staleness_default(SchedKind kind);
 /* The name of flags as rt_staleness_parse reads it ("none", "predict+lr-warmup"); returns buf. */

@@ -102,6 +102,19 @@ for m in predict lookahead lr-warmup predict+lr-warmup; do
     W=1 ours one-$m $SGD --plan "$tmp/p1.json" --staleness $m
     [ "$(crc "$tmp/pd_one-$m.out")" = "$(crc "$tmp/pd_one-none.out")" ] || fail "one stage with --staleness $m changed the weights"
 done
+# 2bw's default (predict) is 1f1b with as many micro-batches (delays at most 1 here): where 1f1b
+# reads the newer version, 2bw predicts it from the older one and the step that made it, which
+# gives that version bit for bit (SGD here: the last oracle run left an SGD start checkpoint).
+for opt in sgd; do
+    R=$SGD
+    ours 2bw-$opt $R --plan "$tmp/p4.json" --schedule 2bw --microbatches 4
+    ours 1f1b4-$opt $R --plan "$tmp/p4.json" --schedule 1f1b --microbatches 4 --staleness predict
+    grep -q '"staleness":"predict"' "$tmp/pd_2bw-$opt.out" || fail "2bw's default method is not predict"
+    [ "$(crc "$tmp/pd_2bw-$opt.out")" = "$(crc "$tmp/pd_1f1b4-$opt.out")" ] ||
+        fail "2bw ($opt) differs from 1f1b --microbatches 4 --staleness predict"
+    ours 2bw-none-$opt $R --plan "$tmp/p4.json" --schedule 2bw --microbatches 4 --staleness none
+    [ "$(crc "$tmp/pd_2bw-none-$opt.out")" != "$(crc "$tmp/pd_2bw-$opt.out")" ] || fail "2bw: predict changed nothing"
+done
 # MPI gives the threads' weights, bit for bit.
 if command -v mpirun >/dev/null; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -116,4 +129,5 @@ if command -v mpirun >/dev/null; then
         [ "$(crc "$tmp/mpi_$m.out")" = "$(crc "$tmp/pd_thr-$m.out")" ] || fail "MPI and threads differ with --staleness $m"
     done
 fi
-echo "ok: every staleness method = its PyTorch oracle (Adam, SGD); no delay leaves runs bitwise; MPI = threads"
+echo "ok: every staleness method = its PyTorch oracle (Adam, SGD); no delay leaves runs bitwise; 2bw = 1f1b with"\
+    "micro-batches under predict; MPI = threads"
