@@ -68,7 +68,7 @@ typedef struct Run {
     int R, N;
 } Run;
 
-static void run_asp(Run *x, const char *model, int R, int N, OptConfig oc) {
+static void run_asp_stale(Run *x, const char *model, int R, int N, OptConfig oc, int stale) {
     memset(x, 0, sizeof *x);
     Err err = {0};
     Model *m = model_load(model, &err);
@@ -78,10 +78,12 @@ static void run_asp(Run *x, const char *model, int R, int N, OptConfig oc) {
     SchedOpts so = {.kind = SCHED_ASP, .n_minibatches = N, .n_micro = 1};
     if (sched_build(&x->tp.p, &so, &x->s, &err)) fail_msg("sched_build: %s", err.msg);
     x->cfg = (RtConfig){.model_path = model, .sched = &x->s, .unit_batch = B, .opt = oc, .seed = SEED,
-                        .train = &train, .recv_timeout_s = 60, .trace = 1, .threads = 1};
+                        .train = &train, .recv_timeout_s = 60, .trace = 1, .threads = 1, .staleness = stale};
     x->R = R, x->N = N;
     if (rt_asp_run_threads(&x->cfg, x->res, x->log, &err)) fail_msg("asp on %d threads: %s", R, err.msg);
 }
+
+static void run_asp(Run *x, const char *model, int R, int N, OptConfig oc) { run_asp_stale(x, model, R, N, oc, 0); }
 
 static void run_free(Run *x) {
     for (int r = 0; r < x->R; r++) rt_result_release(&x->res[r]), rt_asp_log_release(&x->log[r]);
@@ -267,9 +269,12 @@ static void check_events(const Run *x) {
     }
 }
 
-static void check_replay(const char *model, int R, int N, OptConfig oc) {
+/* stale: RtConfig.staleness (0, or RT_STALE_LOOKAHEAD: a pull of shard s at version k hands out
+ * hist[s][k] moved ahead by the momentum times the update the shard's optimizer would repeat after
+ * its k-th apply, which the replay computes from its own optimizer state then). */
+static void check_replay_stale(const char *model, int R, int N, OptConfig oc, int stale) {
     Run x;
-    run_asp(&x, model, R, N, oc);
+    run_asp_stale(&x, model, R, N, oc, stale);
     Ref f;
     ref_init(&f, model);
     size_t np = f.np;
@@ -286,17 +291,21 @@ static void check_replay(const char *model, int R, int N, OptConfig oc) {
         assert_int_equal(x.res[r].final.opt_step, N);
     }
 
-    /* the replay: hist[s][k] = shard s after k applies; g[u] = unit u's gradient */
+    /* the replay: hist[s][k] = shard s after k applies, read[s][k] = what a pull of it hands
+     * out; g[u] = unit u's gradient */
     float *w0 = pd_alloc_f32(np), *w = pd_alloc_f32(np);
     model_init_params(f.m, 0, f.nl, SEED, w0);
-    float **hist[MAXR], **g = calloc((size_t)N, sizeof(float *)), *st[MAXR];
+    float **hist[MAXR], **read[MAXR], **g = calloc((size_t)N, sizeof(float *)), *st[MAXR];
+    float scale = oc.kind == OPT_ADAM ? oc.beta1 : oc.momentum;
     Optim opt[MAXR];
     int cur[MAXR], next[MAXR];
     for (int s = 0; s < R; s++) {
         size_t lo = x.log[s].lo, n = x.log[s].hi - lo;
         hist[s] = calloc((size_t)N + 1, sizeof(float *));
+        read[s] = calloc((size_t)N + 1, sizeof(float *));
         hist[s][0] = pd_alloc_f32(n ? n : 1);
         if (n) memcpy(hist[s][0], w0 + lo, n * sizeof(float));
+        read[s][0] = hist[s][0];   /* every worker starts from the same weights */
         optim_init(&opt[s], &oc, n);
         cur[s] = 0;
         next[s] = 0;   /* worker s's next unit index */
@@ -312,7 +321,7 @@ static void check_replay(const char *model, int R, int N, OptConfig oc) {
                 if (!ready) break;
                 for (int s = 0; s < R; s++)
                     if (x.log[s].hi > x.log[s].lo)
-                        memcpy(w + x.log[s].lo, hist[s][from[s][u]], (x.log[s].hi - x.log[s].lo) * sizeof(float));
+                        memcpy(w + x.log[s].lo, read[s][from[s][u]], (x.log[s].hi - x.log[s].lo) * sizeof(float));
                 g[u] = pd_alloc_f32(np);
                 float loss = ref_grad(&f, u, w, st[p], g[u]);
                 if (loss != hist_loss(&x.res[p], u))
@@ -326,7 +335,12 @@ static void check_replay(const char *model, int R, int N, OptConfig oc) {
                 float *nw = pd_alloc_f32(n ? n : 1);
                 if (n) memcpy(nw, hist[s][cur[s]], n * sizeof(float));
                 if (n) optim_step(&opt[s], nw, g[x.log[s].unit[cur[s]]] + lo);
-                hist[s][++cur[s]] = nw, moved = 1;
+                float *rd = nw;
+                if (stale & RT_STALE_LOOKAHEAD) {
+                    rd = pd_alloc_f32(n ? n : 1);
+                    if (n) optim_predict(&opt[s], nw, rd, scale);
+                }
+                hist[s][++cur[s]] = nw, read[s][cur[s]] = rd, moved = 1;
             }
             done &= cur[s] == N;
         }
@@ -356,8 +370,11 @@ static void check_replay(const char *model, int R, int N, OptConfig oc) {
         assert_true(moved > 1e-3);
     }
     for (int s = 0; s < R; s++) {
-        for (int k = 0; k <= N; k++) pd_free(hist[s][k]);
-        free(hist[s]), free(pos[s]), free(from[s]);
+        for (int k = 0; k <= N; k++) {
+            if (read[s][k] != hist[s][k]) pd_free(read[s][k]);
+            pd_free(hist[s][k]);
+        }
+        free(hist[s]), free(read[s]), free(pos[s]), free(from[s]);
         optim_release(&opt[s]);
         pd_free(st[s]);
     }
@@ -367,6 +384,8 @@ static void check_replay(const char *model, int R, int N, OptConfig oc) {
     ref_free(&f);
     run_free(&x);
 }
+
+static void check_replay(const char *model, int R, int N, OptConfig oc) { check_replay_stale(model, R, N, oc, 0); }
 
 static void test_replay_sgd(void **state) {
     (void)state;
@@ -379,6 +398,16 @@ static void test_replay_adam_cnn(void **state) {
     (void)state;
     check_replay(mlp_path, 4, 30, optim_defaults(OPT_ADAM, 0.002f));
     check_replay(cnn_path, 3, 16, sgd(0.05f, 0.9f));   /* batch norm (statistics per worker), dropout */
+}
+
+/* --staleness lookahead: pulls hand out the shard moved ahead by the momentum times its last
+ * update; the replay recomputes those weights from its own optimizer states, and a run whose
+ * pulls ignored the look-ahead (or used another version's state) would not match it bitwise. */
+static void test_replay_lookahead(void **state) {
+    (void)state;
+    check_replay_stale(mlp_path, 3, 24, sgd(0.05f, 0.9f), RT_STALE_LOOKAHEAD);
+    check_replay_stale(mlp_path, 4, 30, optim_defaults(OPT_ADAM, 0.002f), RT_STALE_LOOKAHEAD);
+    check_replay_stale(cnn_path, 2, 12, sgd(0.05f, 0.9f), RT_STALE_LOOKAHEAD);
 }
 
 static void test_few_units(void **state) {
@@ -526,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_one_rank_is_sequential),
         cmocka_unit_test(test_replay_sgd),
         cmocka_unit_test(test_replay_adam_cnn),
+        cmocka_unit_test(test_replay_lookahead),
         cmocka_unit_test(test_few_units),
         cmocka_unit_test(test_failure_unwinds),
         cmocka_unit_test(test_session_one_worker_is_dp),

@@ -94,7 +94,7 @@ static const Flag FLAGS[] = {
            "ablation: the backward uses the newest weights, not the version its forward used"),
     CHOICE("--staleness", "METHOD", set_staleness,
            "compensation for the delayed gradients of the asynchronous schedules: none, predict "
-           "(default for 2bw), lookahead (default for 1f1b), lr-warmup, or several joined with + "
+           "(default for 2bw), lookahead (default for 1f1b and asp), lr-warmup, or several joined with + "
            "(docs/explanation/staleness.md)"),
     INT("--staleness-warmup", "K", staleness_warmup, 1, 1000000000,
         "lr-warmup: the optimizer steps of the warm-up (default 500)"),

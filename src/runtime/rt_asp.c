@@ -124,6 +124,21 @@ static void apply(Asp *a, int u, long from, const float *g) {
     trace_ev(a, OP_STEP, u, (int)from, t0, t1);
 }
 
+/* Copies the shard as a pull hands it out into dst: the master, or with --staleness lookahead
+ * and several workers the master moved ahead by the momentum (SGD's, Adam's beta1) times the
+ * last update (optim_predict with the shard's optimizer state now): a Nesterov look-ahead for
+ * the updates other workers' gradients make while the puller computes on it. One worker's
+ * gradients are never stale, and it reads the master (sequential SGD, bit for bit). */
+static void pull_copy(Asp *a, float *dst) {
+    size_t n = len_of(a, a->me);
+    if (!n) return;
+    const OptConfig *oc = &a->so.c;
+    if (a->R > 1 && (a->w->cfg->staleness & RT_STALE_LOOKAHEAD))
+        optim_predict(&a->so, a->master, dst, oc->kind == OPT_ADAM ? oc->beta1 : oc->momentum);
+    else
+        memcpy(dst, a->master, n * sizeof(float));
+}
+
 /* Owner: replica p's push (header hdr) has arrived in pushbuf[p]: apply it, answer with the
  * shard for p's next unit and post the receive of that unit's push. */
 static int take_push(Asp *a, int p, const CommHeader *hdr, Err *err) {
@@ -135,7 +150,7 @@ static int take_push(Asp *a, int p, const CommHeader *hdr, Err *err) {
     size_t n = len_of(a, a->me);
     /* the previous answer to p was received before p pushed again: its send completes now */
     if ((rc = comm_wait(a->c, &a->sreply[p], a->w->cfg->recv_timeout_s, NULL, err))) return rc;
-    if (n) memcpy(a->replybuf[p], a->master, n * sizeof(float));
+    pull_copy(a, a->replybuf[p]);
     if ((rc = comm_isend(a->c, a->ranks[p], COMM_ACT, un, a->ver, shape1((int)n), a->replybuf[p], &a->sreply[p], err)))
         return rc;
     return comm_irecv(a->c, a->ranks[p], COMM_GRAD, un, shape1((int)n), a->pushbuf[p], &a->rpush[p], err);
@@ -356,8 +371,7 @@ static int push_pull(Asp *a, int u, int has_next, Err *err) {
                              shape1((int)len_of(a, o)), a->wl + lo, &a->rpull[o], err)))
             return rc;
     }
-    size_t nm = len_of(a, a->me);
-    if (nm) memcpy(a->wl + a->lo[a->me], a->master, nm * sizeof(float));
+    pull_copy(a, a->wl + a->lo[a->me]);
     a->pulled[a->me] = a->ver;
     return PD_OK;
 }

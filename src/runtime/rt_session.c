@@ -970,9 +970,9 @@ int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
     memset(out, 0, sizeof *out);
     RtTrainSpec resolved = *given, *spec = &resolved;
     if (spec->staleness == RT_STALE_DEFAULT) spec->staleness = rt_staleness_default(spec->kind);
-    if (spec->kind == SCHED_ASP && spec->staleness)
-        return err_set(err, PD_EINVAL, "--staleness applies to the kinds whose delays the instruction list fixes (1f1b, "
-                       "2bw); asp's depend on timing");
+    if (spec->kind == SCHED_ASP && (spec->staleness & ~RT_STALE_LOOKAHEAD))
+        return err_set(err, PD_EINVAL, "asp takes --staleness lookahead or none: its delays depend on timing, which "
+                       "predict (how many updates lie ahead) and lr-warmup (a stage's most delay) need in advance");
     rt_staleness_name(spec->staleness, out->staleness, sizeof out->staleness);
     if (spec->minibatch < 1 || (spec->n_micro > 1 && spec->minibatch % spec->n_micro))
         return err_set(err, PD_EINVAL, "minibatch %d is not a positive multiple of %d micro-batches", spec->minibatch,

@@ -179,7 +179,9 @@ const char *rt_staleness_name(int flags, char *buf, size_t n) {
 }
 
 int rt_staleness_default(SchedKind kind) {
-    return kind == SCHED_1F1B ? RT_STALE_LOOKAHEAD : kind == SCHED_2BW ? RT_STALE_PREDICT : RT_STALE_NONE;
+    return kind == SCHED_1F1B || kind == SCHED_ASP ? RT_STALE_LOOKAHEAD
+           : kind == SCHED_2BW                     ? RT_STALE_PREDICT
+                                                   : RT_STALE_NONE;
 }
 
 double rt_stale_lr_factor(int D, long t, int K) {

@@ -91,8 +91,9 @@ int rt_staleness_parse(const char *s, int *flags, Err *err);
 /* RtTrainSpec.staleness's default: rt_staleness_default(kind). 1f1b: lookahead (its units cross
  * up to warm-up - 1 steps, where predict collapsed vgg16's recipe and lookahead did not); 2bw:
  * predict (every unit crosses exactly one step, and where the newer version exists the
- * prediction is that version: the best on gpt-mini); none for the rest (their units are never
- * delayed). docs/explanation/staleness.md has the measurements. */
+ * prediction is that version: the best on gpt-mini); asp: lookahead (pulls hand out the shard
+ * moved ahead; the only method for delays known only at run time); none for the rest (their
+ * units are never delayed). docs/explanation/staleness.md has the measurements. */
 #define RT_STALE_DEFAULT (-1)
 int rt_staleness_default(SchedKind kind);
 /* The name of flags as rt_staleness_parse reads it ("none", "predict+lr-warmup"); returns buf. */

@@ -35,6 +35,11 @@ json() { sed -n "s/.*\"$1\":\([-0-9.e+]*\).*/\1/p" "$2"; }
 "$PD" train "$MODEL" --workers 2 --schedule asp --microbatches 2 >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 2 ] || fail "asp --microbatches 2: want exit 2"
 grep -q "microbatches applies only to" "$tmp/err" || fail "asp --microbatches: $(cat "$tmp/err")"
+for m in predict lr-warmup; do   # they need delays known in advance; asp takes lookahead
+    "$PD" train "$MODEL" --workers 2 --schedule asp --staleness $m --steps 4 >"$tmp/out" 2>"$tmp/err" &&
+        fail "asp --staleness $m ran"
+    grep -q "asp takes --staleness lookahead or none" "$tmp/err" || fail "asp --staleness $m: $(cat "$tmp/err")"
+done
 
 # One worker: asp = dp bitwise (threads; MPI -np 1).
 args="$MODEL --plan $tmp/p1.json --steps 30 --minibatch 32 --timeout 60"
