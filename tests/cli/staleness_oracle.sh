@@ -6,7 +6,7 @@
 # with 2 micro-batches per minibatch (a step per minibatch). Each run ends where its oracle
 # ends (losses and held-out loss, relative 1e-4), and every method's oracle is far from the
 # uncompensated one, so a runtime that ignored the method (or used the wrong delays or direction)
-# fails. Then: where no unit is delayed (1f1b-flush; one stage) every method leaves the weights
+# fails. Then: where no unit is delayed (1f1b-flush; interleaved; one stage) every method leaves the weights
 # bitwise as they are without it, and MPI (when mpirun runs here) gives the threads' weights.
 # Skipped (77) when /usr/bin/python3 has no torch.
 set -u
@@ -102,6 +102,11 @@ for m in predict lookahead lr-warmup predict+lr-warmup; do
     W=1 ours one-$m $SGD --plan "$tmp/p1.json" --staleness $m
     [ "$(crc "$tmp/pd_one-$m.out")" = "$(crc "$tmp/pd_one-none.out")" ] || fail "one stage with --staleness $m changed the weights"
 done
+# Interleaved (4 stages on 2 workers) flushes every minibatch: no unit is delayed either.
+W=2 ours int-none $SGD --plan "$tmp/p4.json" --chunks 2 --staleness none
+W=2 ours int-la $SGD --plan "$tmp/p4.json" --chunks 2 --staleness lookahead
+[ -n "$(crc "$tmp/pd_int-none.out")" ] || fail "interleaved: no weights CRC in $(cat "$tmp/pd_int-none.out")"
+[ "$(crc "$tmp/pd_int-la.out")" = "$(crc "$tmp/pd_int-none.out")" ] || fail "interleaved with --staleness lookahead changed the weights"
 # 2bw's default (predict) is 1f1b with as many micro-batches (delays at most 1 here): where 1f1b
 # reads the newer version, 2bw predicts it from the older one and the step that made it, which
 # gives that version bit for bit (SGD here: the last oracle run left an SGD start checkpoint).
