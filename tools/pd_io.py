@@ -252,6 +252,54 @@ class Text:
         order = cache[key]
         return self.batch(0, order[b * batch:min((b + 1) * batch, self.n_train)])
 
+# ---- IDX images (src/data/data_idx.c, data_fit.c) ------------------------------------------------
+
+
+def _idx(path):
+    import gzip
+    raw = (gzip.open if path.endswith('.gz') else open)(path, 'rb').read()
+    nd = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], 'big') for i in range(nd)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * nd).reshape(dims)
+
+
+class Images:
+    """An IDX image set as a pipedream session reads it: pixels / 255 in float32, standardised
+    with the training split's mean and std (population std, each rounded to 4 decimals:
+    data_stats), (x - mean) * (1 / std) in float32 (data_normalize); minibatches as the
+    pipelined runs' sampler gives them (shuffled per epoch, the partial last one dropped)."""
+
+    def __init__(self, directory):
+        import os
+
+        def load(stem):
+            for name in (stem + '.gz', stem):
+                if os.path.exists(os.path.join(directory, name)):
+                    return _idx(os.path.join(directory, name))
+            raise FileNotFoundError('%s/%s(.gz)' % (directory, stem))
+        xtr = load('train-images-idx3-ubyte').astype(np.float32) / np.float32(255)
+        xte = load('t10k-images-idx3-ubyte').astype(np.float32) / np.float32(255)
+        m = float(xtr.astype(np.float64).mean())
+        sd = float(np.sqrt(((xtr.astype(np.float64) - m) ** 2).mean()))
+        self.mean, self.std = round(m * 1e4) / 1e4, round(sd * 1e4) / 1e4
+        mean, inv = np.float32(self.mean), np.float32(1) / np.float32(self.std)
+        self.x = ((xtr - mean) * inv)[:, None, :, :]
+        self.x_test = ((xte - mean) * inv)[:, None, :, :]
+        self.y = load('train-labels-idx1-ubyte').astype(np.int64)
+        self.y_test = load('t10k-labels-idx1-ubyte').astype(np.int64)
+        self.n_train = len(self.y)
+
+    def minibatch(self, g, batch, seed, cache={}):
+        """Global training minibatch g of `batch` samples (data_sampler_get, drop_last)."""
+        nb = self.n_train // batch
+        epoch, b = divmod(g, nb)
+        key = (id(self), seed, epoch)
+        if key not in cache:
+            cache.clear()
+            cache[key] = epoch_order(self.n_train, seed, epoch)
+        idx = cache[key][b * batch:(b + 1) * batch]
+        return self.x[idx], self.y[idx]
+
 # ---- a starting checkpoint (src/runtime/rt_ckpt.c) -------------------------------------------
 
 

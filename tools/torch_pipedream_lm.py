@@ -27,6 +27,10 @@ the forward's activations with newer weights inside each layer, which autograd c
     /usr/bin/python3 tools/torch_pipedream_lm.py --text kjv.txt --plan plan.json --kind 1f1b \\
         --steps 200 --minibatch 32 --lr 1e-3 --init init.safetensors
 
+--data DIR trains a CNN (--model a JSON path, --twin its PyTorch module, an nn.Sequential of the
+JSON's top-level layers) on IDX images standardised as pipedream does (pd_io.Images), with
+cross-entropy loss; batch norm's running statistics go into the start checkpoint's state.
+
 --plan takes the stages (straight: one replica each) from a pipedream plan; --cuts
 0,1:2:3:4,5,6 gives them by hand. --delays d0,d1,... sets every stage's delay by hand (an
 experiment: which stage's staleness costs what). --warmup-steps W multiplies the learning rate
@@ -44,7 +48,8 @@ import os
 import sys
 
 ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-ap.add_argument('--text', required=True)
+ap.add_argument('--text', help='byte-level text (a language model)')
+ap.add_argument('--data', help='a directory of IDX images (Fashion-MNIST\'s files; a CNN given by a JSON path and --twin)')
 ap.add_argument('--model', default='gpt-mini', help='gpt-mini or lstm-lm, or a model JSON path with --twin')
 ap.add_argument('--twin', help='FILE.py:FACTORY building the PyTorch twin of --model (a JSON path)')
 ap.add_argument('--plan', help='pipedream plan (straight) whose stages to use')
@@ -74,6 +79,7 @@ ap.add_argument('--losses', action='store_true', help='include every minibatch\'
 args = ap.parse_args()
 os.environ['OMP_NUM_THREADS'] = os.environ['OPENBLAS_NUM_THREADS'] = os.environ['MKL_NUM_THREADS'] = str(args.threads)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,8 +105,14 @@ else:
         fail('unknown model %r (gpt-mini, lstm-lm, or a JSON path with --twin)' % args.model)
     model_json, factory = os.path.join(HERE, '..', 'models', args.model + '.json'), tm.LM_MODELS[args.model]
 spec_json = json.load(open(model_json))
-ctx = spec_json['input'][0]
-text = pd_io.Text(open(args.text, 'rb').read(), ctx)
+if (args.text is None) == (args.data is None):
+    fail('give one of --text FILE (a language model) and --data DIR (images)')
+if args.text:
+    text = pd_io.Text(open(args.text, 'rb').read(), spec_json['input'][0])
+    loss_of = tm.lm_loss
+else:
+    text = pd_io.Images(args.data)
+    loss_of = torch.nn.functional.cross_entropy
 
 torch.manual_seed(args.seed)
 model = factory()
@@ -112,8 +124,15 @@ if args.init:
 init = [q.detach().numpy().copy() for q in model.parameters()]
 if args.init_out:
     pd_io.write_weights(args.init_out, model_json, init)
+# The model's state: per top-level layer with batch norm, its running means then variances (one
+# pipedream state tensor per layer).
+states = []
+for L in layers:
+    bns = [m for m in L.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if bns:
+        states.append(np.concatenate([t for m in bns for t in (m.running_mean.numpy(), m.running_var.numpy())]))
 if args.start_checkpoint:
-    pd_io.write_start_checkpoint(args.start_checkpoint, model_json, init, args.seed, args.optimizer)
+    pd_io.write_start_checkpoint(args.start_checkpoint, model_json, init, args.seed, args.optimizer, states=states)
 
 # Stages: lists of top-level layer indices, in order, covering every layer once.
 if args.plan and args.cuts:
@@ -250,7 +269,7 @@ for m in range(args.steps):
         for s in range(p):
             load(s, version(s, i), i)
         x, y = text.minibatch(i, args.minibatch // M, args.seed)
-        loss = tm.lm_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y))
         (loss / M if M > 1 else loss).backward()
         mb_losses.append(loss.item())
     losses.append(sum(mb_losses) / M)
@@ -274,7 +293,18 @@ for m in range(args.steps):
                 del dirs[s][k]
 
 # The final weights are every stage's newest version (the parameters now hold them).
-test_loss, test_acc = tm.lm_evaluate(model, text)
+if args.text:
+    test_loss, test_acc = tm.lm_evaluate(model, text)
+else:   # the test set in eval mode (batch norm's running statistics), weighted by samples
+    model.eval()
+    tot, hits = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(text.y_test), 500):
+            xb, yb = torch.from_numpy(text.x_test[i:i + 500]), torch.from_numpy(text.y_test[i:i + 500])
+            out = model(xb)
+            tot += torch.nn.functional.cross_entropy(out, yb, reduction='sum').item()
+            hits += int((out.argmax(1) == yb).sum())
+    test_loss, test_acc = tot / len(text.y_test), hits / len(text.y_test)
 out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kind, 'vertical_sync': args.vertical_sync,
        'microbatches': M,
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
