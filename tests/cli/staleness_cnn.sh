@@ -5,7 +5,8 @@
 # with 1f1b and 2 micro-batches per step (delays 2, 1, 1, 0), SGD with momentum, for each method.
 # Batch norm's running statistics are stage state updated at every forward, so the held-out loss
 # (evaluated with them) checks them too. Each run ends where its oracle ends (losses, relative
-# 1e-4), and each method moves the oracle's result by more than 10x that. Skipped (77) without
+# 1e-4), and each method moves the oracle's result by more than 10x that; over MPI (when mpirun
+# runs here) the weights are the threads' bit for bit. Skipped (77) without
 # torch or Fashion-MNIST.
 set -u
 PD=${PD:-build/pipedream}
@@ -59,4 +60,14 @@ for m in ('none', 'predict', 'lookahead'):
     if m != 'none':
         assert rel(base['test_loss'], o['test_loss']) > 10 * TOL, (m, base['test_loss'], o['test_loss'])
 PY
-echo "ok: a CNN with batch norm, 1f1b with micro-batches: every method = its PyTorch oracle"
+# MPI gives the threads' weights, bit for bit.
+if command -v mpirun >/dev/null; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"   # Open MPI's plugins are never freed
+    mpirun -np 4 --oversubscribe --bind-to none "$PD" train "$tmp/cnn.json" --plan "$tmp/p4.json" --resume "$tmp/ck0" \
+        --data "$DATA" --schedule 1f1b --microbatches 2 --staleness lookahead $R >"$tmp/mpi.json" 2>"$tmp/mpi.err" ||
+        fail "mpirun: $(tail -3 "$tmp/mpi.err")"
+    [ -n "$(crc "$tmp/mpi.json")" ] && [ "$(crc "$tmp/mpi.json")" = "$(crc "$tmp/pd_lookahead.json")" ] ||
+        fail "MPI ($(crc "$tmp/mpi.json")) and threads ($(crc "$tmp/pd_lookahead.json")) differ"
+fi
+echo "ok: a CNN with batch norm, 1f1b with micro-batches: every method = its PyTorch oracle; MPI = threads"
