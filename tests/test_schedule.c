@@ -332,8 +332,7 @@ static void check_structure(const Schedule *s) {
         }
         if (w->stage >= 0) {
             const SchedStage *g = &s->stages[w->stage];
-            int flush = s->kind == SCHED_GPIPE || s->kind == SCHED_1F1B_FLUSH || s->kind == SCHED_2BW || zb ||
-                        s->kind == SCHED_INTERLEAVED || s->n_micro > 1;   /* a step per minibatch */
+            int flush = sched_splits_minibatch(s->kind, s->n_micro);   /* a step per minibatch */
             int want = flush ? s->n_minibatches : (U + g->replicas - 1) / g->replicas;
             assert_int_equal(steps, want);
             assert_int_equal(ars, g->replicas > 1 ? want * w->n_chunks : 0);

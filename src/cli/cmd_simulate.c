@@ -144,7 +144,6 @@ int cmd_simulate(int argc, char **argv) {
                           so.recompute ? ", recomputation" : "");
     }
     if (!kind_given && !chunks && p->chunks > 1) so.kind = SCHED_INTERLEAVED;
-    int micro_kind = sched_kind_microbatched(so.kind);
     if (so.n_micro > 1 && !sched_kind_takes_micro(so.kind)) {
         rc = cli_usage_error("simulate", "--microbatches applies to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
                              "not %s", sched_kind_name(so.kind));
@@ -161,7 +160,7 @@ int cmd_simulate(int argc, char **argv) {
     cl = p->cluster;
     if (cluster_path && cluster_load(cluster_path, &cl, &err)) goto fail;
     if (!so.n_micro) so.n_micro = sched_default_micro(so.kind, p->n_workers);
-    if (!so.n_minibatches) so.n_minibatches = micro_kind || so.n_micro > 1 ? 8 : 64;
+    if (!so.n_minibatches) so.n_minibatches = sched_splits_minibatch(so.kind, so.n_micro) ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;
     SimOpts o = {&cl, opt_factor, 0, prof.minibatch, 0};

@@ -238,7 +238,7 @@ static size_t split_floats(const Worker *w) {
  * minibatch's micro-batches, each already scaled by 1/n_micro: the sum is the minibatch's
  * mean gradient. */
 static CommOp rt_allreduce_op(const Schedule *s) {
-    return sched_kind_microbatched(s->kind) || s->n_micro > 1 ? COMM_SUM : COMM_MEAN;
+    return sched_splits_minibatch(s->kind, s->n_micro) ? COMM_SUM : COMM_MEAN;
 }
 
 /* ---- gradient buckets: all-reduce while backward runs ---------------------------------------- */

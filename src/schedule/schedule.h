@@ -130,6 +130,12 @@ static inline int sched_kind_microbatched(SchedKind k) {
  * micro-batches per minibatch steps once per minibatch (local accumulation) instead of after
  * every unit; the replicas of a stage then share the minibatch's micro-batches. */
 static inline int sched_kind_takes_micro(SchedKind k) { return sched_kind_microbatched(k) || k == SCHED_1F1B; }
+/* 1 when kind k with n_micro units per minibatch steps once per minibatch of units that share
+ * it (replicas sum their already 1/n_micro-scaled gradients): the micro-batched kinds, and
+ * 1f1b with n_micro > 1. 0: a step per unit (replicas average their minibatches). */
+static inline int sched_splits_minibatch(SchedKind k, int n_micro) {
+    return sched_kind_microbatched(k) || n_micro > 1;
+}
 /* Micro-batches per minibatch when none are given: one per worker of the plan for a
  * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
  * 1 for the others. The default of `train`, `simulate` and the planner alike. */
