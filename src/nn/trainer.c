@@ -66,6 +66,8 @@ float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uin
     float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, rows, t->classes, 1.0f, correct);
     memset(t->dw, 0, t->n_params * sizeof(float));
     model_backward(t->m, t->ctx, t->w, t->dlogits, NULL, t->dw);
+    if (t->opt.c.clip_norm > 0.0f)   /* one worker: the whole model's gradient */
+        optim_scale(t->dw, t->n_params, optim_clip_coef(optim_sumsq(t->dw, t->n_params), t->opt.c.clip_norm));
     optim_step(&t->opt, t->w, t->dw);
     return loss;
 }

@@ -126,6 +126,12 @@ static void vstore_collect(Worker *w, int pc) {
     if (n > w->res->max_versions) w->res->max_versions = n;
 }
 
+/* lr-warmup: the factor on the scheduled lr of step t (0-based) of this stage. */
+static void stale_lr_scale(Worker *w, long t) {
+    if (w->cfg->staleness & RT_STALE_LR_WARMUP)
+        w->opt.lr_scale = rt_stale_lr_factor(w->delay_max + 1, t, w->cfg->staleness_warmup);
+}
+
 /* The optimizer step writing version `to` from the newest and the accumulated gradient. */
 static void vstore_step(Worker *w, int to, int pc) {
     PD_ASSERT(to == w->newest + 1);
@@ -137,8 +143,7 @@ static void vstore_step(Worker *w, int to, int pc) {
         PD_ASSERTF(dst >= 0, "rank %d: no free weight slot for version %d", w->rank, to);
         memcpy(w->vbuf[dst], w->vbuf[old], w->np * sizeof(float));
     }
-    if (w->cfg->staleness & RT_STALE_LR_WARMUP)
-        w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max + 1, w->opt.step, w->cfg->staleness_warmup));
+    stale_lr_scale(w, w->opt.step);
     if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
     w->vver[dst] = to;
     w->newest = to;
@@ -209,7 +214,7 @@ static const float *forward_weights(Worker *w, Slot *sl, const Instr *in) {
         PD_ASSERTF(free_k >= 0, "rank %d: no free buffer for the predicted weights of unit %d", w->rank, in->mb);
         k = free_k;
         float scale = w->cfg->staleness & RT_STALE_PREDICT ? (float)d
-                      : w->opt.c.kind == OPT_ADAM ? w->opt.c.beta1 : w->opt.c.momentum;
+                      : optim_is_adam(w->opt.c.kind) ? w->opt.c.beta1 : w->opt.c.momentum;
         optim_predict(&w->opt, wv, w->pbuf[k], scale);
         w->pver[k] = in->version, w->pdel[k] = d, w->pstep[k] = steps;
     }
@@ -669,6 +674,45 @@ static Worker *chunk_of(Worker *w, const Instr *in) {
     return x;
 }
 
+/* Global gradient-norm clipping before a step (RtConfig.opt.clip_norm; only where every
+ * stage's step applies the same minibatch's gradient, rt_clip_allowed): replica 0 of every stage
+ * contributes its sum of squares, split into two floats (high part, remainder) at the stage's
+ * place in a vector of 2 n_stages that all ranks sum; every place has one non-zero contributor,
+ * so the sum is exact in any order, and every rank adds the places in stage order: all ranks
+ * get the same factor, the one-worker run's up to rounding. */
+static int clip_gradients(Worker *w, Err *err) {
+    const Schedule *s = w->s;
+    if (!w->clip_buf) w->clip_buf = malloc(2 * (size_t)s->n_stages * sizeof(float));
+    PD_ASSERT(w->clip_buf);
+    float *v = w->clip_buf;
+    memset(v, 0, 2 * (size_t)s->n_stages * sizeof(float));
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *y = rt_chunk(w, c);
+        if (s->stages[y->stage].ranks[0] != w->rank) continue;   /* replicas hold the same sum */
+        double ss = optim_sumsq(y->dw, y->np);
+        v[2 * y->stage] = (float)ss;
+        v[2 * y->stage + 1] = (float)(ss - (double)(float)ss);
+    }
+    if (w->everyone) {
+        double a0 = pd_now();
+        int rc = comm_group_allreduce(w->everyone, v, 2 * (size_t)s->n_stages, COMM_SUM, err);
+        w->res->wait_s += pd_now() - a0;
+        if (rc) return rc;
+    }
+    double total = 0.0;
+    for (int st = 0; st < s->n_stages; st++) total += (double)v[2 * st] + (double)v[2 * st + 1];
+    float coef = optim_clip_coef(total, w->cfg->opt.clip_norm);
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *y = rt_chunk(w, c);
+        optim_scale(y->dw, y->np, coef);
+    }
+    w->res->grad_norm_sum += sqrt(total);
+    if (sqrt(total) > w->res->grad_norm_max) w->res->grad_norm_max = sqrt(total);
+    w->res->n_norms++;
+    w->res->n_clipped += coef < 1.0f;
+    return PD_OK;
+}
+
 /* Executes instructions from w->pc until the list ends (RT_DONE), a receive is not ready in
  * non-blocking mode (RT_BLOCKED), or, in emulation, an all-reduce is reached (RT_AT_AR: the
  * emulator performs it and advances pc). Errors return RT_ERR with err set. Each instruction
@@ -743,6 +787,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             computes = 1;
             break;
         case OP_STEP:   /* every chunk: they share the list's versions */
+            if (w->cfg->opt.clip_norm > 0.0f && (rc = clip_gradients(w, err))) break;
             for (int c = 0; c < w->n_chunk; c++) {
                 Worker *y = rt_chunk(w, c);
                 double s0 = pd_now();
@@ -902,8 +947,9 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
     w->n_buckets = rt_buckets(w->m, w->first, w->last, cfg->bucket_bytes, w->bk_layer, w->bk_lo, w->bk_n);
     w->bk_ar = calloc((size_t)(w->n_buckets ? w->n_buckets : 1), sizeof(CommAr *));
     PD_ASSERT(w->bk_ar);
-    optim_init(&w->opt, &cfg->opt, w->np);
-    w->base_lr = cfg->opt.lr;
+    OptConfig oc = cfg->opt;
+    if (oc.decay_steps <= 0) oc.decay_steps = rt_run_steps(s, w->stage, cfg->run_minibatches);
+    optim_init(&w->opt, &oc, w->np);
     const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
     if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
         memcpy(w->vbuf[0], from->params + p_off, w->np * sizeof(float));
@@ -911,6 +957,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         if (w->np && from->opt_m) memcpy(w->opt.m, from->opt_m + p_off, w->np * sizeof(float));
         if (w->np && w->opt.v && from->opt_v) memcpy(w->opt.v, from->opt_v + p_off, w->np * sizeof(float));
         w->opt.step = from->opt_step;
+        if (w->opt.step > 0) stale_lr_scale(w, w->opt.step - 1);   /* the last step's, for prediction */
     } else {
         model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
         model_init_state(w->m, w->first, w->last, w->state);
@@ -1083,6 +1130,8 @@ static void stage_release(Worker *w) {
     optim_release(&w->opt);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
+    comm_group_free(w->everyone);
+    free(w->clip_buf);
     if (!w->m_borrowed) model_free(w->m);
     memset(w, 0, sizeof *w);
 }
@@ -1149,7 +1198,6 @@ static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *
     w->mb_loss_n = 0;
     w->t_start = pd_now();
     if (w->stage < 0) return PD_OK;
-    w->base_lr = cfg->opt.lr;
     for (int k = 0; k < w->n_slots; k++)
         PD_ASSERTF(w->slots[k].unit < 0 && !w->slots[k].s_act && !w->slots[k].s_grad && !w->slots[k].s_lab,
                    "rank %d: bound to a new list with unit %d in flight", w->rank, w->slots[k].unit);
@@ -1230,8 +1278,50 @@ void rt_result_release(RtWorkerResult *r) {
 int rt_worker_group(Worker *w, Err *err) {
     if (w->stage < 0 || w->s->kind == SCHED_ASP) return PD_OK;   /* asp all-reduces nothing */
     const SchedStage *st = &w->s->stages[w->stage];
-    if (st->replicas < 2) return PD_OK;
-    return comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+    int rc = PD_OK;
+    if (st->replicas >= 2) rc = comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+    return rc ? rc : rt_worker_clip_group(w, err);
+}
+
+int rt_worker_clip_group(Worker *w, Err *err) {
+    if (w->stage < 0 || w->cfg->opt.clip_norm <= 0.0f) return PD_OK;
+    /* every rank that runs a stage, ascending */
+    const Schedule *s = w->s;
+    int rc = PD_OK;
+    int *ranks = malloc((size_t)s->n_ranks * sizeof(int)), n = 0;
+    PD_ASSERT(ranks);
+    for (int r = 0; r < s->n_ranks; r++)
+        if (s->workers[r].stage >= 0) ranks[n++] = r;
+    if (n > 1) rc = comm_group_new(w->c, ranks, n, &w->everyone, err);
+    free(ranks);
+    return rc;
+}
+
+int rt_clip_allowed(const Schedule *s, Err *err) {
+    if (s->kind == SCHED_ASP)
+        return err_set(err, PD_EINVAL, "--clip-grad-norm: asp applies every worker's gradient on its own, at its "
+                       "own time: there is no global gradient to take the norm of");
+    for (int r = 0; r < s->n_ranks; r++) {
+        if (s->workers[r].stage < 0) continue;
+        SchedWorkerInfo wi;
+        int rc = sched_analyze_worker(s, r, &wi, err);
+        if (rc) return rc;
+        int d = wi.delay_max;
+        sched_worker_info_release(&wi);
+        if (d > 0)
+            return err_set(err, PD_EINVAL, "--clip-grad-norm needs every stage to step on the same minibatch's "
+                           "gradient; with %s%s the stages update at different times (units cross up to %d "
+                           "updates on rank %d): use a flushing schedule (1f1b-flush, gpipe, zb-h1, interleaved) "
+                           "or dp", sched_kind_name(s->kind), s->vertical_sync ? " --vertical-sync" : "", d, r);
+    }
+    return PD_OK;
+}
+
+long rt_run_steps(const Schedule *s, int stage, long minibatches) {
+    long n = minibatches > 0 ? minibatches : s->n_minibatches;
+    if (s->kind == SCHED_ASP || stage < 0 || sched_splits_minibatch(s->kind, s->n_micro)) return n;
+    int r = s->stages[stage].replicas;   /* a round of r minibatches makes one step */
+    return (n + r - 1) / r;
 }
 
 int rt_worker_segment(Worker *w, RtAspLog *log, Err *err) {
@@ -1329,6 +1419,8 @@ int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     int n = s->n_ranks, rc = PD_OK;
     if (s->kind == SCHED_ASP)   /* its owners apply pushes as they arrive: no serial order to emulate */
         return err_set(err, PD_EINVAL, "rt_emulate: asp is not emulated (rt_asp_run_threads runs it)");
+    if (cfg->opt.clip_norm > 0.0f)   /* its all-reduce over every rank is not emulated */
+        return err_set(err, PD_EINVAL, "rt_emulate: gradient clipping is not emulated (rt_run_threads runs it)");
     if (cfg->threads > 0) kern_set_threads(cfg->threads);
     Comm **eps = calloc((size_t)n, sizeof(Comm *));
     Worker *ws = calloc((size_t)n, sizeof(Worker));
