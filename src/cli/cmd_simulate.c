@@ -15,7 +15,7 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
             "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
-            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam]\n"
+            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam|adamw]\n"
             "                          [--svg FILE] [--comm]\n"
             "                          [--trace FILE.json] [--dump] [--json]\n\n"
             "Executes the schedule of PLAN (written by `pipedream plan`) in a discrete-event\n"
@@ -37,7 +37,7 @@ static void help(FILE *f) {
             "                       recompute the forward before the backward (any kind)\n"
             "  --chunks V           interleave a straight plan of S stages: stage i on worker\n"
             "                       i mod (S / V) (a plan written with plan --chunks V has them)\n"
-            "  --optimizer KIND     state size for memory: sgd (momentum, default) or adam\n"
+            "  --optimizer KIND     state size for memory: sgd (momentum, default), adam or adamw\n"
             "  --svg FILE           timeline picture; --comm also draws sends and all-reduces\n"
             "  --trace FILE.json    Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev)\n"
             "  --dump               print each worker's forward/backward order (F0 F1 B0 ...)\n"
@@ -82,8 +82,8 @@ int cmd_simulate(int argc, char **argv) {
         } else if (!strcmp(a, "--optimizer")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
             if (!strcmp(v, "sgd")) opt_factor = 1;
-            else if (!strcmp(v, "adam")) opt_factor = 2;
-            else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam)", v);
+            else if (!strcmp(v, "adam") || !strcmp(v, "adamw")) opt_factor = 2;
+            else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam, adamw)", v);
         } else if (!strcmp(a, "--svg")) {
             if (!(svg_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
         } else if (!strcmp(a, "--trace")) {
