@@ -72,6 +72,9 @@ ap.add_argument('--lr-schedule', default='constant', choices=['constant', 'cosin
                 help='after the warm-up, decay to --min-lr at --decay-steps (pipedream train --lr-schedule)')
 ap.add_argument('--decay-steps', type=int, default=0, help='default: --steps')
 ap.add_argument('--min-lr', type=float, default=0.0)
+ap.add_argument('--wire', default='fp32', choices=['fp32', 'bf16'],
+                help='bf16: every activation entering a stage and every gradient leaving it rounded to bf16 '
+                     '(pipedream train --wire bf16)')
 ap.add_argument('--clip-grad-norm', type=float, default=0.0,
                 help='torch.nn.utils.clip_grad_norm_ over every stage before each step (kinds without delays only)')
 ap.add_argument('--staleness', default='none',
@@ -166,6 +169,19 @@ elif args.kind == '2bw':
     delays = [1] * p
 else:
     delays = [0] * p
+if args.wire == 'bf16':
+    class WireBF16(torch.autograd.Function):
+        # a stage boundary in bf16: the activation rounded on its way in, the gradient on its way out
+        @staticmethod
+        def forward(ctx, x):
+            return x.to(torch.bfloat16).to(torch.float32)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.to(torch.bfloat16).to(torch.float32)
+
+    for st in stages[1:]:
+        layers[st[0]].register_forward_pre_hook(lambda mod, inp: tuple(WireBF16.apply(t) for t in inp))
 M = args.microbatches
 if M < 1 or args.minibatch % M:
     fail('--microbatches %d: needs a divisor of --minibatch %d' % (M, args.minibatch))
@@ -338,7 +354,7 @@ out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kin
        'microbatches': M,
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
        'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps, 'staleness': args.staleness,
-       'lr_schedule': args.lr_schedule, 'clip_grad_norm': args.clip_grad_norm,
+       'lr_schedule': args.lr_schedule, 'clip_grad_norm': args.clip_grad_norm, 'wire': args.wire,
        'final_loss': round(losses[-1], 6) if losses else None,
        'mean_loss': round(sum(losses) / len(losses), 6) if losses else None,
        'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4)}

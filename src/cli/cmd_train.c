@@ -17,7 +17,7 @@ typedef struct TrainOpts {
         *save;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
-        lr_sched, warmup, decay_steps;
+        lr_sched, warmup, decay_steps, wire;
     SchedKind kind;
     double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
@@ -31,6 +31,13 @@ static int set_schedule(TrainOpts *o, const char *v) {
 static int set_optimizer(TrainOpts *o, const char *v) {
     if ((o->opt_kind = optim_kind_parse(v)) < 0)
         return cli_usage_error("train", "--optimizer expects sgd, adam or adamw, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_wire(TrainOpts *o, const char *v) {
+    if (!strcmp(v, "fp32")) o->wire = RT_WIRE_FP32;
+    else if (!strcmp(v, "bf16")) o->wire = RT_WIRE_BF16;
+    else return cli_usage_error("train", "--wire expects fp32 or bf16, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -94,6 +101,8 @@ static const Flag FLAGS[] = {
         "(interleaved: a multiple of the workers; default: one per worker of the plan), and "
         "1f1b, which then steps once per minibatch (default 1: a step per unit)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
+    CHOICE("--wire", "FORMAT", set_wire,
+           "fp32 (default) or bf16: activations and gradients between stages travel as bf16, half the bytes"),
     SWITCH("--recompute", recompute,
            "keep only each stage's input per unit in flight and recompute the forward before "
            "the backward (activation memory for time)"),
@@ -363,7 +372,7 @@ int cmd_train(int argc, char **argv) {
     oc.lr_sched = (LrSchedKind)o.lr_sched, oc.warmup = o.warmup, oc.decay_steps = o.decay_steps;
     oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
-                        .vertical_sync = o.vsync, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
+                        .vertical_sync = o.vsync, .wire = o.wire, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
                         .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
                         .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,

@@ -27,6 +27,11 @@ typedef struct Slot {
     int act_ready, grad_ready, lab_ready;
     int version;              /* weight version its forward used */
     int pslot;                /* staleness prediction: the predicted weights it computes with (Worker.pbuf), -1: none */
+    /* RtConfig.wire RT_WIRE_BF16: the messages as bf16, what receives land in (unpacked into the
+     * input / dy once arrived, act_in and grad_in then set) and what sends read (packed from the
+     * output / dx); NULL with fp32 or where the stage has no such message */
+    uint16_t *w_act_in, *w_act_out, *w_grad_in, *w_grad_out;
+    int act_in, grad_in;
 } Slot;
 
 typedef struct Worker {

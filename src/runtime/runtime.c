@@ -346,6 +346,7 @@ static Slot *slot_claim(Slot *f, int u) {
     f->unit = u;
     f->fused = 0;
     f->act_ready = f->grad_ready = f->lab_ready = 0;
+    f->act_in = f->grad_in = 0;
     f->version = -1;
     f->pslot = -1;
     return f;
@@ -376,6 +377,32 @@ static void slot_free(Slot *sl) { sl->unit = -1; }
 static float *slot_in(const Worker *w, Slot *sl) { return w->recompute ? sl->in_buf : nnctx_input(sl->ctx); }
 static const float *slot_out(const Worker *w, const Slot *sl) {
     return w->recompute && !sl->ctx ? sl->out_buf : nnctx_output(sl->ctx);
+}
+
+/* ---- the wire format (RtConfig.wire) ------------------------------------------------------- */
+/* A message of n floats travels as n bf16 values in ceil(n / 2) float-sized words (the comm
+ * layer moves bytes). The shape both ends post for it: */
+static Shape wire_shape(const Worker *w, Shape s) {
+    return w->cfg->wire == RT_WIRE_BF16 ? shape1((int)((shape_numel(s) + 1) / 2)) : s;
+}
+
+/* What a send of the n floats at x reads: x itself, or the slot's bf16 buffer packed from it. */
+static const float *wire_out(const Worker *w, const float *x, uint16_t *packed, Shape s) {
+    if (w->cfg->wire != RT_WIRE_BF16) return x;
+    pd_bf16_pack(x, packed, shape_numel(s));
+    return (const float *)(const void *)packed;
+}
+
+/* Where a receive of shape s lands: dst, or the slot's bf16 buffer (unpacked by wire_in). */
+static float *wire_dst(const Worker *w, float *dst, uint16_t *packed) {
+    return w->cfg->wire == RT_WIRE_BF16 ? (float *)(void *)packed : dst;
+}
+
+/* After a receive completed: widens the bf16 message into dst, once (*done). */
+static void wire_in(const Worker *w, const uint16_t *packed, float *dst, Shape s, int *done) {
+    if (w->cfg->wire != RT_WIRE_BF16 || *done) return;
+    pd_bf16_unpack(packed, dst, shape_numel(s));
+    *done = 1;
 }
 
 /* Recompute: lends a free pool context to the slot / takes it back. */
@@ -418,8 +445,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
-                            &sl->r_act, err);
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), wire_shape(w, w->in_shape),
+                            wire_dst(w, slot_in(w, sl), sl->w_act_in), &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
@@ -432,8 +459,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
-                            &sl->r_grad, err);
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), wire_shape(w, w->out_shape),
+                            wire_dst(w, sl->dy, sl->w_grad_in), &sl->r_grad, err);
             if (rc) return rc;
         }
     }
@@ -737,6 +764,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             if ((rc = await(x, &sl->r_act, &sl->act_ready, blocking, err))) break;
             if ((rc = await(x, &sl->r_lab, &sl->lab_ready, blocking, err))) break;
             if (!sl->act_ready || (x->is_last && !x->is_input && !sl->lab_ready)) return RT_BLOCKED;
+            wire_in(x, sl->w_act_in, slot_in(x, sl), x->in_shape, &sl->act_in);
             break;
         case OP_RECV_GRAD:
             if ((rc = post_recv(x, in, err))) break;
@@ -744,6 +772,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", w->rank, in->mb);
             if ((rc = await(x, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
             if (!sl->grad_ready) return RT_BLOCKED;
+            wire_in(x, sl->w_grad_in, sl->dy, x->out_shape, &sl->grad_in);
             break;
         case OP_FORWARD:
             rc = do_forward(x, in, err);
@@ -762,14 +791,16 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         case OP_SEND_ACT:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
-                            slot_out(x, sl), &sl->s_act, err);
+            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version,
+                            wire_shape(x, x->out_shape), wire_out(x, slot_out(x, sl), sl->w_act_out, x->out_shape),
+                            &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
-                            &sl->s_grad, err);
+            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version,
+                            wire_shape(x, x->in_shape), wire_out(x, sl->dx, sl->w_grad_out, x->in_shape), &sl->s_grad,
+                            err);
             /* its buffers stay untouched until the send completes (slot_drain); a split
              * backward's unit stays until its BW */
             if (!x->split) slot_free(sl);
@@ -1000,6 +1031,11 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         sl->keep = w->split ? pd_alloc_f32(split_floats(w)) : NULL;
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
+        if (cfg->wire == RT_WIRE_BF16) {   /* rounded up to whole float-sized words */
+            size_t ni = (shape_numel(w->in_shape) + 1) / 2 * 2, no = (shape_numel(w->out_shape) + 1) / 2 * 2;
+            if (!w->is_input) sl->w_act_in = pd_calloc(ni * 2), sl->w_grad_out = pd_calloc(ni * 2);
+            if (!w->is_last) sl->w_act_out = pd_calloc(no * 2), sl->w_grad_in = pd_calloc(no * 2);
+        }
     }
     worker_warmup(w);
     return PD_OK;
@@ -1103,6 +1139,7 @@ static void stage_release(Worker *w) {
             pd_free(sl->keep);
             pd_free(sl->labels_f);
             pd_free(sl->labels);
+            pd_free(sl->w_act_in), pd_free(sl->w_act_out), pd_free(sl->w_grad_in), pd_free(sl->w_grad_out);
         }
         free(w->slots);
     }

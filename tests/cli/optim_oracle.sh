@@ -21,29 +21,8 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-"$PY" - "$tmp/t.txt" <<'PY'
-import random, sys
-random.seed(11)
-words = "in the beginning god created heaven and earth was without form void darkness upon face of deep".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(2000):
-        f.write(" ".join(random.choice(words) for _ in range(random.randint(4, 12))) + ".\n")
-PY
-B='[{"type": "layernorm", "features": 32}, {"type": "attention", "dim": 32, "heads": 2, "causal": true}],
-   [{"type": "layernorm", "features": 32}, {"type": "dense", "in": 32, "out": 64}, {"type": "gelu", "approximate": "tanh"},
-    {"type": "dense", "in": 64, "out": 32}]'
-cat >"$tmp/gpt.json" <<JSON
-{"name": "gpt-tiny", "input": [16],
- "layers": [{"type": "embed", "vocab": 256, "dim": 32, "positions": 16},
-            {"type": "block", "steps": [$B]}, {"type": "block", "steps": [$B]},
-            {"type": "layernorm", "features": 32}, {"type": "dense", "in": 32, "out": 256}]}
-JSON
-cat >"$tmp/twin.py" <<'PY'
-import torch_models as tm
-def net():
-    return tm.gpt(vocab=256, ctx=16, dim=32, layers=2, heads=2, hidden=64)
-PY
-plan "$tmp/p4.json" 5 gpt-tiny "0" "1" "2" "3, 4"
+. "$SRC/tests/cli/lib/gpt_tiny.sh"
+gpt_tiny_setup 11
 STEPS=20
 ADAMW="--optimizer adamw --lr 3e-3 --weight-decay 0.1 --beta2 0.95 --lr-schedule cosine --warmup-steps 4 --min-lr 3e-4"
 SGD="--optimizer sgd --lr 0.05 --momentum 0.9 --weight-decay 0.01 --lr-schedule linear --warmup-steps 3 --decay-steps 16 --min-lr 0.005"
