@@ -134,7 +134,7 @@ static void test_1f1b_steady_state(void **state) {
 static void test_replication(void **state) {
     (void)state;
     /* one stage replicated r times: time per minibatch (f + b + allreduce) / r */
-    Cluster cl = {1, {{64, 1e9, 1e-5}}, 0, 0};
+    Cluster cl = {.n_levels = 1, .level = {{64, 1e9, 1e-5}}};
     for (int r_ = 1; r_ <= 4; r_++) {
         int rep[1] = {r_};
         Plan *p = make_plan(1, rep);
@@ -182,7 +182,7 @@ static void test_bandwidth_bound(void **state) {
     build(p, SCHED_1F1B, 40, 1, 0, &s);
     SimCosts c = uniform_costs(4, 0, 0);
     c.stage[1].in_bytes = 1e6;
-    Cluster cl = {1, {{4, 1e6, 0.01}}, 0, 0};
+    Cluster cl = {.n_levels = 1, .level = {{4, 1e6, 0.01}}};
     SimResult r;
     run(&s, &c, &cl, &r);
     assert_near(r.time_per_minibatch_s, 1.01, 1e-9);
@@ -197,7 +197,7 @@ static void test_bandwidth_bound(void **state) {
         }
     sim_result_release(&r);
     /* two levels: ranks 0, 1 in different level-0 groups use level 1 */
-    Cluster cl2 = {2, {{1, 1e9, 0}, {4, 2e6, 0}}, 0, 0};
+    Cluster cl2 = {.n_levels = 2, .level = {{1, 1e9, 0}, {4, 2e6, 0}}};
     assert_int_equal(cluster_link_level(&cl2, 0, 1), 1);
     assert_int_equal(cluster_link_level(&cl2, 1, 1), -1);
     run(&s, &c, &cl2, &r);
@@ -212,6 +212,87 @@ static void test_bandwidth_bound(void **state) {
     sim_result_release(&r);
     sched_release(&s);
     sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* A heterogeneous cluster: a host's own link caps every message to or from it, a host's speed
+ * divides its compute, and both survive the cluster and plan files. */
+static void test_heterogeneous(void **state) {
+    (void)state;
+    Plan *p = make_plan(4, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 40, 1, 0, &s);
+    SimCosts c = uniform_costs(4, 0, 0);
+    c.stage[1].in_bytes = 1e6;   /* stage 0 -> 1: 1 MB each way per minibatch */
+    Cluster cl = {.n_levels = 1, .level = {{4, 1e7, 0}}};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, 0.1, 1e-9);   /* 1 MB at 10 MB/s */
+    sim_result_release(&r);
+    cl.n_hosts = 2, cl.host[1].bandwidth = 2e6;         /* worker 1's own link: 2 MB/s */
+    assert_near(cluster_link_bandwidth(&cl, 0, 1), 2e6, 0);
+    assert_near(cluster_link_bandwidth(&cl, 0, 2), 1e7, 0);
+    assert_true(cluster_heterogeneous(&cl));
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, 0.5, 1e-9);
+    sim_result_release(&r);
+    cl.host[1].bandwidth = 0;   /* the slow link on a worker the transfer does not touch */
+    cl.n_hosts = 4, cl.host[3].bandwidth = 2e6;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, 0.1, 1e-9);
+    sim_result_release(&r);
+    /* compute: worker 2 at half speed makes its stage the bottleneck at twice its time */
+    SimCosts d = uniform_costs(4, 0.01, 0.02);
+    Cluster fast = {.n_levels = 1, .level = {{4, 1e12, 0}}};
+    run(&s, &d, &fast, &r);
+    assert_near(r.time_per_minibatch_s, 0.03, 1e-9);
+    sim_result_release(&r);
+    fast.n_hosts = 3, fast.host[2].speed = 0.5;
+    assert_near(cluster_worker_speed(&fast, 2), 0.5, 0);
+    assert_near(cluster_worker_speed(&fast, 3), 1.0, 0);
+    run(&s, &d, &fast, &r);
+    assert_near(r.time_per_minibatch_s, 0.06, 1e-9);
+    assert_near(r.slowdown[2], 2.0, 1e-12);
+    sim_result_release(&r);
+    /* files: the hosts round-trip through a cluster file and a plan */
+    char path[] = "/tmp/pd_test_cluster_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *js = "{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"hosts\": [{}, {\"speed\": 0.5}, "
+                     "{\"bandwidth\": 1.2e6}]}";
+    assert_int_equal(write(fd, js, strlen(js)), (ssize_t)strlen(js));
+    close(fd);
+    Cluster got;
+    Err err = {0};
+    assert_int_equal(cluster_load(path, &got, &err), PD_OK);
+    assert_int_equal(got.n_hosts, 3);
+    assert_near(cluster_worker_speed(&got, 1), 0.5, 0);
+    assert_near(cluster_link_bandwidth(&got, 2, 3), 1.2e6, 0);
+    assert_near(cluster_link_bandwidth(&got, 0, 1), 1e8, 0);
+    p->cluster = got;
+    p->n_workers = 4, p->noam = 4, p->pipeline_s = p->single_s = p->dp_s = 1;
+    if (plan_save(p, path, &err) != PD_OK) fail_msg("plan_save: %s", err.msg);
+    Plan *q = plan_load(path, &err);
+    assert_non_null(q);
+    assert_int_equal(q->cluster.n_hosts, 3);
+    assert_near(q->cluster.host[1].speed, 0.5, 0);
+    assert_near(q->cluster.host[2].bandwidth, 1.2e6, 0);
+    plan_free(q);
+    /* more hosts than workers, a bad speed: refused, naming the host */
+    const char *bad[] = {"{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e8}], \"hosts\": [{}, {}, {}]}",
+                         "{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e8}], \"hosts\": [{\"speed\": -1}]}",
+                         "{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e8}], \"hosts\": [{\"rate\": 1}]}"};
+    for (int k = 0; k < 3; k++) {
+        cJSON *o = cJSON_Parse(bad[k]);
+        Err e = {0};
+        assert_int_not_equal(cluster_from_json(o, "c.json", &got, &e), PD_OK);
+        assert_non_null(strstr(e.msg, k == 0 ? "hosts" : "host"));
+        cJSON_Delete(o);
+    }
+    unlink(path);
+    sched_release(&s);
+    sim_costs_release(&c);
+    sim_costs_release(&d);
     free_plan(p);
 }
 
@@ -352,7 +433,7 @@ static void test_random_plans(void **state) {
             c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
             c.stage[i].stash_bytes = 1e5;
         }
-        Cluster cl = {2, {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0, 0};
+        Cluster cl = {.n_levels = 2, .level = {{1 + (int)rng_below(&rng, 8), 4e6, 1e-3}, {64, 1e6, 1e-2}}};
         /* every kind on plans of one stage per rank (interleaved: test_new_kinds_random; asp:
          * its runtime's tests), and (last) 1f1b with vertical sync */
         static const int kinds[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP,
@@ -433,7 +514,7 @@ static void test_new_kinds_random(void **state) {
             c.stage[i].in_bytes = i ? 1e6 * rng_uniform_f64(&rng) : 0;
             c.stage[i].stash_bytes = c.stage[i].in_bytes + 1e5;
         }
-        Cluster cl = {2, {{1 + (int)rng_below(&rng, 4), 4e6, 1e-3}, {64, 1e6, 1e-2}}, 0, 0};
+        Cluster cl = {.n_levels = 2, .level = {{1 + (int)rng_below(&rng, 4), 4e6, 1e-3}, {64, 1e6, 1e-2}}};
         SchedOpts o = {.kind = SCHED_INTERLEAVED, .n_minibatches = N, .n_micro = M, .recompute = rc};
         Schedule s;
         Err err = {0};
@@ -668,7 +749,7 @@ static void test_pictures(void **state) {
     SimCosts c = uniform_costs(3, 1e-3, 2e-3);
     c.stage[1].in_bytes = c.stage[2].in_bytes = 1e5;
     c.stage[1].param_bytes = 1e6;
-    Cluster cl = {1, {{8, 1e9, 1e-5}}, 0, 0};
+    Cluster cl = {.n_levels = 1, .level = {{8, 1e9, 1e-5}}};
     SimResult r;
     run(&s, &c, &cl, &r);
     int n;
@@ -746,7 +827,7 @@ static double time_big(int W, int N, SchedKind k, int M) {
     build(p, k, N, M, 0, &s);
     SimCosts c = uniform_costs(W, 1e-3, 2e-3);
     for (int i = 1; i < W; i++) c.stage[i].in_bytes = 1e5;
-    Cluster cl = {2, {{8, 1e10, 1e-6}, {1 << 12, 1e9, 1e-5}}, 0, 0};
+    Cluster cl = {.n_levels = 2, .level = {{8, 1e10, 1e-6}, {1 << 12, 1e9, 1e-5}}};
     SimResult r;
     run(&s, &c, &cl, &r);
     double dt = pd_now() - t0;
@@ -774,7 +855,7 @@ int main(void) {
         cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
         cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound),
         cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
-        cmocka_unit_test(test_deadlock),
+        cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),
         cmocka_unit_test(test_pictures),          cmocka_unit_test(test_scale),
     };

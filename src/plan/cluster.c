@@ -40,7 +40,62 @@ int cluster_check(const Cluster *cl, Err *err) {
     if (!(cl->memory_per_worker >= 0) || !isfinite(cl->memory_per_worker))
         return err_set(err, PD_EINVAL, "memory_per_worker must be >= 0 bytes (0 = unlimited), got %g",
                        cl->memory_per_worker);
+    if (cl->n_hosts < 0 || cl->n_hosts > PD_MAX_HOSTS || cl->n_hosts > total)
+        return err_set(err, PD_EINVAL, "hosts: %d given, at most %d and at most the cluster's %ld workers", cl->n_hosts,
+                       PD_MAX_HOSTS, total);
+    for (int h = 0; h < cl->n_hosts; h++) {
+        const ClusterHost *x = &cl->host[h];
+        if (!(x->speed >= 0) || !isfinite(x->speed))
+            return err_set(err, PD_EINVAL, "host %d: speed must be > 0 (0: as profiled), got %g", h, x->speed);
+        if (!(x->bandwidth >= 0) || !isfinite(x->bandwidth))
+            return err_set(err, PD_EINVAL, "host %d: bandwidth must be > 0 bytes/s (0: the level's), got %g", h,
+                           x->bandwidth);
+    }
     return PD_OK;
+}
+
+static double own_bandwidth(const Cluster *cl, int r) {
+    return r >= 0 && r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
+}
+
+double cluster_link_bandwidth(const Cluster *cl, int a, int b) {
+    int lv = cluster_link_level(cl, a, b);
+    double bw = cl->level[lv < 0 ? 0 : lv].bandwidth, x = own_bandwidth(cl, a), y = own_bandwidth(cl, b);
+    if (x < bw) bw = x;
+    if (y < bw) bw = y;
+    return bw;
+}
+
+double cluster_worker_speed(const Cluster *cl, int r) {
+    return cl && r >= 0 && r < cl->n_hosts && cl->host[r].speed > 0 ? cl->host[r].speed : 1.0;
+}
+
+int cluster_heterogeneous(const Cluster *cl) {
+    for (int h = 0; h < cl->n_hosts; h++)
+        if ((cl->host[h].speed > 0 && cl->host[h].speed != 1.0) || cl->host[h].bandwidth > 0) return 1;
+    return 0;
+}
+
+void cluster_to_json(const Cluster *cl, cJSON *clj) {
+    cJSON *lv = cJSON_AddArrayToObject(clj, "levels");
+    for (int l = 0; l < cl->n_levels; l++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "workers", pd_json_num(cl->level[l].workers));
+        cJSON_AddItemToObject(o, "bandwidth", pd_json_num(cl->level[l].bandwidth));
+        cJSON_AddItemToObject(o, "latency", pd_json_num(cl->level[l].latency));
+        cJSON_AddItemToArray(lv, o);
+    }
+    cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(cl->memory_per_worker));
+    if (cl->cores_per_machine > 0) cJSON_AddItemToObject(clj, "cores_per_machine", pd_json_num(cl->cores_per_machine));
+    if (cl->n_hosts > 0) {
+        cJSON *hs = cJSON_AddArrayToObject(clj, "hosts");
+        for (int h = 0; h < cl->n_hosts; h++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToObject(o, "speed", pd_json_num(cl->host[h].speed > 0 ? cl->host[h].speed : 1.0));
+            if (cl->host[h].bandwidth > 0) cJSON_AddItemToObject(o, "bandwidth", pd_json_num(cl->host[h].bandwidth));
+            cJSON_AddItemToArray(hs, o);
+        }
+    }
 }
 
 int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *err) {
@@ -75,6 +130,25 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     out->n_levels = l;
     if ((rc = jobj_num(&j, "memory_per_worker", 0, 0, 1e300, &out->memory_per_worker, err))) return rc;
     if ((rc = jobj_int(&j, "cores_per_machine", 0, 0, 1 << 20, &out->cores_per_machine, err))) return rc;
+    const cJSON *hosts = jobj_get(&j, "hosts");
+    if (hosts) {
+        if (!cJSON_IsArray(hosts))
+            return err_set(err, PD_EINVAL, "%s: key \"hosts\": expected an array of {\"speed\", \"bandwidth\"}, "
+                           "worker 0 first", path);
+        if (cJSON_GetArraySize(hosts) > PD_MAX_HOSTS)
+            return err_set(err, PD_EINVAL, "%s: key \"hosts\": at most %d hosts", path, PD_MAX_HOSTS);
+        int h = 0;
+        for (const cJSON *c = hosts->child; c; c = c->next, h++) {
+            JObj hj;
+            ClusterHost *x = &out->host[h];
+            if ((rc = jobj_init(&hj, c, err, "%s: host %d", path, h))) return rc;
+            x->speed = 1.0;
+            if ((rc = jobj_num(&hj, "speed", 0, 1e-300, 1e300, &x->speed, err))) return rc;
+            if ((rc = jobj_num(&hj, "bandwidth", 0, 1e-300, 1e300, &x->bandwidth, err))) return rc;
+            if ((rc = jobj_done(&hj, err))) return rc;
+        }
+        out->n_hosts = h;
+    }
     if ((rc = jobj_done(&j, err))) return rc;
     if ((rc = cluster_check(out, err))) return err_prefix(err, "%s", path);
     return PD_OK;

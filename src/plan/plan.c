@@ -393,18 +393,7 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     cJSON_AddItemToObject(cm, "memory_limit", pd_json_num(p->opts.memory_limit));
     cJSON_AddItemToObject(cm, "activation_compression", pd_json_num(p->opts.activation_compression));
     cJSON_AddBoolToObject(cm, "overlap_allreduce", p->opts.overlap_allreduce);
-    cJSON *clj = cJSON_AddObjectToObject(root, "cluster");
-    cJSON *lv = cJSON_AddArrayToObject(clj, "levels");
-    for (int l = 0; l < p->cluster.n_levels; l++) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "workers", pd_json_num(p->cluster.level[l].workers));
-        cJSON_AddItemToObject(o, "bandwidth", pd_json_num(p->cluster.level[l].bandwidth));
-        cJSON_AddItemToObject(o, "latency", pd_json_num(p->cluster.level[l].latency));
-        cJSON_AddItemToArray(lv, o);
-    }
-    cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(p->cluster.memory_per_worker));
-    if (p->cluster.cores_per_machine > 0)
-        cJSON_AddItemToObject(clj, "cores_per_machine", pd_json_num(p->cluster.cores_per_machine));
+    cluster_to_json(&p->cluster, cJSON_AddObjectToObject(root, "cluster"));
     cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
     if (p->chunks > 1) cJSON_AddItemToObject(root, "chunks", pd_json_num(p->chunks));
     if (p->schedule[0]) {

@@ -19,6 +19,16 @@ typedef struct ClusterLevel {
     double latency;     /* seconds per message, >= 0 */
 } ClusterLevel;
 
+struct cJSON;
+
+/* Workers that may differ from the rest (Cluster.host): their compute speed and link rate. */
+#define PD_MAX_HOSTS 64
+
+typedef struct ClusterHost {
+    double speed;       /* compute speed relative to the profile's machine (0 or 1: as profiled) */
+    double bandwidth;   /* bytes/s of the worker's own link, each direction (0: only the level's) */
+} ClusterHost;
+
 typedef struct Cluster {
     int n_levels;
     ClusterLevel level[PD_MAX_LEVELS];
@@ -27,7 +37,23 @@ typedef struct Cluster {
                                  * worker. The simulator slows the compute of the workers a machine
                                  * runs by max(1, k / cores), k the workers on it weighted by their
                                  * compute (cluster_compute_slowdown) */
+    /* A heterogeneous cluster: host[r] describes worker r (r < n_hosts); the others, and every
+     * worker when n_hosts is 0, are as the levels say. A message from a to b moves at the
+     * least of the level's bandwidth and a's and b's own (cluster_link_bandwidth); a worker's
+     * compute takes the profile's time / speed (cluster_worker_speed). */
+    int n_hosts;
+    ClusterHost host[PD_MAX_HOSTS];
 } Cluster;
+
+/* The rate a message from worker a to worker b moves at: the joining level's bandwidth, capped
+ * by either worker's own link. a == b: the level 0 bandwidth (not used for transfers). */
+double cluster_link_bandwidth(const Cluster *cl, int a, int b);
+/* Worker r's compute speed relative to the profile (1 unless host[r].speed says otherwise). */
+double cluster_worker_speed(const Cluster *cl, int r);
+/* 1 if some worker differs from the levels' description. */
+int    cluster_heterogeneous(const Cluster *cl);
+/* Adds cl's keys (levels, memory_per_worker, cores_per_machine, hosts) to the JSON object o. */
+void   cluster_to_json(const Cluster *cl, struct cJSON *o);
 
 /* The factor by which the compute of rank r slows when the ranks of its machine share its
  * cores: max(1, k / cores), k the sum of their load over the machine (1 without
@@ -39,7 +65,6 @@ double cluster_compute_slowdown(const Cluster *cl, int r, const double *load, in
 /* Reads a cluster JSON file (docs/reference/formats.md). On error returns non-zero with err naming
  * the file and key; *out is zeroed. */
 int cluster_load(const char *path, Cluster *out, Err *err);
-struct cJSON;
 int cluster_from_json(const struct cJSON *o, const char *ctx, Cluster *out, Err *err);
 /* Checks 1..PD_MAX_LEVELS levels, workers >= 1, bandwidth > 0, latency >= 0, memory >= 0. */
 int cluster_check(const Cluster *cl, Err *err);

@@ -228,7 +228,7 @@ static double link_time(const Engine *e, int a, int b, double bytes) {
     if (!cl || cl->n_levels == 0 || bytes <= 0) return 0;
     int lv = cluster_link_level(cl, a, b);
     if (lv < 0) return 0;
-    return cl->level[lv].latency + bytes / cl->level[lv].bandwidth;
+    return cl->level[lv].latency + bytes / cluster_link_bandwidth(cl, a, b);
 }
 
 static double allreduce_cost(const Engine *e, int st) {
@@ -237,12 +237,15 @@ static double allreduce_cost(const Engine *e, int st) {
     int r = g->replicas;
     if (r < 2 || !cl || cl->n_levels == 0) return 0;
     int lv = 0;
-    for (int i = 1; i < r; i++) {
-        int l = cluster_link_level(cl, g->ranks[0], g->ranks[i]);
+    double bw = INFINITY;   /* the ring moves at its slowest hop */
+    for (int i = 0; i < r; i++) {
+        int a = g->ranks[i], b = g->ranks[(i + 1) % r], l = cluster_link_level(cl, a, b);
         if (l > lv) lv = l;
+        double x = cluster_link_bandwidth(cl, a, b);
+        if (x < bw) bw = x;
     }
     double bytes = e->c->stage[st].param_bytes;
-    return 2.0 * (r - 1) / r * bytes / cl->level[lv].bandwidth + 2.0 * (r - 1) * cl->level[lv].latency;
+    return 2.0 * (r - 1) / r * bytes / bw + 2.0 * (r - 1) * cl->level[lv].latency;
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
@@ -622,10 +625,12 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
             for (int q = m0; q < m0 + per && q < W; q++) top = load[q] > top ? load[q] : top;
             for (int q = m0; q < m0 + per && q < W; q++) load[q] = top > 0 ? load[q] / top : 0;
         }
-        for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = cluster_compute_slowdown(o->cluster, w, load, W);
+        for (int w = 0; w < W; w++)
+            e.ws[w].slow = r->slowdown[w] = cluster_compute_slowdown(o->cluster, w, load, W) /
+                                            cluster_worker_speed(o->cluster, w);
         free(load);
     } else {
-        for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = 1.0;
+        for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = 1.0 / cluster_worker_speed(o->cluster, w);
     }
     for (int w = W - 1; w >= 0; w--) e.stack[e.n_stack++] = w;
     int rc = PD_OK;
