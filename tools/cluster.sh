@@ -9,7 +9,9 @@
 # ingress. A packet from one host to another crosses one egress and one ingress: rate R,
 # one-way delay D, round trip 2D.
 #
-#   tools/cluster.sh up N [--rate 100mbit] [--delay 0ms] [--name pdc]   create or reconcile
+#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--name pdc]
+#                                                  create or reconcile; --host-rate gives host I
+#                                                  its own link rate R (a heterogeneous cluster)
 #   tools/cluster.sh run NP CMD [ARGS...]          mpirun -np NP across the hosts (round robin)
 #   tools/cluster.sh run -- MPIRUN_ARGS...         mpirun with your own arguments (give -np)
 #   tools/cluster.sh run-torch NP CMD [ARGS...]    run, plus MASTER_ADDR/MASTER_PORT and
@@ -31,7 +33,7 @@ STATE_ROOT=/run/pipedream-cluster
 TAG=pipedream-cluster
 
 die() { echo "$PROG: error: $*" >&2; exit 1; }
-usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--delay D] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
 cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
 CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
 q() { "$@" >/dev/null 2>&1; }
@@ -77,7 +79,14 @@ rate_bytes() {
 
 # The token bucket of one direction of a link: the rate, a burst of 1 ms at that rate (at
 # least 16 KiB, so a full-size frame and some always pass), a queue of 50 ms.
-tbf_args() { local b; b=$(rate_bytes "$RATE"); [ "$((b / 1000))" -gt 16384 ] && b=$((b / 1000)) || b=16384; echo "rate $RATE burst $b latency 50ms"; }
+tbf_args() { local r=$1 b; b=$(rate_bytes "$r"); [ "$((b / 1000))" -gt 16384 ] && b=$((b / 1000)) || b=16384; echo "rate $r burst $b latency 50ms"; }
+
+# Host I's rate: its --host-rate, else --rate.
+rate_of() {
+    local i=$1 kv
+    for kv in ${HOST_RATES//,/ }; do [ "${kv%%=*}" = "$i" ] && { echo "${kv#*=}"; return; }; done
+    echo "$RATE"
+}
 
 no_ipv6() { [ ! -w "/proc/sys/net/ipv6/conf/$1/disable_ipv6" ] || echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; }
 
@@ -85,7 +94,7 @@ has_delay() { ! [[ $DELAY =~ ^0+(\.0+)?(us|ms|s)$ ]]; }
 
 shape() {   # shape I: (re)apply the qdiscs of host I
     local i=$1 ns veth tbf
-    ns=$(ns_of "$i"); veth=$(veth_of "$i"); tbf=$(tbf_args)
+    ns=$(ns_of "$i"); veth=$(veth_of "$i"); tbf=$(tbf_args "$(rate_of "$i")")
     # Egress (the host sends): a token bucket on the namespace side of the veth.
     ip netns exec "$ns" tc qdisc replace dev "$IFN" root handle 1: tbf $tbf \
         || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
@@ -103,10 +112,11 @@ shape() {   # shape I: (re)apply the qdiscs of host I
 }
 
 cmd_up() {
-    local n="" ; RATE=100mbit; DELAY=0ms
+    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) [ $# -ge 2 ] || usage_err "--rate needs a value"; RATE=$2; shift 2 ;;
+            --host-rate) [ $# -ge 2 ] || usage_err "--host-rate needs I=RATE[,I=RATE...]"; HOST_RATES=$2; shift 2 ;;
             --delay) [ $# -ge 2 ] || usage_err "--delay needs a value"; DELAY=$2; shift 2 ;;
             --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
             -*) usage_err "up: unknown option $1" ;;
@@ -115,6 +125,12 @@ cmd_up() {
     done
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
     check_name; check_rate "$RATE"; check_delay "$DELAY"
+    local kv
+    for kv in ${HOST_RATES//,/ }; do
+        [[ $kv =~ ^[0-9]+=.+$ ]] || usage_err "--host-rate: I=RATE[,I=RATE...], e.g. 2=10mbit,3=10mbit (got '$kv')"
+        [ "${kv%%=*}" -lt "$n" ] || usage_err "--host-rate: host ${kv%%=*} of $n (hosts are 0..$((n - 1)))"
+        check_rate "${kv#*=}"
+    done
     need_root_tools
     # A failed `up` that was creating the cluster leaves nothing behind (not half a cluster
     # that `run` would trip over); one reconciling a running cluster leaves it be.
@@ -179,14 +195,14 @@ cmd_up() {
 
     # State: what `run` and `status` need; the rsh agent Open MPI launches its daemons with.
     mkdir -p "$STATE"
-    printf 'N=%s\nRATE=%s\nDELAY=%s\n' "$n" "$RATE" "$DELAY" >"$STATE/config"
+    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" >"$STATE/config"
     : >"$STATE/hostfile"
     for ((i = 0; i < n; i++)); do echo "$(addr_of "$i") slots=64" >>"$STATE/hostfile"; done
     write_agent "$n"
 
     connectivity_check "$n"
     trap - EXIT
-    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex, one-way delay $DELAY"
+    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY"
 }
 
 write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's namespace
@@ -364,7 +380,7 @@ cmd_status() {
     if [ -f "$STATE/config" ]; then
         # shellcheck disable=SC1091
         . "$STATE/config"
-        echo "cluster $NAME: $N host(s), each link $RATE full duplex, one-way delay $DELAY; bridge $BR $BRIDGE_ADDR"
+        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY; bridge $BR $BRIDGE_ADDR"
     else
         echo "cluster $NAME: partial (no $STATE/config): $PROG down --name $NAME, then up"
     fi
