@@ -14,7 +14,7 @@
 
 typedef struct TrainOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
-        *save;
+        *save, *calibrated;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
         lr_sched, warmup, decay_steps, wire;
@@ -166,6 +166,8 @@ static const Flag FLAGS[] = {
         "JSON lines: the summary, one per stage, one per evaluation, one per --log-every minibatches"),
     INT("--log-every", "N", log_every, 1, 1000000000, "minibatches per metrics \"step\" line (default 50)"),
     STR("--profile", "FILE", profile, "profile for the simulator's predicted times (default: the one made without --plan)"),
+    STR("--calibrated-profile", "FILE", calibrated,
+        "with --profile: write it again with each stage's layers scaled to the compute this run measured, to re-plan from"),
     STR("--trace", "FILE.json", trace, "Chrome trace of every worker's instructions"),
     STR("--svg", "FILE", svg, "timeline of the measured run (beside the simulated one, with a profile)"),
     STR("--curve", "FILE", curve, "loss and accuracy curve (SVG)"),
@@ -316,6 +318,32 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
     return CLI_OK;
 }
 
+/* --calibrated-profile: the profile with every layer of stage i scaled by what stage i measured
+ * over what the simulator predicted for it (both per unit, the prediction with the run's
+ * contention for cores), so the simulator run on it predicts the compute this run had. The
+ * stage furthest off is named on stderr. Rank 0, after the run. */
+static int write_calibrated(const char *path, Profile *prof, const Plan *plan, const RtTrainSummary *sum, Err *err) {
+    int worst = -1;
+    double worst_off = 0;
+    for (int i = 0; i < sum->stages; i++) {
+        const RtStageSummary *g = &sum->stage[i];
+        if (!(g->measured_ms > 0) || !(g->predicted_ms > 0))
+            return err_set(err, PD_EINVAL, "--calibrated-profile: stage %d has no %s time to calibrate from (%s)", i,
+                           g->measured_ms > 0 ? "predicted" : "measured", sum->predicted_note);
+        double f = g->measured_ms / g->predicted_ms;
+        if (fabs(log(f)) > worst_off) worst_off = fabs(log(f)), worst = i;
+        int n = plan ? plan->stages[i].n_layers : prof->n_layers;
+        for (int k = 0; k < n; k++) profile_scale_layer(prof, plan ? plan->stages[i].layers[k] : k, f);
+    }
+    int rc = profile_save(prof, path, err);
+    if (rc) return rc;
+    if (worst >= 0)
+        fprintf(stderr, "calibrated profile: %s (furthest off: stage %d, measured %.3f ms per unit, predicted %.3f, "
+                "%+.0f%%)\n", path, worst, sum->stage[worst].measured_ms, sum->stage[worst].predicted_ms,
+                100 * (sum->stage[worst].measured_ms / sum->stage[worst].predicted_ms - 1));
+    return PD_OK;
+}
+
 int cmd_train(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help();
@@ -381,7 +409,12 @@ int cmd_train(int argc, char **argv) {
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
                         .recompute = o.recompute, .save = o.save};
+    if (o.calibrated && !have_prof) {
+        rc = err_set(&err, PD_EINVAL, "--calibrated-profile needs --profile (the profile to calibrate)");
+        goto out;
+    }
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
+    if (rank == 0 && o.calibrated && (rc = write_calibrated(o.calibrated, &prof, plan, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .log_every = o.log_every, .trace = o.trace, .svg = o.svg,
                              .curve = o.curve};

@@ -68,6 +68,9 @@ int  profile_validate(const Profile *p, Err *err);
  * step_s itself becomes step_s / m), so per-unit costs (the planner's) charge the step once
  * per minibatch. m <= 1 or a profile without step_s: unchanged. */
 void profile_spread_step(Profile *p, int m);
+/* Calibration: multiplies layer l's compute times (forward, backward and its split passes, the
+ * optimizer step) by f > 0; sizes stay. */
+void profile_scale_layer(Profile *p, int l, double f);
 /* Layer l's backward times with `cut` seconds of its optimizer step taken out: from backward_s
  * and from the split pass that holds the step (the weight pass; the input pass of a layer whose
  * whole backward is its input pass); none below 0. */

@@ -529,6 +529,12 @@ void profile_layer_less_step(const ProfileLayer *l, double cut, double *bwd, dou
     *bwd_w = l->bwd_w_s > 0 ? less(l->bwd_w_s, cut) : 0;
 }
 
+void profile_scale_layer(Profile *p, int l, double f) {
+    PD_ASSERT(l >= 0 && l < p->n_layers && f > 0);
+    ProfileLayer *x = &p->layers[l];
+    x->fwd_s *= f, x->bwd_s *= f, x->bwd_in_s *= f, x->bwd_w_s *= f, x->step_s *= f;
+}
+
 void profile_spread_step(Profile *p, int m) {
     if (m <= 1) return;
     for (int i = 0; i < p->n_layers; i++) {

@@ -209,6 +209,22 @@ ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
         python3 -c "import json,sys; v=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(not v['predicted_time_per_unit_ms'] > 0)" \
             "$tmp/$m.base.out" || fail "$m: --profile: no prediction: $(tail -1 "$tmp/$m.base.out")"
         grep -q "same plan and profile" "$tmp/$m.base.err" || fail "$m: --profile: $(cat "$tmp/$m.base.err")" ;;
+    --wire)   # one stage: nothing crosses a boundary; two: the boundary's values are rounded to bf16
+        ok "$m" wire -- --wire bf16; want "$m" wire wire '"bf16"'
+        if [ "$m" = one ]; then same one wire plain; else differs "$m" wire; fi
+        errs "$m" wirex "expects fp32 or bf16" -- --wire fp8 ;;
+    --calibrated-profile)   # the calibrated profile predicts, stage by stage, what the run measured
+        ok "$m" cal -- --profile "$tmp/prof.json" --calibrated-profile "$tmp/$m.cal.json" --metrics "$tmp/$m.cal.jsonl"
+        grep -q "calibrated profile: .*furthest off: stage" "$tmp/$m.cal.err" || fail "$m: no calibration line"
+        ok "$m" cal2 -- --profile "$tmp/$m.cal.json" --metrics "$tmp/$m.cal2.jsonl"
+        python3 - "$tmp/$m.cal.jsonl" "$tmp/$m.cal2.jsonl" <<'PY' || fail "$m: the calibrated profile does not predict the run"
+import json, sys
+a, b = ([json.loads(l) for l in open(f) if l.startswith('{"stage"')] for f in sys.argv[1:])
+assert len(a) == len(b) > 0
+for x, y in zip(a, b):
+    assert abs(y["predicted_ms_per_unit"] - x["measured_ms_per_unit"]) <= 1e-6 * x["measured_ms_per_unit"], (x, y)
+PY
+        errs "$m" calnp "needs --profile" -- --calibrated-profile "$tmp/$m.x.json" ;;
     --trace) python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/$m.trace.json" ||
         fail "$m: --trace" ;;
     --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
