@@ -147,30 +147,44 @@ static void layers_per_stage(const Plan *p, char *buf, size_t n) {
         k += (size_t)snprintf(buf + k, n - k, "%s%d", s ? "|" : "", p->stages[s].n_layers);
 }
 
-static void print_why(const ChooseResult *r, const ChooseCand *c, const char *who, const Profile *prof, const Cluster *cl,
-                      double opt, FILE *f) {
-    SearchWhy w;
+/* Prints what c's time per minibatch goes to; with base (the choice's), what makes it slower. */
+static int print_why(const ChooseResult *r, const ChooseCand *c, const char *who, const Profile *prof, const Cluster *cl,
+                     double opt, const SearchWhy *base, SearchWhy *w, FILE *f) {
     Err e = {0};
-    if (plan_search_why(c->plan, prof, cl, r->kind, r->n_micro, 0, opt, &w, &e)) {
+    if (plan_search_why(c->plan, prof, cl, r->kind, r->n_micro, 0, opt, w, &e)) {
         fprintf(f, "  %s: cannot simulate it: %s\n", who, e.msg);
-        return;
+        return PD_EINVAL;
     }
     static const char *what[] = {"the compute of stage %d", "the all-reduce of stage %d", "the transfers of stage %d",
-                                 "the pipeline bubble"};
-    char b[64];
-    int st = w.bottleneck == WHY_LINK ? w.link_stage : w.stage;
-    snprintf(b, sizeof b, what[w.bottleneck], st);
+                                 "the pipeline bubble (waiting for other stages)"};
+    char b[80];
+    int st = w->bottleneck == WHY_LINK ? w->link_stage : w->stage;
+    snprintf(b, sizeof b, what[w->bottleneck], st);
     char rep[48] = "";
-    if (w.bottleneck == WHY_ALLREDUCE && st >= 0)
+    if (w->bottleneck == WHY_ALLREDUCE && st >= 0)
         snprintf(rep, sizeof rep, " (%d replicas)", c->plan->stages[st].replicas);
-    fprintf(f, "  %s: %.3f ms per minibatch, most of it %s%s\n", who, w.unit_s * 1e3, b, rep);
+    fprintf(f, "  %s: %.3f ms per minibatch, most of it %s%s\n", who, w->unit_s * 1e3, b, rep);
     char slow[48] = "";
-    if (w.slowdown > 1 + 1e-9) snprintf(slow, sizeof slow, ", slowed %.2fx by shared cores", w.slowdown);
-    fprintf(f, "    busiest worker %d (stage %d): compute %.3f ms%s + all-reduce %.3f ms;", w.worker, w.stage,
-            w.compute_s * 1e3, slow, w.allreduce_s * 1e3);
-    if (w.link_worker >= 0) fprintf(f, " busiest link: stage %d's sends, %.3f ms;", w.link_stage, w.link_s * 1e3);
-    else fprintf(f, " no transfers;");
-    fprintf(f, " idle %.3f ms\n", w.idle_s * 1e3);
+    if (w->slowdown > 1 + 1e-9) snprintf(slow, sizeof slow, " (slowed %.2fx by shared cores)", w->slowdown);
+    fprintf(f, "    busiest worker %d (stage %d): compute %.3f ms%s, all-reduce %.3f ms; ", w->worker, w->stage,
+            w->compute_s * 1e3, slow, w->allreduce_s * 1e3);
+    if (w->link_worker >= 0) fprintf(f, "busiest link: stage %d's sends, %.3f ms; ", w->link_stage, w->link_s * 1e3);
+    else fprintf(f, "no transfers; ");
+    fprintf(f, "bubble (waiting) %.3f ms\n", w->idle_s * 1e3);
+    if (w->ar_worker >= 0 && w->ar_worker != w->worker && w->ar_stage >= 0)
+        fprintf(f, "    all-reduce of stage %d (%d replicas): %.3f ms per minibatch on worker %d\n", w->ar_stage,
+                c->plan->stages[w->ar_stage].replicas, w->ar_s * 1e3, w->ar_worker);
+    if (base) {
+        static const char *name[] = {"compute", "all-reduce", "transfers", "bubble"};
+        double d[4] = {w->compute_s - base->compute_s, w->allreduce_s - base->allreduce_s, w->link_s - base->link_s,
+                       w->idle_s - base->idle_s};
+        int k = 0;
+        for (int i = 1; i < 4; i++)
+            if (d[i] > d[k]) k = i;
+        fprintf(f, "    against the choice: %+.3f ms (compute %+.3f, all-reduce %+.3f, transfers %+.3f, idle %+.3f): "
+                "mostly its %s\n", (w->unit_s - base->unit_s) * 1e3, d[0] * 1e3, d[1] * 1e3, d[2] * 1e3, d[3] * 1e3, name[k]);
+    }
+    return PD_OK;
 }
 
 void plan_choose_print(const ChooseResult *r, int top, int explain, const Profile *sim_prof, const Cluster *cl,
@@ -208,7 +222,8 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
     }
     if (!explain) return;
     fprintf(f, "why (per minibatch, averaged over the simulated run):\n");
-    print_why(r, w, "choice", sim_prof, cl, opt, f);
+    SearchWhy wc, wo;
+    const SearchWhy *base = print_why(r, w, "choice", sim_prof, cl, opt, NULL, &wc, f) ? NULL : &wc;
     int ru = -1;
     for (int i = 0; i < r->n && ru < 0; i++)
         if (i != r->chosen && r->c[i].score.fits) ru = i;
@@ -216,12 +231,12 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
         char who[96];
         snprintf(who, sizeof who, "runner-up (%s, %.1f%% slower)", r->c[ru].source,
                  100 * (r->c[ru].score.unit_s / w->score.unit_s - 1));
-        print_why(r, &r->c[ru], who, sim_prof, cl, opt, f);
+        print_why(r, &r->c[ru], who, sim_prof, cl, opt, base, &wo, f);
     }
     if (r->planner != r->chosen && r->planner != ru && mine->score.unit_s < 1e300) {
         char who[96];
         snprintf(who, sizeof who, "the planner's own plan (%.1f%% slower)", 100 * (mine->score.unit_s / w->score.unit_s - 1));
-        print_why(r, mine, who, sim_prof, cl, opt, f);
+        print_why(r, mine, who, sim_prof, cl, opt, base, &wo, f);
     }
     if (r->memory_limit > 0) {
         int over = 0, fastest = -1;

@@ -74,14 +74,16 @@ static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKin
         }
         double units = s.n_units > 0 ? s.n_units : 1, busy = -1;
         why->unit_s = r.time_per_unit_s;
-        why->link_worker = -1;
+        why->link_worker = why->ar_worker = -1;
         for (int w = 0; w < R; w++) {
             double cw = sum[3 * w] / units, aw = sum[3 * w + 1] / units, lw = sum[3 * w + 2] / units;
             if (cw + aw > busy) busy = cw + aw, why->worker = w, why->compute_s = cw, why->allreduce_s = aw;
             if (lw > why->link_s) why->link_s = lw, why->link_worker = w;
+            if (aw > why->ar_s) why->ar_s = aw, why->ar_worker = w;
         }
         why->stage = plan_stage_of_rank(p, why->worker, NULL);
         why->link_stage = why->link_worker >= 0 ? plan_stage_of_rank(p, why->link_worker, NULL) : -1;
+        why->ar_stage = why->ar_worker >= 0 ? plan_stage_of_rank(p, why->ar_worker, NULL) : -1;
         why->slowdown = r.slowdown ? r.slowdown[why->worker] : 1;
         double held = busy > why->link_s ? busy : why->link_s;
         why->idle_s = why->unit_s > held ? why->unit_s - held : 0;

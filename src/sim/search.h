@@ -80,6 +80,8 @@ typedef struct SearchWhy {
     double compute_s;          /* its compute per unit of the pipeline (averaged over the run, core sharing included) */
     double slowdown;           /* the factor its compute was slowed by, sharing cores */
     double allreduce_s;        /* its all-reduces per unit */
+    int ar_worker, ar_stage;   /* the worker with the longest all-reduces (-1: none) */
+    double ar_s;               /* its all-reduces per unit */
     int link_worker, link_stage;   /* the worker with the busiest outgoing link (-1: no transfers) */
     double link_s;             /* that link's transfers per unit */
     double idle_s;             /* unit_s - max(compute + all-reduce, link): the bubble and waits */
