@@ -181,7 +181,7 @@ static int print_why(const ChooseResult *r, const ChooseCand *c, const char *who
         int k = 0;
         for (int i = 1; i < 4; i++)
             if (d[i] > d[k]) k = i;
-        fprintf(f, "    against the choice: %+.3f ms (compute %+.3f, all-reduce %+.3f, transfers %+.3f, idle %+.3f): "
+        fprintf(f, "    against the choice: %+.3f ms (compute %+.3f, all-reduce %+.3f, transfers %+.3f, bubble %+.3f): "
                 "mostly its %s\n", (w->unit_s - base->unit_s) * 1e3, d[0] * 1e3, d[1] * 1e3, d[2] * 1e3, d[3] * 1e3, name[k]);
     }
     return PD_OK;
