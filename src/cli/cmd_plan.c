@@ -158,6 +158,7 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
     } else {
         const ChooseCand *c = &r.c[r.chosen];
         Plan *p = c->plan;   /* owned by r: annotate, print, write */
+        p->opts.memory_limit = o->memory_limit;   /* the limit the choice was held to */
         if (c->score.unit_s < 1e300) {
             snprintf(p->sim_schedule, sizeof p->sim_schedule, "%s", sched_kind_name(r.kind));
             p->sim_micro = r.n_micro;
