@@ -640,8 +640,9 @@ void plan_print(const Plan *p, FILE *f) {
     if (p->sim_s > 0) {
         char mi[48] = "";
         if (p->sim_micro > 1) snprintf(mi, sizeof mi, ", %d micro-batches per step", p->sim_micro);
-        fprintf(f, "simulated (%s%s): %.6f ms per minibatch, %.1f samples/s\n", p->sim_schedule, mi, p->sim_s * 1e3,
-                p->sim_samples_per_s);
+        fprintf(f, "simulated (%s%s): %.6f ms per minibatch", p->sim_schedule, mi, p->sim_s * 1e3);
+        if (p->sim_samples_per_s > 0) fprintf(f, ", %.1f samples/s", p->sim_samples_per_s);
+        fputc('\n', f);
     }
     fprintf(f, "single worker: %.6f ms; data parallel on %d workers: %.6f ms\n", p->single_s * 1e3,
             cluster_total_workers(&p->cluster), p->dp_s * 1e3);

@@ -207,8 +207,10 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
             fprintf(f, "  %-4s %-30s %12s %10s %9s  %-24s %s\n", mark, c->source, "-", "-", "-", sh, ly);
             continue;
         }
-        fprintf(f, "  %-4s %-30s %12.3f %10.1f %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3,
-                r->samples_per_unit / c->score.unit_s, c->score.peak_bytes / 1e9, sh, ly, c->score.fits ? "" : "  over the limit");
+        char sps[24] = "-";   /* the authors' profiles do not say their minibatch */
+        if (r->samples_per_unit > 0) snprintf(sps, sizeof sps, "%.1f", r->samples_per_unit / c->score.unit_s);
+        fprintf(f, "  %-4s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3, sps,
+                c->score.peak_bytes / 1e9, sh, ly, c->score.fits ? "" : "  over the limit");
     }
     if (r->n > top) fprintf(f, "  (%d more)\n", r->n - top - (r->planner >= top));
     const ChooseCand *w = &r->c[r->chosen], *mine = &r->c[r->planner];
