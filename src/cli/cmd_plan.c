@@ -65,7 +65,8 @@ static void help(FILE *f) {
             "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
             "  --recompute yes|no|both    recomputation settings to consider (default both)\n"
             "  --optimizer NAME          optimizer state in the memory (sgd with momentum, the default; adam, adamw: two)\n"
-            "  --exhaustive N             score every plan when there are at most N (default 2000)\n"
+            "  --exhaustive N             score every plan when there are at most N (default 2000 with\n"
+            "                             --choose-schedule, 10000 without; 0: never)\n"
             "  --candidates               also print every candidate scored\n"
             "  -o PLAN.json               write the plan (docs/reference/formats.md)\n");
 }
@@ -139,7 +140,7 @@ static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, 
  * units_per_step units (the partitioner's view); the simulator runs the profile as measured with
  * that many micro-batches per step. Releases prof. */
 static int simulate_choice(const char *profile_path, Profile *prof, int units_per_step, const Cluster *cl,
-                           const PlanOpts *o, int explain, const char *out_path) {
+                           const PlanOpts *o, int exhaustive, int explain, const char *out_path) {
     Err err = {0};
     Profile raw, *sim_prof = prof;
     if (units_per_step > 1) {
@@ -149,7 +150,7 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
         }
         sim_prof = &raw;
     }
-    ChooseOpts co = {.kind = SCHED_1F1B, .n_micro = units_per_step, .plan = *o};
+    ChooseOpts co = {.kind = SCHED_1F1B, .n_micro = units_per_step, .exhaustive = exhaustive, .plan = *o};
     ChooseResult r;
     int rc = CLI_OK;
     if (plan_choose(prof, sim_prof, cl, &co, &r, &err)) {
@@ -281,7 +282,6 @@ int cmd_plan(int argc, char **argv) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 0, 1000000, &so.exhaustive))
                 return CLI_USAGE;
             if (so.exhaustive == 0) so.exhaustive = -1;
-            search_flags = 1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(out_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-' && a[1]) {
@@ -294,7 +294,7 @@ int cmd_plan(int argc, char **argv) {
     }
     if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
     if (search_flags && !choose)
-        return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer, --exhaustive and "
+        return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer and "
                                "--candidates go with --choose-schedule");
     if (choose && (explain || no_sim))
         return cli_usage_error("plan", "--explain and --no-simulate go with the plain plan, not --choose-schedule "
@@ -330,7 +330,7 @@ int cmd_plan(int argc, char **argv) {
     profile_spread_step(&prof, units_per_step);
     if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
     if (!no_sim && o.cost_model == COST_OURS && !o.chunks && !o.allow_idle)
-        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, explain, out_path);
+        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, out_path);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {
         err_prefix(&err, "%s", profile_path);

@@ -67,13 +67,14 @@ static Plan *partition(const Profile *prof, const Cluster *cl, const PlanOpts *b
     return plan_new(prof, cl, &o, &e);
 }
 
-/* Fitting first, then faster (1e-12 relative), then proposal order. */
+/* Fitting first, then faster (1e-12 relative), then less memory, then proposal order. */
 static int cmp(const void *a, const void *b) {
     const ChooseCand *x = a, *y = b;
     if (x->score.fits != y->score.fits) return y->score.fits - x->score.fits;
     double tx = x->score.unit_s, ty = y->score.unit_s;
     if (tx < ty * (1 - 1e-12)) return -1;
     if (tx > ty * (1 + 1e-12)) return 1;
+    if (x->score.peak_bytes != y->score.peak_bytes) return x->score.peak_bytes < y->score.peak_bytes ? -1 : 1;
     return x->score.part - y->score.part;
 }
 
@@ -97,14 +98,17 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
         if (!po->straight) add(&cs, partition(prof, cl, po, 1, po->overlap_allreduce, 0), "straight, no memory limit");
     }
     if (!po->straight && mine->n_workers > 1) add(&cs, data_parallel(mine, prof), "data parallel");
-    int lim = o->exhaustive ? o->exhaustive : 2000;
-    if (lim > 0) {
+    int lim = o->exhaustive ? o->exhaustive : 10000;
+    for (int straight = po->straight; lim > 0 && straight <= 1 && !out->n_enumerated; straight++) {
+        PlanOpts eo = *po;   /* every plan; too many: every straight plan */
+        eo.straight = straight;
         Plan **all = NULL;
         int n = 0;
         Err e = {0};
-        if (!plan_enumerate(prof, cl, po, lim, &all, &n, &e)) {
+        if (!plan_enumerate(prof, cl, &eo, lim, &all, &n, &e)) {
             out->n_enumerated = n;
-            for (int i = 0; i < n; i++) add(&cs, all[i], "enumerated");
+            out->enumerated_straight = straight;
+            for (int i = 0; i < n; i++) add(&cs, all[i], straight ? "enumerated, straight" : "enumerated");
             free(all);
         }
     }
@@ -174,7 +178,10 @@ static int print_why(const ChooseResult *r, const ChooseCand *c, const char *who
     if (w->ar_worker >= 0 && w->ar_worker != w->worker && w->ar_stage >= 0)
         fprintf(f, "    all-reduce of stage %d (%d replicas): %.3f ms per minibatch on worker %d\n", w->ar_stage,
                 c->plan->stages[w->ar_stage].replicas, w->ar_s * 1e3, w->ar_worker);
-    if (base) {
+    if (base && w->unit_s <= base->unit_s * (1 + 1e-9)) {
+        fprintf(f, "    against the choice: as fast; the choice %s\n",
+                c->score.peak_bytes > r->c[r->chosen].score.peak_bytes ? "needs less memory" : "was proposed first");
+    } else if (base) {
         static const char *name[] = {"compute", "all-reduce", "transfers", "bubble"};
         double d[4] = {w->compute_s - base->compute_s, w->allreduce_s - base->allreduce_s, w->link_s - base->link_s,
                        w->idle_s - base->idle_s};
@@ -192,9 +199,10 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
     char mi[48] = "";
     if (r->n_micro > 1) snprintf(mi, sizeof mi, ", %d micro-batches per step", r->n_micro);
     fprintf(f, "candidates simulated (%s%s): %d", sched_kind_name(r->kind), mi, r->n);
-    if (r->n_enumerated) fprintf(f, ", every plan (%d) among them", r->n_enumerated);
+    if (r->n_enumerated)
+        fprintf(f, ", every %splan (%d) among them", r->enumerated_straight ? "straight " : "", r->n_enumerated);
     if (r->memory_limit > 0) fprintf(f, "; memory limit %.4g GB per worker (simulated peak)", r->memory_limit / 1e9);
-    fprintf(f, "\n  %-4s %-30s %12s %10s %9s  %-24s %s\n", "", "source", "ms/minibatch", "samples/s", "peak GB", "shape",
+    fprintf(f, "\n  %-5s %-30s %12s %10s %9s  %-24s %s\n", "", "source", "ms/minibatch", "samples/s", "peak GB", "shape",
             "layers per stage");
     for (int i = 0; i < r->n; i++) {
         if (i >= top && i != r->planner && i != r->chosen) continue;
@@ -204,12 +212,12 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
         layers_per_stage(c->plan, ly, sizeof ly);
         snprintf(mark, sizeof mark, "%s%d", i == r->chosen ? "*" : " ", i + 1);
         if (c->score.unit_s >= 1e300) {
-            fprintf(f, "  %-4s %-30s %12s %10s %9s  %-24s %s\n", mark, c->source, "-", "-", "-", sh, ly);
+            fprintf(f, "  %-5s %-30s %12s %10s %9s  %-24s %s\n", mark, c->source, "-", "-", "-", sh, ly);
             continue;
         }
         char sps[24] = "-";   /* the authors' profiles do not say their minibatch */
         if (r->samples_per_unit > 0) snprintf(sps, sizeof sps, "%.1f", r->samples_per_unit / c->score.unit_s);
-        fprintf(f, "  %-4s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3, sps,
+        fprintf(f, "  %-5s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3, sps,
                 c->score.peak_bytes / 1e9, sh, ly, c->score.fits ? "" : "  over the limit");
     }
     if (r->n > top) fprintf(f, "  (%d more)\n", r->n - top - (r->planner >= top));
@@ -231,8 +239,9 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
         if (i != r->chosen && r->c[i].score.fits) ru = i;
     if (ru >= 0) {
         char who[96];
-        snprintf(who, sizeof who, "runner-up (%s, %.1f%% slower)", r->c[ru].source,
-                 100 * (r->c[ru].score.unit_s / w->score.unit_s - 1));
+        double d = 100 * (r->c[ru].score.unit_s / w->score.unit_s - 1);
+        if (d < 0.05) snprintf(who, sizeof who, "runner-up (%s, as fast)", r->c[ru].source);
+        else snprintf(who, sizeof who, "runner-up (%s, %.1f%% slower)", r->c[ru].source, d);
         print_why(r, &r->c[ru], who, sim_prof, cl, opt, base, &wo, f);
     }
     if (r->planner != r->chosen && r->planner != ru && mine->score.unit_s < 1e300) {

@@ -1,7 +1,7 @@
 /* choose.h: the last word on `pipedream plan`'s plan (docs/explanation/planner.md "The
  * simulator disposes"). The partitioner's dynamic program proposes; candidates cheap to get
  * besides its plan (the straight split, data parallelism, its plan under other options, every
- * plan when the model is small) are each run by the simulator under the schedule the plan
+ * plan, or every straight plan, when there are few enough) are each run by the simulator under the schedule the plan
  * will run, on the cluster (core sharing included), and the fastest whose simulated peak
  * memory fits the limit is written. Scores with plan_search_score (search.h). */
 #ifndef PD_CHOOSE_H
@@ -15,7 +15,8 @@ typedef struct ChooseOpts {
     SchedKind kind;            /* the schedule the plan will run; 0 = 1f1b */
     int n_micro;               /* units per optimizer step (`plan --units-per-step`); 0 = 1 */
     double opt_state_factor;   /* 0 or 1 SGD with momentum, 2 Adam */
-    int exhaustive;            /* also every plan when there are at most this many; 0 = 2000; < 0: never */
+    int exhaustive;            /* also every plan when there are at most this many (else every straight plan,
+                                * if that few); 0 = 10000; < 0: never */
     PlanOpts plan;             /* the partitioner's options (ours; memory_limit: the limit on the simulated peak) */
 } ChooseOpts;
 
@@ -27,11 +28,12 @@ typedef struct ChooseCand {
 
 typedef struct ChooseResult {
     int n;
-    ChooseCand *c;             /* fitting first, then fastest first (ties: proposal order) */
+    ChooseCand *c;             /* fitting first, then fastest first (ties: less memory, then proposal order) */
     int chosen;                /* index of the plan to write: 0, or the planner's when nothing fits */
     int planner;               /* index of the partitioner's own plan */
     int none_fit;              /* no candidate's simulated peak fits the limit */
     int n_enumerated;          /* plans enumerated (0: the model has too many) */
+    int enumerated_straight;   /* ... and they are the straight ones only */
     SchedKind kind;
     int n_micro, samples_per_unit;
     double memory_limit;
