@@ -67,14 +67,16 @@ static Plan *partition(const Profile *prof, const Cluster *cl, const PlanOpts *b
     return plan_new(prof, cl, &o, &e);
 }
 
-/* Fitting first, then faster (1e-12 relative), then less memory, then proposal order. */
+/* Fitting first, then faster (1e-12 relative); among equals the partitioner's proposals in
+ * their order (the planner's own first), then the enumerated by less memory. */
 static int cmp(const void *a, const void *b) {
     const ChooseCand *x = a, *y = b;
     if (x->score.fits != y->score.fits) return y->score.fits - x->score.fits;
     double tx = x->score.unit_s, ty = y->score.unit_s;
     if (tx < ty * (1 - 1e-12)) return -1;
     if (tx > ty * (1 + 1e-12)) return 1;
-    if (x->score.peak_bytes != y->score.peak_bytes) return x->score.peak_bytes < y->score.peak_bytes ? -1 : 1;
+    if (x->enumerated != y->enumerated) return x->enumerated - y->enumerated;
+    if (x->enumerated && x->score.peak_bytes != y->score.peak_bytes) return x->score.peak_bytes < y->score.peak_bytes ? -1 : 1;
     return x->score.part - y->score.part;
 }
 
@@ -108,7 +110,11 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
         if (!plan_enumerate(prof, cl, &eo, lim, &all, &n, &e)) {
             out->n_enumerated = n;
             out->enumerated_straight = straight;
-            for (int i = 0; i < n; i++) add(&cs, all[i], straight ? "enumerated, straight" : "enumerated");
+            for (int i = 0; i < n; i++) {
+                int before = cs.n;
+                add(&cs, all[i], straight ? "enumerated, straight" : "enumerated");
+                if (cs.n > before) cs.c[cs.n - 1].enumerated = 1;
+            }
             free(all);
         }
     }
@@ -226,6 +232,9 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
         fprintf(f, "choice: the planner's own plan: no candidate's simulated peak fits %.4g GB\n", r->memory_limit / 1e9);
     } else if (r->chosen == r->planner) {
         fprintf(f, "choice: %s (the planner's own plan)\n", w->source);
+    } else if (!mine->score.fits) {
+        fprintf(f, "choice: %s; the planner's own plan does not fit (simulated peak %.4g GB)\n", w->source,
+                mine->score.peak_bytes / 1e9);
     } else {
         fprintf(f, "choice: %s, %.1f%% faster than the planner's own plan (simulated %.3f against %.3f ms)\n", w->source,
                 100 * (mine->score.unit_s / w->score.unit_s - 1), w->score.unit_s * 1e3, mine->score.unit_s * 1e3);

@@ -23,12 +23,14 @@ typedef struct ChooseOpts {
 typedef struct ChooseCand {
     Plan *plan;                /* owned by the result */
     char source[40];           /* where it came from: "planner", "straight", "data parallel", ... */
+    int enumerated;            /* from plan_enumerate, not proposed by the partitioner */
     SearchCand score;          /* score.fits: simulated and its peak fits the limit */
 } ChooseCand;
 
 typedef struct ChooseResult {
     int n;
-    ChooseCand *c;             /* fitting first, then fastest first (ties: less memory, then proposal order) */
+    ChooseCand *c;             /* fitting first, then fastest first (ties: the partitioner's proposals in their
+                                * order, then the enumerated by less memory) */
     int chosen;                /* index of the plan to write: 0, or the planner's when nothing fits */
     int planner;               /* index of the partitioner's own plan */
     int none_fit;              /* no candidate's simulated peak fits the limit */
