@@ -17,7 +17,7 @@ static void help(FILE *f) {
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
             "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
-            "                      [--cores C] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
+            "                      [--cores N] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
             "                      [--optimizer sgd|adam|adamw] [--exhaustive N] [-o PLAN.json]\n\n"
