@@ -1,6 +1,8 @@
-/* cmd_plan.c: `pipedream plan`: partitions a profile over a cluster (plan_new), prints
+/* cmd_plan.c: `pipedream plan`: partitions a profile over a cluster (plan_new), lets the
+ * simulator choose among the partitioner's candidates (plan_choose, src/sim/choose.c), prints
  * the table and writes the plan JSON; with --choose-schedule it searches schedules too
  * (plan_search, src/sim/search.c). Parses flags only; the work is in src/plan and src/sim. */
+#include "choose.h"
 #include "cli.h"
 #include "plan.h"
 #include "profile.h"
@@ -15,7 +17,7 @@ static void help(FILE *f) {
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
             "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
-            "                      [-o PLAN.json]\n"
+            "                      [--cores N] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
             "                      [--optimizer sgd|adam|adamw] [--exhaustive N] [-o PLAN.json]\n\n"
@@ -24,10 +26,20 @@ static void help(FILE *f) {
             "Levels are innermost first: --workers 4,4 --bandwidth 1e10,1.25e9 is 4 workers per\n"
             "server at 10 GB/s, 4 servers at 1.25 GB/s. Bandwidths in bytes/s (one level: 1e9 if\n"
             "omitted, as in the authors' optimizer).\n\n"
+            "The dynamic program proposes; the simulator disposes: its plan, the straight split, data\n"
+            "parallelism, its plan under other options and, when there are few enough, every plan are each\n"
+            "simulated under 1f1b on the cluster, and the fastest whose simulated peak memory fits\n"
+            "--memory-limit is written (our cost model; --cost-model pipedream, --chunks, --allow-idle\n"
+            "and --no-simulate write the dynamic program's plan as it is).\n\n"
             "  --straight                 no replication: one worker per stage\n"
+            "  --explain                  say why the choice won: what its time per minibatch goes to\n"
+            "                             (compute, all-reduce, transfers, bubble), the runner-up's and the\n"
+            "                             planner's own plan's, and the memory\n"
+            "  --no-simulate              write the dynamic program's plan without simulating candidates\n"
             "  --units-per-step M         the schedule steps once per M units (M micro-batches per\n"
             "                             minibatch: gpipe, 1f1b-flush, 2bw, zb): the profile's optimizer\n"
-            "                             step (step_s) counts once per M units, not in each (default 1)\n"
+            "                             step (step_s) counts once per M units, not in each (default 1);\n"
+            "                             candidates are simulated under 1f1b with M micro-batches per step\n"
             "  --cores N                  cores per machine (a level-0 group of workers); the simulator\n"
             "                             slows compute by workers/cores when more workers share them\n"
             "                             (default: the cluster file's cores_per_machine, else one each)\n"
@@ -53,7 +65,8 @@ static void help(FILE *f) {
             "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
             "  --recompute yes|no|both    recomputation settings to consider (default both)\n"
             "  --optimizer NAME          optimizer state in the memory (sgd with momentum, the default; adam, adamw: two)\n"
-            "  --exhaustive N             score every plan when there are at most N (default 2000)\n"
+            "  --exhaustive N             score every plan when there are at most N (default 2000 with\n"
+            "                             --choose-schedule, 10000 without; 0: never)\n"
             "  --candidates               also print every candidate scored\n"
             "  -o PLAN.json               write the plan (docs/reference/formats.md)\n");
 }
@@ -122,6 +135,51 @@ static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, 
     return rc;
 }
 
+/* The plain plan: the partitioner's candidates scored by the simulator (plan_choose); prints the
+ * chosen plan's table and the candidates, writes the choice. prof has its step spread over
+ * units_per_step units (the partitioner's view); the simulator runs the profile as measured with
+ * that many micro-batches per step. Releases prof. */
+static int simulate_choice(const char *profile_path, Profile *prof, int units_per_step, const Cluster *cl,
+                           const PlanOpts *o, int exhaustive, int explain, const char *out_path) {
+    Err err = {0};
+    Profile raw, *sim_prof = prof;
+    if (units_per_step > 1) {
+        if (profile_load(profile_path, &raw, &err)) {
+            profile_release(prof);
+            return cli_fail(&err);
+        }
+        sim_prof = &raw;
+    }
+    ChooseOpts co = {.kind = SCHED_1F1B, .n_micro = units_per_step, .exhaustive = exhaustive, .plan = *o};
+    ChooseResult r;
+    int rc = CLI_OK;
+    if (plan_choose(prof, sim_prof, cl, &co, &r, &err)) {
+        err_prefix(&err, "%s", profile_path);
+        rc = cli_fail(&err);
+    } else {
+        const ChooseCand *c = &r.c[r.chosen];
+        Plan *p = c->plan;   /* owned by r: annotate, print, write */
+        p->opts.memory_limit = o->memory_limit;   /* the limit the choice was held to */
+        if (c->score.unit_s < 1e300) {
+            snprintf(p->sim_schedule, sizeof p->sim_schedule, "%s", sched_kind_name(r.kind));
+            p->sim_micro = r.n_micro;
+            p->sim_s = c->score.unit_s;
+            p->sim_samples_per_s = r.samples_per_unit / c->score.unit_s;
+        }
+        plan_print(p, stdout);
+        printf("\n");
+        plan_choose_print(&r, 5, explain, sim_prof, cl, co.opt_state_factor, stdout);
+        if (out_path) {
+            if (plan_save(p, out_path, &err)) rc = cli_fail(&err);
+            else printf("wrote %s\n", out_path);
+        }
+        plan_choose_release(&r);
+    }
+    if (sim_prof != prof) profile_release(&raw);
+    profile_release(prof);
+    return rc;
+}
+
 int cmd_plan(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help(stdout);
@@ -135,7 +193,7 @@ int cmd_plan(int argc, char **argv) {
     o.cost_model = COST_OURS;
     SearchOpts so;
     memset(&so, 0, sizeof so);
-    int choose = 0, search_flags = 0, show_all = 0;
+    int choose = 0, search_flags = 0, show_all = 0, explain = 0, no_sim = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--cluster")) {
@@ -147,6 +205,10 @@ int cmd_plan(int argc, char **argv) {
             if (!(v = cli_value("plan", argc, argv, &i)) || (n_bw = parse_list(a, v, 0, bw)) < 0) return CLI_USAGE;
         } else if (!strcmp(a, "--straight")) {
             o.straight = 1;
+        } else if (!strcmp(a, "--explain")) {
+            explain = 1;
+        } else if (!strcmp(a, "--no-simulate")) {
+            no_sim = 1;
         } else if (!strcmp(a, "--allow-idle")) {
             o.allow_idle = 1;
         } else if (!strcmp(a, "--overlap-allreduce")) {
@@ -220,7 +282,6 @@ int cmd_plan(int argc, char **argv) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 0, 1000000, &so.exhaustive))
                 return CLI_USAGE;
             if (so.exhaustive == 0) so.exhaustive = -1;
-            search_flags = 1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(out_path = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-' && a[1]) {
@@ -233,8 +294,14 @@ int cmd_plan(int argc, char **argv) {
     }
     if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
     if (search_flags && !choose)
-        return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer, --exhaustive and "
+        return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer and "
                                "--candidates go with --choose-schedule");
+    if (choose && (explain || no_sim))
+        return cli_usage_error("plan", "--explain and --no-simulate go with the plain plan, not --choose-schedule "
+                               "(it prints its own reasons)");
+    if (explain && !choose && (no_sim || o.cost_model != COST_OURS || o.chunks || o.allow_idle))
+        return cli_usage_error("plan", "--explain needs the simulator's choice (not with --no-simulate, --cost-model "
+                               "pipedream, --chunks or --allow-idle)");
     if (choose && (o.cost_model != COST_OURS || o.straight || o.allow_idle || o.chunks))
         return cli_usage_error("plan", "--choose-schedule searches our cost model's plans itself (no --cost-model "
                                "pipedream, --straight, --allow-idle or --chunks)");
@@ -262,6 +329,8 @@ int cmd_plan(int argc, char **argv) {
     if (profile_load(profile_path, &prof, &err)) return cli_fail(&err);
     profile_spread_step(&prof, units_per_step);
     if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
+    if (!no_sim && o.cost_model == COST_OURS && !o.chunks && !o.allow_idle)
+        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, out_path);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {
         err_prefix(&err, "%s", profile_path);

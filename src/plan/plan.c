@@ -409,6 +409,13 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     cJSON_AddItemToObject(pr, "data_parallel_s", pd_json_num(p->dp_s));
     cJSON_AddItemToObject(pr, "speedup_over_single", pd_json_num(p->single_s / p->pipeline_s));
     cJSON_AddItemToObject(pr, "speedup_over_data_parallel", pd_json_num(p->dp_s / p->pipeline_s));
+    if (p->sim_s > 0) {
+        cJSON *sj = cJSON_AddObjectToObject(pr, "simulated");
+        cJSON_AddStringToObject(sj, "schedule", p->sim_schedule);
+        cJSON_AddItemToObject(sj, "microbatches", pd_json_num(p->sim_micro));
+        cJSON_AddItemToObject(sj, "time_per_minibatch_s", pd_json_num(p->sim_s));
+        cJSON_AddItemToObject(sj, "samples_per_s", pd_json_num(p->sim_samples_per_s));
+    }
     cJSON *stages = cJSON_AddArrayToObject(root, "stages");
     for (int s = 0; s < p->n_stages; s++) {
         const PlanStage *st = &p->stages[s];
@@ -517,8 +524,25 @@ Plan *plan_load(const char *path, Err *err) {
         (rc = jobj_num(&pj, "single_worker_s", 1, 0, 1e300, &p->single_s, err)) ||
         (rc = jobj_num(&pj, "data_parallel_s", 1, 0, 1e300, &p->dp_s, err)) ||
         (rc = jobj_num(&pj, "speedup_over_single", 0, 0, 1e300, &dummy, err)) ||
-        (rc = jobj_num(&pj, "speedup_over_data_parallel", 0, 0, 1e300, &dummy, err)) || (rc = jobj_done(&pj, err)))
+        (rc = jobj_num(&pj, "speedup_over_data_parallel", 0, 0, 1e300, &dummy, err)))
         goto done;
+    if (jobj_has(&pj, "simulated")) {
+        JObj sj;
+        const char *s = "";
+        if ((rc = jobj_init(&sj, jobj_get(&pj, "simulated"), err, "%s: predicted: simulated", path)) ||
+            (rc = jobj_str(&sj, "schedule", 1, &s, err)))
+            goto done;
+        if (!s[0] || strlen(s) >= sizeof p->sim_schedule) {
+            rc = err_set(err, PD_EINVAL, "%s: predicted: simulated: key \"schedule\": expected a schedule name", path);
+            goto done;
+        }
+        snprintf(p->sim_schedule, sizeof p->sim_schedule, "%s", s);
+        if ((rc = jobj_int(&sj, "microbatches", 1, 1, 1 << 16, &p->sim_micro, err)) ||
+            (rc = jobj_num(&sj, "time_per_minibatch_s", 1, 1e-300, 1e300, &p->sim_s, err)) ||
+            (rc = jobj_num(&sj, "samples_per_s", 1, 0, 1e300, &p->sim_samples_per_s, err)) || (rc = jobj_done(&sj, err)))
+            goto done;
+    }
+    if ((rc = jobj_done(&pj, err))) goto done;
     const cJSON *stages = jobj_get(&j, "stages");
     if (!stages || !cJSON_IsArray(stages) || cJSON_GetArraySize(stages) < 1) {
         rc = err_set(err, PD_EINVAL, "%s: key \"stages\": expected a non-empty array", path);
@@ -602,6 +626,13 @@ void plan_print(const Plan *p, FILE *f) {
         if (st->time_s > p->stages[bott].time_s) bott = s;
     }
     fprintf(f, "\nbottleneck: stage %d; predicted time per minibatch: %.6f ms\n", bott, p->pipeline_s * 1e3);
+    if (p->sim_s > 0) {
+        char mi[48] = "";
+        if (p->sim_micro > 1) snprintf(mi, sizeof mi, ", %d micro-batches per step", p->sim_micro);
+        fprintf(f, "simulated (%s%s): %.6f ms per minibatch", p->sim_schedule, mi, p->sim_s * 1e3);
+        if (p->sim_samples_per_s > 0) fprintf(f, ", %.1f samples/s", p->sim_samples_per_s);
+        fputc('\n', f);
+    }
     fprintf(f, "single worker: %.6f ms; data parallel on %d workers: %.6f ms\n", p->single_s * 1e3,
             cluster_total_workers(&p->cluster), p->dp_s * 1e3);
     fprintf(f, "speedup over one worker: %.4fx; over data parallelism: %.4fx\n", p->single_s / p->pipeline_s,

@@ -130,6 +130,12 @@ typedef struct Plan {
      * kind name ("" = none), micro-batches per minibatch, recomputation. */
     char schedule[24];
     int schedule_micro, schedule_recompute;
+    /* The simulator's figure for the plan (`plan` scores its candidates with it; JSON
+     * "predicted.simulated"): the time per minibatch (one profile minibatch) and samples/s
+     * under sim_schedule with sim_micro micro-batches per step; sim_s 0 = not simulated. */
+    double sim_s, sim_samples_per_s;
+    char sim_schedule[24];
+    int sim_micro;
 } Plan;
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */

@@ -24,9 +24,12 @@ static long lcm_replicas(const Plan *p) {
     return period;
 }
 
-int plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
-                      double opt_state_factor, SearchCand *out, Err *err) {
+/* Runs p under (kind, n_micro, recompute) as the search does; fills out and, given why, the
+ * per-unit breakdown of the run (search.h). */
+static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
+                 double opt_state_factor, SearchCand *out, SearchWhy *why, Err *err) {
     memset(out, 0, sizeof *out);
+    if (why) memset(why, 0, sizeof *why);
     long period = lcm_replicas(p);
     int W = p->n_workers, n_mb;
     if (kind == SCHED_1F1B || kind == SCHED_DP || kind == SCHED_MP) n_mb = (int)(4 * W + 8 > 4 * period ? 4 * W + 8 : 4 * period);
@@ -59,14 +62,59 @@ int plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, Sch
         }
         out->fits = 1;
     }
+    if (!rc && why) {   /* each worker's compute, all-reduce and sends, summed over the run, per unit */
+        int n_ev = 0, R = r.n_ranks;
+        TraceEvent *ev = sim_events(&s, &r, &n_ev);
+        double *sum = calloc((size_t)R * 3, sizeof(double));
+        PD_ASSERT(sum);
+        for (int i = 0; i < n_ev; i++) {
+            int k = ev[i].kind, w = ev[i].worker, col = k == TRACE_ALLREDUCE ? 1 : k == TRACE_SEND ? 2 : 0;
+            if (w < 0 || w >= R || k == TRACE_RECV_WAIT) continue;
+            sum[3 * w + col] += ev[i].end - ev[i].start;
+        }
+        double units = s.n_units > 0 ? s.n_units : 1, busy = -1;
+        why->unit_s = r.time_per_unit_s;
+        why->link_worker = why->ar_worker = -1;
+        for (int w = 0; w < R; w++) {
+            double cw = sum[3 * w] / units, aw = sum[3 * w + 1] / units, lw = sum[3 * w + 2] / units;
+            if (cw + aw > busy) busy = cw + aw, why->worker = w, why->compute_s = cw, why->allreduce_s = aw;
+            if (lw > why->link_s) why->link_s = lw, why->link_worker = w;
+            if (aw > why->ar_s) why->ar_s = aw, why->ar_worker = w;
+        }
+        why->stage = plan_stage_of_rank(p, why->worker, NULL);
+        why->link_stage = why->link_worker >= 0 ? plan_stage_of_rank(p, why->link_worker, NULL) : -1;
+        why->ar_stage = why->ar_worker >= 0 ? plan_stage_of_rank(p, why->ar_worker, NULL) : -1;
+        why->slowdown = r.slowdown ? r.slowdown[why->worker] : 1;
+        double held = busy > why->link_s ? busy : why->link_s;
+        why->idle_s = why->unit_s > held ? why->unit_s - held : 0;
+        /* the largest part of the time per unit */
+        double part[4] = {why->compute_s, why->allreduce_s, why->link_s, why->idle_s};
+        int b = 0;
+        for (int i = 1; i < 4; i++)
+            if (part[i] > part[b]) b = i;
+        why->bottleneck = (SearchBottleneck)b;
+        free(sum);
+        free(ev);
+    }
     sim_result_release(&r);
     sim_costs_release(&c);
     sched_release(&s);
     return rc;
 }
 
+int plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
+                      double opt_state_factor, SearchCand *out, Err *err) {
+    return score(p, prof, cl, kind, n_micro, recompute, opt_state_factor, out, NULL, err);
+}
+
+int plan_search_why(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
+                    double opt_state_factor, SearchWhy *out, Err *err) {
+    SearchCand c;
+    return score(p, prof, cl, kind, n_micro, recompute, opt_state_factor, &c, out, err);
+}
+
 /* Same stages, layers and replicas (and chunks): the same partition. */
-static int same_plan(const Plan *a, const Plan *b) {
+int plan_same_partition(const Plan *a, const Plan *b) {
     if (a->n_stages != b->n_stages || a->chunks != b->chunks) return 0;
     for (int i = 0; i < a->n_stages; i++) {
         const PlanStage *x = &a->stages[i], *y = &b->stages[i];
@@ -85,7 +133,7 @@ typedef struct Parts {
 static void parts_add(Parts *ps, Plan *p) {
     if (!p) return;
     for (int i = 0; i < ps->n; i++)
-        if (same_plan(ps->p[i], p)) {
+        if (plan_same_partition(ps->p[i], p)) {
             plan_free(p);
             return;
         }
@@ -273,8 +321,7 @@ void plan_search_release(SearchResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* "4 stages (2+1+1 replicas)" or "8 stages, 2 per worker". */
-static void shape(const Plan *p, char *buf, size_t n) {
+void plan_search_shape(const Plan *p, char *buf, size_t n) {
     if (p->chunks > 1) {
         snprintf(buf, n, "%d stages, %d per worker", p->n_stages, p->chunks);
         return;
@@ -292,7 +339,7 @@ static void shape(const Plan *p, char *buf, size_t n) {
  * 0.111, peak 3.2 GB per worker" */
 static void describe(const SearchCand *c, char *buf, size_t n) {
     char sh[96], mi[32] = "";
-    shape(c->plan, sh, sizeof sh);
+    plan_search_shape(c->plan, sh, sizeof sh);
     if (c->kind != SCHED_1F1B && c->kind != SCHED_DP && c->kind != SCHED_MP) snprintf(mi, sizeof mi, ", %d micro-batches", c->n_micro);
     int async = c->kind == SCHED_1F1B || c->kind == SCHED_2BW;
     snprintf(buf, n, "%s%s%s (%s) on %s: %.4f ms per unit, bubble %.3f, peak %.4g GB per worker", sched_kind_name(c->kind),
@@ -350,7 +397,7 @@ void plan_search_print_all(const SearchResult *r, FILE *f) {
     for (int i = 0; i < r->n_candidates; i++) {
         const SearchCand *c = &r->all[i];
         char sh[96], ly[160];
-        shape(c->plan, sh, sizeof sh);
+        plan_search_shape(c->plan, sh, sizeof sh);
         int k = 0;
         ly[0] = 0;
         for (int s = 0; s < c->plan->n_stages && k < (int)sizeof ly - 16; s++)

@@ -67,6 +67,29 @@ void plan_search_print(const SearchResult *r, FILE *f);
 /* Every candidate, one line each: partition, shape, kind, micro-batches, recomputation, time
  * per unit, peak memory, whether it fits, layers per stage. */
 void plan_search_print_all(const SearchResult *r, FILE *f);
+/* Same stages, layers and replicas (and chunks): the same partition. */
+int  plan_same_partition(const Plan *a, const Plan *b);
+/* "4 stages (replicas 2+1+1)" or "8 stages, 2 per worker" into buf. */
+void plan_search_shape(const Plan *p, char *buf, size_t n);
+
+/* What a simulated run's time per unit went to. */
+typedef enum SearchBottleneck { WHY_COMPUTE, WHY_ALLREDUCE, WHY_LINK, WHY_BUBBLE } SearchBottleneck;
+typedef struct SearchWhy {
+    double unit_s;             /* simulated steady-state time per unit */
+    int worker, stage;         /* the busiest worker (compute + all-reduce) and its stage */
+    double compute_s;          /* its compute per unit of the pipeline (averaged over the run, core sharing included) */
+    double slowdown;           /* the factor its compute was slowed by, sharing cores */
+    double allreduce_s;        /* its all-reduces per unit */
+    int ar_worker, ar_stage;   /* the worker with the longest all-reduces (-1: none) */
+    double ar_s;               /* its all-reduces per unit */
+    int link_worker, link_stage;   /* the worker with the busiest outgoing link (-1: no transfers) */
+    double link_s;             /* that link's transfers per unit */
+    double idle_s;             /* unit_s - max(compute + all-reduce, link): the bubble and waits */
+    SearchBottleneck bottleneck;   /* the largest of compute_s, allreduce_s, link_s, idle_s */
+} SearchWhy;
+/* Simulates one candidate as plan_search_score does and says what its time went to. */
+int  plan_search_why(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
+                     double opt_state_factor, SearchWhy *out, Err *err);
 /* Scores one candidate as the search does (the same simulation length and memory figure). */
 int  plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
                        double opt_state_factor, SearchCand *out, Err *err);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # plan.sh: `pipedream plan` end to end: --help, usage errors (exit 2, one line), runtime
 # errors (exit 1), a chain profile over a cluster file and over --workers/--bandwidth,
-# the plan JSON's fields, determinism, and the authors' vgg16 on 4 workers (3 + 1).
+# the plan JSON's fields, determinism, and the authors' vgg16 on 4 workers (3 + 1); the
+# simulator's choice among candidates (our vgg16: the straight split over the partitioner's
+# replicated plan), --explain, --no-simulate and predicted.simulated.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -80,4 +82,24 @@ grep -q "predicted time per minibatch: 205.520896 ms" "$tmp/out" || fail "vgg16 
 reps=$(flat "$tmp/vgg.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
 [ "$reps" = "3 1 " ] || fail "vgg16 replicas '$reps', want '3 1 '"
 flat "$tmp/vgg.json" | grep -qF '"noam":2' || fail "vgg16 noam"
+# the simulator's choice: our vgg16 at 1.196e8 B/s on 2 cores
+OURS=$SRC/tests/data/profiles/vgg16_mb64.json
+expect_usage "--explain needs" "$OURS" --workers 4 --explain --no-simulate
+expect_usage "--explain and --no-simulate go with" "$OURS" --workers 4 --choose-schedule --explain
+"$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --explain -o "$tmp/ours.json" >"$tmp/out" 2>"$tmp/err" ||
+    fail "plan --explain: $(cat "$tmp/err")"
+for w in "candidates simulated (1f1b): " "faster than the planner's own plan" "simulated (1f1b): " "why (per minibatch" "runner-up (" \
+    "the planner's own plan ("; do
+    grep -qF "$w" "$tmp/out" || fail "plan --explain lacks '$w': $(cat "$tmp/out")"
+done
+grep -q '^  \*1 ' "$tmp/out" || fail "the choice is not marked first"
+flat "$tmp/ours.json" | grep -qF '"simulated":{"schedule":"1f1b","microbatches":1,"time_per_minibatch_s":' ||
+    fail "plan JSON lacks predicted.simulated"
+reps=$(flat "$tmp/ours.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
+[ "$reps" = "1 1 1 1 " ] || fail "ours: replicas '$reps', want the straight split"
+"$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --no-simulate -o "$tmp/raw.json" >"$tmp/out" || fail "--no-simulate"
+grep -q "candidates" "$tmp/out" && fail "--no-simulate printed candidates"
+flat "$tmp/raw.json" | grep -qF '"simulated"' && fail "--no-simulate recorded a simulated figure"
+reps=$(flat "$tmp/raw.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
+[ "$reps" = "2 1 1 " ] || fail "ours --no-simulate: replicas '$reps', want the partitioner's 2 1 1"
 echo "plan.sh: all passed"

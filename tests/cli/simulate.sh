@@ -91,13 +91,19 @@ slow = json.load(open(tmp + "/slow_out.json"))["time_per_minibatch_s"]
 assert slow > 1.5 * a, (slow, a)
 EOF
 # cores: 4 workers sharing 2 cores (the same plan, --cores 2) compute slower by k / 2, k the
-# workers counted by their compute relative to the busiest (docs/reference/formats.md), exactly
-"$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --cores 2 -o "$tmp/plan2c.json" >/dev/null 2>"$tmp/err" ||
+# workers counted by their compute relative to the busiest (docs/reference/formats.md), exactly.
+# The same plan: the dynamic program's, which does not see the cores (--no-simulate; the
+# simulator's choice would see them and may choose another split)
+"$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --no-simulate -o "$tmp/plan1c.json" >/dev/null 2>"$tmp/err" ||
+    fail "plan --no-simulate: $(cat "$tmp/err")"
+"$PD" simulate "$tmp/plan1c.json" --profile "$PROF" --schedule model-parallel --json >"$tmp/c1.json" 2>"$tmp/err" ||
+    fail "simulate one core each: $(cat "$tmp/err")"
+"$PD" plan "$PROF" --workers 4 --bandwidth 1e10 --straight --no-simulate --cores 2 -o "$tmp/plan2c.json" >/dev/null 2>"$tmp/err" ||
     fail "plan --cores: $(cat "$tmp/err")"
 tr -d ' \t\n' <"$tmp/plan2c.json" | grep -q '"cores_per_machine":2' || fail "cores not in the plan"
 "$PD" simulate "$tmp/plan2c.json" --profile "$PROF" --schedule model-parallel --json >"$tmp/c2.json" 2>"$tmp/err" ||
     fail "simulate cores: $(cat "$tmp/err")"
-python3 - "$tmp/c2.json" "$tmp/model-parallel.json" <<'PY' || fail "cores"
+python3 - "$tmp/c2.json" "$tmp/c1.json" <<'PY' || fail "cores"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:])
 busy = lambda d: [x["busy_fraction"] * d["makespan_s"] for x in d["per_worker"]]
