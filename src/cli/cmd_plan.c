@@ -46,6 +46,8 @@ static void help(FILE *f) {
             "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
             "                             memory_per_worker; 0 = none)\n"
             "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
+            "  --wire fp32|bf16           the format between stages `train --wire` will use (bf16: as\n"
+            "                             --activation-compression 2)\n"
             "  --activation-compression R divide activation transfers by R (pipedream model: without\n"
             "                             it transfers are ignored, as in the authors' optimizer)\n"
             "  --cost-model KIND          ours (default) or pipedream (the authors' optimizer, exactly)\n"
@@ -227,6 +229,11 @@ int cmd_plan(int argc, char **argv) {
             if (!(v = cli_value("plan", argc, argv, &i)) ||
                 cli_parse_double("plan", a, v, 1e-300, 1e300, &o.activation_compression))
                 return CLI_USAGE;
+        } else if (!strcmp(a, "--wire")) {   /* train --wire bf16: half the bytes on every link */
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "bf16")) o.activation_compression = 2;
+            else if (!strcmp(v, "fp32")) o.activation_compression = 0;
+            else return cli_usage_error("plan", "--wire: unknown \"%s\" (fp32, bf16)", v);
         } else if (!strcmp(a, "--cost-model")) {
             if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
             o.cost_model = plan_cost_model_parse(v);

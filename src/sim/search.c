@@ -44,8 +44,10 @@ static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKin
     int rc = sched_build(p, &so, &s, err);
     if (rc) return rc;
     if (!(rc = sim_costs_from_profile(&s, prof, &c, err))) {
+        /* the plan's activation compression (plan --wire bf16: 2) shrinks what crosses its links */
+        double ac = p->opts.activation_compression;
         SimOpts o = {.cluster = cl, .opt_state_factor = opt_state_factor > 0 ? opt_state_factor : 1,
-                     .samples_per_unit = prof->minibatch};
+                     .samples_per_unit = prof->minibatch, .wire_factor = ac > 0 ? 1.0 / ac : 1.0};
         rc = sim_run(&s, &c, &o, &r, err);
     }
     if (!rc) {
