@@ -23,6 +23,10 @@
  * into dx by then): vgg16's step 8 MB smaller, one activation reorder fewer per convolution. The weight-sized ones (reordered weights, dW before its += reorder) are
  * rebuilt every call too and live there as well (vgg16: 14 MB).
  *
+ * Precision (KPREC_BF16): the primitives take src, weights and diff_dst in bf16 and write dst,
+ * diff_src, diff_weights and diff_bias in float32; the input ports' reorders convert (they
+ * always run then, and the blocked float32 layouts are not offered).
+ *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -198,9 +202,17 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     CK(dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
     CK(dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
     const dnnl_format_tag_t act = d->use_any ? any : dnnl_nchw;
-    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
-    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, d->use_any ? any : dnnl_oihw));
+    /* bf16: the multiplied operands (src, weights, diff_dst) in bf16, reordered (converted) from
+     * the caller's float32 by their ports; dst, diff_src, diff_weights and bias stay float32 */
+    const dnnl_data_type_t mt = cv->prec == KPREC_BF16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t ddst_a;
+    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, mt, d->use_any ? any : dnnl_oihw));
     CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
+    dnnl_memory_desc_t dsrc_a = src_a, dwei_a = wei_a;   // the gradients' outputs: float32
+    dsrc_a.data_type = dnnl_f32;
+    dwei_a.data_type = dnnl_f32;
     const dnnl_memory_desc_t *bias = cv->has_bias ? &bias_u : NULL;
 
     CK(dnnl_primitive_attr_create(&attr));
@@ -221,10 +233,10 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
         CK(dnnl_primitive_attr_create(&attr));
         CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     }
-    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &src_a, &wei_a, &dst_a, strides, pad,
-                                                pad));
+    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &dsrc_a, &wei_a, &ddst_a, strides,
+                                                pad, pad));
     CK(dnnl_primitive_desc_create(&dpd, &dd_, attr, d->eng, fpd));
-    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &wei_a, bias, &dst_a,
+    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &dwei_a, bias, &ddst_a,
                                                    strides, pad, pad));
     CK(dnnl_primitive_desc_create(&wpd, &wd_, attr, d->eng, fpd));
 
