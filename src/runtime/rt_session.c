@@ -365,7 +365,7 @@ static int session_workers(Rank *R, Err *err) {
                         .units_total = (int)(R->n_mb * probe->n_micro), .progress_t0 = pd_now(),
                         .progress_u0 = R->mb_done * (uint64_t)probe->n_micro, .init = R->init,
                         .nan_check = sp->nan_check, .no_stash = sp->no_stash, .staleness = sp->staleness,
-                        .staleness_warmup = sp->staleness_warmup};
+                        .staleness_warmup = sp->staleness_warmup, .precision = sp->precision};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     R->eval_batches = R->test ? (int64_t)((R->test->n + (size_t)R->unit_batch - 1) / (size_t)R->unit_batch) : 0;
     R->run_units = (int64_t)R->n_mb * probe->n_micro;   /* evaluation ids start after them */

@@ -68,6 +68,8 @@ typedef struct RtConfig {
                                * last unit); a session gives every evaluation its own ids */
     int staleness;            /* RT_STALE_* flags: compensation for delayed gradients (below) */
     int staleness_warmup;     /* RT_STALE_LR_WARMUP: the optimizer steps K of the warm-up (0: RT_STALE_WARMUP_STEPS) */
+    int precision;            /* compute precision of the matrix products, KPREC_* (0: float32;
+                               * model_set_precision) */
 } RtConfig;
 
 /* Staleness compensation (docs/explanation/staleness.md). A unit's delay d is the number of
@@ -248,6 +250,7 @@ typedef struct RtProfileOpts {
                           * when nothing else slows it (this VM's comes in spells: docs/reference/formats.md) */
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
+    int precision;       /* KPREC_* the model runs at (0: float32), as training will */
 } RtProfileOpts;
 
 /* Times o->warmup + o->iterations training steps (o->rounds times) of the model (synthetic data, whole model
@@ -334,6 +337,7 @@ typedef struct RtTrainSpec {
     int staleness_warmup;        /* RtConfig.staleness_warmup */
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
     const char *save;            /* write the final weights here (rt_weights_save); NULL: no file */
+    int precision;               /* RtConfig.precision */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
