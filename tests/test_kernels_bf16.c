@@ -1,6 +1,6 @@
-/* test_kernels_bf16.c: the bf16 precision (KPREC_BF16) of the matrix-product kernels against
- * their float32 reference twins, and the float32 path of the same descriptors bitwise equal to
- * the plain kernels.
+/* test_kernels_bf16.c: the bf16 precision (KPREC_BF16) of the matrix-product kernels (linear,
+ * conv2d, attention) against their float32 reference twins, and the float32 path of the same
+ * descriptors bitwise equal to the plain kernels.
  *
  * The bound. bf16 keeps 8 significant bits: rounding x to bf16 changes it by a relative
  * |d| <= u = 2^-8 (3.9e-3). A product term x_k w_k of two rounded inputs is off by a relative
@@ -221,11 +221,60 @@ static void test_conv_fp32_unchanged(void **state) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
 }
 
+/* ---- attention ------------------------------------------------------------------------------- */
+static void check_attention(int n_max, int n, int t, int heads, int hd, int causal, uint64_t tag) {
+    print_message("  attention n=%d/%d t=%d heads=%d hd=%d causal=%d\n", n, n_max, t, heads, hd, causal);
+    KAttn a, f;
+    Err err = {0};
+    assert_int_equal(kern_attention_init_prec(&a, KTF_AUTO, KPREC_BF16, n_max, t, heads, hd, causal, &err), PD_OK);
+    assert_int_equal(a.prec, KPREC_BF16);
+    assert_int_equal(kern_attention_init_prec(&f, KTF_AUTO, KPREC_FP32, n_max, t, heads, hd, causal, &err), PD_OK);
+    const int d = heads * hd;
+    size_t nq = (size_t)n * t * 3 * d, ny = (size_t)n * t * d, np = (size_t)n * heads * t * t;
+    /* q and k scaled up so that the probabilities are far from uniform (softmax sensitive) */
+    float *qkv = tk_rand(nq, tag + 1, -2, 2), *dy = tk_rand(ny, tag + 2, -1, 1);
+    float *y = tk_rand(ny, tag + 3, -9, 9), *p = pd_alloc_f32(np), *yr = pd_alloc_f32(ny), *pr = pd_alloc_f32(np);
+    kern_attention_fwd(&a, n, qkv, y, p);
+    kern_attention_fwd_ref(qkv, yr, pr, n, t, heads, hd, causal);
+    check_bf16("attention y", y, yr, ny);
+    check_bf16("attention p", p, pr, np);
+    float *pre = tk_rand(nq, tag + 4, -1, 1), *dq = tk_copy(pre, nq), *dqr = pd_alloc_f32(nq);
+    float *scr = pd_alloc_f32((size_t)t * t);
+    kern_attention_bwd(&a, n, qkv, pr, dy, dq);   // both from the reference probabilities
+    kern_attention_bwd_ref(qkv, pr, dy, dqr, scr, n, t, heads, hd, causal);
+    tk_sub(dq, pre, nq);
+    check_bf16("attention dqkv", dq, dqr, nq);
+    /* float32 precision: bitwise kern_attention_init's descriptor */
+    KAttn g;
+    assert_int_equal(kern_attention_init(&g, KTF_AUTO, n_max, t, heads, hd, causal, &err), PD_OK);
+    float *y1 = pd_alloc_f32(ny), *y2 = pd_alloc_f32(ny), *p1 = pd_alloc_f32(np), *p2 = pd_alloc_f32(np);
+    float *d1 = pd_alloc_f32(nq), *d2 = pd_alloc_f32(nq);
+    kern_attention_fwd(&f, n, qkv, y1, p1);
+    kern_attention_fwd(&g, n, qkv, y2, p2);
+    assert_memory_equal(y1, y2, ny * sizeof(float));
+    assert_memory_equal(p1, p2, np * sizeof(float));
+    kern_attention_bwd(&f, n, qkv, p1, dy, d1);
+    kern_attention_bwd(&g, n, qkv, p2, dy, d2);
+    assert_memory_equal(d1, d2, nq * sizeof(float));
+    kern_attention_release(&a);
+    kern_attention_release(&f);
+    kern_attention_release(&g);
+    float *all[] = {qkv, dy, y, p, yr, pr, pre, dq, dqr, scr, y1, y2, p1, p2, d1, d2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+}
+
+static void test_attention_bf16(void **state) {
+    (void)state;
+    check_attention(3, 3, 16, 2, 8, 1, 5000);
+    check_attention(4, 2, 64, 4, 32, 1, 6000);   // gpt-mini's shape, n < n_max
+    check_attention(2, 2, 10, 3, 4, 0, 7000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_names),   cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_conv_bf16),
-        cmocka_unit_test(test_conv_fp32_unchanged),
+        cmocka_unit_test(test_conv_fp32_unchanged), cmocka_unit_test(test_attention_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -307,9 +307,16 @@ void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count,
  * shapes and backward scratch for up to n_max samples. */
 typedef struct KAttn {
     int n_max, t, heads, hd, causal, algo;
+    int prec;     /* KPREC_* in use */
     void *impl;   /* scratch and oneDNN softmax primitives (KTF_DNNL), owned */
 } KAttn;
 int  kern_attention_init(KAttn *a, int algo, int n_max, int t, int heads, int hd, int causal, Err *err);
+/* The same at a precision: KPREC_BF16 (KTF_DNNL / KTF_AUTO only; KTF_LOOPS stays float32,
+ * a->prec says which) runs the six matrix products on bf16 copies of qkv, dy, the
+ * probabilities and dS (made per call in the calling thread's KSCR_BF16 scratch) with float32
+ * accumulation and outputs; the mask and softmax stay float32. */
+int  kern_attention_init_prec(KAttn *a, int algo, int prec, int n_max, int t, int heads, int hd, int causal,
+                              Err *err);
 void kern_attention_release(KAttn *a);
 void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p);
 void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv);

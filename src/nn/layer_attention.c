@@ -55,7 +55,7 @@ static void parts(const Layer *l, const void *saved, int n, float **qkv, float *
 
 static int attention_build(Layer *l, int n_max, Err *err) {
     const int t = l->in.d[0], d = l->cin;
-    int rc = kern_attention_init(&l->attn, KTF_AUTO, n_max, t, l->k, d / l->k, l->relu, err);
+    int rc = kern_attention_init_prec(&l->attn, KTF_AUTO, l->prec, n_max, t, l->k, d / l->k, l->relu, err);
     if (!rc) rc = kern_linear_init(&l->lin[0], l->prec, n_max * t, d, 3 * d, l->bias, err);
     if (!rc) rc = kern_linear_init(&l->lin[1], l->prec, n_max * t, d, d, l->bias, err);
     if (rc) return rc;
