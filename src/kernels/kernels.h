@@ -94,8 +94,8 @@ int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, 
 /* The same at a precision (KPREC_*). KPREC_BF16 runs the oneDNN implementations with bf16
  * src, weights and diff_dst and float32 dst, diff_src, diff_weights, bias; where KCONV_AUTO
  * picks im2col (one input channel, thin 1x1: see conv.c) the convolution stays float32
- * (cv->prec says which). The blocked layouts (KCONV_*_BLK16) are float32 only: a bf16
- * descriptor takes none (kern_conv2d_layouts 0). */
+ * (cv->prec says which). The blocked layouts (KCONV_*_BLK16, below) stay float32 at the
+ * interface: a bf16 call converts a blocked x or dy element-wise where a plain one reorders. */
 int  kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
                            int stride, int pad, int has_bias, int fuse_relu, Err *err);
 /* The implementation in use (KCONV_IM2COL, KCONV_DNNL or KCONV_DNNL_PLAIN). */
