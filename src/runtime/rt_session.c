@@ -812,6 +812,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     snprintf(lr, sizeof lr, "%.7g", (double)sp->opt.lr);   /* the float's decimal, not its binary expansion */
     out->lr = strtod(lr, NULL);
     out->minibatch = sp->minibatch, out->threads = sp->threads > 0 ? sp->threads : 1;
+    snprintf(out->precision, sizeof out->precision, "%s", kern_precision_name(sp->precision));
     out->workers = s->n_ranks, out->stages = s->n_stages, out->steps = s->n_minibatches;
     out->epochs = n_train > 0 ? (double)s->n_minibatches * sp->minibatch / (double)n_train : NAN;
     out->units = units, out->unit_batch = unit_batch;

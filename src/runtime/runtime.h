@@ -364,6 +364,7 @@ typedef struct RtStageSummary {
 typedef struct RtTrainSummary {
     char model[64], schedule[32], transport[16], optimizer[8];
     char staleness[48];          /* the compensation the run used (rt_staleness_name) */
+    char precision[8];           /* "fp32" or "bf16" (kern_precision_name) */
     int workers, stages, steps, units, unit_batch;
     int minibatch, threads;      /* samples per minibatch, kernel threads per worker */
     double lr;
