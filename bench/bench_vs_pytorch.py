@@ -4,6 +4,7 @@ side, on the five reference models (run by hand, not in CI):
     /usr/bin/python3 bench/bench_vs_pytorch.py [--pd build/pipedream] [--base OLD_PIPEDREAM [--base-models DIR]]
         [--threads 1,2] [--minibatch 64] [--models mlp,lenet5,vgg16,resnet20,lstm]
         [--steps 10] [--reps 5] [--warmup 3] [--layers auto|always|never] [--md FILE]
+        [--precision fp32|bf16]
 
 For each model and thread count, --reps rounds; in each round every side runs once, in a
 fresh process, one after the other (never at the same time), the order rotating from round
@@ -27,6 +28,11 @@ own input, forward, then backward from a random output gradient; a pipedream lay
 fused relu is its module plus the following nn.ReLU; gap is AdaptiveAvgPool2d + Flatten).
 Medians of --reps rounds, in ms.
 
+--precision bf16: pipedream runs `bench --precision bf16`; PyTorch runs its forward and loss
+under torch.autocast("cpu", dtype=torch.bfloat16) (its backward follows the forward's dtypes).
+gpt-mini (and the other language models of tools/torch_models.py) run with token ids and a
+target per position (no per-layer breakdown for them).
+
 Set OPENBLAS_CORETYPE etc. as you like: both sides run under the same environment (only the
 thread variables are set per run)."""
 import argparse
@@ -40,7 +46,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TORCH_CHILD = r'''
-import os, sys, time, json
+import os, sys, time, json, contextlib
 def kb(key):
     for line in open('/proc/self/status'):
         if line.startswith(key):
@@ -49,22 +55,25 @@ def kb(key):
 sys.path.insert(0, os.path.join(sys.argv[1], 'tools'))
 import torch, torch.nn as nn
 import torch_models as tm
-name, batch, steps, warmup, threads, layers = (sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
-                                               int(sys.argv[6]), sys.argv[7])
+name, batch, steps, warmup, threads, layers, prec = (sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                                     int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8])
+cast = lambda: torch.autocast('cpu', dtype=torch.bfloat16) if prec == 'bf16' else contextlib.nullcontext()
 torch.set_num_threads(threads)
 torch.manual_seed(1)
 x0 = torch.rand(1, 1, 28, 28)  # touch the allocator and the thread pool before the baseline
 (x0 * 2).sum()
 rss_start = kb('VmRSS:')
-m = tm.MODELS[name]()
+lm = name in tm.LM_MODELS
+m = (tm.LM_MODELS if lm else tm.MODELS)[name]()
 m.train()
 opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-lossf = nn.CrossEntropyLoss()
-xs = [torch.rand(batch, 1, 28, 28) for _ in range(4)]
-ys = [torch.randint(0, 10, (batch,)) for _ in range(4)]
+lossf = tm.lm_loss if lm else nn.CrossEntropyLoss()
+xs = [torch.randint(0, 256, (batch, 64)) if lm else torch.rand(batch, 1, 28, 28) for _ in range(4)]
+ys = [torch.randint(0, 256, (batch, 64)) if lm else torch.randint(0, 10, (batch,)) for _ in range(4)]
 def step(i):
     opt.zero_grad()
-    loss = lossf(m(xs[i % 4]), ys[i % 4])
+    with cast():
+        loss = lossf(m(xs[i % 4]), ys[i % 4])
     loss.backward()
     opt.step()
 for i in range(warmup):
@@ -95,7 +104,8 @@ if layers != '-':
         for i, g in enumerate(groups):
             xi = x.detach().requires_grad_(i > 0 or not any(True for _ in g.parameters()))
             t0 = time.perf_counter()
-            y = g(xi)
+            with cast():
+                y = g(xi)
             t1 = time.perf_counter()
             dy = torch.rand_like(y)
             t2 = time.perf_counter()
@@ -111,20 +121,22 @@ print(json.dumps(out))
 '''
 
 
-def run_pd(pd, model, batch, threads, steps, warmup, layers=False, reps=1, models=None):
+def run_pd(pd, model, batch, threads, steps, warmup, layers=False, reps=1, models=None, prec='fp32'):
     cmd = [pd, 'bench', os.path.join(models or os.path.join(ROOT, 'models'), model + '.json'), '--minibatch', str(batch), '--threads',
            str(threads), '--steps', str(steps), '--reps', str(reps), '--warmup', str(warmup)]
+    if prec != 'fp32':   # an older binary (--base) may not know the option
+        cmd += ['--precision', prec]
     if layers:
         cmd.append('--layers')
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
-def run_torch(model, batch, threads, steps, warmup, layers='-'):
+def run_torch(model, batch, threads, steps, warmup, layers='-', prec='fp32'):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
     out = subprocess.run(['/usr/bin/python3', '-c', TORCH_CHILD, ROOT, model, str(batch), str(steps), str(warmup),
-                          str(threads), layers], check=True, capture_output=True, text=True, env=env).stdout
+                          str(threads), layers, prec], check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -151,6 +163,8 @@ def main():
     ap.add_argument('--warmup', type=int, default=3)
     ap.add_argument('--layers', default='auto', choices=['auto', 'always', 'never'])
     ap.add_argument('--md', default=None, help='also append the tables (markdown) to this file')
+    ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'],
+                    help='pipedream --precision; PyTorch under torch.autocast bf16')
     a = ap.parse_args()
     t0, load0 = time.time(), loadavg()
     md = []
@@ -169,11 +183,12 @@ def main():
                 order = sides[r % len(sides):] + sides[:r % len(sides)]
                 for s in order:
                     if s == 'pd':
-                        res[s].append(run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup))
+                        res[s].append(run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup, prec=a.precision))
                     elif s == 'base':
-                        res[s].append(run_pd(a.base, model, a.minibatch, t, a.steps, a.warmup, models=a.base_models))
+                        res[s].append(run_pd(a.base, model, a.minibatch, t, a.steps, a.warmup, models=a.base_models,
+                                             prec=a.precision))
                     else:
-                        res[s].append(run_torch(model, a.minibatch, t, a.steps, a.warmup))
+                        res[s].append(run_torch(model, a.minibatch, t, a.steps, a.warmup, prec=a.precision))
             sps = {s: med([x['samples_per_s'] for x in res[s]]) for s in sides}
             mem = {s: (med([mem_mb(x)[0] for x in res[s]]), med([mem_mb(x)[1] for x in res[s]])) for s in sides}
             ratio = sps['pd'] / sps['torch']
@@ -184,12 +199,14 @@ def main():
                                                           mem['pd'][0], mem['pd'][1], mem['torch'][0], mem['torch'][1])
             print(row, flush=True)
             md.append(row)
-            if a.layers == 'always' or (a.layers == 'auto' and ratio < 1.25):
+            lm_model = 'embed' in open(os.path.join(ROOT, 'models', model + '.json')).read()
+            if not lm_model and (a.layers == 'always' or (a.layers == 'auto' and ratio < 1.25)):
                 losers.append((model, t))
     for model, t in losers:
         spec = json.load(open(os.path.join(ROOT, 'models', model + '.json')))['layers']
-        pl = run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup, layers=True, reps=a.reps)['layers']
-        tl = [run_torch(model, a.minibatch, t, 1, a.warmup, json.dumps(spec))['layers'] for _ in range(a.reps)]
+        pl = run_pd(a.pd, model, a.minibatch, t, a.steps, a.warmup, layers=True, reps=a.reps, prec=a.precision)['layers']
+        tl = [run_torch(model, a.minibatch, t, 1, a.warmup, json.dumps(spec), prec=a.precision)['layers']
+              for _ in range(a.reps)]
         lines = ['', '%s, %d thread(s): per top-level layer, ms (median of %d)' % (model, t, a.reps), '',
                  '| # | layer | pd fwd | PyTorch fwd | pd bwd | PyTorch bwd |', '|---|---|---|---|---|---|']
         for i, lay in enumerate(spec):

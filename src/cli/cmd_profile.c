@@ -5,11 +5,12 @@
 #include <sys/utsname.h>
 
 #include "cli.h"
+#include "kernels.h"
 #include "runtime.h"
 
 static const char *USAGE =
     "usage: pipedream profile MODEL.json [--minibatch B] [--threads T] [--iterations N] [--warmup W]\n"
-    "                         [--rounds R] [-o PROFILE.json]\n"
+    "                         [--rounds R] [--precision fp32|bf16] [-o PROFILE.json]\n"
     "Times N training steps (after W untimed ones) of the model on one worker with synthetic\n"
     "data, and writes per top-level layer the median forward and backward time, the output\n"
     "activation bytes and the parameter bytes, for a minibatch of B samples.\n"
@@ -20,6 +21,9 @@ static const char *USAGE =
     "  --rounds R        take the W + N steps R times and keep the fastest round (default 1):\n"
     "                    a machine shared with others has slow spells, and a profile taken\n"
     "                    in one predicts every run too slow\n"
+    "  --precision P     fp32 (default) or bf16: the compute precision of convolutions,\n"
+    "                    linear layers and attention, as `pipedream train --precision`\n"
+    "                    will run them (measured_on then ends in \" bf16\")\n"
     "  -o PROFILE.json   output (default: <model name>.profile.json)\n";
 
 int cmd_profile(int argc, char **argv) {
@@ -48,6 +52,10 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "--rounds")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             rc = cli_parse_int(C, a, v, 1, 1000, &o.rounds);
+        } else if (!strcmp(a, "--precision")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            if ((o.precision = kern_precision_parse(v)) < 0)
+                return cli_usage_error(C, "--precision expects fp32 or bf16, got \"%s\"", v);
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(outp = cli_value(C, argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-') {
@@ -62,7 +70,8 @@ int cmd_profile(int argc, char **argv) {
     if (!model) return cli_usage_error(C, "no MODEL.json given");
     struct utsname un;
     char host[128] = "";
-    if (uname(&un) == 0) snprintf(host, sizeof host, "%.60s %.40s", un.nodename, un.machine);
+    if (uname(&un) == 0)
+        snprintf(host, sizeof host, "%.60s %.40s%s", un.nodename, un.machine, o.precision == KPREC_BF16 ? " bf16" : "");
     o.measured_on = host;
     o.progress = pd_stderr_is_tty();
     Profile p;

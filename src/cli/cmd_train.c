@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kernels.h"
 #include "runtime.h"
 #include "train_report.h"
 
@@ -17,7 +18,7 @@ typedef struct TrainOpts {
         *save, *calibrated;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
-        lr_sched, warmup, decay_steps, wire;
+        lr_sched, warmup, decay_steps, wire, precision;
     SchedKind kind;
     double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
@@ -50,6 +51,12 @@ static int set_lr_schedule(TrainOpts *o, const char *v) {
 static int set_staleness(TrainOpts *o, const char *v) {
     Err e = {0};
     if (rt_staleness_parse(v, &o->staleness, &e)) return cli_usage_error("train", "%s", e.msg);
+    return CLI_OK;
+}
+
+static int set_precision(TrainOpts *o, const char *v) {
+    if ((o->precision = kern_precision_parse(v)) < 0)
+        return cli_usage_error("train", "--precision expects fp32 or bf16, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -135,6 +142,9 @@ static const Flag FLAGS[] = {
         "scale the gradient down to global norm X (over all stages; synchronous schedules; default off)"),
     INT("--seed", "S", seed, 0, 2147483647, "weight init, data order and dropout seed (default 1)"),
     INT("--threads", "T", threads, 1, 1024, "kernel threads per worker (default 1)"),
+    CHOICE("--precision", "fp32|bf16", set_precision,
+           "compute precision of convolutions, linear layers and attention: fp32 (default) or bf16 "
+           "(bf16 inputs, float32 accumulation; weights, gradients and optimizer stay float32)"),
     SECTION("data and weights"),
     STR("--data", "DIR", data,
         "IDX image set (default " DATA_DEFAULT_IDX_DIR "), standardised "
@@ -380,7 +390,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (!plan && o.workers > 1) {   /* profile briefly on this host and plan for N workers joined by shared memory */
         RtProfileOpts po = {.minibatch = o.batch / o.micro, .threads = o.threads, .warmup = 2, .iterations = 5,
-                            .progress = pd_stderr_is_tty()};
+                            .progress = pd_stderr_is_tty(), .precision = o.precision};
         if (!have_prof && (rc = rt_profile(o.model, &po, &prof, &err))) goto out;
         have_prof = 1;
         Cluster cl = {.n_levels = 1};
@@ -408,7 +418,7 @@ int cmd_train(int argc, char **argv) {
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
-                        .recompute = o.recompute, .save = o.save};
+                        .recompute = o.recompute, .save = o.save, .precision = o.precision};
     if (o.calibrated && !have_prof) {
         rc = err_set(&err, PD_EINVAL, "--calibrated-profile needs --profile (the profile to calibrate)");
         goto out;

@@ -31,6 +31,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "workers", s->workers);
     num(o, "stages", s->stages);
     num(o, "threads", s->threads);
+    cJSON_AddStringToObject(o, "precision", s->precision);
     cJSON_AddStringToObject(o, "optimizer", s->optimizer);
     num(o, "lr", s->lr);
     cJSON_AddStringToObject(o, "lr_schedule", s->lr_schedule);

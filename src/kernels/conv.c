@@ -77,8 +77,15 @@ int kern_conv2d_algo(const KConv *cv) { return ((const ConvImpl *)cv->impl)->alg
 
 int kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, int k, int r, int s, int stride,
                           int pad, int has_bias, int fuse_relu, Err *err) {
+    return kern_conv2d_init_prec(cv, algo, KPREC_FP32, n_max, c, h, w, k, r, s, stride, pad, has_bias, fuse_relu,
+                                 err);
+}
+
+int kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
+                          int stride, int pad, int has_bias, int fuse_relu, Err *err) {
     memset(cv, 0, sizeof *cv);
     PD_ASSERTF(algo >= 0 && algo < KCONV_ALGO_COUNT, "algo %d", algo);
+    PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
     if (n_max < 1 || c < 1 || h < 1 || w < 1 || k < 1 || r < 1 || s < 1 || stride < 1 || pad < 0)
         return err_set(err, PD_EINVAL,
                        "conv2d: bad shape n_max=%d c=%d h=%d w=%d k=%d r=%d s=%d stride=%d pad=%d", n_max, c, h,
@@ -93,6 +100,7 @@ int kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, i
     im->algo = algo == KCONV_AUTO ? conv_pick(cv) : algo;
     cv->impl = im;
     if (im->algo != KCONV_IM2COL) {
+        cv->prec = prec;   // im2col is float32 only
         int rc = conv_dnnl_new(cv, im->algo == KCONV_DNNL, &im->dnnl, err);
         if (rc) kern_conv2d_release(cv);
         return rc;

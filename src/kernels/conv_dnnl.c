@@ -23,6 +23,11 @@
  * into dx by then): vgg16's step 8 MB smaller, one activation reorder fewer per convolution. The weight-sized ones (reordered weights, dW before its += reorder) are
  * rebuilt every call too and live there as well (vgg16: 14 MB).
  *
+ * Precision (KPREC_BF16): the primitives take src, weights and diff_dst in bf16 and write dst,
+ * diff_src, diff_weights and diff_bias in float32; the input ports' reorders convert. A
+ * caller's blocked (nChw16c) activations stay float32: where the primitive's bf16 operand is
+ * nChw16c too, x or dy is converted element-wise (kern_f32_to_bf16) in place of the reorder.
+ *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -35,6 +40,8 @@ typedef struct Port {
     dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
     dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
     size_t bytes;               /* size of prim when it differs from user */
+    int cvt;                    /* prim is bf16: a caller's blocked float32 buffer is converted
+                                 * element-wise (kern_f32_to_bf16) rather than used in place */
 } Port;
 
 typedef struct Prims {
@@ -94,6 +101,7 @@ static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_
         return PD_OK;
     }
     p->bytes = dnnl_memory_desc_get_size(want);
+    p->cvt = want->data_type == dnnl_bf16;
     CK(dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
     CK(dnnl_primitive_attr_create(&attr));
     if (dir == 2) {
@@ -144,10 +152,14 @@ static size_t bump(size_t *at, size_t bytes) {
     return o;
 }
 
+/* An input port takes room in the call's scratch unless the caller's buffer is used in place
+ * (blocked, float32). */
+static int room(const Port *p, int blk) { return p->reorder && (!blk || p->cvt); }
+
 static FwdPlan fwd_plan(const Prims *p, int lay) {
     FwdPlan f = {0};
     size_t at = 0;
-    if (p->f_src.reorder && !(lay & KCONV_X_BLK16)) f.src = bump(&at, p->f_src.bytes);
+    if (room(&p->f_src, lay & KCONV_X_BLK16)) f.src = bump(&at, p->f_src.bytes);
     if (p->f_wei.reorder) f.wei = bump(&at, p->f_wei.bytes);
     if (p->f_dst.reorder && !(lay & KCONV_Y_BLK16)) f.dst = bump(&at, p->f_dst.bytes);
     f.sp = bump(&at, p->sp_f);
@@ -164,13 +176,14 @@ static BwdPlan bwd_plan(const Prims *p, const KConv *cv, int lay, int dx, int dw
     const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
     if (cv->fuse_relu) b.dym = bump(&at, (size_t)p->n * cv->k * cv->oh * cv->ow * sizeof(float));
     if (dx) {
-        if (p->d_ddst.reorder && !yb) b.ddst = bump(&at, p->d_ddst.bytes);
+        if (room(&p->d_ddst, yb)) b.ddst = bump(&at, p->d_ddst.bytes);
         if (p->d_wei.reorder) b.wei = bump(&at, p->d_wei.bytes);
         b.dsrc = bump(&at, p->d_dsrc.bytes);   // blocked or not, produced apart and then added
     }
     if (dw) {
-        if (p->w_src.reorder && !xb) b.wsrc = dx && p->w_src.bytes <= p->d_dsrc.bytes ? b.dsrc : bump(&at, p->w_src.bytes);
-        if (p->w_ddst.reorder && !yb) b.wddst = dx && p->share_ddst ? b.ddst : bump(&at, p->w_ddst.bytes);
+        if (room(&p->w_src, xb))
+            b.wsrc = dx && p->w_src.bytes <= p->d_dsrc.bytes ? b.dsrc : bump(&at, p->w_src.bytes);
+        if (room(&p->w_ddst, yb)) b.wddst = dx && p->share_ddst ? b.ddst : bump(&at, p->w_ddst.bytes);
         b.dwei = bump(&at, p->w_dwei.bytes);
     }
     b.sp = bump(&at, p->sp_b);
@@ -198,9 +211,17 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     CK(dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
     CK(dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
     const dnnl_format_tag_t act = d->use_any ? any : dnnl_nchw;
-    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, dnnl_f32, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
-    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, dnnl_f32, d->use_any ? any : dnnl_oihw));
+    /* bf16: the multiplied operands (src, weights, diff_dst) in bf16, reordered (converted) from
+     * the caller's float32 by their ports; dst, diff_src, diff_weights and bias stay float32 */
+    const dnnl_data_type_t mt = cv->prec == KPREC_BF16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t ddst_a;
+    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, mt, d->use_any ? any : dnnl_oihw));
     CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
+    dnnl_memory_desc_t dsrc_a = src_a, dwei_a = wei_a;   // the gradients' outputs: float32
+    dsrc_a.data_type = dnnl_f32;
+    dwei_a.data_type = dnnl_f32;
     const dnnl_memory_desc_t *bias = cv->has_bias ? &bias_u : NULL;
 
     CK(dnnl_primitive_attr_create(&attr));
@@ -221,10 +242,10 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
         CK(dnnl_primitive_attr_create(&attr));
         CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     }
-    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &src_a, &wei_a, &dst_a, strides, pad,
-                                                pad));
+    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &dsrc_a, &wei_a, &ddst_a, strides,
+                                                pad, pad));
     CK(dnnl_primitive_desc_create(&dpd, &dd_, attr, d->eng, fpd));
-    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &wei_a, bias, &dst_a,
+    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &dwei_a, bias, &ddst_a,
                                                    strides, pad, pad));
     CK(dnnl_primitive_desc_create(&wpd, &wd_, attr, d->eng, fpd));
 
@@ -247,16 +268,20 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     /* the blocked activation layout (nChw16c, no padding: channels a multiple of 16) is what
      * every src-side (dst-side) port of the three primitives uses: callers may then pass
      * x, dx (y, dy) in it and those reorders vanish */
-    dnnl_memory_desc_t src_b, dst_b;
+    /* (bf16: the bf16 operands in nChw16c too; callers pass float32 nChw16c, converted
+     * element-wise into the call's scratch) */
+    dnnl_memory_desc_t src_b, dst_b, srcm_b, dstm_b;
     CK(dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, dnnl_nChw16c));
     CK(dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, dnnl_nChw16c));
-    if (cv->c % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &src_b) &&
+    CK(dnnl_memory_desc_init_by_tag(&srcm_b, 4, sd, mt, dnnl_nChw16c));
+    CK(dnnl_memory_desc_init_by_tag(&dstm_b, 4, dd, mt, dnnl_nChw16c));
+    if (cv->c % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &srcm_b) &&
         dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_src_md), &src_b) &&
-        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_src_md), &src_b))
+        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_src_md), &srcm_b))
         p->blk |= KCONV_X_BLK16;
     if (cv->k % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_dst_md), &dst_b) &&
-        dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md), &dst_b) &&
-        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_diff_dst_md), &dst_b))
+        dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md), &dstm_b) &&
+        dnnl_memory_desc_equal(qmd(wpd, dnnl_query_diff_dst_md), &dstm_b))
         p->blk |= KCONV_Y_BLK16;
     if (cv->has_bias) {
         CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
@@ -332,6 +357,11 @@ static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from
 /* Input port: the primitive's memory holding ptr's data. blk: ptr is already in the
  * primitive's layout (no reorder: prim points at ptr); else it is reordered into `at`. */
 static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, int blk, char *at) {
+    if (blk && p->cvt) {   // float32 nChw16c -> bf16 nChw16c: the same order, element-wise
+        kern_f32_to_bf16(ptr, (uint16_t *)at, p->bytes / 2);
+        set(p->prim, at);
+        return p->prim;
+    }
     if (!p->reorder || blk) {
         set(p->prim, ptr);   // == user when no reorder exists
         return p->prim;
@@ -402,7 +432,7 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     }
     if (dw || db) {
         dnnl_memory_t ddst;
-        if (dx && p->share_ddst && !yb) {   // backward-data's reorder of g is still at bp.ddst
+        if (dx && p->share_ddst && room(&p->d_ddst, yb)) {   // backward-data's reorder of g is still at bp.ddst
             set(p->w_ddst.prim, base + bp.ddst);
             ddst = p->w_ddst.prim;
         } else {

@@ -33,11 +33,45 @@ void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn,
 void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                 float beta, float *c, int ldc);
 
+/* ---- precision ------------------------------------------------------------------------ */
+/* The compute precision of the matrix products (convolution, linear, attention). KPREC_FP32:
+ * everything in float32. KPREC_BF16: the products' inputs (activations, weights, incoming
+ * gradients) are rounded to bfloat16 and multiplied by oneDNN's bf16 primitives, which
+ * accumulate in float32 and write float32 outputs; buffers, gradients, parameters and every
+ * element-wise step stay float32. Descriptors take it in init (nothing else changes). */
+enum { KPREC_FP32 = 0, KPREC_BF16 = 1, KPREC_COUNT = 2 };
+/* "fp32" / "bf16" -> KPREC_*; -1 if unknown. */
+int         kern_precision_parse(const char *s);
+const char *kern_precision_name(int prec);
+/* y[i] = x[i] rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as the upper 16
+ * bits of a float32; threaded like the element-wise kernels. */
+void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count);
+/* The float32 value of a bfloat16 (exact). */
+static inline float kern_bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)b << 16};
+    return v.f;
+}
+
 /* ---- linear: y(N,O) = x(N,I) · W(O,I)^T + b(O) --------------------------------------- */
 void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, int n, int in, int out);
 void kern_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
                      int in, int out);
 void kern_linear_fwd_ref(const float *x, const float *w, const float *b, float *y, int n, int in, int out);
+/* The same behind a descriptor that carries the precision (KPREC_*): for up to n_max rows.
+ * KPREC_FP32 calls kern_linear_fwd/bwd (bitwise those); KPREC_BF16 runs oneDNN matmul
+ * primitives on bf16 copies of x, W and dy (made per call in the calling thread's KSCR_BF16
+ * scratch, sized in init) with float32 accumulation into y, dx (+=), dW (+=); db is summed
+ * in float32. Primitives for n_max and for the last other row count are cached (as conv). */
+typedef struct KLinear {
+    int n_max, in, out, has_bias, prec;
+    void *impl;   /* oneDNN state (bf16), owned */
+} KLinear;
+/* has_bias: forward calls pass b (else NULL). */
+int  kern_linear_init(KLinear *k, int prec, int n_max, int in, int out, int has_bias, Err *err);
+void kern_linear_release(KLinear *k);
+void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const float *b, float *y);
+void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
+                       float *db);
 void kern_linear_bwd_ref(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
                          int n, int in, int out);
 
@@ -46,6 +80,7 @@ typedef struct KConv {
     int n_max, c, h, w, k, r, s, stride, pad, oh, ow;
     int has_bias;
     int fuse_relu;   /* forward applies relu to y; backward then expects y (post-relu) too */
+    int prec;        /* KPREC_* in use: bf16 only with the oneDNN implementations */
     void *impl;      /* primitives and scratch, owned */
 } KConv;
 int  kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, int s, int stride, int pad,
@@ -56,6 +91,13 @@ void kern_conv2d_release(KConv *cv);
 enum { KCONV_AUTO = 0, KCONV_IM2COL = 1, KCONV_DNNL = 2, KCONV_DNNL_PLAIN = 3, KCONV_ALGO_COUNT = 4 };
 int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, int k, int r, int s, int stride,
                            int pad, int has_bias, int fuse_relu, Err *err);
+/* The same at a precision (KPREC_*). KPREC_BF16 runs the oneDNN implementations with bf16
+ * src, weights and diff_dst and float32 dst, diff_src, diff_weights, bias; where KCONV_AUTO
+ * picks im2col (one input channel, thin 1x1: see conv.c) the convolution stays float32
+ * (cv->prec says which). The blocked layouts (KCONV_*_BLK16, below) stay float32 at the
+ * interface: a bf16 call converts a blocked x or dy element-wise where a plain one reorders. */
+int  kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
+                           int stride, int pad, int has_bias, int fuse_relu, Err *err);
 /* The implementation in use (KCONV_IM2COL, KCONV_DNNL or KCONV_DNNL_PLAIN). */
 int  kern_conv2d_algo(const KConv *cv);
 /* b may be NULL when !has_bias. */
@@ -114,7 +156,7 @@ void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count);
  * that may be live at once (a residual block nests its sub-layers' calls: it takes
  * KSCR_RESIDUAL + its nesting depth). Freed at thread exit (and kern_scratch_release for
  * the calling thread). Not for data that must survive the call. */
-enum { KSCR_CONV = 0, KSCR_BN, KSCR_LSTM, KSCR_LAYER, KSCR_RESIDUAL, KSCR_COUNT = KSCR_RESIDUAL + 8 };
+enum { KSCR_CONV = 0, KSCR_BN, KSCR_LSTM, KSCR_LAYER, KSCR_BF16, KSCR_RESIDUAL, KSCR_COUNT = KSCR_RESIDUAL + 8 };
 void *kern_scratch(int slot, size_t bytes);
 void  kern_scratch_release(void);
 /* Fused-relu helpers for the layers (threaded like every element-wise pass): y = max(y, 0)
@@ -265,9 +307,16 @@ void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count,
  * shapes and backward scratch for up to n_max samples. */
 typedef struct KAttn {
     int n_max, t, heads, hd, causal, algo;
+    int prec;     /* KPREC_* in use */
     void *impl;   /* scratch and oneDNN softmax primitives (KTF_DNNL), owned */
 } KAttn;
 int  kern_attention_init(KAttn *a, int algo, int n_max, int t, int heads, int hd, int causal, Err *err);
+/* The same at a precision: KPREC_BF16 (KTF_DNNL / KTF_AUTO only; KTF_LOOPS stays float32,
+ * a->prec says which) runs the six matrix products on bf16 copies of qkv, dy, the
+ * probabilities and dS (made per call in the calling thread's KSCR_BF16 scratch) with float32
+ * accumulation and outputs; the mask and softmax stay float32. */
+int  kern_attention_init_prec(KAttn *a, int algo, int prec, int n_max, int t, int heads, int hd, int causal,
+                              Err *err);
 void kern_attention_release(KAttn *a);
 void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p);
 void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv);

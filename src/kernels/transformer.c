@@ -250,15 +250,46 @@ typedef struct AttnImpl {
 } AttnImpl;
 
 int kern_attention_init(KAttn *a, int algo, int n_max, int t, int heads, int hd, int causal, Err *err) {
+    return kern_attention_init_prec(a, algo, KPREC_FP32, n_max, t, heads, hd, causal, err);
+}
+
+/* bf16: bytes of KSCR_BF16 for n samples: qkv (n, T, 3D), dy (n, T, D), then P or dS (n, H, T, T) */
+static size_t attn_bf16_bytes(const KAttn *a, int n) {
+    const size_t d = (size_t)a->heads * a->hd, r = (size_t)n * a->t;
+    return ((r * 3 * d * 2 + 63) / 64 + (r * d * 2 + 63) / 64) * 64 + r * a->heads * a->t * 2 + 128;
+}
+
+typedef struct AttnBf16 {
+    uint16_t *qkv, *dy, *p;
+} AttnBf16;
+
+static AttnBf16 attn_bf16(const KAttn *a, int n) {
+    const size_t d = (size_t)a->heads * a->hd, r = (size_t)n * a->t;
+    char *b = kern_scratch(KSCR_BF16, attn_bf16_bytes(a, a->n_max));
+    b += (64 - (uintptr_t)b % 64) % 64;
+    AttnBf16 s;
+    s.qkv = (uint16_t *)b;
+    b += (r * 3 * d * 2 + 63) / 64 * 64;
+    s.dy = (uint16_t *)b;
+    b += (r * d * 2 + 63) / 64 * 64;
+    s.p = (uint16_t *)b;
+    return s;
+}
+
+int kern_attention_init_prec(KAttn *a, int algo, int prec, int n_max, int t, int heads, int hd, int causal,
+                             Err *err) {
+    PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
     memset(a, 0, sizeof *a);
     *a = (KAttn){.n_max = n_max, .t = t, .heads = heads, .hd = hd, .causal = causal};
     a->algo = algo == KTF_AUTO ? KTF_DNNL : algo;   // measured: see the file comment
+    a->prec = a->algo == KTF_DNNL ? prec : KPREC_FP32;
     AttnImpl *im = pd_calloc(sizeof *im);
     a->impl = im;
     size_t per = (size_t)t * t;
     if (a->algo == KTF_DNNL) {
         int rc = tf_dnnl_softmax_new(&im->softmax, n_max * heads * t, t, err);
-        if (!rc) rc = tf_dnnl_attn_new(&im->mm, n_max, t, heads, hd, err);
+        if (!rc) rc = tf_dnnl_attn_new(&im->mm, n_max, t, heads, hd, a->prec == KPREC_BF16, err);
+        if (!rc && a->prec == KPREC_BF16) kern_scratch(KSCR_BF16, attn_bf16_bytes(a, n_max));   // grown at build time
         if (rc) {
             kern_attention_release(a);
             return rc;
@@ -298,6 +329,22 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
+    if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {
+        const size_t r = (size_t)n * t;
+        AttnBf16 b = attn_bf16(a, n);
+        kern_f32_to_bf16(qkv, b.qkv, r * ld);
+        tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, b.qkv, b.qkv + d, p);
+        if (a->causal)
+            for (size_t m = 0; m < (size_t)n * heads; m++)
+                for (int i = 0; i < t; i++) {
+                    float *row = p + (m * t + i) * t;
+                    for (int j = i + 1; j < t; j++) row[j] = -INFINITY;
+                }
+        tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
+        kern_f32_to_bf16(p, b.p, r * heads * t);
+        tf_dnnl_attn_mm(im->mm, TF_MM_VALUES, n, b.p, b.qkv + 2 * d, y);
+        return;
+    }
     if (a->algo == KTF_DNNL) {
         tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, qkv, qkv + d, p);
         if (a->causal)
@@ -332,6 +379,20 @@ void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
+    if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {   // the same on bf16 copies; dS reuses P's
+        const size_t r = (size_t)n * t;
+        AttnBf16 b = attn_bf16(a, n);
+        kern_f32_to_bf16(qkv, b.qkv, r * ld);
+        kern_f32_to_bf16(dy, b.dy, r * d);
+        kern_f32_to_bf16(p, b.p, r * heads * t);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, b.dy, b.qkv + 2 * d, im->ds);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, b.p, b.dy, dqkv + 2 * d);
+        tf_dnnl_softmax_bwd(im->softmax, n * heads * t, p, im->ds, im->ds);
+        kern_f32_to_bf16(im->ds, b.p, r * heads * t);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DQ, n, b.p, b.qkv + d, dqkv);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DK, n, b.p, b.qkv, dqkv + d);
+        return;
+    }
     if (a->algo == KTF_DNNL) {   // dP = dY V^T, dV += P^T dY, dS = softmax'(dP), dQ, dK
         tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, dy, qkv + 2 * d, im->ds);
         tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, p, dy, dqkv + 2 * d);

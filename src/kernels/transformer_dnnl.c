@@ -197,6 +197,7 @@ typedef struct MmSlot {
 
 struct TfAttn {
     int t, heads, hd;
+    dnnl_data_type_t dt;   /* of every src and weights (f32, or bf16); dst is always f32 */
     float scale;
     dnnl_engine_t eng;
     dnnl_stream_t st;
@@ -217,18 +218,18 @@ static void mm_free(MmSlot *s) {
 
 /* A (n, H, r, c) view: strides for a buffer of rows of `ld` floats per position, T positions per
  * sample, head h at column h*hd; transposed: the last two dimensions swapped. */
-static int view(dnnl_memory_desc_t *md, const TfAttn *a, int n, int ld, int trans) {
+static int view(dnnl_memory_desc_t *md, const TfAttn *a, int n, int ld, int trans, dnnl_data_type_t dt) {
     const int T = a->t, hd = a->hd;
     dnnl_dims_t d = {n, a->heads, trans ? hd : T, trans ? T : hd};
     dnnl_dims_t s = {(dnnl_dim_t)T * ld, hd, trans ? 1 : ld, trans ? ld : 1};
-    return dnnl_memory_desc_init_by_strides(md, 4, d, dnnl_f32, s) != dnnl_success;
+    return dnnl_memory_desc_init_by_strides(md, 4, d, dt, s) != dnnl_success;
 }
 
-static int probs(dnnl_memory_desc_t *md, const TfAttn *a, int n, int trans) {   // (n, H, T, T)
+static int probs(dnnl_memory_desc_t *md, const TfAttn *a, int n, int trans, dnnl_data_type_t dt) {   // (n, H, T, T)
     const int T = a->t;
     dnnl_dims_t d = {n, a->heads, T, T}, s = {(dnnl_dim_t)a->heads * T * T, (dnnl_dim_t)T * T, trans ? 1 : T,
                                                 trans ? T : 1};
-    return dnnl_memory_desc_init_by_strides(md, 4, d, dnnl_f32, s) != dnnl_success;
+    return dnnl_memory_desc_init_by_strides(md, 4, d, dt, s) != dnnl_success;
 }
 
 static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
@@ -237,15 +238,18 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
     memset(s, 0, sizeof *s);
     s->n = n;
     const int D = a->heads * a->hd, L = 3 * D;
-    dnnl_memory_desc_t qkv, qkvT, o, P, PT;
-    if (view(&qkv, a, n, L, 0) || view(&qkvT, a, n, L, 1) || view(&o, a, n, D, 0) || probs(&P, a, n, 0) ||
-        probs(&PT, a, n, 1))
+    /* operands (src, weights) in a->dt; destinations (suffix f) always f32 */
+    dnnl_memory_desc_t qkv, qkvT, o, P, PT, qkvf, Pf, of;
+    const dnnl_data_type_t dt = a->dt;
+    if (view(&qkv, a, n, L, 0, dt) || view(&qkvT, a, n, L, 1, dt) || view(&o, a, n, D, 0, dt) ||
+        probs(&P, a, n, 0, dt) || probs(&PT, a, n, 1, dt) || view(&qkvf, a, n, L, 0, dnnl_f32) ||
+        view(&of, a, n, D, 0, dnnl_f32) || probs(&Pf, a, n, 0, dnnl_f32))
         return err_set(err, PD_EINVAL, "attention (oneDNN): memory descriptors rejected");
     /* src, weights, dst, scaled, accumulate */
     const struct { const dnnl_memory_desc_t *s, *w, *d; int scaled, acc; } spec[MM_COUNT] = {
-        [MM_SCORES] = {&qkv, &qkvT, &P, 1, 0}, [MM_VALUES] = {&P, &qkv, &o, 0, 0},
-        [MM_DP] = {&o, &qkvT, &P, 0, 0},       [MM_DV] = {&PT, &o, &qkv, 0, 1},
-        [MM_DQ] = {&P, &qkv, &qkv, 1, 1},      [MM_DK] = {&PT, &qkv, &qkv, 1, 1},
+        [MM_SCORES] = {&qkv, &qkvT, &Pf, 1, 0}, [MM_VALUES] = {&P, &qkv, &of, 0, 0},
+        [MM_DP] = {&o, &qkvT, &Pf, 0, 0},       [MM_DV] = {&PT, &o, &qkvf, 0, 1},
+        [MM_DQ] = {&P, &qkv, &qkvf, 1, 1},      [MM_DK] = {&PT, &qkv, &qkvf, 1, 1},
     };
     for (int i = 0; i < MM_COUNT && !rc; i++) {
         dnnl_primitive_attr_t attr = NULL;
@@ -283,13 +287,14 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
     return rc;
 }
 
-int tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, Err *err) {
+int tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, int bf16, Err *err) {
     const char *what = "attention";
     int rc = PD_OK;
     TfAttn *a = pd_calloc(sizeof *a);
     a->t = t;
     a->heads = heads;
     a->hd = hd;
+    a->dt = bf16 ? dnnl_bf16 : dnnl_f32;
     a->scale = 1.0f / sqrtf((float)hd);
     CK(dnnl_engine_create(&a->eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&a->st, a->eng, dnnl_stream_default_flags));
@@ -313,7 +318,7 @@ void tf_dnnl_attn_free(TfAttn *a) {
     pd_free(a);
 }
 
-void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const float *src, const float *wei, float *dst) {
+void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const void *src, const void *wei, float *dst) {
     MmSlot *s = &a->slot[0];
     if (s->n != n) {
         s = &a->slot[1];

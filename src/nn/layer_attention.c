@@ -54,7 +54,10 @@ static void parts(const Layer *l, const void *saved, int n, float **qkv, float *
 }
 
 static int attention_build(Layer *l, int n_max, Err *err) {
-    int rc = kern_attention_init(&l->attn, KTF_AUTO, n_max, l->in.d[0], l->k, l->cin / l->k, l->relu, err);
+    const int t = l->in.d[0], d = l->cin;
+    int rc = kern_attention_init_prec(&l->attn, KTF_AUTO, l->prec, n_max, t, l->k, d / l->k, l->relu, err);
+    if (!rc) rc = kern_linear_init(&l->lin[0], l->prec, n_max * t, d, 3 * d, l->bias, err);
+    if (!rc) rc = kern_linear_init(&l->lin[1], l->prec, n_max * t, d, d, l->bias, err);
     if (rc) return rc;
     /* backward scratch: dqkv (n, T, 3d), datt (n, T, d) */
     l->scratch = pd_alloc_f32((size_t)n_max * (per_sample(l, 0) + per_sample(l, 1)));
@@ -63,6 +66,8 @@ static int attention_build(Layer *l, int n_max, Err *err) {
 
 static void attention_release(Layer *l) {
     kern_attention_release(&l->attn);
+    kern_linear_release(&l->lin[0]);
+    kern_linear_release(&l->lin[1]);
     pd_free(l->scratch);
     l->scratch = NULL;
 }
@@ -74,9 +79,9 @@ static void attention_forward(Layer *l, const NnRun *r, const float *w, float *s
     const float *wp = w + (size_t)3 * d * d + (l->bias ? 3 * d : 0), *bp = l->bias ? wp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
     parts(l, saved, n, &qkv, &att, &p);
-    kern_linear_fwd(x, wqkv, bqkv, qkv, n * t, d, 3 * d);
+    kern_linear_fwd_k(&l->lin[0], n * t, x, wqkv, bqkv, qkv);
     kern_attention_fwd(&l->attn, n, qkv, att, p);
-    kern_linear_fwd(att, wp, bp, y, n * t, d, d);
+    kern_linear_fwd_k(&l->lin[1], n * t, att, wp, bp, y);
 }
 
 static void attention_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
@@ -90,10 +95,10 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     parts(l, saved, n, &qkv, &att, &p);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
     memset(datt, 0, (size_t)n * per_sample(l, 1) * sizeof(float));
-    kern_linear_bwd(att, wp, dy, datt, dwp, dbp, n * t, d, d);
+    kern_linear_bwd_k(&l->lin[1], n * t, att, wp, dy, datt, dwp, dbp);
     memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
     kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
-    kern_linear_bwd(x, wqkv, dqkv, dx, dwqkv, dbqkv, n * t, d, 3 * d);
+    kern_linear_bwd_k(&l->lin[0], n * t, x, wqkv, dqkv, dx, dwqkv, dbqkv);
 }
 
 const LayerOps LAYER_ATTENTION = {

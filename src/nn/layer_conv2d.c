@@ -35,8 +35,8 @@ static int conv_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 }
 
 static int conv_build(Layer *l, int n_max, Err *err) {
-    return kern_conv2d_init(&l->conv, n_max, l->cin, l->in.d[1], l->in.d[2], l->cout, l->k, l->k, l->stride, l->pad,
-                            l->bias, l->relu, err);
+    return kern_conv2d_init_prec(&l->conv, KCONV_AUTO, l->prec, n_max, l->cin, l->in.d[1], l->in.d[2], l->cout,
+                                 l->k, l->k, l->stride, l->pad, l->bias, l->relu, err);
 }
 
 static void conv_release(Layer *l) { kern_conv2d_release(&l->conv); }

@@ -24,32 +24,39 @@ static int dense_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 
 static int rows(const Layer *l, int n) { return n * (int)(shape_numel(l->in) / (size_t)l->cin); }
 
+static int dense_build(Layer *l, int n_max, Err *err) {
+    return kern_linear_init(&l->lin[0], l->prec, rows(l, n_max), l->cin, l->cout, l->bias, err);
+}
+
+static void dense_release(Layer *l) { kern_linear_release(&l->lin[0]); }
+
 static void dense_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                           void *saved) {
-    kern_linear_fwd(x, w, l->bias ? w + (size_t)l->cout * l->cin : NULL, y, rows(l, r->n), l->cin, l->cout);
+    kern_linear_fwd_k(&l->lin[0], rows(l, r->n), x, w, l->bias ? w + (size_t)l->cout * l->cin : NULL, y);
 }
 
 static void dense_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                            const void *saved, const float *dy, float *dx, float *dw) {
-    kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, rows(l, r->n), l->cin, l->cout);
+    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
 }
 
 /* The split backward: kern_linear_bwd's dx GEMM, then its dW GEMM and db sums (independent
  * of each other, so the halves are bitwise the whole). */
 static void dense_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                 const void *saved, const float *dy, float *dx) {
-    if (dx) kern_linear_bwd(x, w, dy, dx, NULL, NULL, rows(l, r->n), l->cin, l->cout);
+    if (dx) kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, NULL, NULL);
 }
 
 static void dense_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
-    kern_linear_bwd(x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, rows(l, r->n), l->cin,
-                    l->cout);
+    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
 }
 
 const LayerOps LAYER_DENSE = {
     .name = "dense",
     .parse = dense_parse,
+    .build = dense_build,
+    .release = dense_release,
     .forward = dense_forward,
     .backward = dense_backward,
     .backward_data = dense_backward_data,

@@ -27,11 +27,14 @@ static int linear_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 }
 
 static int linear_build(Layer *l, int n_max, Err *err) {
+    int rc = kern_linear_init(&l->lin[0], l->prec, n_max, l->cin, l->cout, l->bias, err);
+    if (rc) return rc;
     if (l->relu) l->scratch = pd_alloc_f32((size_t)n_max * l->cout);
     return PD_OK;
 }
 
 static void linear_release(Layer *l) {
+    kern_linear_release(&l->lin[0]);
     pd_free(l->scratch);
     l->scratch = NULL;
 }
@@ -39,7 +42,7 @@ static void linear_release(Layer *l) {
 static void linear_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                            void *saved) {
     const float *b = l->bias ? w + (size_t)l->cout * l->cin : NULL;
-    kern_linear_fwd(x, w, b, y, r->n, l->cin, l->cout);
+    kern_linear_fwd_k(&l->lin[0], r->n, x, w, b, y);
     if (l->relu) kern_relu_inplace(y, (size_t)r->n * l->cout);
 }
 
@@ -50,7 +53,7 @@ static void linear_backward(Layer *l, const NnRun *r, const float *w, const floa
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd(x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
 }
 
 /* The split backward: the same masking and the same GEMMs as linear_backward, one half each
@@ -64,7 +67,7 @@ static void linear_backward_data(Layer *l, const NnRun *r, const float *w, const
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd(x, w, dy, dx, NULL, NULL, r->n, l->cin, l->cout);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, NULL, NULL);
 }
 
 static void linear_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
@@ -74,7 +77,7 @@ static void linear_backward_weights(Layer *l, const NnRun *r, const float *w, co
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd(x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, r->n, l->cin, l->cout);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
 }
 
 const LayerOps LAYER_LINEAR = {

@@ -30,6 +30,7 @@ struct Model {
     int n_pt;
     float *gbuf[2];       /* backward ping-pong gradient buffers */
     size_t gbuf_floats;
+    int prec;             /* KPREC_* of every layer (model_set_precision) */
 };
 
 struct NnCtx {
@@ -378,6 +379,23 @@ const ParamInfo *model_param_tensors(const Model *m, int *n) {
     *n = m->n_pt;
     return m->pt;
 }
+
+static void set_prec(Layer *l, int prec) {
+    l->prec = prec;
+    for (int i = 0; l->sub && i < l->n_body + l->n_short; i++) set_prec(&l->sub[i], prec);
+}
+
+void model_set_precision(Model *m, int prec) {
+    PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
+    if (prec == m->prec) return;
+    for (int i = 0; i < m->n; i++) {
+        nn_layer_release(&m->layers[i]);   // its descriptors were made for the old precision
+        set_prec(&m->layers[i], prec);
+    }
+    m->prec = prec;
+}
+
+int model_precision(const Model *m) { return m->prec; }
 
 int model_build(Model *m, int first, int last, int n_max, Err *err) {
     check_range(m, first, last);

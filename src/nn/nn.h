@@ -85,6 +85,13 @@ const ParamInfo *model_param_tensors(const Model *m, int *n);
  * PD_OK or an error (a shape a kernel library rejects). */
 int model_build(Model *m, int first, int last, int n_max, Err *err);
 
+/* The compute precision of the model's matrix products (convolution, linear, dense,
+ * attention): 0 float32 (the default), 1 bf16 inputs with float32 accumulation and outputs
+ * (kernels.h, KPREC_*; parameters, gradients, optimizer state and element-wise layers stay
+ * float32). Layers already built are released: call model_build (again) after it. */
+void model_set_precision(Model *m, int prec);
+int  model_precision(const Model *m);
+
 /* Initialises the parameters of [first, last) into w (range layout) by the model JSON's "init"
  * schemes (init.c, docs/reference/formats.md); without one, PyTorch's default: weights and biases
  * uniform(+-1/sqrt(fan_in)), gamma 1, beta 0. Draws come from Philox(seed, RNG_STREAM_INIT,

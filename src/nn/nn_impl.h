@@ -113,11 +113,14 @@ struct Layer {
     int built_n;            /* n_max it was built for; 0 = not built */
     int lay;                /* this call's layouts (KCONV_X_BLK16: x, dx; KCONV_Y_BLK16: y, dy),
                                set by model.c before each forward/backward; 0: plain */
+    int prec;               /* compute precision of its matrix products (KPREC_*), set by
+                               model_set_precision before build; build passes it on */
 
     /* kind-specific configuration */
     int cin, cout, k, stride, pad, bias, relu;
     float p, eps, momentum;
     KConv conv;
+    KLinear lin[2];         /* linear, dense: [0]; attention: [0] qkv, [1] proj */
     KLstm lstm;
     KLayerNorm ln;          /* layernorm */
     KAttn attn;             /* attention */

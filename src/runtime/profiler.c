@@ -164,6 +164,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     if (!m) return err->code;
     int nl = model_n_layers(m), B = o->minibatch, rc;
     if (o->threads > 0) kern_set_threads(o->threads);
+    model_set_precision(m, o->precision);
     if ((rc = model_build(m, 0, nl, B, err))) {
         model_free(m);
         return rc;

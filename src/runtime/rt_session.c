@@ -378,7 +378,8 @@ static int session_workers(Rank *R, Err *err) {
                         .units_total = (int)(R->n_mb * probe->n_micro), .progress_t0 = pd_now(),
                         .progress_u0 = R->mb_done * (uint64_t)probe->n_micro, .init = R->init,
                         .nan_check = sp->nan_check, .no_stash = sp->no_stash, .staleness = sp->staleness,
-                        .staleness_warmup = sp->staleness_warmup, .run_minibatches = R->n_mb, .wire = sp->wire};
+                        .staleness_warmup = sp->staleness_warmup, .run_minibatches = R->n_mb, .wire = sp->wire,
+                        .precision = sp->precision};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     R->eval_batches = R->test ? (int64_t)((R->test->n + (size_t)R->unit_batch - 1) / (size_t)R->unit_batch) : 0;
     R->run_units = (int64_t)R->n_mb * probe->n_micro;   /* evaluation ids start after them */
@@ -833,6 +834,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     snprintf(lr, sizeof lr, "%.7g", (double)sp->opt.lr);   /* the float's decimal, not its binary expansion */
     out->lr = strtod(lr, NULL);
     out->minibatch = sp->minibatch, out->threads = sp->threads > 0 ? sp->threads : 1;
+    snprintf(out->precision, sizeof out->precision, "%s", kern_precision_name(sp->precision));
     out->workers = s->n_ranks, out->stages = s->n_stages, out->steps = s->n_minibatches;
     out->epochs = n_train > 0 ? (double)s->n_minibatches * sp->minibatch / (double)n_train : NAN;
     out->units = units, out->unit_batch = unit_batch;

@@ -925,6 +925,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         return err_set(err, PD_EINVAL, "%s: the plan's stage %d runs layer %d, the model has %d layers",
                        cfg->model_path, w->stage, w->last - 1, nl);
     int B = cfg->unit_batch;
+    model_set_precision(w->m, cfg->precision);
     int rc = model_build(w->m, w->first, w->last, B, err);
     if (rc) return rc;
     Shape ins = model_layer_in_shape(w->m, w->first), outs = model_layer_out_shape(w->m, w->last - 1);

@@ -72,6 +72,8 @@ typedef struct RtConfig {
                                * stages travel as bf16 (rounded to nearest even), half the bytes */
     long run_minibatches;     /* the whole run's minibatches, for the lr schedule's default length
                                * (opt.decay_steps 0: rt_run_steps; 0 here: this schedule's) */
+    int precision;            /* compute precision of the matrix products, KPREC_* (0: float32;
+                               * model_set_precision) */
 } RtConfig;
 
 enum { RT_WIRE_FP32 = 0, RT_WIRE_BF16 = 1 };
@@ -267,6 +269,7 @@ typedef struct RtProfileOpts {
                           * when nothing else slows it (this VM's comes in spells: docs/reference/formats.md) */
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
+    int precision;       /* KPREC_* the model runs at (0: float32), as training will */
 } RtProfileOpts;
 
 /* Times o->warmup + o->iterations training steps (o->rounds times) of the model (synthetic data, whole model
@@ -354,6 +357,7 @@ typedef struct RtTrainSpec {
     int staleness_warmup;        /* RtConfig.staleness_warmup */
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
     const char *save;            /* write the final weights here (rt_weights_save); NULL: no file */
+    int precision;               /* RtConfig.precision */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -380,6 +384,7 @@ typedef struct RtStageSummary {
 typedef struct RtTrainSummary {
     char model[64], schedule[32], transport[16], optimizer[8];
     char staleness[48];          /* the compensation the run used (rt_staleness_name) */
+    char precision[8];           /* "fp32" or "bf16" (kern_precision_name) */
     int workers, stages, steps, units, unit_batch;
     int minibatch, threads;      /* samples per minibatch, kernel threads per worker */
     double lr;

@@ -158,6 +158,10 @@ PY
         if [ "$m" != one ]; then errs "$m" clipasync "stages update at different times" -- --clip-grad-norm 1; fi ;;
     --seed) ok "$m" seed -- --seed 2; differs "$m" seed ;;
     --threads) ok "$m" threads -- --threads 2; want "$m" threads threads 2 ;;
+    --precision)   # fp32 is the default bitwise; bf16 changes the weights (lenet5's conv2 and linears)
+        ok "$m" fp32 -- --precision fp32; same "$m" fp32 plain; want "$m" fp32 precision '"fp32"'
+        ok "$m" bf16 -- --precision bf16; differs "$m" bf16; want "$m" bf16 precision '"bf16"'
+        errs "$m" prec "fp32 or bf16" -- --precision fp16 ;;
     --data)
         want "$m" base data_mean "$(python3 -c "
 import struct; b = open('$tmp/d/train-images-idx3-ubyte', 'rb').read()[16:]

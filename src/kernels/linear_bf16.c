@@ -1,0 +1,292 @@
+/* linear_bf16.c: the precision switch's small helpers (names, float32 -> bfloat16 rounding)
+ * and the linear descriptor (KLinear): float32 calls the plain kernels, bf16 runs three oneDNN
+ * matmul primitives (C API) on bf16 copies of the operands:
+ *   forward        y (M, O)   = xb (M, I) · Wb^T (I, O) + b      (W^T: a strided view of W)
+ *   backward data  dx (M, I) += dyb (M, O) · Wb (O, I)           (sum post-op)
+ *   backward w     dW (O, I) += dyb^T (O, M) · xb (M, I)         (dy^T: a strided view)
+ * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop.
+ * The bf16 copies (x, W, dy) and the primitives' scratchpad live in the calling thread's
+ * KSCR_BF16 scratch (kern_scratch), asked for at its largest in init, so a model's linear
+ * layers share one arena per thread and nothing is allocated per call. Primitives depend on
+ * M (the call's rows): those for n_max rows are made in init, those for the last other count
+ * on first use (the one allocation after init, as conv_dnnl.c does). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
+#endif
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* ---- precision names and conversion ------------------------------------------------------ */
+static const char *const PREC_NAMES[KPREC_COUNT] = {"fp32", "bf16"};
+
+int kern_precision_parse(const char *s) {
+    for (int i = 0; s && i < KPREC_COUNT; i++)
+        if (strcmp(s, PREC_NAMES[i]) == 0) return i;
+    return -1;
+}
+
+const char *kern_precision_name(int prec) { return prec >= 0 && prec < KPREC_COUNT ? PREC_NAMES[prec] : "?"; }
+
+typedef struct CvtJob {
+    const float *x;
+    uint16_t *y;
+} CvtJob;
+
+static void cvt_r(void *p, size_t b, size_t e) {
+    const CvtJob *j = p;
+    const float *restrict x = j->x;
+    uint16_t *restrict y = j->y;
+    for (size_t i = b; i < e; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;   // nearest, ties to even
+        y[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);   // NaN stays quiet NaN
+    }
+}
+
+void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count) {
+    CvtJob j = {x, y};
+    kern_parallel_for(count, 32768, 32, cvt_r, &j);
+}
+
+/* ---- the linear descriptor ---------------------------------------------------------------- */
+enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_COUNT };
+
+typedef struct LinSlot {
+    int m;   /* rows these are for; 0 = empty */
+    dnnl_primitive_t p[LM_COUNT];
+    dnnl_memory_t src[LM_COUNT], wei[LM_COUNT], dst[LM_COUNT], sp[LM_COUNT], bias;
+    size_t sp_bytes;   /* the largest of the three scratchpads */
+} LinSlot;
+
+typedef struct LinDnnl {
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    LinSlot slot[2];   /* [0]: n_max rows, [1]: the last other count */
+} LinDnnl;
+
+#define CK(call)                                                                                       \
+    do {                                                                                               \
+        dnnl_status_t s_ = (call);                                                                     \
+        if (s_ != dnnl_success) {                                                                      \
+            rc = err_set(err, PD_EINVAL, "linear (oneDNN bf16): %s failed: %s", #call, dnnl_status2str(s_)); \
+            goto done;                                                                                 \
+        }                                                                                              \
+    } while (0)
+#define RUN(call)                                                                   \
+    do {                                                                            \
+        dnnl_status_t s_ = (call);                                                  \
+        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));          \
+    } while (0)
+
+static void slot_free(LinSlot *s) {
+    for (int i = 0; i < LM_COUNT; i++) {
+        if (s->p[i]) dnnl_primitive_destroy(s->p[i]);
+        dnnl_memory_t m[4] = {s->src[i], s->wei[i], s->dst[i], s->sp[i]};
+        for (int k = 0; k < 4; k++)
+            if (m[k]) dnnl_memory_destroy(m[k]);
+    }
+    if (s->bias) dnnl_memory_destroy(s->bias);
+    memset(s, 0, sizeof *s);
+}
+
+/* A (rows, cols) matrix of type dt: row-major (trans 0), or the transpose of a row-major
+ * (cols, rows) one (trans 1). */
+static dnnl_status_t mat(dnnl_memory_desc_t *md, int rows, int cols, dnnl_data_type_t dt, int trans) {
+    dnnl_dims_t d = {rows, cols};
+    return dnnl_memory_desc_init_by_tag(md, 2, d, dt, trans ? dnnl_ba : dnnl_ab);
+}
+
+static int slot_init(LinDnnl *l, LinSlot *s, int m, int in, int out, int has_bias, Err *err) {
+    int rc = PD_OK;
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    dnnl_memory_desc_t x, wt, y, bias, dy, w, dx, dyt, dw;
+    if (mat(&x, m, in, dnnl_bf16, 0) || mat(&wt, in, out, dnnl_bf16, 1) || mat(&y, m, out, dnnl_f32, 0) ||
+        mat(&bias, 1, out, dnnl_f32, 0) || mat(&dy, m, out, dnnl_bf16, 0) || mat(&w, out, in, dnnl_bf16, 0) ||
+        mat(&dx, m, in, dnnl_f32, 0) || mat(&dyt, out, m, dnnl_bf16, 1) || mat(&dw, out, in, dnnl_f32, 0))
+        return err_set(err, PD_EINVAL, "linear (oneDNN bf16): memory descriptors rejected");
+    const struct { const dnnl_memory_desc_t *s, *w, *b, *d; int acc; } spec[LM_COUNT] = {
+        [LM_FWD] = {&x, &wt, has_bias ? &bias : NULL, &y, 0}, [LM_BWD_D] = {&dy, &w, NULL, &dx, 1}, [LM_BWD_W] = {&dyt, &x, NULL, &dw, 1}};
+    for (int i = 0; i < LM_COUNT && !rc; i++) {
+        dnnl_primitive_attr_t attr = NULL;
+        dnnl_post_ops_t po = NULL;
+        dnnl_primitive_desc_t pd = NULL;
+        dnnl_matmul_desc_t md;
+        CK(dnnl_primitive_attr_create(&attr));
+        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+        if (spec[i].acc) {   // dst += product
+            CK(dnnl_post_ops_create(&po));
+            CK(dnnl_post_ops_append_sum(po, 1.0f));
+            CK(dnnl_primitive_attr_set_post_ops(attr, po));
+        }
+        CK(dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, spec[i].b, spec[i].d));
+        CK(dnnl_primitive_desc_create(&pd, &md, attr, l->eng, NULL));
+        CK(dnnl_primitive_create(&s->p[i], pd));
+        CK(dnnl_memory_create(&s->src[i], spec[i].s, l->eng, DNNL_MEMORY_NONE));
+        CK(dnnl_memory_create(&s->wei[i], spec[i].w, l->eng, DNNL_MEMORY_NONE));
+        CK(dnnl_memory_create(&s->dst[i], spec[i].d, l->eng, DNNL_MEMORY_NONE));
+        const dnnl_memory_desc_t *spd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        size_t need = spd ? dnnl_memory_desc_get_size(spd) : 0;
+        if (need) CK(dnnl_memory_create(&s->sp[i], spd, l->eng, DNNL_MEMORY_NONE));
+        if (need > s->sp_bytes) s->sp_bytes = need;
+    done:
+        if (pd) dnnl_primitive_desc_destroy(pd);
+        if (po) dnnl_post_ops_destroy(po);
+        if (attr) dnnl_primitive_attr_destroy(attr);
+    }
+    if (!rc && dnnl_memory_create(&s->bias, &bias, l->eng, DNNL_MEMORY_NONE) != dnnl_success)
+        rc = err_set(err, PD_EINVAL, "linear (oneDNN bf16): bias memory rejected");
+    if (rc) slot_free(s);
+    return rc;
+}
+
+/* Bytes of KSCR_BF16 a call with m rows may use: xb, Wb, dyb, then the scratchpad. */
+static size_t al64(size_t b) { return (b + 63) / 64 * 64; }
+static size_t arena_bytes(const KLinear *k, int m, size_t sp) {
+    return al64((size_t)m * k->in * 2) + al64((size_t)k->out * k->in * 2) + al64((size_t)m * k->out * 2) + sp + 64;
+}
+
+static void lin_free(LinDnnl *l) {
+    if (!l) return;
+    slot_free(&l->slot[0]);
+    slot_free(&l->slot[1]);
+    if (l->st) dnnl_stream_destroy(l->st);
+    if (l->eng) dnnl_engine_destroy(l->eng);
+    pd_free(l);
+}
+
+int kern_linear_init(KLinear *k, int prec, int n_max, int in, int out, int has_bias, Err *err) {
+    memset(k, 0, sizeof *k);
+    PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
+    if (n_max < 1 || in < 1 || out < 1)
+        return err_set(err, PD_EINVAL, "linear: bad shape n_max=%d in=%d out=%d", n_max, in, out);
+    *k = (KLinear){.n_max = n_max, .in = in, .out = out, .has_bias = has_bias, .prec = prec};
+    if (prec == KPREC_FP32) return PD_OK;
+    int rc = PD_OK;
+    LinDnnl *l = pd_calloc(sizeof *l);
+    CK(dnnl_engine_create(&l->eng, dnnl_cpu, 0));
+    CK(dnnl_stream_create(&l->st, l->eng, dnnl_stream_default_flags));
+    rc = slot_init(l, &l->slot[0], n_max, in, out, has_bias, err);
+    if (!rc) kern_scratch(KSCR_BF16, arena_bytes(k, n_max, l->slot[0].sp_bytes));   // grown at build time
+done:
+    if (rc) lin_free(l);
+    else k->impl = l;
+    return rc;
+}
+
+void kern_linear_release(KLinear *k) {
+    if (!k) return;
+    lin_free(k->impl);
+    k->impl = NULL;
+}
+
+static LinSlot *slot_for(KLinear *k, int m) {
+    LinDnnl *l = k->impl;
+    if (l->slot[0].m == m) return &l->slot[0];
+    if (l->slot[1].m != m) {
+        slot_free(&l->slot[1]);
+        Err err = {0};
+        int rc = slot_init(l, &l->slot[1], m, k->in, k->out, k->has_bias, &err);
+        PD_ASSERTF(rc == PD_OK, "oneDNN accepted %d rows but not %d: %s", k->n_max, m, err.msg);
+    }
+    return &l->slot[1];
+}
+
+/* Runs matmul i of s on (src, wei, dst); sp: the scratchpad's storage. */
+static void mm(LinDnnl *l, LinSlot *s, int i, const void *src, const void *wei, const float *bias, float *dst,
+               void *sp) {
+    RUN(dnnl_memory_set_data_handle(s->src[i], (void *)src));
+    RUN(dnnl_memory_set_data_handle(s->wei[i], (void *)wei));
+    RUN(dnnl_memory_set_data_handle(s->dst[i], dst));
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, s->src[i]}, {DNNL_ARG_WEIGHTS, s->wei[i]}, {DNNL_ARG_DST, s->dst[i]}};
+    int na = 3;
+    if (s->sp[i]) {
+        RUN(dnnl_memory_set_data_handle(s->sp[i], sp));
+        a[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, s->sp[i]};
+    }
+    if (bias) {
+        RUN(dnnl_memory_set_data_handle(s->bias, (void *)bias));
+        a[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, s->bias};
+    }
+    RUN(dnnl_primitive_execute(s->p[i], l->st, na, a));
+    RUN(dnnl_stream_wait(l->st));
+}
+
+/* The call's arena: xb (m, in), wb (out, in), dyb (m, out), scratchpad. */
+typedef struct Arena {
+    uint16_t *x, *w, *dy;
+    void *sp;
+} Arena;
+
+static Arena arena(const KLinear *k, int m, const LinSlot *s) {
+    char *b = kern_scratch(KSCR_BF16, arena_bytes(k, m, s->sp_bytes));
+    b += (64 - (uintptr_t)b % 64) % 64;
+    Arena a;
+    a.x = (uint16_t *)b;
+    b += al64((size_t)m * k->in * 2);
+    a.w = (uint16_t *)b;
+    b += al64((size_t)k->out * k->in * 2);
+    a.dy = (uint16_t *)b;
+    b += al64((size_t)m * k->out * 2);
+    a.sp = b;
+    return a;
+}
+
+void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const float *b, float *y) {
+    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
+    if (k->prec == KPREC_FP32) {
+        kern_linear_fwd(x, w, b, y, n, k->in, k->out);
+        return;
+    }
+    if (n == 0) return;
+    LinSlot *s = slot_for(k, n);
+    Arena a = arena(k, n, s);
+    kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
+    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
+    mm(k->impl, s, LM_FWD, a.x, a.w, b, y, a.sp);
+}
+
+typedef struct BiasJob {
+    const float *dy;
+    float *db;
+    int n, out;
+} BiasJob;
+
+static void bias_r(void *p, size_t b, size_t e) {   // db[o] += sum_i dy[i, o], o in [b, e)
+    const BiasJob *j = p;
+    for (int i = 0; i < j->n; i++) {
+        const float *restrict g = j->dy + (size_t)i * j->out;
+        float *restrict d = j->db;
+        for (size_t o = b; o < e; o++) d[o] += g[o];
+    }
+}
+
+void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
+                       float *db) {
+    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
+    if (k->prec == KPREC_FP32) {
+        kern_linear_bwd(x, w, dy, dx, dw, db, n, k->in, k->out);
+        return;
+    }
+    if (n == 0) return;
+    LinSlot *s = slot_for(k, n);
+    Arena a = arena(k, n, s);
+    if (dx || dw) kern_f32_to_bf16(dy, a.dy, (size_t)n * k->out);
+    if (dx) {
+        kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+        mm(k->impl, s, LM_BWD_D, a.dy, a.w, NULL, dx, a.sp);
+    }
+    if (dw) {
+        kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
+        mm(k->impl, s, LM_BWD_W, a.dy, a.x, NULL, dw, a.sp);
+    }
+    if (db) {
+        BiasJob j = {dy, db, n, k->out};
+        kern_parallel_for((size_t)k->out, 32768 / (size_t)n + 1, 16, bias_r, &j);
+    }
+}

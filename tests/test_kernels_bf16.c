@@ -1,0 +1,280 @@
+/* test_kernels_bf16.c: the bf16 precision (KPREC_BF16) of the matrix-product kernels (linear,
+ * conv2d, attention) against their float32 reference twins, and the float32 path of the same
+ * descriptors bitwise equal to the plain kernels.
+ *
+ * The bound. bf16 keeps 8 significant bits: rounding x to bf16 changes it by a relative
+ * |d| <= u = 2^-8 (3.9e-3). A product term x_k w_k of two rounded inputs is off by a relative
+ * <= 2u + u^2; accumulation is float32 (its error ~1e-7, negligible). With inputs uniform in
+ * [-1, 1] the rounding errors are independent with zero mean, so the norm-wise relative error
+ * of a whole output, ||got - ref|| / ||ref||, is about the RMS of the per-term error, ~u
+ * (measured 2-3e-3 below). We assert it is below 1e-2 (2.5u: margin for the terms' spread)
+ * AND above 1e-4: float32 with a different summation order stays below 1e-6, so a kernel
+ * that silently ran in float32 fails the lower bound. The linear's db is a float32 sum of the
+ * float32 dy (float32 tolerance); the convolution's is oneDNN's, from the bf16 diff_dst (upper
+ * bound only). */
+#include <math.h>
+
+#include "test_kernels_util.h"
+
+#define BF16_MAX 1e-2
+#define BF16_MIN 1e-4
+
+/* ||got - want|| / ||want||, in double */
+static double rel(const float *got, const float *want, size_t n) {
+    double e = 0, w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        e += d * d;
+        w += (double)want[i] * want[i];
+    }
+    return sqrt(e / (w > 0 ? w : 1e-300));
+}
+
+static void check_bf16(const char *what, const float *got, const float *want, size_t n) {
+    double e = rel(got, want, n);
+    print_message("  %-26s bf16 rel err %.2e (n=%zu)\n", what, e, n);
+    assert_true(e < BF16_MAX);
+    assert_true(e > BF16_MIN);
+}
+
+static void test_precision_names(void **state) {
+    (void)state;
+    assert_int_equal(kern_precision_parse("fp32"), KPREC_FP32);
+    assert_int_equal(kern_precision_parse("bf16"), KPREC_BF16);
+    assert_int_equal(kern_precision_parse("fp16"), -1);
+    assert_int_equal(kern_precision_parse("BF16"), -1);
+    assert_int_equal(kern_precision_parse(NULL), -1);
+    assert_string_equal(kern_precision_name(KPREC_BF16), "bf16");
+    assert_string_equal(kern_precision_name(KPREC_FP32), "fp32");
+}
+
+static void test_bf16_rounding(void **state) {
+    (void)state;
+    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1); 1 + 3 * 2^-8 rounds up to
+     * 1 + 2^-6 (even); 1 + 2^-8 + 2^-20 is above halfway: 1 + 2^-7 */
+    const float x[] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f, 0.0f,
+                       INFINITY, 0x1.fep127f, 1e-40f};
+    const float want[] = {1.0f, 1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f, -2.5f, 0.0f, INFINITY, 0x1.fep127f, -1};   // the largest bf16
+    uint16_t y[sizeof x / sizeof *x + 1];
+    const size_t n = sizeof x / sizeof *x;
+    kern_f32_to_bf16(x, y, n);
+    for (size_t i = 0; i + 1 < n; i++) assert_true(kern_bf16_to_f32(y[i]) == want[i]);
+    assert_true(fabsf(kern_bf16_to_f32(y[n - 1]) - 1e-40f) <= 0x1p-134f);   // subnormals: half their spacing
+    const float nan = NAN;
+    kern_f32_to_bf16(&nan, y, 1);
+    assert_true(isnan(kern_bf16_to_f32(y[0])));
+    /* a long buffer (the threaded path): every value within half a bf16 ulp */
+    size_t big = 100003;
+    float *a = tk_rand(big, 900, -1000, 1000);
+    uint16_t *b = pd_alloc(big * sizeof *b);
+    kern_f32_to_bf16(a, b, big);
+    for (size_t i = 0; i < big; i++) assert_true(fabsf(kern_bf16_to_f32(b[i]) - a[i]) <= fabsf(a[i]) * 0x1p-8f);
+    pd_free(a);
+    pd_free(b);
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
+    print_message("  linear n_max=%d in=%d out=%d bias=%d\n", n_max, in, out, bias);
+    KLinear kb, kf;
+    Err err = {0};
+    assert_int_equal(kern_linear_init(&kb, KPREC_BF16, n_max, in, out, bias, &err), PD_OK);
+    assert_int_equal(kern_linear_init(&kf, KPREC_FP32, n_max, in, out, bias, &err), PD_OK);
+    int ns[3] = {n_max, n_max / 2 + 1, n_max};   // both cached row counts, then back
+    for (int pass = 0; pass < 3; pass++) {
+        const int n = ns[pass];
+        size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
+        float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1);
+        float *b = bias ? tk_rand(out, tag + 3, -1, 1) : NULL, *dy = tk_rand(ny, tag + 4, -1, 1);
+        float *y = tk_rand(ny, tag + 5, -9, 9), *yr = pd_alloc_f32(ny), *yf = pd_alloc_f32(ny), *yp = pd_alloc_f32(ny);
+        kern_linear_fwd_k(&kb, n, x, w, b, y);
+        kern_linear_fwd_ref(x, w, b, yr, n, in, out);
+        check_bf16("linear fwd", y, yr, ny);
+        /* float32 descriptor: bitwise the plain kernel */
+        kern_linear_fwd_k(&kf, n, x, w, b, yf);
+        kern_linear_fwd(x, w, b, yp, n, in, out);
+        assert_memory_equal(yf, yp, ny * sizeof(float));
+
+        float *pre_x = tk_rand(nx, tag + 6, -1, 1), *pre_w = tk_rand(nw, tag + 7, -1, 1);
+        float *pre_b = tk_rand(out, tag + 8, -1, 1);
+        float *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, out);
+        float *rdx = pd_alloc_f32(nx), *rdw = pd_alloc_f32(nw), *rdb = pd_alloc_f32(out);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx, dw, bias ? db : NULL);
+        kern_linear_bwd_ref(x, w, dy, rdx, rdw, bias ? rdb : NULL, n, in, out);
+        tk_sub(dx, pre_x, nx);   // += onto the prefilled buffers
+        tk_sub(dw, pre_w, nw);
+        tk_sub(db, pre_b, out);
+        check_bf16("linear dx", dx, rdx, nx);
+        check_bf16("linear dw", dw, rdw, nw);
+        if (bias) assert_int_equal(tu_compare("linear db (float32 sums)", db, rdb, out, 1e-4, 1e-5), 0);
+        /* dx and dw alone give the same as together */
+        float *dx1 = pd_alloc_f32(nx), *dw1 = pd_alloc_f32(nw), *dx2 = pd_alloc_f32(nx), *dw2 = pd_alloc_f32(nw);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx1, dw1, NULL);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx2, NULL, NULL);
+        kern_linear_bwd_k(&kb, n, x, w, dy, NULL, dw2, NULL);
+        assert_memory_equal(dx1, dx2, nx * sizeof(float));
+        assert_memory_equal(dw1, dw2, nw * sizeof(float));
+        /* float32 descriptor backward: bitwise the plain kernel */
+        float *fdx = pd_alloc_f32(nx), *fdw = pd_alloc_f32(nw), *fdb = pd_alloc_f32(out);
+        float *pdx = pd_alloc_f32(nx), *pdw = pd_alloc_f32(nw), *pdb = pd_alloc_f32(out);
+        kern_linear_bwd_k(&kf, n, x, w, dy, fdx, fdw, fdb);
+        kern_linear_bwd(x, w, dy, pdx, pdw, pdb, n, in, out);
+        assert_memory_equal(fdx, pdx, nx * sizeof(float));
+        assert_memory_equal(fdw, pdw, nw * sizeof(float));
+        assert_memory_equal(fdb, pdb, out * sizeof(float));
+        float *all[] = {x, w, b, dy, y, yr, yf, yp, pre_x, pre_w, pre_b, dx, dw, db, rdx, rdw, rdb,
+                        dx1, dw1, dx2, dw2, fdx, fdw, fdb, pdx, pdw, pdb};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    }
+    kern_linear_release(&kb);
+    kern_linear_release(&kf);
+}
+
+static void test_linear_bf16(void **state) {
+    (void)state;
+    check_linear(37, 70, 45, 1, 100);
+    check_linear(64, 128, 384, 1, 200);   // gpt-mini's qkv projection, 64 rows
+    check_linear(9, 33, 10, 0, 300);
+}
+
+/* ---- conv2d ---------------------------------------------------------------------------------- */
+static void check_conv(int n_max, int n, int c, int h, int k, int r, int stride, int pad, int bias, int relu,
+                       uint64_t tag) {
+    print_message("  conv n=%d/%d c=%d %dx%d k=%d %dx%d s%d p%d bias=%d relu=%d\n", n, n_max, c, h, h, k, r, r,
+                  stride, pad, bias, relu);
+    KConv cv;
+    Err err = {0};
+    int rc = kern_conv2d_init_prec(&cv, KCONV_AUTO, KPREC_BF16, n_max, c, h, h, k, r, r, stride, pad, bias, relu,
+                                   &err);
+    if (rc) print_message("%s\n", err.msg);
+    assert_int_equal(rc, PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
+    assert_int_equal(cv.prec, KPREC_BF16);
+    assert_int_equal(kern_conv2d_layouts(&cv), (c % 16 ? 0 : KCONV_X_BLK16) | (k % 16 ? 0 : KCONV_Y_BLK16));
+    size_t nx = (size_t)n * c * h * h, nw = (size_t)k * c * r * r, ny = (size_t)n * k * cv.oh * cv.ow;
+    float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1);
+    float *b = bias ? tk_rand(k, tag + 3, -1, 1) : NULL, *dy = tk_rand(ny, tag + 4, -1, 1);
+    float *y = tk_rand(ny, tag + 5, -9, 9), *yr = pd_alloc_f32(ny);
+    kern_conv2d_fwd(&cv, n, x, w, b, y);
+    kern_conv2d_fwd_ref(&cv, n, x, w, b, yr);
+    check_bf16("conv fwd", y, yr, ny);
+    float *pre_x = tk_rand(nx, tag + 6, -1, 1), *pre_w = tk_rand(nw, tag + 7, -1, 1), *pre_b = tk_rand(k, tag + 8, -1, 1);
+    float *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, k);
+    float *rdx = pd_alloc_f32(nx), *rdw = pd_alloc_f32(nw), *rdb = pd_alloc_f32(k);
+    /* the reference backward gets the bf16 forward's y, so both mask dy by the same relu */
+    kern_conv2d_bwd(&cv, n, x, w, y, dy, dx, dw, db);
+    kern_conv2d_bwd_ref(&cv, n, x, w, y, dy, rdx, rdw, rdb);
+    tk_sub(dx, pre_x, nx);
+    tk_sub(dw, pre_w, nw);
+    tk_sub(db, pre_b, k);
+    check_bf16("conv dx", dx, rdx, nx);
+    check_bf16("conv dw", dw, rdw, nw);
+    if (bias) {   // oneDNN sums db from the bf16 diff_dst: within the bound, maybe exact
+        double e = rel(db, rdb, k);
+        print_message("  %-26s bf16 rel err %.2e (n=%d)\n", "conv db", e, k);
+        assert_true(e < BF16_MAX);
+    }
+    kern_conv2d_release(&cv);
+    float *all[] = {x, w, b, dy, y, yr, pre_x, pre_w, pre_b, dx, dw, db, rdx, rdw, rdb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+}
+
+static void test_conv_bf16(void **state) {
+    (void)state;
+    check_conv(4, 4, 16, 12, 32, 3, 1, 1, 1, 1, 1000);
+    check_conv(5, 3, 16, 9, 16, 3, 2, 1, 0, 0, 2000);   // n < n_max: the second cached slot
+    check_conv(2, 2, 32, 8, 64, 1, 2, 0, 0, 0, 3000);   // 1x1, c >= 32: oneDNN
+    check_conv(3, 3, 6, 10, 16, 5, 1, 2, 1, 0, 4000);
+}
+
+/* The float32 precision is the plain descriptor bitwise; a bf16 request where the measured
+ * choice is im2col (one input channel) stays float32. */
+static void test_conv_fp32_unchanged(void **state) {
+    (void)state;
+    KConv a, b, c1;
+    Err err = {0};
+    assert_int_equal(kern_conv2d_init_algo(&a, KCONV_AUTO, 3, 16, 10, 10, 32, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_init_prec(&b, KCONV_AUTO, KPREC_FP32, 3, 16, 10, 10, 32, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(b.prec, KPREC_FP32);
+    assert_int_equal(kern_conv2d_layouts(&a), kern_conv2d_layouts(&b));
+    size_t nx = 3 * 16 * 100, nw = 32 * 16 * 9, ny = 3 * 32 * 100;
+    float *x = tk_rand(nx, 1, -1, 1), *w = tk_rand(nw, 2, -1, 1), *bb = tk_rand(32, 3, -1, 1),
+          *dy = tk_rand(ny, 4, -1, 1);
+    float *ya = pd_alloc_f32(ny), *yb = pd_alloc_f32(ny);
+    float *dxa = pd_alloc_f32(nx), *dxb = pd_alloc_f32(nx), *dwa = pd_alloc_f32(nw), *dwb = pd_alloc_f32(nw);
+    float *dba = pd_alloc_f32(32), *dbb = pd_alloc_f32(32);
+    kern_conv2d_fwd(&a, 3, x, w, bb, ya);
+    kern_conv2d_fwd(&b, 3, x, w, bb, yb);
+    assert_memory_equal(ya, yb, ny * sizeof(float));
+    kern_conv2d_bwd(&a, 3, x, w, ya, dy, dxa, dwa, dba);
+    kern_conv2d_bwd(&b, 3, x, w, yb, dy, dxb, dwb, dbb);
+    assert_memory_equal(dxa, dxb, nx * sizeof(float));
+    assert_memory_equal(dwa, dwb, nw * sizeof(float));
+    assert_memory_equal(dba, dbb, 32 * sizeof(float));
+    assert_int_equal(kern_conv2d_init_prec(&c1, KCONV_AUTO, KPREC_BF16, 3, 1, 10, 10, 8, 3, 3, 1, 1, 1, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&c1), KCONV_IM2COL);
+    assert_int_equal(c1.prec, KPREC_FP32);
+    kern_conv2d_release(&a);
+    kern_conv2d_release(&b);
+    kern_conv2d_release(&c1);
+    float *all[] = {x, w, bb, dy, ya, yb, dxa, dxb, dwa, dwb, dba, dbb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+static void check_attention(int n_max, int n, int t, int heads, int hd, int causal, uint64_t tag) {
+    print_message("  attention n=%d/%d t=%d heads=%d hd=%d causal=%d\n", n, n_max, t, heads, hd, causal);
+    KAttn a, f;
+    Err err = {0};
+    assert_int_equal(kern_attention_init_prec(&a, KTF_AUTO, KPREC_BF16, n_max, t, heads, hd, causal, &err), PD_OK);
+    assert_int_equal(a.prec, KPREC_BF16);
+    assert_int_equal(kern_attention_init_prec(&f, KTF_AUTO, KPREC_FP32, n_max, t, heads, hd, causal, &err), PD_OK);
+    const int d = heads * hd;
+    size_t nq = (size_t)n * t * 3 * d, ny = (size_t)n * t * d, np = (size_t)n * heads * t * t;
+    /* q and k scaled up so that the probabilities are far from uniform (softmax sensitive) */
+    float *qkv = tk_rand(nq, tag + 1, -2, 2), *dy = tk_rand(ny, tag + 2, -1, 1);
+    float *y = tk_rand(ny, tag + 3, -9, 9), *p = pd_alloc_f32(np), *yr = pd_alloc_f32(ny), *pr = pd_alloc_f32(np);
+    kern_attention_fwd(&a, n, qkv, y, p);
+    kern_attention_fwd_ref(qkv, yr, pr, n, t, heads, hd, causal);
+    check_bf16("attention y", y, yr, ny);
+    check_bf16("attention p", p, pr, np);
+    float *pre = tk_rand(nq, tag + 4, -1, 1), *dq = tk_copy(pre, nq), *dqr = pd_alloc_f32(nq);
+    float *scr = pd_alloc_f32((size_t)t * t);
+    kern_attention_bwd(&a, n, qkv, pr, dy, dq);   // both from the reference probabilities
+    kern_attention_bwd_ref(qkv, pr, dy, dqr, scr, n, t, heads, hd, causal);
+    tk_sub(dq, pre, nq);
+    check_bf16("attention dqkv", dq, dqr, nq);
+    /* float32 precision: bitwise kern_attention_init's descriptor */
+    KAttn g;
+    assert_int_equal(kern_attention_init(&g, KTF_AUTO, n_max, t, heads, hd, causal, &err), PD_OK);
+    float *y1 = pd_alloc_f32(ny), *y2 = pd_alloc_f32(ny), *p1 = pd_alloc_f32(np), *p2 = pd_alloc_f32(np);
+    float *d1 = pd_alloc_f32(nq), *d2 = pd_alloc_f32(nq);
+    kern_attention_fwd(&f, n, qkv, y1, p1);
+    kern_attention_fwd(&g, n, qkv, y2, p2);
+    assert_memory_equal(y1, y2, ny * sizeof(float));
+    assert_memory_equal(p1, p2, np * sizeof(float));
+    kern_attention_bwd(&f, n, qkv, p1, dy, d1);
+    kern_attention_bwd(&g, n, qkv, p2, dy, d2);
+    assert_memory_equal(d1, d2, nq * sizeof(float));
+    kern_attention_release(&a);
+    kern_attention_release(&f);
+    kern_attention_release(&g);
+    float *all[] = {qkv, dy, y, p, yr, pr, pre, dq, dqr, scr, y1, y2, p1, p2, d1, d2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+}
+
+static void test_attention_bf16(void **state) {
+    (void)state;
+    check_attention(3, 3, 16, 2, 8, 1, 5000);
+    check_attention(4, 2, 64, 4, 32, 1, 6000);   // gpt-mini's shape, n < n_max
+    check_attention(2, 2, 10, 3, 4, 0, 7000);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_precision_names),   cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_conv_bf16),
+        cmocka_unit_test(test_conv_fp32_unchanged), cmocka_unit_test(test_attention_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
