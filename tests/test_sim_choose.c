@@ -183,11 +183,55 @@ static void test_memory_limit(void **state) {
     profile_release(&prof);
 }
 
+/* A heterogeneous cluster: 4 workers on 1.2e8 B/s, two of them behind 1.2e6 B/s links. The
+ * choice is the fastest of every candidate and placement; with the slow links on workers 0 and
+ * 1 it is as fast as with them on 2 and 3 (the placements make the two clusters the same), and
+ * faster by far than any candidate on the workers in rank order: vgg16's big activations cross
+ * fast links and the slow hosts get the stages whose boundaries carry the least. */
+static void test_heterogeneous_placement(void **state) {
+    (void)state;
+    Profile prof;
+    Err err = {0};
+    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    double t[2];
+    for (int k = 0; k < 2; k++) {
+        Cluster cl = cluster(1.2e8, 0);
+        cl.n_hosts = 4;
+        cl.host[2 * (1 - k)].bandwidth = cl.host[2 * (1 - k) + 1].bandwidth = 1.2e6;   /* k 0: hosts 2, 3; 1: 0, 1 */
+        ChooseOpts o = {0};
+        ChooseResult r;
+        assert_int_equal(plan_choose(&prof, NULL, &cl, &o, &r, &err), PD_OK);
+        const ChooseCand *c = &r.c[r.chosen];
+        double best_in_order = INFINITY;
+        for (int i = 0; i < r.n; i++) {
+            assert_true(c->score.unit_s <= r.c[i].score.unit_s * (1 + 1e-9) || !r.c[i].score.fits);
+            if (!strstr(r.c[i].source, "placed") && r.c[i].score.unit_s < best_in_order) best_in_order = r.c[i].score.unit_s;
+        }
+        assert_true(fabs(fresh(c->plan, &prof, &cl) - c->score.unit_s) <= 1e-9 * c->score.unit_s);
+        t[k] = c->score.unit_s;
+        /* every boundary touching a slow host carries less than a tenth of the largest one */
+        double most = 0, slow = 0;
+        for (int st = 0; st + 1 < c->plan->n_stages; st++) {
+            const PlanStage *a = &c->plan->stages[st], *b = &c->plan->stages[st + 1];
+            double bytes = prof.layers[a->layers[a->n_layers - 1]].act_bytes;
+            if (bytes > most) most = bytes;
+            int ra = a->ranks[0], rb = b->ranks[0];
+            if (cl.host[ra].bandwidth > 0 || cl.host[rb].bandwidth > 0) slow = bytes > slow ? bytes : slow;
+        }
+        assert_true(slow < 0.1 * most);
+        if (k == 1) assert_true(c->score.unit_s * 1.2 < best_in_order);   /* placement is what wins (26%) */
+        plan_choose_release(&r);
+    }
+    assert_true(fabs(t[0] - t[1]) <= 1e-9 * t[0]);
+    profile_release(&prof);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_choice_is_fastest),
         cmocka_unit_test(test_reported_case),
         cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_heterogeneous_placement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,21 @@ static void add(Cands *cs, Plan *p, const char *source) {
     snprintf(c->source, sizeof c->source, "%s", source);
 }
 
+/* Adds a placement of a partition (taking it): the same partition on other workers is a
+ * candidate of its own. */
+static void add_placed(Cands *cs, Plan *p, const char *source, int enumerated) {
+    if (cs->n == cs->cap) {
+        cs->cap = cs->cap ? 2 * cs->cap : 16;
+        cs->c = realloc(cs->c, (size_t)cs->cap * sizeof *cs->c);
+        PD_ASSERT(cs->c);
+    }
+    ChooseCand *c = &cs->c[cs->n++];
+    memset(c, 0, sizeof *c);
+    c->plan = p;
+    c->enumerated = enumerated;
+    snprintf(c->source, sizeof c->source, "%s", source);
+}
+
 /* Data parallelism as a plan: one stage of every layer, a replica on each worker; our cost
  * model's figures from the partitioner's plan. */
 static Plan *data_parallel(const Plan *base, const Profile *prof) {
@@ -67,6 +82,44 @@ static Plan *partition(const Profile *prof, const Cluster *cl, const PlanOpts *b
     return plan_new(prof, cl, &o, &e);
 }
 
+/* A copy of p whose rank r is perm[r] (the same partition on other workers). */
+static Plan *placed(const Plan *p, const int *perm) {
+    Plan *q = calloc(1, sizeof *q);
+    PD_ASSERT(q);
+    *q = *p;
+    q->stages = calloc((size_t)p->n_stages, sizeof *q->stages);
+    PD_ASSERT(q->stages);
+    for (int i = 0; i < p->n_stages; i++) {
+        PlanStage *d = &q->stages[i];
+        const PlanStage *o = &p->stages[i];
+        *d = *o;
+        d->layers = malloc((size_t)o->n_layers * sizeof(int));
+        d->ranks = malloc((size_t)o->replicas * sizeof(int));
+        PD_ASSERT(d->layers && d->ranks);
+        memcpy(d->layers, o->layers, (size_t)o->n_layers * sizeof(int));
+        for (int k = 0; k < o->replicas; k++) d->ranks[k] = perm[o->ranks[k]];
+    }
+    if (p->n_edges > 0) {
+        q->edges = malloc(sizeof(int[2]) * (size_t)p->n_edges);
+        PD_ASSERT(q->edges);
+        memcpy(q->edges, p->edges, sizeof(int[2]) * (size_t)p->n_edges);
+    }
+    return q;
+}
+
+/* Next permutation of a (n) in lexicographic order; 0 after the last. */
+static int next_perm(int *a, int n) {
+    int i = n - 2;
+    while (i >= 0 && a[i] >= a[i + 1]) i--;
+    if (i < 0) return 0;
+    int j = n - 1;
+    while (a[j] <= a[i]) j--;
+    int t = a[i];
+    a[i] = a[j], a[j] = t;
+    for (int l = i + 1, r = n - 1; l < r; l++, r--) t = a[l], a[l] = a[r], a[r] = t;
+    return 1;
+}
+
 /* Fitting first, then faster (1e-12 relative); among equals the partitioner's proposals in
  * their order (the planner's own first), then the enumerated by less memory. */
 static int cmp(const void *a, const void *b) {
@@ -78,6 +131,21 @@ static int cmp(const void *a, const void *b) {
     if (x->enumerated != y->enumerated) return x->enumerated - y->enumerated;
     if (x->enumerated && x->score.peak_bytes != y->score.peak_bytes) return x->score.peak_bytes < y->score.peak_bytes ? -1 : 1;
     return x->score.part - y->score.part;
+}
+
+/* Scores candidates from..n-1 (part = their index when scored: 0 is the planner's own). */
+static void score_from(Cands *cs, int from, const Profile *sim_prof, const Cluster *cl, SchedKind kind, int M,
+                       double opt_state_factor, double limit) {
+    for (int i = from; i < cs->n; i++) {
+        ChooseCand *c = &cs->c[i];
+        Err e = {0};
+        if (plan_search_score(c->plan, sim_prof, cl, kind, M, 0, opt_state_factor, &c->score, &e)) {
+            memset(&c->score, 0, sizeof c->score);   /* unschedulable here: never chosen */
+            c->score.unit_s = 1e300;
+        }
+        c->score.part = i;
+        if (c->score.fits && limit > 0) c->score.fits = c->score.peak_bytes <= limit;
+    }
 }
 
 int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl, const ChooseOpts *o, ChooseResult *out,
@@ -118,17 +186,28 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
             free(all);
         }
     }
-    for (int i = 0; i < cs.n; i++) {
-        ChooseCand *c = &cs.c[i];
-        Err e = {0};
-        if (plan_search_score(c->plan, sim_prof, cl, kind, M, 0, o->opt_state_factor, &c->score, &e)) {
-            memset(&c->score, 0, sizeof c->score);   /* unschedulable here: never chosen */
-            c->score.unit_s = 1e300;
-        }
-        c->score.part = i;
-        if (c->score.fits && limit > 0) c->score.fits = c->score.peak_bytes <= limit;
-    }
+    score_from(&cs, 0, sim_prof, cl, kind, M, o->opt_state_factor, limit);
     qsort(cs.c, (size_t)cs.n, sizeof *cs.c, cmp);
+    /* A heterogeneous cluster: which worker runs which stage matters too. The best partitions
+     * (all of them when CHOOSE_PLACE_BUDGET simulations allow) are tried on every placement of
+     * their ranks on the workers (up to CHOOSE_PLACE_WORKERS workers: W! placements each). */
+    int W = mine->n_workers;
+    if (cluster_heterogeneous(cl) && W > 1 && W <= CHOOSE_PLACE_WORKERS) {
+        long perms = 1;
+        for (int k = 2; k <= W; k++) perms *= k;
+        long fit = CHOOSE_PLACE_BUDGET / (perms - 1);
+        int top = cs.n < fit ? cs.n : (int)fit, first = cs.n;
+        for (int i = 0; i < top; i++) {
+            if (!cs.c[i].score.fits || cs.c[i].plan->chunks > 1 || cs.c[i].plan->n_workers != W) continue;
+            int perm[CHOOSE_PLACE_WORKERS];
+            for (int r = 0; r < W; r++) perm[r] = r;
+            char src[40];
+            snprintf(src, sizeof src, "%.30s, placed", cs.c[i].source);
+            while (next_perm(perm, W)) add_placed(&cs, placed(cs.c[i].plan, perm), src, cs.c[i].enumerated);
+        }
+        score_from(&cs, first, sim_prof, cl, kind, M, o->opt_state_factor, limit);
+        qsort(cs.c, (size_t)cs.n, sizeof *cs.c, cmp);
+    }
     for (int i = 0; i < cs.n; i++)
         if (cs.c[i].score.part == 0) out->planner = i;
     out->none_fit = !cs.c[0].score.fits;

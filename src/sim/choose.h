@@ -2,14 +2,21 @@
  * simulator disposes"). The partitioner's dynamic program proposes; candidates cheap to get
  * besides its plan (the straight split, data parallelism, its plan under other options, every
  * plan, or every straight plan, when there are few enough) are each run by the simulator under the schedule the plan
- * will run, on the cluster (core sharing included), and the fastest whose simulated peak
- * memory fits the limit is written. Scores with plan_search_score (search.h). */
+ * will run, on the cluster (core sharing included; on a heterogeneous cluster, the best few
+ * also on every placement of their stages on the workers), and the fastest whose simulated
+ * peak memory fits the limit is written. Scores with plan_search_score (search.h). */
 #ifndef PD_CHOOSE_H
 #define PD_CHOOSE_H
 
 #include <stdio.h>
 
 #include "search.h"
+
+/* Heterogeneous clusters (cluster_heterogeneous): the best candidates are also tried on every
+ * other placement of their ranks, up to CHOOSE_PLACE_WORKERS workers and CHOOSE_PLACE_BUDGET
+ * placements in all (every candidate of a 4-worker plan of vgg16: 3109 x 23, ~5 s). */
+#define CHOOSE_PLACE_BUDGET 100000L
+#define CHOOSE_PLACE_WORKERS 6
 
 typedef struct ChooseOpts {
     SchedKind kind;            /* the schedule the plan will run; 0 = 1f1b */
