@@ -66,6 +66,7 @@ float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uin
     float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, rows, t->classes, 1.0f, correct);
     memset(t->dw, 0, t->n_params * sizeof(float));
     model_backward(t->m, t->ctx, t->w, t->dlogits, NULL, t->dw);
+    model_tie_fold(t->m, 0, model_n_layers(t->m), t->dw);   /* tied weights: one summed gradient */
     optim_step(&t->opt, t->w, t->dw);
     return loss;
 }

@@ -82,7 +82,7 @@ static void stage_mem(const Worker *w, RtMem *m) {
         m->activations += (size_t)w->n_pool * nnctx_bytes(w->pool[0]);
         m->workspace += w->nst * f;   /* the recompute's scratch statistics */
     }
-    m->comm = 0;
+    m->comm = rt_tie_bytes(w);
     m->predicted = (size_t)w->n_pred * w->np * f;
     m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace + m->predicted;
 }
@@ -139,7 +139,10 @@ static void vstore_step(Worker *w, int to, int pc) {
     }
     if (w->cfg->staleness & RT_STALE_LR_WARMUP)
         w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max + 1, w->opt.step, w->cfg->staleness_warmup));
-    if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
+    if (w->np) {
+        model_tie_fold(w->m, w->first, w->last, w->dw);   /* ties inside the stage */
+        optim_step(&w->opt, w->vbuf[dst], w->dw);
+    }
     w->vver[dst] = to;
     w->newest = to;
     if (w->np) memset(w->dw, 0, w->np * sizeof(float));
@@ -743,6 +746,15 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             computes = 1;
             break;
         case OP_STEP:   /* every chunk: they share the list's versions */
+            if (w->n_xtie) {   /* tied parameters split over stages: the other owner's gradient first */
+                double a0 = pd_now();
+                int ready = 0;
+                rc = rt_tie_exchange(w, in->version, blocking, &ready, err);
+                w->res->wait_s += pd_now() - a0;
+                if (rc) break;
+                if (!ready) return RT_BLOCKED;
+                c0 = pd_now();
+            }
             for (int c = 0; c < w->n_chunk; c++) {
                 Worker *y = rt_chunk(w, c);
                 double s0 = pd_now();
@@ -954,6 +966,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
     }
+    if ((rc = rt_tie_init(w, err))) return rc;
     worker_warmup(w);
     return PD_OK;
 }
@@ -1081,6 +1094,7 @@ static void stage_release(Worker *w) {
     free(w->bk_lo);
     free(w->bk_n);
     optim_release(&w->opt);
+    rt_tie_release(w);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
     if (!w->m_borrowed) model_free(w->m);
