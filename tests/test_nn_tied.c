@@ -10,6 +10,7 @@
  *    the two copies stay bitwise equal after every step. */
 #include "testutil.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,11 +144,32 @@ static void test_train_equals_independent(void **state) {
     model_free(a), model_free(b);
 }
 
+/* models/gpt-small.json: its head ties to the token embedding; parameter count (the mirror
+ * included, as in every buffer and file) and forward FLOPs as models/MODELS.md gives them. */
+static void test_gpt_small(void **state) {
+    (void)state;
+    Err err = {0};
+    Model *m = model_load(tu_src("models/gpt-small.json"), &err);
+    if (!m) fail_msg("%s", err.msg);
+    int nt, np, nl = model_n_layers(m);
+    const ParamTie *t = model_ties(m, &nt);
+    const ParamInfo *pt = model_param_tensors(m, &np);
+    assert_int_equal(nl, 9);
+    assert_int_equal(nt, 1);
+    assert_string_equal(pt[t[0].src].name, "layers.0.weight");
+    assert_string_equal(pt[t[0].dst].name, "layers.8.weight");
+    assert_int_equal(model_param_count(m, 0, nl), 4902912);   /* 4,837,376 distinct + the 65,536 mirror */
+    double f = model_flops(m) / 1e6;
+    if (fabs(f - 1325.4) > 0.1) fail_msg("gpt-small: %.2f MFLOPs forward per sample, MODELS.md says 1325.4", f);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_train_equals_independent),
+        cmocka_unit_test(test_gpt_small),
     };
     return tu_run_group(tests, NULL, NULL);
 }

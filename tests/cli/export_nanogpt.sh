@@ -6,7 +6,8 @@
 # `pipedream eval --text` of the exported weights gives PyTorch's held-out loss (relative 1e-5)
 # and accuracy. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
 # stage 3, 1f1b-flush) over threads: its saved copies of the tied matrix are bitwise equal and its
-# held-out loss is the one-worker run's (relative 1e-4); over MPI (when mpirun exists) the weights
+# held-out loss is the one-worker run's (relative 1e-4); a run checkpointed at step 3 and resumed
+# ends bitwise as the uninterrupted one; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
 # are bitwise the threads run's. Skipped (77) when /usr/bin/python3 (PD_TORCH_PYTHON) has no torch.
 set -u
 PD=${PD:-build/pipedream}
@@ -88,6 +89,15 @@ PY
 a=$(num test_loss "$tmp/thr.json"); b=$(num test_loss "$tmp/one.json")
 close "$a" "$b" 1e-4 || fail "4 stages: test_loss $a, one worker $b"
 echo "ok: 4 stages (1f1b-flush): tied copies bitwise equal; held-out loss $a, one worker $b"
+# interrupted at step 3 (checkpoint) and resumed: bitwise the uninterrupted run
+"$PD" train ${args/--steps 6/--steps 3} --plan "$tmp/p4.json" --workers 4 --schedule 1f1b-flush --microbatches 4 \
+    --checkpoint-every 3 --checkpoint-dir "$tmp/ck" >"$tmp/out" 2>"$tmp/err" || fail "checkpointed run: $(tail -3 "$tmp/err")"
+"$PD" train ${args/--init $tmp\/gpt.st/} --plan "$tmp/p4.json" --workers 4 --schedule 1f1b-flush --microbatches 4 --resume "$tmp/ck" \
+    >"$tmp/res.json" 2>"$tmp/err" || fail "resume: $(tail -3 "$tmp/err")"
+grep -q '"resumed_from":3' "$tmp/res.json" || fail "resume: $(cat "$tmp/res.json")"
+[ "$(crc "$tmp/res.json")" = "$(crc "$tmp/thr.json")" ] ||
+    fail "resumed weights $(crc "$tmp/res.json") differ from the uninterrupted run's $(crc "$tmp/thr.json")"
+echo "ok: resumed from a checkpoint at step 3 = uninterrupted ($(crc "$tmp/res.json"))"
 "$PD" train $args --plan "$tmp/p4.json" --workers 4 --schedule 1f1b >"$tmp/out" 2>"$tmp/err" &&
     fail "1f1b with a tie over stages 0 and 3 ran"
 grep -q "layers.4.weight (stage 3) ties to layers.0.weight (stage 0), but schedule 1f1b steps its stages at different times" \
