@@ -4,7 +4,7 @@
 # nn.MultiheadAttention with a causal mask), LayerNorm, both GELUs, and an lm_head whose weight is
 # the token embedding's. The export ties the head to layers.0.weight instead of copying it, and
 # `pipedream eval --text` of the exported weights gives PyTorch's held-out loss (relative 1e-5)
-# and accuracy. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
+# and accuracy; a weights file whose two copies of the tied matrix differ is refused. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
 # stage 3, 1f1b-flush) over threads: its saved copies of the tied matrix are bitwise equal and its
 # held-out loss is the one-worker run's (relative 1e-4); a run checkpointed at step 3 and resumed
 # ends bitwise as the uninterrupted one; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
@@ -71,6 +71,20 @@ PY
     close "$a2" "$b2" 1e-3 || fail "$fac: test_accuracy pipedream $a2, PyTorch $b2"
     echo "ok: $fac: exported with a tie; held-out loss pipedream $a, PyTorch $b"
 done
+
+# a weights file whose two copies of the tied matrix differ is refused, naming both
+"$PY" - "$SRC" "$tmp/gpt.st" "$tmp/bad.st" "$tmp/gpt.json" <<'PY' || fail "writing the bad weights file"
+import sys
+sys.path.insert(0, sys.argv[1] + '/tools')
+import pd_io
+w, _ = pd_io.read_safetensors(sys.argv[2])
+w['layers.4.weight'] = w['layers.4.weight'] * 2
+names = pd_io.param_names(sys.argv[4])
+pd_io.write_weights(sys.argv[3], sys.argv[4], [w[n] for n, _ in names])
+PY
+"$PD" eval "$tmp/gpt.json" --text "$tmp/t.txt" --weights "$tmp/bad.st" >"$tmp/out" 2>"$tmp/err" && fail "differing tied copies loaded"
+grep -q "bad.st: layers.4.weight differs from layers.0.weight, which the model ties it to" "$tmp/err" ||
+    fail "differing tied copies: $(cat "$tmp/err")"
 
 # ---- the tied model on 4 stages: embedding on stage 0, head on stage 3 --------------------------------------
 M=$tmp/gpt.json
