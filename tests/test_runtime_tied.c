@@ -7,8 +7,9 @@
  *  - gpipe with stages 0 and 3 replicated twice: all four copies bitwise equal, and the same
  *    sequential result (the exchange composes with the replicas' all-reduce);
  *  - the serial emulation equals the threads transport bitwise;
- *  - 1f1b and 2bw (stages step at their own times) refuse the split tie, naming both tensors;
- *    with both layers on one stage, 1f1b runs and keeps the copies equal. */
+ *  - zb-h1, zb-h2 and model-parallel: the same checks as 1f1b-flush;
+ *  - 1f1b and 2bw (stages step at their own times) and interleaved refuse the split tie, naming
+ *    both tensors; with both layers on one stage, 1f1b runs and keeps the copies equal. */
 #include "rt_fixture.h"
 #include "testutil.h"
 
@@ -162,11 +163,18 @@ static void test_gpipe_replicas(void **state) {
     if (run(&tp, SCHED_GPIPE, 3, 4, 0, res, &err)) fail_msg("gpipe: %s", err.msg);
     check_case(&tp, res, 3, 4, "gpipe, replicas 2-1-1-2");
     release(res, 8);
-    /* zb-h1 splits backwards; the exchange sits at the same step */
+    /* the zb kinds split backwards; the exchange sits at the same step */
     int r1[] = {1, 1, 1, 1};
     tplan(&tp, 4, b, r1);
     if (run(&tp, SCHED_ZB_H1, 2, 4, 0, res, &err)) fail_msg("zb-h1: %s", err.msg);
     check_case(&tp, res, 2, 4, "zb-h1");
+    release(res, 8);
+    if (run(&tp, SCHED_ZB_H2, 2, 4, 0, res, &err)) fail_msg("zb-h2: %s", err.msg);
+    check_case(&tp, res, 2, 4, "zb-h2");
+    release(res, 8);
+    /* model-parallel: one minibatch in flight, every stage steps once per minibatch */
+    if (run(&tp, SCHED_MP, 3, 1, 0, res, &err)) fail_msg("model-parallel: %s", err.msg);
+    check_case(&tp, res, 3, 1, "model-parallel");
     release(res, 8);
 }
 
@@ -185,6 +193,21 @@ static void test_async_refused(void **state) {
         assert_non_null(strstr(err.msg, "steps its stages at different times"));
         release(res, 8);
     }
+    /* interleaved: stages 0 and 3 are chunks of two workers; refused too */
+    TPlan ti;
+    tplan(&ti, 4, b, r);
+    Err e2 = {0};
+    if (plan_interleave(&ti.p, 2, &e2)) fail_msg("plan_interleave: %s", e2.msg);
+    Schedule si;
+    SchedOpts so = {.kind = SCHED_INTERLEAVED, .n_minibatches = 1, .n_micro = 2};
+    if (sched_build(&ti.p, &so, &si, &e2)) fail_msg("sched_build: %s", e2.msg);
+    RtConfig ci = config(&si);
+    RtWorkerResult ri[8];
+    memset(ri, 0, sizeof ri);
+    assert_int_equal(rt_run_threads(&ci, ri, &e2), PD_EINVAL);
+    assert_non_null(strstr(e2.msg, "schedule interleaved cannot split a tie over stages"));
+    release(ri, 8);
+    sched_release(&si);
     /* both layers on one stage: 1f1b folds the tie inside the stage */
     int b2[] = {0, 1, 7}, r2[] = {1, 1};
     tplan(&tp, 2, b2, r2);

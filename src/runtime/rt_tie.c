@@ -25,7 +25,7 @@ struct RtTie {
     int *to, n_to;         /* ranks it sends its part to */
     float *sbuf, *rbuf;    /* (n): its part as sent, the other part */
     CommReq *rr, **rs;     /* the receive; the sends (n_to) */
-    int version;           /* the step whose exchange is posted (-1: none) */
+    int posted;            /* this step's messages are posted (a blocked step comes back) */
 };
 
 static int stage_of(const Schedule *s, int layer) {
@@ -82,7 +82,6 @@ int rt_tie_init(Worker *w, Err *err) {
             if (q % me->replicas == r) x->to[x->n_to++] = other->ranks[q];
         x->sbuf = pd_alloc_f32(x->n);
         x->rbuf = pd_alloc_f32(x->n);
-        x->version = -1;
     }
     return PD_OK;
 }
@@ -113,8 +112,8 @@ int rt_tie_exchange(Worker *w, int version, int blocking, int *done, Err *err) {
     int rc = PD_OK;
     for (int t = 0; t < w->n_xtie && !rc; t++) {   /* post once per step (a blocked step comes back) */
         RtTie *x = &w->xtie[t];
-        if (x->version == version) continue;
-        x->version = version;
+        if (x->posted) continue;
+        x->posted = 1;
         memcpy(x->sbuf, w->dw + x->lo, x->n * sizeof(float));
         CommKind out = x->is_src ? COMM_GRAD : COMM_ACT, in = x->is_src ? COMM_ACT : COMM_GRAD;
         rc = comm_irecv(w->c, x->from, in, version, shape1((int)x->n), x->rbuf, &x->rr, err);
@@ -136,6 +135,7 @@ int rt_tie_exchange(Worker *w, int version, int blocking, int *done, Err *err) {
     for (int t = 0; t < w->n_xtie && !rc; t++) {
         RtTie *x = &w->xtie[t];
         for (int k = 0; k < x->n_to && !rc; k++) rc = comm_wait(w->c, &x->rs[k], w->cfg->recv_timeout_s, NULL, err);
+        x->posted = 0;
         float *g = w->dw + x->lo;
         const float *o = x->rbuf;
         if (x->is_src)

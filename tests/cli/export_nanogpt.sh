@@ -8,7 +8,7 @@
 # module (one shared tensor, the same minibatches) ends at (relative 1e-4); a weights file whose two copies of the tied matrix differ is refused. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
 # stage 3, 1f1b-flush) over threads: its saved copies of the tied matrix are bitwise equal and its
 # held-out loss is the one-worker run's (relative 1e-4); a run checkpointed at step 3 and resumed
-# ends bitwise as the uninterrupted one; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
+# ends bitwise as the uninterrupted one, and so does one checkpointing after every step; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
 # are bitwise the threads run's. Skipped (77) when /usr/bin/python3 (PD_TORCH_PYTHON) has no torch.
 set -u
 PD=${PD:-build/pipedream}
@@ -141,6 +141,11 @@ grep -q '"resumed_from":3' "$tmp/res.json" || fail "resume: $(cat "$tmp/res.json
 [ "$(crc "$tmp/res.json")" = "$(crc "$tmp/thr.json")" ] ||
     fail "resumed weights $(crc "$tmp/res.json") differ from the uninterrupted run's $(crc "$tmp/thr.json")"
 echo "ok: resumed from a checkpoint at step 3 = uninterrupted ($(crc "$tmp/res.json"))"
+# a checkpoint after every step: six one-step segments of one process, the same bits
+"$PD" train $args --plan "$tmp/p4.json" --workers 4 --schedule 1f1b-flush --microbatches 4 --checkpoint-every 1 \
+    --checkpoint-dir "$tmp/ck1" >"$tmp/seg.json" 2>"$tmp/err" || fail "checkpoint every step: $(tail -3 "$tmp/err")"
+[ "$(crc "$tmp/seg.json")" = "$(crc "$tmp/thr.json")" ] ||
+    fail "checkpointed every step: weights $(crc "$tmp/seg.json") differ from $(crc "$tmp/thr.json")"
 "$PD" train $args --plan "$tmp/p4.json" --workers 4 --schedule 1f1b >"$tmp/out" 2>"$tmp/err" &&
     fail "1f1b with a tie over stages 0 and 3 ran"
 grep -q "layers.4.weight (stage 3) ties to layers.0.weight (stage 0), but schedule 1f1b steps its stages at different times" \
