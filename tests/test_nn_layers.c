@@ -176,7 +176,7 @@ static void test_dropout_mask(void **st) {
     model_free(m);
 }
 
-/* SGD (momentum, weight decay) and Adam against the update rules evaluated in double. */
+/* SGD (momentum, weight decay), Adam and AdamW against the update rules evaluated in double. */
 static void test_optimizers(void **st) {
     (void)st;
     enum { N = 5, STEPS = 4 };
@@ -192,7 +192,8 @@ static void test_optimizers(void **st) {
         for (int s = 1; s <= STEPS; s++) {
             for (int i = 0; i < N; i++) g[i] = (float)(0.3 * (i + 1) * (s % 2 ? 1 : -1) + 0.1 * w[i]);
             for (int i = 0; i < N; i++) {
-                double d = g[i] + 0.01 * wd[i];
+                double d = g[i] + (kind == OPT_ADAMW ? 0.0 : 0.01 * wd[i]);
+                if (kind == OPT_ADAMW) wd[i] *= 1 - 0.1 * 0.01;   /* decoupled: the decay first */
                 if (kind == OPT_SGD) {
                     m[i] = s == 1 ? d : 0.9 * m[i] + d;
                     wd[i] -= 0.1 * m[i];
@@ -210,7 +211,63 @@ static void test_optimizers(void **st) {
     }
     assert_int_equal(optim_kind_parse("adam"), OPT_ADAM);
     assert_int_equal(optim_kind_parse("sgd"), OPT_SGD);
+    assert_int_equal(optim_kind_parse("adamw"), OPT_ADAMW);
     assert_int_equal(optim_kind_parse("rmsprop"), -1);
+}
+
+/* The learning-rate schedule at its corners: warm-up from lr/W, the peak right after it, the
+ * cosine's midpoint, the floor at decay_steps and after; linear halfway; constant with a
+ * warm-up; and an optimizer step takes the scheduled lr (SGD without momentum: w -= lr g). */
+static void test_lr_schedule(void **st) {
+    (void)st;
+    OptConfig c = optim_defaults(OPT_SGD, 1.0f);
+    c.lr_sched = LR_COSINE, c.warmup = 4, c.decay_steps = 14, c.min_lr = 0.1f;
+    assert_float_equal(optim_lr(&c, 0), 0.25, 1e-12);
+    assert_float_equal(optim_lr(&c, 3), 1.0, 1e-12);
+    assert_float_equal(optim_lr(&c, 4), 1.0, 1e-12);
+    assert_float_equal(optim_lr(&c, 9), 0.1 + 0.9 * 0.5, 1e-7);   /* halfway through the decay */
+    assert_float_equal(optim_lr(&c, 14), 0.1, 1e-7);
+    assert_float_equal(optim_lr(&c, 1000), 0.1, 1e-7);
+    c.lr_sched = LR_LINEAR;
+    assert_float_equal(optim_lr(&c, 9), 0.1 + 0.9 * 0.5, 1e-7);
+    assert_float_equal(optim_lr(&c, 14), 0.1, 1e-7);
+    c.lr_sched = LR_CONSTANT;
+    assert_float_equal(optim_lr(&c, 1), 0.5, 1e-12);
+    assert_float_equal(optim_lr(&c, 1000), 1.0, 1e-12);
+    c.warmup = 0;
+    assert_float_equal(optim_lr(&c, 0), 1.0, 1e-12);
+    c.lr_sched = LR_COSINE, c.warmup = 2, c.decay_steps = 10, c.min_lr = 0.0f;
+    Optim o;
+    optim_init(&o, &c, 1);
+    float w = 0.0f, g = 1.0f;
+    double want = 0.0;
+    for (long t = 0; t < 12; t++) {
+        optim_step(&o, &w, &g);
+        want -= (float)optim_lr(&c, t);
+        assert_float_equal(w, want, 1e-6);
+    }
+    optim_release(&o);
+    assert_int_equal(optim_lr_sched_parse("cosine"), LR_COSINE);
+    assert_int_equal(optim_lr_sched_parse("step"), -1);
+    assert_string_equal(optim_lr_sched_name(LR_LINEAR), "linear");
+}
+
+/* Clipping's pieces: the sum of squares in double and independent of how the buffer is split,
+ * PyTorch's factor (clamped at 1, 1e-6 added to the norm), and the scaling. */
+static void test_clip_pieces(void **st) {
+    (void)st;
+    enum { N = 1003 };
+    float g[N];
+    double want = 0.0;
+    for (int i = 0; i < N; i++) g[i] = (float)((i * 37) % 101 - 50) / 25.0f, want += (double)g[i] * g[i];
+    assert_float_equal(optim_sumsq(g, N), want, 1e-9 * want);
+    assert_float_equal(optim_sumsq(g, 5), (double)g[0] * g[0] + (double)g[1] * g[1] + (double)g[2] * g[2] +
+                                              (double)g[3] * g[3] + (double)g[4] * g[4], 1e-12);
+    assert_float_equal(optim_clip_coef(4.0, 1.0f), 1.0f / (2.0f + 1e-6f), 0);
+    assert_float_equal(optim_clip_coef(0.25, 1.0f), 1.0f, 0);
+    float h[3] = {3, -4, 0};
+    optim_scale(h, 3, optim_clip_coef(optim_sumsq(h, 3), 1.0f));
+    assert_float_equal(sqrt(optim_sumsq(h, 3)), 1.0, 1e-6);
 }
 
 /* Blocked activations inside a range (model.c's plan_layouts): a range whose convolutions,
@@ -447,6 +504,8 @@ int main(void) {
         cmocka_unit_test(test_layers_vs_pytorch),
         cmocka_unit_test(test_dropout_mask),
         cmocka_unit_test(test_optimizers),
+        cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_clip_pieces),
         cmocka_unit_test(test_blocked_range_vs_layers),
         cmocka_unit_test(test_blocked_residual_vs_flat),
     };

@@ -296,7 +296,7 @@ static void check_replay_stale(const char *model, int R, int N, OptConfig oc, in
     float *w0 = pd_alloc_f32(np), *w = pd_alloc_f32(np);
     model_init_params(f.m, 0, f.nl, SEED, w0);
     float **hist[MAXR], **read[MAXR], **g = calloc((size_t)N, sizeof(float *)), *st[MAXR];
-    float scale = oc.kind == OPT_ADAM ? oc.beta1 : oc.momentum;
+    float scale = optim_is_adam(oc.kind) ? oc.beta1 : oc.momentum;
     Optim opt[MAXR];
     int cur[MAXR], next[MAXR];
     for (int s = 0; s < R; s++) {

@@ -330,7 +330,7 @@ def write_start_checkpoint(directory, model, params, seed, optimizer='adam', sch
             raise ValueError('%s: shape %s, the model JSON says %s' % (name, tuple(a.shape), tuple(shape)))
         out.append((name, a))
         moments.append(('optim.m.' + name, np.zeros(shape, np.float32)))
-        if optimizer == 'adam':
+        if optimizer in ('adam', 'adamw'):
             moments.append(('optim.v.' + name, np.zeros(shape, np.float32)))
     if len(states) != len(snames):
         raise ValueError('%d state tensors, the model JSON has %d' % (len(states), len(snames)))

@@ -44,6 +44,7 @@ every minibatch's loss)}.
 ... --plan P --resume DIR` starts from the same weights (the pipelined command has no --init)."""
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -61,10 +62,21 @@ ap.add_argument('--microbatches', type=int, default=1,
 ap.add_argument('--delays', help='experiment: every stage\'s delay by hand (e.g. 1,0,0,0), overriding --kind\'s')
 ap.add_argument('--steps', type=int, default=200)
 ap.add_argument('--minibatch', type=int, default=32)
-ap.add_argument('--optimizer', default='adam', choices=['adam', 'sgd'])
+ap.add_argument('--optimizer', default='adam', choices=['adam', 'adamw', 'sgd'])
 ap.add_argument('--lr', type=float, default=1e-3)
 ap.add_argument('--momentum', type=float, default=0.9)
-ap.add_argument('--warmup-steps', type=int, default=0)
+ap.add_argument('--weight-decay', type=float, default=0.0, help='sgd, adam: L2 in the gradient; adamw: decoupled')
+ap.add_argument('--beta2', type=float, default=0.999, help='adam, adamw')
+ap.add_argument('--warmup-steps', type=int, default=0, help='linear warm-up: step t at lr (t + 1) / N')
+ap.add_argument('--lr-schedule', default='constant', choices=['constant', 'cosine', 'linear'],
+                help='after the warm-up, decay to --min-lr at --decay-steps (pipedream train --lr-schedule)')
+ap.add_argument('--decay-steps', type=int, default=0, help='default: --steps')
+ap.add_argument('--min-lr', type=float, default=0.0)
+ap.add_argument('--wire', default='fp32', choices=['fp32', 'bf16'],
+                help='bf16: every activation entering a stage and every gradient leaving it rounded to bf16 '
+                     '(pipedream train --wire bf16)')
+ap.add_argument('--clip-grad-norm', type=float, default=0.0,
+                help='torch.nn.utils.clip_grad_norm_ over every stage before each step (kinds without delays only)')
 ap.add_argument('--staleness', default='none',
                 help='none, predict, lookahead, lr-warmup, or a +-joined combination (1f1b only; pipedream train --staleness)')
 ap.add_argument('--staleness-warmup', type=int, default=500, help='lr-warmup: its steps K')
@@ -157,6 +169,19 @@ elif args.kind == '2bw':
     delays = [1] * p
 else:
     delays = [0] * p
+if args.wire == 'bf16':
+    class WireBF16(torch.autograd.Function):
+        # a stage boundary in bf16: the activation rounded on its way in, the gradient on its way out
+        @staticmethod
+        def forward(ctx, x):
+            return x.to(torch.bfloat16).to(torch.float32)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.to(torch.bfloat16).to(torch.float32)
+
+    for st in stages[1:]:
+        layers[st[0]].register_forward_pre_hook(lambda mod, inp: tuple(WireBF16.apply(t) for t in inp))
 M = args.microbatches
 if M < 1 or args.minibatch % M:
     fail('--microbatches %d: needs a divisor of --minibatch %d' % (M, args.minibatch))
@@ -197,9 +222,15 @@ versions = [{0: [q.detach().clone() for q in ps]} for ps in params]
 # One parameter group per stage: lr-warmup gives each stage its own learning rate.
 groups = [{'params': ps} for ps in params]
 if args.optimizer == 'adam':
-    opt = torch.optim.Adam(groups, lr=args.lr)
+    opt = torch.optim.Adam(groups, lr=args.lr, betas=(0.9, args.beta2), weight_decay=args.weight_decay)
+elif args.optimizer == 'adamw':
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, args.beta2), weight_decay=args.weight_decay)
 else:
-    opt = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum)
+    opt = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+if args.clip_grad_norm > 0 and any(delays):
+    fail('--clip-grad-norm: this kind delays units (%s): no global gradient per step' % delays)
+if args.optimizer == 'adamw' and methods & {'predict', 'lookahead'}:
+    fail('--staleness predict/lookahead with adamw is not modelled')
 # Staleness compensation: after k steps of stage s, the update direction a prediction follows
 # (what one more step like the last would subtract, per unit of scale): dirs[s][k], kept while a
 # forward may still read it. SGD: lr * momentum buffer; Adam: lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps),
@@ -223,12 +254,24 @@ def direction(s):
     return out
 
 
+def sched_lr(t):
+    # the schedule of step t (pipedream's optim_lr): linear warm-up, then cosine or linear decay to --min-lr
+    W, T = args.warmup_steps, args.decay_steps or args.steps
+    if t < W:
+        return args.lr * (t + 1) / W
+    if args.lr_schedule == 'constant':
+        return args.lr
+    q = min((t - W) / (T - W), 1.0) if T > W else 1.0
+    f = 0.5 * (1.0 + math.cos(math.pi * q)) if args.lr_schedule == 'cosine' else 1.0 - q
+    return args.min_lr + (args.lr - args.min_lr) * f
+
+
 def stage_lr(s, t):
     # lr-warmup (after PipeMare): step t of a stage whose units' most delay is D: lr / (D + 1)^(1 - min(t / K, 1))
     D = min(delays[s], args.steps - 1) + 1
     if 'lr-warmup' not in methods or D <= 1:
-        return args.lr
-    return args.lr * D ** -(1.0 - min(t / args.staleness_warmup, 1.0))
+        return sched_lr(t)
+    return sched_lr(t) * D ** -(1.0 - min(t / args.staleness_warmup, 1.0))
 
 
 def predicted(s, v, i):
@@ -280,7 +323,9 @@ for m in range(args.steps):
         for q, g in zip(params[s], grads[s]):
             q.grad = g
     for s, group in enumerate(opt.param_groups):
-        group['lr'] = stage_lr(s, m) * (min(1.0, (m + 1) / args.warmup_steps) if args.warmup_steps > 0 else 1.0)
+        group['lr'] = stage_lr(s, m)
+    if args.clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_([q for ps in params for q in ps], args.clip_grad_norm)
     opt.step()
     for s in range(p):
         versions[s][m + 1] = [q.detach().clone() for q in params[s]]
@@ -309,6 +354,7 @@ out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kin
        'microbatches': M,
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
        'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps, 'staleness': args.staleness,
+       'lr_schedule': args.lr_schedule, 'clip_grad_norm': args.clip_grad_norm, 'wire': args.wire,
        'final_loss': round(losses[-1], 6) if losses else None,
        'mean_loss': round(sum(losses) / len(losses), 6) if losses else None,
        'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4)}

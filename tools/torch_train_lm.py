@@ -18,6 +18,7 @@ samples_per_s does; samples_per_cpu_s divides by the CPU time of the process ins
 wall time (the fair measure on a shared machine: both runs are single-threaded)."""
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,6 +30,14 @@ ap.add_argument('--model', default='gpt-mini', help='gpt-mini, lstm-lm or gpt-sm
 ap.add_argument('--steps', type=int, default=200)
 ap.add_argument('--minibatch', type=int, default=32)
 ap.add_argument('--lr', type=float, default=1e-3)
+ap.add_argument('--optimizer', default='adam', choices=['adam', 'adamw'])
+ap.add_argument('--weight-decay', type=float, default=0.0, help='adam: L2 in the gradient; adamw: decoupled')
+ap.add_argument('--beta2', type=float, default=0.999)
+ap.add_argument('--lr-schedule', default='constant', choices=['constant', 'cosine', 'linear'],
+                help='after --warmup-steps, decay to --min-lr at the last step (pipedream train --lr-schedule)')
+ap.add_argument('--warmup-steps', type=int, default=0)
+ap.add_argument('--min-lr', type=float, default=0.0)
+ap.add_argument('--clip-grad-norm', type=float, default=0.0, help='torch.nn.utils.clip_grad_norm_ before each step')
 ap.add_argument('--seed', type=int, default=1)
 ap.add_argument('--threads', type=int, default=1)
 ap.add_argument('--log-every', type=int, default=50)
@@ -59,7 +68,22 @@ if args.init_out:
     pd_io.write_weights(args.init_out, model_json, tm.lm_pd_params(model, model_json))
     init_path = init_path or args.init_out
 
-opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+Opt = torch.optim.AdamW if args.optimizer == 'adamw' else torch.optim.Adam
+opt = Opt(model.parameters(), lr=args.lr, betas=(0.9, args.beta2), weight_decay=args.weight_decay)
+
+
+def sched_lr(t):
+    # pipedream's optim_lr with --decay-steps the run's length
+    W, T = args.warmup_steps, args.steps
+    if t < W:
+        return args.lr * (t + 1) / W
+    if args.lr_schedule == 'constant':
+        return args.lr
+    q = min((t - W) / (T - W), 1.0) if T > W else 1.0
+    f = 0.5 * (1.0 + math.cos(math.pi * q)) if args.lr_schedule == 'cosine' else 1.0 - q
+    return args.min_lr + (args.lr - args.min_lr) * f
+
+
 model.train()
 t_train, t_cpu, win, last_loss, samples = 0.0, 0.0, [], float('nan'), 0
 for g in range(args.steps):
@@ -69,6 +93,10 @@ for g in range(args.steps):
     opt.zero_grad(set_to_none=True)
     loss = tm.lm_loss(model(x), y)
     loss.backward()
+    if args.clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+    for group in opt.param_groups:
+        group['lr'] = sched_lr(g)
     opt.step()
     t_train += time.perf_counter() - t0
     t_cpu += time.process_time() - c0
@@ -81,7 +109,8 @@ for g in range(args.steps):
 
 test_loss, test_acc = tm.lm_evaluate(model, text)
 ours = {'framework': 'pytorch', 'torch': torch.__version__, 'model': args.model, 'steps': args.steps,
-        'minibatch': args.minibatch, 'threads': args.threads, 'lr': args.lr, 'final_loss': round(last_loss, 6),
+        'minibatch': args.minibatch, 'threads': args.threads, 'optimizer': args.optimizer, 'lr': args.lr,
+        'lr_schedule': args.lr_schedule, 'final_loss': round(last_loss, 6),
         'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4),
         'samples_per_s': round(samples / t_train, 1), 'train_time_s': round(t_train, 3),
         'samples_per_cpu_s': round(samples / t_cpu, 1)}
@@ -91,8 +120,15 @@ if args.pipedream:
     if not init_path:
         sys.exit('--pipedream needs --init or --init-out (both frameworks start from the same weights)')
     cmd = [args.pipedream, 'train', model_json, '--text', args.text, '--init', init_path, '--steps', str(args.steps),
-           '--minibatch', str(args.minibatch), '--optimizer', 'adam', '--lr', str(args.lr), '--seed', str(args.seed),
-           '--threads', str(args.threads), '--log-every', str(args.log_every)]
+           '--minibatch', str(args.minibatch), '--optimizer', args.optimizer, '--lr', str(args.lr), '--seed', str(args.seed),
+           '--threads', str(args.threads), '--log-every', str(args.log_every), '--lr-schedule', args.lr_schedule,
+           '--warmup-steps', str(args.warmup_steps), '--weight-decay', str(args.weight_decay)]
+    if args.beta2 != 0.999:
+        cmd += ['--beta2', str(args.beta2)]
+    if args.lr_schedule != 'constant':
+        cmd += ['--min-lr', str(args.min_lr)]
+    if args.clip_grad_norm > 0:
+        cmd += ['--clip-grad-norm', str(args.clip_grad_norm)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     pd = json.loads(out)
     pd['framework'] = 'pipedream'

@@ -18,7 +18,7 @@ static void help(FILE *f) {
             "                      [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
-            "                      [--optimizer sgd|adam] [--exhaustive N] [-o PLAN.json]\n\n"
+            "                      [--optimizer sgd|adam|adamw] [--exhaustive N] [-o PLAN.json]\n\n"
             "Splits the model of PROFILE (our profile JSON or the authors' graph.txt) into pipeline\n"
             "stages with data-parallel replicas, minimising the predicted time per minibatch.\n"
             "Levels are innermost first: --workers 4,4 --bandwidth 1e10,1.25e9 is 4 workers per\n"
@@ -52,7 +52,7 @@ static void help(FILE *f) {
             "                             (default 1,2,4)\n"
             "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
             "  --recompute yes|no|both    recomputation settings to consider (default both)\n"
-            "  --optimizer sgd|adam       optimizer state in the memory (default sgd with momentum)\n"
+            "  --optimizer NAME          optimizer state in the memory (sgd with momentum, the default; adam, adamw: two)\n"
             "  --exhaustive N             score every plan when there are at most N (default 2000)\n"
             "  --candidates               also print every candidate scored\n"
             "  -o PLAN.json               write the plan (docs/reference/formats.md)\n");
@@ -213,8 +213,8 @@ int cmd_plan(int argc, char **argv) {
         } else if (!strcmp(a, "--optimizer")) {
             if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
             if (!strcmp(v, "sgd")) so.opt_state_factor = 1;
-            else if (!strcmp(v, "adam")) so.opt_state_factor = 2;
-            else return cli_usage_error("plan", "--optimizer: unknown \"%s\" (sgd, adam)", v);
+            else if (!strcmp(v, "adam") || !strcmp(v, "adamw")) so.opt_state_factor = 2;
+            else return cli_usage_error("plan", "--optimizer: unknown \"%s\" (sgd, adam, adamw)", v);
             search_flags = 1;
         } else if (!strcmp(a, "--exhaustive")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 0, 1000000, &so.exhaustive))

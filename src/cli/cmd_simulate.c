@@ -15,7 +15,7 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
             "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
-            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam]\n"
+            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam|adamw] [--wire bf16]\n"
             "                          [--svg FILE] [--comm]\n"
             "                          [--trace FILE.json] [--dump] [--json]\n\n"
             "Executes the schedule of PLAN (written by `pipedream plan`) in a discrete-event\n"
@@ -37,7 +37,9 @@ static void help(FILE *f) {
             "                       recompute the forward before the backward (any kind)\n"
             "  --chunks V           interleave a straight plan of S stages: stage i on worker\n"
             "                       i mod (S / V) (a plan written with plan --chunks V has them)\n"
-            "  --optimizer KIND     state size for memory: sgd (momentum, default) or adam\n"
+            "  --optimizer KIND     state size for memory: sgd (momentum, default), adam or adamw\n"
+            "  --wire fp32|bf16     activations and gradients between stages as fp32 (default) or bf16\n"
+            "                       (train --wire: half the bytes on every link)\n"
             "  --svg FILE           timeline picture; --comm also draws sends and all-reduces\n"
             "  --trace FILE.json    Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev)\n"
             "  --dump               print each worker's forward/backward order (F0 F1 B0 ...)\n"
@@ -53,6 +55,7 @@ int cmd_simulate(int argc, char **argv) {
     SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
     int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
+    int wire_bf16 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--profile")) {
@@ -82,8 +85,13 @@ int cmd_simulate(int argc, char **argv) {
         } else if (!strcmp(a, "--optimizer")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
             if (!strcmp(v, "sgd")) opt_factor = 1;
-            else if (!strcmp(v, "adam")) opt_factor = 2;
-            else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam)", v);
+            else if (!strcmp(v, "adam") || !strcmp(v, "adamw")) opt_factor = 2;
+            else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam, adamw)", v);
+        } else if (!strcmp(a, "--wire")) {
+            if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "fp32")) wire_bf16 = 0;
+            else if (!strcmp(v, "bf16")) wire_bf16 = 1;
+            else return cli_usage_error("simulate", "--wire: unknown \"%s\" (fp32, bf16)", v);
         } else if (!strcmp(a, "--svg")) {
             if (!(svg_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
         } else if (!strcmp(a, "--trace")) {
@@ -163,7 +171,8 @@ int cmd_simulate(int argc, char **argv) {
     if (!so.n_minibatches) so.n_minibatches = sched_splits_minibatch(so.kind, so.n_micro) ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;
-    SimOpts o = {&cl, opt_factor, 0, prof.minibatch, 0};
+    SimOpts o = {.cluster = &cl, .opt_state_factor = opt_factor, .samples_per_unit = prof.minibatch,
+                 .wire_factor = wire_bf16 ? 0.5 : 1.0};
     if (sim_run(&s, &costs, &o, &r, &err)) {
         err_prefix(&err, "%s (%s)", plan_path, sched_kind_name(so.kind));
         goto fail;

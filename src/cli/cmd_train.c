@@ -16,9 +16,10 @@ typedef struct TrainOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
         *save;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
-        nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup;
+        nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
+        lr_sched, warmup, decay_steps, wire;
     SchedKind kind;
-    double lr, momentum, wd, timeout, target;
+    double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
 
 static int set_schedule(TrainOpts *o, const char *v) {
@@ -29,7 +30,20 @@ static int set_schedule(TrainOpts *o, const char *v) {
 
 static int set_optimizer(TrainOpts *o, const char *v) {
     if ((o->opt_kind = optim_kind_parse(v)) < 0)
-        return cli_usage_error("train", "--optimizer expects sgd or adam, got \"%s\"", v);
+        return cli_usage_error("train", "--optimizer expects sgd, adam or adamw, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_wire(TrainOpts *o, const char *v) {
+    if (!strcmp(v, "fp32")) o->wire = RT_WIRE_FP32;
+    else if (!strcmp(v, "bf16")) o->wire = RT_WIRE_BF16;
+    else return cli_usage_error("train", "--wire expects fp32 or bf16, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_lr_schedule(TrainOpts *o, const char *v) {
+    if ((o->lr_sched = optim_lr_sched_parse(v)) < 0)
+        return cli_usage_error("train", "--lr-schedule expects constant, cosine or linear, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -87,6 +101,8 @@ static const Flag FLAGS[] = {
         "(interleaved: a multiple of the workers; default: one per worker of the plan), and "
         "1f1b, which then steps once per minibatch (default 1: a step per unit)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
+    CHOICE("--wire", "FORMAT", set_wire,
+           "fp32 (default) or bf16: activations and gradients between stages travel as bf16, half the bytes"),
     SWITCH("--recompute", recompute,
            "keep only each stage's input per unit in flight and recompute the forward before "
            "the backward (activation memory for time)"),
@@ -104,8 +120,19 @@ static const Flag FLAGS[] = {
     INT("--minibatch", "B", batch, 1, 65536, "samples per minibatch (default 64; split into the micro-batches)"),
     NUM("--lr", "X", lr, 0, 100, "learning rate (default 0.01)"),
     NUM("--momentum", "M", momentum, 0, 0.999999, "SGD momentum (default 0.9)"),
-    NUM("--weight-decay", "W", wd, 0, 10, "L2 weight decay (default 0)"),
-    CHOICE("--optimizer", "sgd|adam", set_optimizer, "the optimizer (default sgd)"),
+    NUM("--weight-decay", "W", wd, 0, 10, "weight decay (default 0): L2 in the gradient for sgd and adam, decoupled for adamw"),
+    CHOICE("--optimizer", "NAME", set_optimizer,
+           "sgd (default), adam or adamw (Adam with decoupled weight decay)"),
+    NUM("--beta1", "B", beta1, 0, 0.999999, "adam, adamw: the first moment's decay (default 0.9)"),
+    NUM("--beta2", "B", beta2, 0, 0.999999, "adam, adamw: the second moment's decay (default 0.999)"),
+    CHOICE("--lr-schedule", "KIND", set_lr_schedule,
+           "constant (default), cosine or linear: after the warm-up, decay from --lr to --min-lr at --decay-steps"),
+    INT("--warmup-steps", "N", warmup, 0, 1000000000, "linear learning-rate warm-up over the first N optimizer steps"),
+    INT("--decay-steps", "N", decay_steps, 1, 1000000000,
+        "the optimizer step at which the decay reaches --min-lr (default: the run's last)"),
+    NUM("--min-lr", "X", min_lr, 0, 100, "the decay's floor (default 0)"),
+    NUM("--clip-grad-norm", "X", clip, 0, 1e30,
+        "scale the gradient down to global norm X (over all stages; synchronous schedules; default off)"),
     INT("--seed", "S", seed, 0, 2147483647, "weight init, data order and dropout seed (default 1)"),
     INT("--threads", "T", threads, 1, 1024, "kernel threads per worker (default 1)"),
     SECTION("data and weights"),
@@ -180,7 +207,7 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     const char *C = "train";
     *o = (TrainOpts){.epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
                      .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD, .log_every = 50,
-                     .staleness = RT_STALE_DEFAULT};
+                     .staleness = RT_STALE_DEFAULT, .beta1 = 0.9, .beta2 = 0.999};
     int have_epochs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -221,6 +248,14 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     if (o->chunks && o->kind_given && o->kind != SCHED_INTERLEAVED)
         return cli_usage_error(C, "--chunks applies to --schedule interleaved only");
     if (o->chunks) o->kind = SCHED_INTERLEAVED, o->kind_given = 1;
+    if (o->opt_kind == OPT_SGD && (o->beta1 != 0.9 || o->beta2 != 0.999))
+        return cli_usage_error(C, "--beta1 and --beta2 apply to --optimizer adam and adamw");
+    if (o->lr_sched == LR_CONSTANT && (o->decay_steps || o->min_lr > 0))
+        return cli_usage_error(C, "--decay-steps and --min-lr apply to --lr-schedule cosine or linear");
+    if (o->min_lr > o->lr) return cli_usage_error(C, "--min-lr %g is above --lr %g", o->min_lr, o->lr);
+    if (o->decay_steps && o->decay_steps <= o->warmup)
+        return cli_usage_error(C, "--decay-steps %d ends before the warm-up does (--warmup-steps %d)", o->decay_steps,
+                               o->warmup);
     return CLI_OK;
 }
 
@@ -333,8 +368,11 @@ int cmd_train(int argc, char **argv) {
     OptConfig oc = optim_defaults((OptKind)o.opt_kind, (float)o.lr);
     if (o.opt_kind == OPT_SGD) oc.momentum = (float)o.momentum;
     oc.weight_decay = (float)o.wd;
+    oc.beta1 = (float)o.beta1, oc.beta2 = (float)o.beta2;
+    oc.lr_sched = (LrSchedKind)o.lr_sched, oc.warmup = o.warmup, oc.decay_steps = o.decay_steps;
+    oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
-                        .vertical_sync = o.vsync, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
+                        .vertical_sync = o.vsync, .wire = o.wire, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
                         .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
                         .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,

@@ -33,6 +33,12 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "threads", s->threads);
     cJSON_AddStringToObject(o, "optimizer", s->optimizer);
     num(o, "lr", s->lr);
+    cJSON_AddStringToObject(o, "lr_schedule", s->lr_schedule);
+    cJSON_AddStringToObject(o, "wire", s->wire);
+    num(o, "bytes_sent", s->bytes_sent);
+    num(o, "grad_norm_mean", s->grad_norm_mean);
+    num(o, "grad_norm_max", s->grad_norm_max);
+    num(o, "clipped_steps", isnan(s->grad_norm_mean) ? NAN : s->clipped_steps);
     num(o, "minibatch", s->minibatch);
     num(o, "steps", s->steps);
     num(o, "epochs", s->epochs);

@@ -75,6 +75,22 @@ void pd_free(void *p) { free(p); }
 
 float *pd_alloc_f32(size_t n) { return pd_calloc(n * sizeof(float)); }
 
+void pd_bf16_pack(const float *x, uint16_t *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) y[i] = 0x7fc0u;   /* NaN: the quiet one, as PyTorch */
+        else y[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+void pd_bf16_unpack(const uint16_t *x, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)x[i] << 16;
+        memcpy(&y[i], &u, 4);
+    }
+}
+
 Shape shape_make(int ndim, const int *d) {
     PD_ASSERTF(ndim >= 0 && ndim <= PD_MAX_DIMS, "ndim %d", ndim);
     Shape s = {.ndim = ndim};

@@ -49,6 +49,12 @@ void *pd_calloc(size_t bytes);   /* zeroed */
 void  pd_free(void *p);
 float *pd_alloc_f32(size_t n);   /* zeroed */
 
+/* ---- bfloat16 ---------------------------------------------------------------------- */
+/* bf16: a float's upper 16 bits. pd_bf16_pack rounds each of x (n) to nearest, ties to even
+ * (any NaN becomes the quiet NaN 0x7fc0), as PyTorch's .to(torch.bfloat16) does; pd_bf16_unpack widens exactly. */
+void pd_bf16_pack(const float *x, uint16_t *y, size_t n);
+void pd_bf16_unpack(const uint16_t *x, float *y, size_t n);
+
 /* ---- tensors --------------------------------------------------------------------- */
 #define PD_MAX_DIMS 5
 typedef struct Shape {

@@ -300,6 +300,18 @@ void model_tie_fold(const Model *m, int first, int last, float *dw) {
     }
 }
 
+double model_tie_mirror_sumsq(const Model *m, int first, int last, const float *dw) {
+    size_t base = m->poff[first];
+    double ss = 0.0;
+    for (int t = 0; t < m->n_tie; t++) {
+        const ParamInfo *d = &m->pt[m->tie[t].dst];
+        if (d->layer < first || d->layer >= last) continue;
+        const float *g = dw + (d->offset - base);
+        for (size_t i = 0, n = shape_numel(d->shape); i < n; i++) ss += (double)g[i] * g[i];
+    }
+    return ss;
+}
+
 static int parse_shape(const cJSON *a, Shape *s, const char *src, Err *err) {
     if (!a || !cJSON_IsArray(a) || cJSON_GetArraySize(a) < 1 || cJSON_GetArraySize(a) > 3)
         return err_set(err, PD_EINVAL, "%s: key \"input\": expected an array of 1 to 3 positive integers", src);

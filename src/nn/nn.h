@@ -94,6 +94,9 @@ const ParamTie *model_ties(const Model *m, int *n);
  * gradient first), written into both; dw in the range layout. Ties with one end outside the range
  * are left alone (the runtime exchanges them). */
 void model_tie_fold(const Model *m, int first, int last, float *dw);
+/* The sum of squares (double) of the mirror slots in [first, last) of dw (range layout): a
+ * gradient norm subtracts it so that a tied parameter counts once, as in PyTorch. */
+double model_tie_mirror_sumsq(const Model *m, int first, int last, const float *dw);
 
 /* ---- model: building and running ------------------------------------------------------ */
 /* Creates the kernel descriptors and backward scratch of layers [first, last) for minibatches
@@ -164,40 +167,73 @@ void model_backward_w(Model *m, NnCtx *c, const float *w, const float *dy, const
                       NnLayerDone done, void *arg);
 
 /* ---- optimizers ------------------------------------------------------------------------ */
-typedef enum OptKind { OPT_SGD, OPT_ADAM, OPT_KIND_COUNT } OptKind;
+typedef enum OptKind { OPT_SGD, OPT_ADAM, OPT_ADAMW, OPT_KIND_COUNT } OptKind;
+
+/* The learning rate over the optimizer's steps t = 0, 1, ... (optim_lr): LR_CONSTANT keeps
+ * lr; the others first warm up linearly over `warmup` steps (lr (t + 1) / warmup; also with
+ * LR_CONSTANT when warmup > 0), then decay from lr to min_lr at step `decay_steps`, by a half
+ * cosine (LR_COSINE) or a straight line (LR_LINEAR), and stay at min_lr after it. */
+typedef enum LrSchedKind { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_SCHED_COUNT } LrSchedKind;
 
 typedef struct OptConfig {
     OptKind kind;
     float lr;
     float momentum;        /* sgd; 0 = plain SGD */
-    float weight_decay;    /* both: g += wd * w (PyTorch's coupled L2) */
-    float beta1, beta2, eps;   /* adam */
+    float weight_decay;    /* sgd, adam: g += wd * w (PyTorch's coupled L2); adamw: w *= 1 - lr wd */
+    float beta1, beta2, eps;   /* adam, adamw */
+    LrSchedKind lr_sched;
+    long warmup;           /* steps of the linear warm-up (0: none) */
+    long decay_steps;      /* the step at which the decay reaches min_lr (0: the run's own length,
+                            * which the caller resolves before optim_init) */
+    float min_lr;          /* the decay's floor */
+    float clip_norm;       /* global gradient-norm clipping threshold (0 = off); applied by the
+                            * caller, who knows what "global" spans (optim_clip_coef) */
 } OptConfig;
 
 /* SGD: PyTorch's torch.optim.SGD (dampening 0, no nesterov); Adam: torch.optim.Adam
- * (amsgrad off) with bias correction. State in contiguous buffers of n floats. */
+ * (amsgrad off) with bias correction; AdamW: torch.optim.AdamW (decoupled decay first, then
+ * Adam's step). State in contiguous buffers of n floats. */
 typedef struct Optim {
     OptConfig c;
     size_t n;
-    long step;     /* steps taken */
-    float *m;      /* sgd momentum buffer / adam first moment (n) */
-    float *v;      /* adam second moment (n), NULL for sgd */
+    long step;       /* steps taken */
+    double lr_scale; /* a factor on the scheduled lr of the next step (1; staleness warm-up sets
+                      * it), and of the last one for optim_predict */
+    float *m;        /* sgd momentum buffer / adam first moment (n) */
+    float *v;        /* adam second moment (n), NULL for sgd */
 } Optim;
 
-/* OptConfig with PyTorch's defaults for kind (adam: betas 0.9, 0.999, eps 1e-8). */
+/* OptConfig with PyTorch's defaults for kind (adam: betas 0.9, 0.999, eps 1e-8), constant lr. */
 OptConfig optim_defaults(OptKind kind, float lr);
-/* Parses "sgd" / "adam"; returns -1 if unknown. */
+/* Parses "sgd" / "adam" / "adamw"; returns -1 if unknown. */
 int   optim_kind_parse(const char *s);
+const char *optim_kind_name(OptKind k);
+/* 1 for the kinds with Adam's two moments (adam, adamw). */
+static inline int optim_is_adam(OptKind k) { return k == OPT_ADAM || k == OPT_ADAMW; }
+/* Parses "constant" / "cosine" / "linear"; returns -1 if unknown. */
+int   optim_lr_sched_parse(const char *s);
+const char *optim_lr_sched_name(LrSchedKind k);
+/* The scheduled learning rate of step t (0-based) under c, in double. */
+double optim_lr(const OptConfig *c, long t);
 void  optim_init(Optim *o, const OptConfig *c, size_t n);
 void  optim_release(Optim *o);
-/* One update of w (n) from the gradient g (n); g is not modified. */
+/* One update of w (n) from the gradient g (n) at lr optim_lr(step) * lr_scale; g is not
+ * modified. */
 void  optim_step(Optim *o, float *w, const float *g);
 /* Weight prediction (staleness compensation): out = w - scale * (the update the last step
- * applied, as a function of the state now): SGD lr * m (m: the momentum buffer, or the last
+ * applied, as a function of the state now; lr: optim_lr(step - 1) * lr_scale): SGD lr * m (m: the momentum buffer, or the last
  * step's gradient plus decay when momentum is 0), Adam lr / bc1 * m / (sqrt(v) / sqrt(bc2) +
- * eps) with the last step's bias corrections. Before the first step, or with scale 0, out = w
- * bitwise. out may be w. */
+ * eps) with the last step's bias corrections, AdamW that plus lr * wd * w. Before the first
+ * step, or with scale 0, out = w bitwise. out may be w. */
 void  optim_predict(const Optim *o, const float *w, float *out, float scale);
+
+/* Gradient-norm clipping, in pieces a distributed caller can combine: optim_sumsq is the
+ * squared norm of g (n) in double, summed in a fixed order (the same for any thread count);
+ * optim_clip_coef turns the global sum of squares into PyTorch's clip_grad_norm_ factor,
+ * min(1, max_norm / (sqrt(sumsq) + 1e-6)), as a float; optim_scale multiplies g by it. */
+double optim_sumsq(const float *g, size_t n);
+float  optim_clip_coef(double sumsq, float max_norm);
+void   optim_scale(float *g, size_t n, float coef);
 
 /* ---- the loss ------------------------------------------------------------------------------ */
 /* Softmax cross-entropy over the LAST dimension of the model's output at every position of the

@@ -134,7 +134,7 @@ static void pull_copy(Asp *a, float *dst) {
     if (!n) return;
     const OptConfig *oc = &a->so.c;
     if (a->R > 1 && (a->w->cfg->staleness & RT_STALE_LOOKAHEAD))
-        optim_predict(&a->so, a->master, dst, oc->kind == OPT_ADAM ? oc->beta1 : oc->momentum);
+        optim_predict(&a->so, a->master, dst, optim_is_adam(oc->kind) ? oc->beta1 : oc->momentum);
     else
         memcpy(dst, a->master, n * sizeof(float));
 }
@@ -479,7 +479,7 @@ int rt_asp_exec(Worker *w, RtAspLog *log, Err *err) {
     a.wl = newest_buf(w);
     a.master = pd_alloc_f32(nm ? nm : 1);
     if (nm) memcpy(a.master, a.wl + a.lo[me], nm * sizeof(float));
-    a.so = (Optim){.c = w->opt.c, .n = nm, .step = w->opt.step, .m = w->opt.m + a.lo[me],
+    a.so = (Optim){.c = w->opt.c, .n = nm, .step = w->opt.step, .lr_scale = 1.0, .m = w->opt.m + a.lo[me],
                    .v = w->opt.v ? w->opt.v + a.lo[me] : NULL};
     size_t extra = nm;
     for (int p = 0; p < R; p++) {

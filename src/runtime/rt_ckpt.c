@@ -17,7 +17,7 @@
 #include "ckpt.h"
 #include "runtime.h"
 
-static const char *opt_name(int kind) { return kind == OPT_ADAM ? "adam" : "sgd"; }
+static const char *opt_name(int kind) { return optim_kind_name((OptKind)kind); }
 
 int rt_ckpt_path(const char *dir, uint64_t minibatches, char *path, size_t n, Err *err) {
     char name[64];
@@ -91,7 +91,7 @@ int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_ou
             rc = ckpt_writer_add_f32(w, key, pt[i].shape, c->opt_v + pt[i].offset, err);
         }
     }
-    Meta meta[20];
+    Meta meta[26];
     int nm = common_meta(m, c->data_mean, c->data_std, meta);
     meta[nm].k = "pipedream.minibatches_done", snprintf(meta[nm++].v, 64, "%" PRIu64, c->minibatches_done);
     meta[nm].k = "pipedream.units_done", snprintf(meta[nm++].v, 64, "%" PRIu64, c->units_done);
@@ -102,7 +102,12 @@ int rt_ckpt_save(const char *dir, const Model *m, const RtCkpt *c, char *path_ou
     meta[nm].k = "pipedream.optimizer", snprintf(meta[nm++].v, 64, "%s", opt_name(o->kind));
     meta[nm].k = "pipedream.lr", snprintf(meta[nm++].v, 64, "%.9g", (double)o->lr);
     meta[nm].k = "pipedream.weight_decay", snprintf(meta[nm++].v, 64, "%.9g", (double)o->weight_decay);
-    if (o->kind == OPT_ADAM) {
+    meta[nm].k = "pipedream.lr_schedule", snprintf(meta[nm++].v, 64, "%s", optim_lr_sched_name(o->lr_sched));
+    meta[nm].k = "pipedream.warmup_steps", snprintf(meta[nm++].v, 64, "%ld", o->warmup);
+    meta[nm].k = "pipedream.decay_steps", snprintf(meta[nm++].v, 64, "%ld", o->decay_steps);
+    meta[nm].k = "pipedream.min_lr", snprintf(meta[nm++].v, 64, "%.9g", (double)o->min_lr);
+    meta[nm].k = "pipedream.clip_grad_norm", snprintf(meta[nm++].v, 64, "%.9g", (double)o->clip_norm);
+    if (optim_is_adam(o->kind)) {
         meta[nm].k = "pipedream.adam_beta1", snprintf(meta[nm++].v, 64, "%.9g", (double)o->beta1);
         meta[nm].k = "pipedream.adam_beta2", snprintf(meta[nm++].v, 64, "%.9g", (double)o->beta2);
         meta[nm].k = "pipedream.adam_eps", snprintf(meta[nm++].v, 64, "%.9g", (double)o->eps);
@@ -206,8 +211,9 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
     c->opt_step = (long)step;
     const char *sk = ckpt_meta(ck, "pipedream.schedule");
     snprintf(c->schedule, sizeof c->schedule, "%s", sk ? sk : "");
-    /* the optimizer: the buffers given say this run's (opt_v: Adam's second moment) */
-    int run = c->opt_v ? OPT_ADAM : OPT_SGD;
+    /* the optimizer: the buffers given say this run's (opt_v: Adam's second moment; c->opt.kind
+     * tells Adam from AdamW) */
+    int run = !c->opt_v ? OPT_SGD : c->opt.kind == OPT_ADAMW ? OPT_ADAMW : OPT_ADAM;
     const char *on = ckpt_meta(ck, "pipedream.optimizer");
     int taken = on ? optim_kind_parse(on) : run;
     if (taken < 0) {
@@ -227,6 +233,22 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
     if (rc) goto out;
     c->opt = (OptConfig){.kind = (OptKind)taken, .lr = (float)v[0], .momentum = (float)v[1],
                          .weight_decay = (float)v[2], .beta1 = (float)v[3], .beta2 = (float)v[4], .eps = (float)v[5]};
+    /* the schedule and clipping (checkpoints written before they existed: constant, no clipping) */
+    const char *sn = ckpt_meta(ck, "pipedream.lr_schedule");
+    int sched = sn ? optim_lr_sched_parse(sn) : LR_CONSTANT;
+    if (sched < 0) {
+        rc = err_set(err, PD_EINVAL, "%s: unknown learning-rate schedule \"%s\"", path, sn);
+        goto out;
+    }
+    c->opt.lr_sched = (LrSchedKind)sched;
+    double sv[4] = {0, 0, 0, 0};
+    static const char *const skeys[4] = {"pipedream.warmup_steps", "pipedream.decay_steps", "pipedream.min_lr",
+                                         "pipedream.clip_grad_norm"};
+    for (int i = 0; i < 4 && !rc; i++)
+        if (ckpt_meta(ck, skeys[i])) rc = meta_num(ck, skeys[i], &sv[i], err);
+    if (rc) goto out;
+    c->opt.warmup = (long)sv[0], c->opt.decay_steps = (long)sv[1], c->opt.min_lr = (float)sv[2],
+    c->opt.clip_norm = (float)sv[3];
     if ((rc = read_weights(ck, m, c, err))) goto out;
     int nt;
     const ParamInfo *pt = model_param_tensors(m, &nt);
@@ -258,20 +280,33 @@ int rt_ckpt_opt_changes(const OptConfig *taken, const OptConfig *run, char *was,
     struct {
         const char *flag;
         float a, b;
-    } h[6] = {{"--lr", taken->lr, run->lr},
-              {"--momentum", taken->momentum, run->momentum},
-              {"--weight-decay", taken->weight_decay, run->weight_decay},
-              {"adam beta1", taken->beta1, run->beta1},
-              {"adam beta2", taken->beta2, run->beta2},
-              {"adam eps", taken->eps, run->eps}};
+    } h[11] = {{"--lr", taken->lr, run->lr},
+               {"--momentum", taken->momentum, run->momentum},
+               {"--weight-decay", taken->weight_decay, run->weight_decay},
+               {"--beta1", taken->beta1, run->beta1},
+               {"--beta2", taken->beta2, run->beta2},
+               {"adam eps", taken->eps, run->eps},
+               {"--lr-schedule", (float)taken->lr_sched, (float)run->lr_sched},
+               {"--warmup-steps", (float)taken->warmup, (float)run->warmup},
+               {"--decay-steps", (float)taken->decay_steps, (float)run->decay_steps},
+               {"--min-lr", taken->min_lr, run->min_lr},
+               {"--clip-grad-norm", taken->clip_norm, run->clip_norm}};
     int k = 0;
     size_t la = 0, lb = 0;
     was[0] = now[0] = 0;
-    for (int i = 0; i < 6; i++) {
-        int applies = run->kind == OPT_ADAM ? i != 1 : i < 3;
+    for (int i = 0; i < 11; i++) {
+        int applies = i >= 6 || (optim_is_adam(run->kind) ? i != 1 : i < 3);
         if (!applies || isnan(h[i].a) || h[i].a == h[i].b) continue;
-        la += (size_t)snprintf(was + la, la < n ? n - la : 0, "%s%s %g", k ? " " : "", h[i].flag, (double)h[i].a);
-        lb += (size_t)snprintf(now + lb, lb < n ? n - lb : 0, "%s%s %g", k ? " " : "", h[i].flag, (double)h[i].b);
+        char va[32], vb[32];
+        if (i == 6) {   /* the schedule by name */
+            snprintf(va, sizeof va, "%s", optim_lr_sched_name(taken->lr_sched));
+            snprintf(vb, sizeof vb, "%s", optim_lr_sched_name(run->lr_sched));
+        } else {
+            snprintf(va, sizeof va, "%g", (double)h[i].a);
+            snprintf(vb, sizeof vb, "%g", (double)h[i].b);
+        }
+        la += (size_t)snprintf(was + la, la < n ? n - la : 0, "%s%s %s", k ? " " : "", h[i].flag, va);
+        lb += (size_t)snprintf(now + lb, lb < n ? n - lb : 0, "%s%s %s", k ? " " : "", h[i].flag, vb);
         if (la >= n) la = n - 1;
         if (lb >= n) lb = n - 1;
         k++;

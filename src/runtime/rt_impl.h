@@ -27,6 +27,11 @@ typedef struct Slot {
     int act_ready, grad_ready, lab_ready;
     int version;              /* weight version its forward used */
     int pslot;                /* staleness prediction: the predicted weights it computes with (Worker.pbuf), -1: none */
+    /* RtConfig.wire RT_WIRE_BF16: the messages as bf16, what receives land in (unpacked into the
+     * input / dy once arrived, act_in and grad_in then set) and what sends read (packed from the
+     * output / dx); NULL with fp32 or where the stage has no such message */
+    uint16_t *w_act_in, *w_act_out, *w_grad_in, *w_grad_out;
+    int act_in, grad_in;
 } Slot;
 
 typedef struct RtTie RtTie;
@@ -45,6 +50,8 @@ typedef struct Worker {
     const SchedWorker *sw;
     Comm *c;
     CommGroup *group;         /* replicas of this stage (NULL: one replica, or emulation) */
+    CommGroup *everyone;      /* gradient clipping: every rank that runs a stage (NULL: one, or no clipping) */
+    float *clip_buf;          /* gradient clipping: 2 n_stages floats (clip_gradients) */
     RtWorkerResult *res;
     int rank, stage, first, last;
     int is_input, is_last, classes;
@@ -83,7 +90,6 @@ typedef struct Worker {
     int n_pred;
     float **pbuf;
     int *pver, *pdel, *pstep, *pref;
-    float base_lr;            /* the configured learning rate (lr-warmup scales the optimizer's) */
     Slot *slots;
     int n_slots;
     RtTie *xtie;              /* tied parameters whose other layer is on another stage (rt_tie.c) */
@@ -134,8 +140,11 @@ int  rt_buckets(const Model *m, int first, int last, size_t bucket_bytes, int *l
 void rt_worker_finish(Worker *w);
 int  rt_exec(Worker *w, int blocking, Err *err);
 /* The group of w's replicas for its all-reduces (w->group), when its stage has several and
- * the kind all-reduces (every kind but asp). Collective over the stage's replicas. */
+ * the kind all-reduces (every kind but asp), then, with gradient clipping, the group of every
+ * rank that runs a stage (w->everyone). Collective over the stage's replicas, then over all. */
 int  rt_worker_group(Worker *w, Err *err);
+/* The second half of rt_worker_group alone: w->everyone, with gradient clipping. */
+int  rt_worker_clip_group(Worker *w, Err *err);
 /* Runs w's list (bound, t_start set) to its end over MPI or threads: rt_exec, or rt_asp_exec
  * for asp (log: optional, RtAspLog), then completes its sends. Returns PD_OK or the error. */
 int  rt_worker_segment(Worker *w, RtAspLog *log, Err *err);

@@ -176,6 +176,9 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
     if (seg->units_done) acc->last_loss = seg->last_loss;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
     acc->n_delayed += seg->n_delayed, acc->delay_sum += seg->delay_sum;
+    acc->bytes_sent += seg->bytes_sent;
+    acc->grad_norm_sum += seg->grad_norm_sum, acc->n_norms += seg->n_norms, acc->n_clipped += seg->n_clipped;
+    if (seg->grad_norm_max > acc->grad_norm_max) acc->grad_norm_max = seg->grad_norm_max;
     if (seg->delay_max > acc->delay_max) acc->delay_max = seg->delay_max;
     if (seg->mem.total > acc->mem.total) acc->mem = seg->mem;
     if (seg->n_hist) {
@@ -237,7 +240,8 @@ static int setup_local(Rank *R, Err *err) {
         if (!path[0])
             return err_set(err, PD_EINVAL, "%s: no complete checkpoint to resume from (see the warnings above, if any)",
                            sp->resume);
-        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
+        ck_alloc(R->m, optim_is_adam(sp->opt.kind), &R->ck);
+        R->ck.opt.kind = sp->opt.kind;   /* tells rt_ckpt_load adam from adamw */
         R->have_ck = 1;
         if ((rc = rt_ckpt_load(path, R->m, &R->ck, err))) return rc;
         if (R->ck.seed != sp->seed)
@@ -250,7 +254,7 @@ static int setup_local(Rank *R, Err *err) {
         R->mb_done = R->ck.units_done / (uint64_t)per;
         snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
     } else if (sp->init_weights) {   /* given weights, a fresh optimizer (zero moments, step 0) */
-        ck_alloc(R->m, sp->opt.kind == OPT_ADAM, &R->ck);
+        ck_alloc(R->m, optim_is_adam(sp->opt.kind), &R->ck);
         R->have_ck = 1;
         if ((rc = rt_weights_load(sp->init_weights, R->m, &R->ck, err))) return rc;
     }
@@ -265,6 +269,15 @@ static int session_setup(Rank *R, Err *err) {
     int rank = R->rank, rc = plan_ranks(sp, &R->probe, err);   /* the same on every rank: no agreement needed */
     if (rc) return rc;
     const Schedule *probe = &R->probe;
+    if (sp->opt.clip_norm > 0.0f) {   /* clipping needs undelayed units: seen in a list long enough to show delays */
+        Schedule chk;
+        SchedOpts so = {.kind = sp->kind, .n_minibatches = 4 * probe->n_ranks + 4, .n_micro = probe->n_micro,
+                        .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+        if ((rc = sched_build(sp->plan, &so, &chk, err))) return rc;
+        rc = rt_clip_allowed(&chk, err);
+        sched_release(&chk);
+        if (rc) return rc;
+    }
     comm_set_coll_timeout(R->c, sp->timeout_s);
     R->stage = rank < probe->n_ranks ? probe->workers[rank].stage : -1;
     R->reads_input = R->stage == 0;
@@ -365,7 +378,7 @@ static int session_workers(Rank *R, Err *err) {
                         .units_total = (int)(R->n_mb * probe->n_micro), .progress_t0 = pd_now(),
                         .progress_u0 = R->mb_done * (uint64_t)probe->n_micro, .init = R->init,
                         .nan_check = sp->nan_check, .no_stash = sp->no_stash, .staleness = sp->staleness,
-                        .staleness_warmup = sp->staleness_warmup};
+                        .staleness_warmup = sp->staleness_warmup, .run_minibatches = R->n_mb, .wire = sp->wire};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     R->eval_batches = R->test ? (int64_t)((R->test->n + (size_t)R->unit_batch - 1) / (size_t)R->unit_batch) : 0;
     R->run_units = (int64_t)R->n_mb * probe->n_micro;   /* evaluation ids start after them */
@@ -381,7 +394,7 @@ static int session_workers(Rank *R, Err *err) {
  * its newest weights to rank 0 (others send nothing); rank 0 places them by layer into R->ck.
  * Collective over every rank. */
 static int gather_state(Rank *R, Worker *w, const Schedule *s, Err *err) {
-    int adam = R->sp->opt.kind == OPT_ADAM, rc = PD_OK;
+    int adam = optim_is_adam(R->sp->opt.kind), rc = PD_OK;
     size_t nbytes = 0;
     char *mine = NULL;
     if (w->stage >= 0 && w->sw->replica == 0) {   /* one record per stage (chunk), in chunk order */
@@ -590,12 +603,14 @@ static int run_segment(Rank *R, uint64_t end, Err *err) {
             (rc = comm_group_new(R->c, R->seg.stages[w->stage].ranks, R->seg.stages[w->stage].replicas, &w->group,
                                  err)))
             return rc;
+        if ((rc = rt_worker_clip_group(w, err))) return rc;
         R->built = 1;
         w->t_start = pd_now();
     } else if ((rc = rt_worker_bind(w, &R->cfg, &R->segres, err))) {
         return fail_segment(R, rc, err);
     }
     double seg_t0 = w->t_start - R->t0, c0 = cpu_now();
+    uint64_t sent0 = comm_bytes_sent(R->c);
     if (w->stage >= 0 && (R->seg.kind == SCHED_ASP ? rt_asp_exec(w, NULL, err) : rt_exec(w, 1, err)) == RT_ERR)
         return fail_segment(R, err->code ? err->code : PD_ECOMM, err);
     if ((rc = rt_worker_drain(w, err))) {
@@ -603,6 +618,7 @@ static int run_segment(Rank *R, uint64_t end, Err *err) {
         return fail_segment(R, rc, err);
     }
     R->cpu_s += cpu_now() - c0;
+    R->segres.bytes_sent = (double)(comm_bytes_sent(R->c) - sent0);
     R->segres.wall_s = pd_now() - w->t_start;
     R->train_s += R->segres.wall_s;
     acc_add(&R->acc, &R->segres, R->cfg.unit_base, seg_t0);
@@ -693,6 +709,9 @@ typedef struct Wire {
     double chunk_compute_s[RT_MAX_CHUNKS];
     double cpu_s;
     int64_t pid, n_delayed, delay_sum, delay_max;   /* staleness: the delays its units crossed */
+    double grad_norm_sum, grad_norm_max;             /* gradient clipping */
+    int64_t n_norms, n_clipped;
+    double bytes_sent;
 } Wire;
 
 char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
@@ -701,7 +720,7 @@ char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
               a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
               a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
-              a->delay_max};
+              a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
@@ -736,7 +755,9 @@ int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err
                           .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
                           .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks, .cpu_s = y.cpu_s,
                           .pid = y.pid, .n_delayed = (int)y.n_delayed, .delay_sum = (long)y.delay_sum,
-                          .delay_max = (int)y.delay_max};
+                          .delay_max = (int)y.delay_max, .grad_norm_sum = y.grad_norm_sum,
+                          .grad_norm_max = y.grad_norm_max, .n_norms = (int)y.n_norms, .n_clipped = (int)y.n_clipped,
+                          .bytes_sent = y.bytes_sent};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
         o->chunk_compute_s[c] = y.chunk_compute_s[c];
@@ -807,7 +828,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     snprintf(out->model, sizeof out->model, "%s", sp->plan->model);
     snprintf(out->schedule, sizeof out->schedule, "%s", sched_kind_name(s->kind));
     snprintf(out->transport, sizeof out->transport, "%s", transport);
-    snprintf(out->optimizer, sizeof out->optimizer, "%s", sp->opt.kind == OPT_ADAM ? "adam" : "sgd");
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", optim_kind_name(sp->opt.kind));
     char lr[32];
     snprintf(lr, sizeof lr, "%.7g", (double)sp->opt.lr);   /* the float's decimal, not its binary expansion */
     out->lr = strtod(lr, NULL);
@@ -828,6 +849,18 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->predicted_time_per_unit_ms = NAN;
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
+    snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
+    snprintf(out->wire, sizeof out->wire, "%s", sp->wire == RT_WIRE_BF16 ? "bf16" : "fp32");
+    out->bytes_sent = 0;
+    for (int r = 0; r < s->n_ranks; r++) out->bytes_sent += out->res[r].bytes_sent;
+    out->grad_norm_mean = out->grad_norm_max = NAN;   /* every rank saw the same norms: the first one's */
+    for (int r = 0; r < s->n_ranks; r++)
+        if (out->res[r].n_norms) {
+            out->grad_norm_mean = out->res[r].grad_norm_sum / out->res[r].n_norms;
+            out->grad_norm_max = out->res[r].grad_norm_max;
+            out->clipped_steps = out->res[r].n_clipped, out->clip_steps = out->res[r].n_norms;
+            break;
+        }
     out->stage = calloc((size_t)s->n_stages, sizeof *out->stage);
     PD_ASSERT(out->stage);
     for (int i = 0; i < s->n_stages; i++) {
@@ -864,9 +897,10 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     }
     SimCosts costs;
     SimResult sr;
-    SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = sp->opt.kind == OPT_ADAM ? 2 : 1,
+    SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
                   .samples_per_unit = unit_batch,
-                  .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0};
+                  .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0,
+                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
     Err e2 = {0};
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);

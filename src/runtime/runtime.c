@@ -126,6 +126,12 @@ static void vstore_collect(Worker *w, int pc) {
     if (n > w->res->max_versions) w->res->max_versions = n;
 }
 
+/* lr-warmup: the factor on the scheduled lr of step t (0-based) of this stage. */
+static void stale_lr_scale(Worker *w, long t) {
+    if (w->cfg->staleness & RT_STALE_LR_WARMUP)
+        w->opt.lr_scale = rt_stale_lr_factor(w->delay_max + 1, t, w->cfg->staleness_warmup);
+}
+
 /* The optimizer step writing version `to` from the newest and the accumulated gradient. */
 static void vstore_step(Worker *w, int to, int pc) {
     PD_ASSERT(to == w->newest + 1);
@@ -137,12 +143,8 @@ static void vstore_step(Worker *w, int to, int pc) {
         PD_ASSERTF(dst >= 0, "rank %d: no free weight slot for version %d", w->rank, to);
         memcpy(w->vbuf[dst], w->vbuf[old], w->np * sizeof(float));
     }
-    if (w->cfg->staleness & RT_STALE_LR_WARMUP)
-        w->opt.c.lr = (float)(w->base_lr * rt_stale_lr_factor(w->delay_max + 1, w->opt.step, w->cfg->staleness_warmup));
-    if (w->np) {
-        model_tie_fold(w->m, w->first, w->last, w->dw);   /* ties inside the stage */
-        optim_step(&w->opt, w->vbuf[dst], w->dw);
-    }
+    stale_lr_scale(w, w->opt.step);
+    if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
     w->vver[dst] = to;
     w->newest = to;
     if (w->np) memset(w->dw, 0, w->np * sizeof(float));
@@ -212,7 +214,7 @@ static const float *forward_weights(Worker *w, Slot *sl, const Instr *in) {
         PD_ASSERTF(free_k >= 0, "rank %d: no free buffer for the predicted weights of unit %d", w->rank, in->mb);
         k = free_k;
         float scale = w->cfg->staleness & RT_STALE_PREDICT ? (float)d
-                      : w->opt.c.kind == OPT_ADAM ? w->opt.c.beta1 : w->opt.c.momentum;
+                      : optim_is_adam(w->opt.c.kind) ? w->opt.c.beta1 : w->opt.c.momentum;
         optim_predict(&w->opt, wv, w->pbuf[k], scale);
         w->pver[k] = in->version, w->pdel[k] = d, w->pstep[k] = steps;
     }
@@ -344,6 +346,7 @@ static Slot *slot_claim(Slot *f, int u) {
     f->unit = u;
     f->fused = 0;
     f->act_ready = f->grad_ready = f->lab_ready = 0;
+    f->act_in = f->grad_in = 0;
     f->version = -1;
     f->pslot = -1;
     return f;
@@ -374,6 +377,32 @@ static void slot_free(Slot *sl) { sl->unit = -1; }
 static float *slot_in(const Worker *w, Slot *sl) { return w->recompute ? sl->in_buf : nnctx_input(sl->ctx); }
 static const float *slot_out(const Worker *w, const Slot *sl) {
     return w->recompute && !sl->ctx ? sl->out_buf : nnctx_output(sl->ctx);
+}
+
+/* ---- the wire format (RtConfig.wire) ------------------------------------------------------- */
+/* A message of n floats travels as n bf16 values in ceil(n / 2) float-sized words (the comm
+ * layer moves bytes). The shape both ends post for it: */
+static Shape wire_shape(const Worker *w, Shape s) {
+    return w->cfg->wire == RT_WIRE_BF16 ? shape1((int)((shape_numel(s) + 1) / 2)) : s;
+}
+
+/* What a send of the n floats at x reads: x itself, or the slot's bf16 buffer packed from it. */
+static const float *wire_out(const Worker *w, const float *x, uint16_t *packed, Shape s) {
+    if (w->cfg->wire != RT_WIRE_BF16) return x;
+    pd_bf16_pack(x, packed, shape_numel(s));
+    return (const float *)(const void *)packed;
+}
+
+/* Where a receive of shape s lands: dst, or the slot's bf16 buffer (unpacked by wire_in). */
+static float *wire_dst(const Worker *w, float *dst, uint16_t *packed) {
+    return w->cfg->wire == RT_WIRE_BF16 ? (float *)(void *)packed : dst;
+}
+
+/* After a receive completed: widens the bf16 message into dst, once (*done). */
+static void wire_in(const Worker *w, const uint16_t *packed, float *dst, Shape s, int *done) {
+    if (w->cfg->wire != RT_WIRE_BF16 || *done) return;
+    pd_bf16_unpack(packed, dst, shape_numel(s));
+    *done = 1;
 }
 
 /* Recompute: lends a free pool context to the slot / takes it back. */
@@ -416,8 +445,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_for(w, in->mb, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), w->in_shape, slot_in(w, sl),
-                            &sl->r_act, err);
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), wire_shape(w, w->in_shape),
+                            wire_dst(w, slot_in(w, sl), sl->w_act_in), &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
@@ -430,8 +459,8 @@ static int post_recv(Worker *w, const Instr *in, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), w->out_shape, sl->dy,
-                            &sl->r_grad, err);
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), wire_shape(w, w->out_shape),
+                            wire_dst(w, sl->dy, sl->w_grad_in), &sl->r_grad, err);
             if (rc) return rc;
         }
     }
@@ -672,6 +701,47 @@ static Worker *chunk_of(Worker *w, const Instr *in) {
     return x;
 }
 
+/* Global gradient-norm clipping before a step (RtConfig.opt.clip_norm; only where every
+ * stage's step applies the same minibatch's gradient, rt_clip_allowed): replica 0 of every stage
+ * contributes its sum of squares, split into two floats (high part, remainder) at the stage's
+ * place in a vector of 2 n_stages that all ranks sum; every place has one non-zero contributor,
+ * so the sum is exact in any order, and every rank adds the places in stage order: all ranks
+ * get the same factor, the one-worker run's up to rounding. */
+static int clip_gradients(Worker *w, Err *err) {
+    const Schedule *s = w->s;
+    if (!w->clip_buf) w->clip_buf = malloc(2 * (size_t)s->n_stages * sizeof(float));
+    PD_ASSERT(w->clip_buf);
+    float *v = w->clip_buf;
+    memset(v, 0, 2 * (size_t)s->n_stages * sizeof(float));
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *y = rt_chunk(w, c);
+        if (s->stages[y->stage].ranks[0] != w->rank) continue;   /* replicas hold the same sum */
+        /* a tied tensor counts once: not its mirror (model_tie_mirror_sumsq) */
+        double ss = optim_sumsq(y->dw, y->np) - model_tie_mirror_sumsq(y->m, y->first, y->last, y->dw);
+        if (ss < 0.0) ss = 0.0;
+        v[2 * y->stage] = (float)ss;
+        v[2 * y->stage + 1] = (float)(ss - (double)(float)ss);
+    }
+    if (w->everyone) {
+        double a0 = pd_now();
+        int rc = comm_group_allreduce(w->everyone, v, 2 * (size_t)s->n_stages, COMM_SUM, err);
+        w->res->wait_s += pd_now() - a0;
+        if (rc) return rc;
+    }
+    double total = 0.0;
+    for (int st = 0; st < s->n_stages; st++) total += (double)v[2 * st] + (double)v[2 * st + 1];
+    float coef = optim_clip_coef(total, w->cfg->opt.clip_norm);
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *y = rt_chunk(w, c);
+        optim_scale(y->dw, y->np, coef);
+    }
+    w->res->grad_norm_sum += sqrt(total);
+    if (sqrt(total) > w->res->grad_norm_max) w->res->grad_norm_max = sqrt(total);
+    w->res->n_norms++;
+    w->res->n_clipped += coef < 1.0f;
+    return PD_OK;
+}
+
 /* Executes instructions from w->pc until the list ends (RT_DONE), a receive is not ready in
  * non-blocking mode (RT_BLOCKED), or, in emulation, an all-reduce is reached (RT_AT_AR: the
  * emulator performs it and advances pc). Errors return RT_ERR with err set. Each instruction
@@ -696,6 +766,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             if ((rc = await(x, &sl->r_act, &sl->act_ready, blocking, err))) break;
             if ((rc = await(x, &sl->r_lab, &sl->lab_ready, blocking, err))) break;
             if (!sl->act_ready || (x->is_last && !x->is_input && !sl->lab_ready)) return RT_BLOCKED;
+            wire_in(x, sl->w_act_in, slot_in(x, sl), x->in_shape, &sl->act_in);
             break;
         case OP_RECV_GRAD:
             if ((rc = post_recv(x, in, err))) break;
@@ -703,6 +774,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", w->rank, in->mb);
             if ((rc = await(x, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
             if (!sl->grad_ready) return RT_BLOCKED;
+            wire_in(x, sl->w_grad_in, sl->dy, x->out_shape, &sl->grad_in);
             break;
         case OP_FORWARD:
             rc = do_forward(x, in, err);
@@ -721,14 +793,16 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         case OP_SEND_ACT:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version, x->out_shape,
-                            slot_out(x, sl), &sl->s_act, err);
+            rc = comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version,
+                            wire_shape(x, x->out_shape), wire_out(x, slot_out(x, sl), sl->w_act_out, x->out_shape),
+                            &sl->s_act, err);
             break;
         case OP_SEND_GRAD:
             sl = slot_find(x, in->mb);
             PD_ASSERT(sl);
-            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version, x->in_shape, sl->dx,
-                            &sl->s_grad, err);
+            rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version,
+                            wire_shape(x, x->in_shape), wire_out(x, sl->dx, sl->w_grad_out, x->in_shape), &sl->s_grad,
+                            err);
             /* its buffers stay untouched until the send completes (slot_drain); a split
              * backward's unit stays until its BW */
             if (!x->split) slot_free(sl);
@@ -755,6 +829,11 @@ int rt_exec(Worker *w, int blocking, Err *err) {
                 if (!ready) return RT_BLOCKED;
                 c0 = pd_now();
             }
+            for (int c = 0; c < w->n_chunk; c++) {   /* ties inside a stage: one summed gradient */
+                Worker *y = rt_chunk(w, c);
+                if (y->np) model_tie_fold(y->m, y->first, y->last, y->dw);
+            }
+            if (w->cfg->opt.clip_norm > 0.0f && (rc = clip_gradients(w, err))) break;
             for (int c = 0; c < w->n_chunk; c++) {
                 Worker *y = rt_chunk(w, c);
                 double s0 = pd_now();
@@ -914,8 +993,9 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
     w->n_buckets = rt_buckets(w->m, w->first, w->last, cfg->bucket_bytes, w->bk_layer, w->bk_lo, w->bk_n);
     w->bk_ar = calloc((size_t)(w->n_buckets ? w->n_buckets : 1), sizeof(CommAr *));
     PD_ASSERT(w->bk_ar);
-    optim_init(&w->opt, &cfg->opt, w->np);
-    w->base_lr = cfg->opt.lr;
+    OptConfig oc = cfg->opt;
+    if (oc.decay_steps <= 0) oc.decay_steps = rt_run_steps(s, w->stage, cfg->run_minibatches);
+    optim_init(&w->opt, &oc, w->np);
     const RtStageState *from = cfg->init ? &cfg->init[rank] : NULL;
     if (from && from->params) {   /* continue: weights, running statistics, optimizer state */
         memcpy(w->vbuf[0], from->params + p_off, w->np * sizeof(float));
@@ -923,6 +1003,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         if (w->np && from->opt_m) memcpy(w->opt.m, from->opt_m + p_off, w->np * sizeof(float));
         if (w->np && w->opt.v && from->opt_v) memcpy(w->opt.v, from->opt_v + p_off, w->np * sizeof(float));
         w->opt.step = from->opt_step;
+        if (w->opt.step > 0) stale_lr_scale(w, w->opt.step - 1);   /* the last step's, for prediction */
     } else {
         model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
         model_init_state(w->m, w->first, w->last, w->state);
@@ -965,6 +1046,11 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         sl->keep = w->split ? pd_alloc_f32(split_floats(w)) : NULL;
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
+        if (cfg->wire == RT_WIRE_BF16) {   /* rounded up to whole float-sized words */
+            size_t ni = (shape_numel(w->in_shape) + 1) / 2 * 2, no = (shape_numel(w->out_shape) + 1) / 2 * 2;
+            if (!w->is_input) sl->w_act_in = pd_calloc(ni * 2), sl->w_grad_out = pd_calloc(ni * 2);
+            if (!w->is_last) sl->w_act_out = pd_calloc(no * 2), sl->w_grad_in = pd_calloc(no * 2);
+        }
     }
     if ((rc = rt_tie_init(w, err))) return rc;
     worker_warmup(w);
@@ -1069,6 +1155,7 @@ static void stage_release(Worker *w) {
             pd_free(sl->keep);
             pd_free(sl->labels_f);
             pd_free(sl->labels);
+            pd_free(sl->w_act_in), pd_free(sl->w_act_out), pd_free(sl->w_grad_in), pd_free(sl->w_grad_out);
         }
         free(w->slots);
     }
@@ -1097,6 +1184,8 @@ static void stage_release(Worker *w) {
     rt_tie_release(w);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
+    comm_group_free(w->everyone);
+    free(w->clip_buf);
     if (!w->m_borrowed) model_free(w->m);
     memset(w, 0, sizeof *w);
 }
@@ -1163,7 +1252,6 @@ static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *
     w->mb_loss_n = 0;
     w->t_start = pd_now();
     if (w->stage < 0) return PD_OK;
-    w->base_lr = cfg->opt.lr;
     for (int k = 0; k < w->n_slots; k++)
         PD_ASSERTF(w->slots[k].unit < 0 && !w->slots[k].s_act && !w->slots[k].s_grad && !w->slots[k].s_lab,
                    "rank %d: bound to a new list with unit %d in flight", w->rank, w->slots[k].unit);
@@ -1244,8 +1332,50 @@ void rt_result_release(RtWorkerResult *r) {
 int rt_worker_group(Worker *w, Err *err) {
     if (w->stage < 0 || w->s->kind == SCHED_ASP) return PD_OK;   /* asp all-reduces nothing */
     const SchedStage *st = &w->s->stages[w->stage];
-    if (st->replicas < 2) return PD_OK;
-    return comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+    int rc = PD_OK;
+    if (st->replicas >= 2) rc = comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+    return rc ? rc : rt_worker_clip_group(w, err);
+}
+
+int rt_worker_clip_group(Worker *w, Err *err) {
+    if (w->stage < 0 || w->cfg->opt.clip_norm <= 0.0f) return PD_OK;
+    /* every rank that runs a stage, ascending */
+    const Schedule *s = w->s;
+    int rc = PD_OK;
+    int *ranks = malloc((size_t)s->n_ranks * sizeof(int)), n = 0;
+    PD_ASSERT(ranks);
+    for (int r = 0; r < s->n_ranks; r++)
+        if (s->workers[r].stage >= 0) ranks[n++] = r;
+    if (n > 1) rc = comm_group_new(w->c, ranks, n, &w->everyone, err);
+    free(ranks);
+    return rc;
+}
+
+int rt_clip_allowed(const Schedule *s, Err *err) {
+    if (s->kind == SCHED_ASP)
+        return err_set(err, PD_EINVAL, "--clip-grad-norm: asp applies every worker's gradient on its own, at its "
+                       "own time: there is no global gradient to take the norm of");
+    for (int r = 0; r < s->n_ranks; r++) {
+        if (s->workers[r].stage < 0) continue;
+        SchedWorkerInfo wi;
+        int rc = sched_analyze_worker(s, r, &wi, err);
+        if (rc) return rc;
+        int d = wi.delay_max;
+        sched_worker_info_release(&wi);
+        if (d > 0)
+            return err_set(err, PD_EINVAL, "--clip-grad-norm needs every stage to step on the same minibatch's "
+                           "gradient; with %s%s the stages update at different times (units cross up to %d "
+                           "updates on rank %d): use a flushing schedule (1f1b-flush, gpipe, zb-h1, interleaved) "
+                           "or dp", sched_kind_name(s->kind), s->vertical_sync ? " --vertical-sync" : "", d, r);
+    }
+    return PD_OK;
+}
+
+long rt_run_steps(const Schedule *s, int stage, long minibatches) {
+    long n = minibatches > 0 ? minibatches : s->n_minibatches;
+    if (s->kind == SCHED_ASP || stage < 0 || sched_splits_minibatch(s->kind, s->n_micro)) return n;
+    int r = s->stages[stage].replicas;   /* a round of r minibatches makes one step */
+    return (n + r - 1) / r;
 }
 
 int rt_worker_segment(Worker *w, RtAspLog *log, Err *err) {
@@ -1343,6 +1473,8 @@ int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
     int n = s->n_ranks, rc = PD_OK;
     if (s->kind == SCHED_ASP)   /* its owners apply pushes as they arrive: no serial order to emulate */
         return err_set(err, PD_EINVAL, "rt_emulate: asp is not emulated (rt_asp_run_threads runs it)");
+    if (cfg->opt.clip_norm > 0.0f)   /* its all-reduce over every rank is not emulated */
+        return err_set(err, PD_EINVAL, "rt_emulate: gradient clipping is not emulated (rt_run_threads runs it)");
     if (cfg->threads > 0) kern_set_threads(cfg->threads);
     Comm **eps = calloc((size_t)n, sizeof(Comm *));
     Worker *ws = calloc((size_t)n, sizeof(Worker));

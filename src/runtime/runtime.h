@@ -68,7 +68,23 @@ typedef struct RtConfig {
                                * last unit); a session gives every evaluation its own ids */
     int staleness;            /* RT_STALE_* flags: compensation for delayed gradients (below) */
     int staleness_warmup;     /* RT_STALE_LR_WARMUP: the optimizer steps K of the warm-up (0: RT_STALE_WARMUP_STEPS) */
+    int wire;                 /* RT_WIRE_FP32 (0) or RT_WIRE_BF16: activations and gradients between
+                               * stages travel as bf16 (rounded to nearest even), half the bytes */
+    long run_minibatches;     /* the whole run's minibatches, for the lr schedule's default length
+                               * (opt.decay_steps 0: rt_run_steps; 0 here: this schedule's) */
 } RtConfig;
+
+enum { RT_WIRE_FP32 = 0, RT_WIRE_BF16 = 1 };
+
+/* The optimizer steps a stage takes over a run of `minibatches` (0: s's own) of kind s->kind:
+ * one per minibatch, or one per round of r minibatches where the stage's r replicas average
+ * whole minibatches (1f1b with one unit per minibatch, dp). The learning-rate schedule's
+ * length when none is given. */
+long rt_run_steps(const Schedule *s, int stage, long minibatches);
+/* 1 if global gradient-norm clipping is defined for s: every stage's step applies the gradient of
+ * the same minibatch, computed on the weights being updated (no unit delayed: the flushing kinds,
+ * data and model parallelism, 1f1b on one stage); else 0 with err saying why. */
+int  rt_clip_allowed(const Schedule *s, Err *err);
 
 /* Staleness compensation (docs/explanation/staleness.md). A unit's delay d is the number of
  * updates that land on its stage between the weight version it reads and the step that applies
@@ -163,6 +179,9 @@ typedef struct RtWorkerResult {
     double wall_s;           /* from start to the end of the instruction list */
     double compute_s;        /* in forward/backward/step */
     double wait_s;           /* blocked in receives and all-reduces */
+    double grad_norm_sum, grad_norm_max;   /* gradient clipping: the global norms before clipping */
+    int n_norms, n_clipped;  /* ... how many steps, and how many of them clipped */
+    double bytes_sent;       /* the session: bytes this rank handed to the transport while training */
     int n_fwd, n_bwd;       /* forwards; backwards (B, or the zb kinds' BI) */
     int n_wgrad;             /* the zb kinds' weight passes (BW) */
     int n_events;
@@ -301,6 +320,7 @@ typedef struct RtTrainSpec {
     SchedKind kind;
     int n_micro;                 /* units per minibatch (1 unless a micro-batch kind) */
     int vertical_sync;
+    int wire;                    /* RtConfig.wire: RT_WIRE_FP32 or RT_WIRE_BF16 */
     int epochs;                  /* training length, when steps == 0 */
     int steps;                   /* minibatches (optimizer steps); 0: from epochs */
     int minibatch;               /* samples per minibatch (n_micro units) */
@@ -363,6 +383,11 @@ typedef struct RtTrainSummary {
     int workers, stages, steps, units, unit_batch;
     int minibatch, threads;      /* samples per minibatch, kernel threads per worker */
     double lr;
+    char lr_schedule[16];        /* optim_lr_sched_name */
+    char wire[8];                /* "fp32" or "bf16" (RtTrainSpec.wire) */
+    double bytes_sent;           /* bytes all ranks handed to the transport while training (comm_bytes_sent) */
+    double grad_norm_mean, grad_norm_max;   /* --clip-grad-norm: the global gradient norms before clipping (NAN: off) */
+    int clip_steps, clipped_steps;          /* ... over how many steps, and how many were scaled down */
     double epochs;               /* passes over the training set the run's minibatches make (resumed
                                   * ones included) */
     double samples_per_cpu_s;    /* samples per CPU second of the job's processes (training only) */

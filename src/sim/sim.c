@@ -300,6 +300,7 @@ static int run_worker(Engine *e, int rank) {
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
             double bytes = bnd >= 0 && bnd < s->n_stages ? e->c->stage[bnd].in_bytes : 0;
+            if (e->o->wire_factor > 0) bytes *= e->o->wire_factor;
             /* the worker's one outgoing link: a middle stage's activations forward and gradients
              * backward take turns on it, as on the emulated cluster's per-host shaped links */
             double t0 = w->clock > w->link_free ? w->clock : w->link_free;

@@ -83,6 +83,8 @@ typedef struct SimOpts {
     int samples_per_unit;       /* for samples/s (profile minibatch); 0 = unknown */
     int predicts_weights;       /* the run predicts delayed units' weights (staleness prediction or
                                  * look-ahead): SchedWorkerInfo.max_predicted buffers of params more */
+    double wire_factor;         /* bytes on the wire per byte of activation or gradient between stages:
+                                 * 0 or 1 fp32, 0.5 bf16 (train --wire bf16) */
 } SimOpts;
 
 typedef struct SimMem {

@@ -4,8 +4,9 @@
 # nn.MultiheadAttention with a causal mask), LayerNorm, both GELUs, and an lm_head whose weight is
 # the token embedding's. The export ties the head to layers.0.weight instead of copying it, and
 # `pipedream eval --text` of the exported weights gives PyTorch's held-out loss (relative 1e-5)
-# and accuracy; 6 Adam steps on one worker end at the held-out loss PyTorch's own training of the
-# module (one shared tensor, the same minibatches) ends at (relative 1e-4); a weights file whose two copies of the tied matrix differ is refused. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
+# and accuracy; 6 steps on one worker, Adam, and SGD with --clip-grad-norm, end at the held-out
+# loss PyTorch's own training of the module (one shared tensor, the same minibatches) ends at
+# (relative 1e-4), and so do 4 stages with clipping; a weights file whose two copies of the tied matrix differ is refused. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
 # stage 3, 1f1b-flush) over threads: its saved copies of the tied matrix are bitwise equal and its
 # held-out loss is the one-worker run's (relative 1e-4); a run checkpointed at step 3 and resumed
 # ends bitwise as the uninterrupted one, and so does one checkpointing after every step; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
@@ -101,8 +102,12 @@ import numpy as np, pd_io
 w, _ = pd_io.read_safetensors(sys.argv[2])
 assert w['layers.0.weight'].tobytes() == w['layers.4.weight'].tobytes()
 PY
-# PyTorch trains the module itself (one shared tensor) on the same minibatches: the same held-out loss
-"$PY" - "$SRC" "$tmp/t.txt" >"$tmp/pt_train.json" <<'PY' || fail "PyTorch training"
+# PyTorch trains the module itself (one shared tensor) on the same minibatches: the same held-out loss,
+# without and with gradient-norm clipping (the tied tensor counts once in the norm)
+sgd="--optimizer sgd --lr 0.5 --momentum 0.9 --clip-grad-norm 0.2"   # SGD: the clipped norm sets the step
+"$PD" train $args $sgd >"$tmp/one_clip.json" 2>"$tmp/err" || fail "one worker, clipped: $(tail -3 "$tmp/err")"
+for clip in 0 0.2; do
+    "$PY" - "$SRC" "$tmp/t.txt" "$clip" >"$tmp/pt_train.json" <<'PY' || fail "PyTorch training"
 import json, sys
 sys.path[:0] = [sys.argv[1] + '/tools', sys.argv[1] + '/tests/cli']
 import torch
@@ -111,12 +116,17 @@ torch.set_num_threads(1)
 torch.manual_seed(0)
 m = export_nanogpt.gpt()
 text = pd_io.Text(open(sys.argv[2], 'rb').read(), 16)
-opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+clip = float(sys.argv[3])
+opt = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9) if clip else torch.optim.Adam(m.parameters(), lr=1e-3)
+clipped = 0
 for g in range(6):
     x, y = text.minibatch(g, 16, 1)
     opt.zero_grad()
     tm.lm_loss(m(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    if clip:
+        clipped += float(torch.nn.utils.clip_grad_norm_(m.parameters(), clip)) > clip
     opt.step()
+assert not clip or clipped == 6, 'clipping inactive'
 class Floats(torch.nn.Module):
     def __init__(self, m):
         super().__init__()
@@ -126,9 +136,17 @@ class Floats(torch.nn.Module):
 loss, acc = tm.lm_evaluate(Floats(m), text)
 print(json.dumps({'test_loss': loss}))
 PY
-a=$(num test_loss "$tmp/one.json"); b=$(num test_loss "$tmp/pt_train.json")
-close "$a" "$b" 1e-4 || fail "trained 6 steps: held-out loss pipedream $a, PyTorch $b"
-echo "ok: 6 Adam steps of the tied model: held-out loss pipedream $a, PyTorch $b"
+    f=$tmp/one.json
+    [ "$clip" = 0 ] || f=$tmp/one_clip.json
+    a=$(num test_loss "$f"); b=$(num test_loss "$tmp/pt_train.json")
+    close "$a" "$b" 1e-4 || fail "trained 6 steps, clip $clip: held-out loss pipedream $a, PyTorch $b"
+    echo "ok: 6 steps of the tied model, clip $clip (0: Adam, else SGD): held-out loss pipedream $a, PyTorch $b"
+done
+"$PD" train $args $sgd --plan "$tmp/p4.json" --workers 4 --schedule 1f1b-flush --microbatches 4 \
+    >"$tmp/thr_clip.json" 2>"$tmp/err" || fail "4 stages, clipped: $(tail -3 "$tmp/err")"
+a=$(num test_loss "$tmp/thr_clip.json"); b=$(num test_loss "$tmp/one_clip.json")
+close "$a" "$b" 1e-4 || fail "4 stages, clipped: test_loss $a, one worker $b"
+echo "ok: 4 stages, clipped: held-out loss $a, one worker $b"
 a=$(num test_loss "$tmp/thr.json"); b=$(num test_loss "$tmp/one.json")
 close "$a" "$b" 1e-4 || fail "4 stages: test_loss $a, one worker $b"
 echo "ok: 4 stages (1f1b-flush): tied copies bitwise equal; held-out loss $a, one worker $b"

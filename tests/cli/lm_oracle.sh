@@ -19,29 +19,8 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-"$PY" - "$tmp/t.txt" <<'PY'
-import random, sys
-random.seed(7)
-words = "the of and to in that he shall unto for his i a lord they be is him not them it with all".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(2000):
-        f.write(" ".join(random.choice(words) for _ in range(random.randint(4, 12))) + ".\n")
-PY
-B='[{"type": "layernorm", "features": 32}, {"type": "attention", "dim": 32, "heads": 2, "causal": true}],
-   [{"type": "layernorm", "features": 32}, {"type": "dense", "in": 32, "out": 64}, {"type": "gelu", "approximate": "tanh"},
-    {"type": "dense", "in": 64, "out": 32}]'
-cat >"$tmp/gpt.json" <<JSON
-{"name": "gpt-tiny", "input": [16],
- "layers": [{"type": "embed", "vocab": 256, "dim": 32, "positions": 16},
-            {"type": "block", "steps": [$B]}, {"type": "block", "steps": [$B]},
-            {"type": "layernorm", "features": 32}, {"type": "dense", "in": 32, "out": 256}]}
-JSON
-cat >"$tmp/twin.py" <<'PY'
-import torch_models as tm
-def net():
-    return tm.gpt(vocab=256, ctx=16, dim=32, layers=2, heads=2, hidden=64)
-PY
-plan "$tmp/p4.json" 5 gpt-tiny "0" "1" "2" "3, 4"
+. "$SRC/tests/cli/lib/gpt_tiny.sh"
+gpt_tiny_setup 7
 STEPS=16
 R="--text $tmp/t.txt --steps $STEPS --minibatch 8 --optimizer adam --lr 3e-3"
 oracle() {   # oracle NAME ARGS...: the oracle's summary line in $tmp/or_NAME.json

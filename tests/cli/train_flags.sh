@@ -134,7 +134,28 @@ PY
     --lr) ok "$m" lr -- --lr 0.05; want "$m" lr lr 0.05; differs "$m" lr ;;
     --momentum) ok "$m" mom -- --momentum 0.5; differs "$m" mom ;;
     --weight-decay) ok "$m" wd -- --weight-decay 0.5; differs "$m" wd ;;
-    --optimizer) ok "$m" adam -- --optimizer adam --lr 0.001; want "$m" adam optimizer '"adam"'; differs "$m" adam ;;
+    --optimizer) ok "$m" adam -- --optimizer adam --lr 0.001; want "$m" adam optimizer '"adam"'; differs "$m" adam
+        ok "$m" adamw -- --optimizer adamw --lr 0.001 --weight-decay 0.5; want "$m" adamw optimizer '"adamw"'
+        ok "$m" adamw0 -- --optimizer adamw --lr 0.001
+        [ "$(crcs "$m" adamw)" != "$(crcs "$m" adamw0)" ] || fail "$m: adamw's weight decay changed nothing" ;;
+    --beta1) ok "$m" b1 -- --optimizer adam --lr 0.001 --beta1 0.5; [ "$(crcs "$m" b1)" != "$(crcs "$m" adam)" ] ||
+        fail "$m: --beta1 changed nothing" ;;
+    --beta2) ok "$m" b2 -- --optimizer adam --lr 0.001 --beta2 0.9; [ "$(crcs "$m" b2)" != "$(crcs "$m" adam)" ] ||
+        fail "$m: --beta2 changed nothing"
+        errs "$m" b2sgd "apply to --optimizer adam" -- --beta2 0.9 ;;
+    --lr-schedule) ok "$m" cos -- --lr-schedule cosine; want "$m" cos lr_schedule '"cosine"'; differs "$m" cos
+        errs "$m" sched "expects constant, cosine or linear" -- --lr-schedule step ;;
+    --warmup-steps) ok "$m" warmup -- --warmup-steps 3; differs "$m" warmup ;;
+    --decay-steps) ok "$m" decay -- --lr-schedule linear --decay-steps 2
+        [ "$(crcs "$m" decay)" != "$(crcs "$m" cos)" ] || fail "$m: --decay-steps changed nothing"
+        errs "$m" decayc "apply to --lr-schedule cosine or linear" -- --decay-steps 2 ;;
+    --min-lr) ok "$m" minlr -- --lr-schedule cosine --min-lr 0.005
+        [ "$(crcs "$m" minlr)" != "$(crcs "$m" cos)" ] || fail "$m: --min-lr changed nothing" ;;
+    --clip-grad-norm)   # synchronous: the flush schedule with and without; asynchronous over 2 stages: refused
+        ok "$m" flush -- --schedule 1f1b-flush; ok "$m" clip -- --schedule 1f1b-flush --clip-grad-norm 0.01
+        [ "$(crcs "$m" clip)" != "$(crcs "$m" flush)" ] || fail "$m: --clip-grad-norm changed nothing"
+        [ "$(key "$m" clip clipped_steps)" = 6 ] || fail "$m: clipped_steps $(key "$m" clip clipped_steps), want 6"
+        if [ "$m" != one ]; then errs "$m" clipasync "stages update at different times" -- --clip-grad-norm 1; fi ;;
     --seed) ok "$m" seed -- --seed 2; differs "$m" seed ;;
     --threads) ok "$m" threads -- --threads 2; want "$m" threads threads 2 ;;
     --data)
@@ -197,7 +218,7 @@ ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
     esac
 }
 
-flags=$("$PD" train --help | sed -n 's/^  \(--[a-z-]*\).*/\1/p')
+flags=$("$PD" train --help | sed -n 's/^  \(--[a-z0-9-]*\).*/\1/p')
 [ "$(echo "$flags" | wc -l)" -ge 30 ] || fail "train --help lists only: $flags"
 modes="one thr"
 command -v mpirun >/dev/null && modes="$modes mpi"
