@@ -9,7 +9,8 @@
 # (relative 1e-4), and so do 4 stages with clipping; a weights file whose two copies of the tied matrix differ is refused. Then the tied model trains on 4 pipeline stages (embedding on stage 0, head on
 # stage 3, 1f1b-flush) over threads: its saved copies of the tied matrix are bitwise equal and its
 # held-out loss is the one-worker run's (relative 1e-4); a run checkpointed at step 3 and resumed
-# ends bitwise as the uninterrupted one, and so does one checkpointing after every step; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
+# ends bitwise as the uninterrupted one, and so does one checkpointing after every step; gpipe with
+# --wire bf16 keeps the copies bitwise equal too; 1f1b (asynchronous) refuses the split tie; over MPI (when mpirun exists) the weights
 # are bitwise the threads run's. Skipped (77) when /usr/bin/python3 (PD_TORCH_PYTHON) has no torch.
 set -u
 PD=${PD:-build/pipedream}
@@ -150,6 +151,16 @@ echo "ok: 4 stages, clipped: held-out loss $a, one worker $b"
 a=$(num test_loss "$tmp/thr.json"); b=$(num test_loss "$tmp/one.json")
 close "$a" "$b" 1e-4 || fail "4 stages: test_loss $a, one worker $b"
 echo "ok: 4 stages (1f1b-flush): tied copies bitwise equal; held-out loss $a, one worker $b"
+# bf16 on the wire rounds activations and gradients between stages, never the tied exchange
+"$PD" train $args --plan "$tmp/p4.json" --workers 4 --schedule gpipe --microbatches 4 --wire bf16 --save "$tmp/wb.st" \
+    >"$tmp/out" 2>"$tmp/err" || fail "gpipe --wire bf16: $(tail -3 "$tmp/err")"
+"$PY" - "$SRC" "$tmp/wb.st" <<'PY' || fail "--wire bf16: the saved tied copies differ"
+import sys
+sys.path.insert(0, sys.argv[1] + '/tools')
+import pd_io
+w, _ = pd_io.read_safetensors(sys.argv[2])
+assert w['layers.0.weight'].tobytes() == w['layers.4.weight'].tobytes()
+PY
 # interrupted at step 3 (checkpoint) and resumed: bitwise the uninterrupted run
 "$PD" train ${args/--steps 6/--steps 3} --plan "$tmp/p4.json" --workers 4 --schedule 1f1b-flush --microbatches 4 \
     --checkpoint-every 3 --checkpoint-dir "$tmp/ck" >"$tmp/out" 2>"$tmp/err" || fail "checkpointed run: $(tail -3 "$tmp/err")"
