@@ -144,6 +144,7 @@ static inline float *rt_sequential(const char *model, const Dataset *train, int 
             kern_xent_fwd_bwd_ref(y, labels, dl, B, 10, 1.0f / (float)per, NULL);
             model_backward(m, ctx, w, dl, NULL, dw);
         }
+        model_tie_fold(m, 0, nl, dw);   /* tied parameters: one summed gradient (nn.h) */
         optim_step(&opt, w, dw);
     }
     data_sampler_release(&ds);

@@ -19,9 +19,15 @@ modules of tools/torch_models.py are kept whole) and every node is mapped to pip
     nn.Linear on a vector / on a sequence                                 linear / dense
     nn.ZeroPad2d (equal sides)                                            pad
     nn.Embedding, torch_models.Embed                                      embed
+    nn.Embedding(x) + nn.Embedding(arange(T)) (nanoGPT's wte + wpe)       embed with positions
     nn.LayerNorm (last dimension)                                         layernorm
-    nn.GELU, F.gelu                                                       gelu
+    nn.GELU, F.gelu (approximate 'none' or 'tanh')                        gelu
     torch_models.CausalSelfAttention                                      attention
+    nanoGPT's CausalSelfAttention (c_attn: Linear(d, 3d), c_proj, n_head;
+      its dropouts 0 or unused in eval)                                   attention (causal)
+    nn.MultiheadAttention(d, h, batch_first=True)(x, x, x, attn_mask=M,
+      need_weights=False)[0], M causal (bool triu(1) or -inf above the
+      diagonal) or absent                                                 attention
     nn.LSTM (1 layer, batch_first) + [0], torch_models.Lstm               lstm
     x[:, -1, :]                                                           last_step
     a fork joined by + then relu                                          residual (body, shortcut)
@@ -29,6 +35,11 @@ modules of tools/torch_models.py are kept whole) and every node is mapped to pip
                                                                           steps of one module form
                                                                           one "block"
     nn.Identity, nn.Sequential                                            (transparent)
+
+A parameter shared by two modules (nanoGPT's `wte.weight = lm_head.weight`) is exported once as
+the earlier layer's and, at the later one, as "tie": "<its pipedream name>" (the weights file
+holds the tied copy under both names, as pipedream's own files do). Only a top-level layer's weight
+can be tied so.
 
 Anything else is an error naming the module (or node) and the op. The weights file holds the
 module's parameters (and batch-norm running statistics) under pipedream's global names
@@ -60,6 +71,14 @@ import torch_models as tm  # noqa: E402
 LEAVES = (tm.Embed, tm.CausalSelfAttention, tm.Lstm)
 
 
+def is_nanogpt_attention(m):
+    """nanoGPT's hand-written CausalSelfAttention: c_attn Linear(d, 3d), c_proj Linear(d, d), n_head
+    heads, a causal mask; q, k, v = c_attn(x).split(d, dim=2), each (B, T, n_head, d / n_head)."""
+    a, p = getattr(m, 'c_attn', None), getattr(m, 'c_proj', None)
+    return isinstance(a, nn.Linear) and isinstance(p, nn.Linear) and hasattr(m, 'n_head') and \
+        a.out_features == 3 * a.in_features and p.in_features == p.out_features == a.in_features
+
+
 class ExportError(Exception):
     pass
 
@@ -72,8 +91,23 @@ class Tracer(fx.Tracer):
         super().__init__()
         self.stack = []
 
+    def trace(self, root, concrete_args=None):
+        """torch.arange(0, T) with T from x.size() (nanoGPT's positions) is recorded as a node:
+        torch.fx of torch 1.13 would pass the Proxy to arange itself."""
+        arange = torch.arange
+
+        def traced_arange(*a, **k):
+            if any(isinstance(v, fx.Proxy) for v in list(a) + list(k.values())):
+                return self.create_proxy('call_function', arange, a, k)
+            return arange(*a, **k)
+        torch.arange = traced_arange
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            torch.arange = arange
+
     def is_leaf_module(self, m, qn):
-        return isinstance(m, LEAVES) or super().is_leaf_module(m, qn)
+        return isinstance(m, LEAVES) or is_nanogpt_attention(m) or super().is_leaf_module(m, qn)
 
     def call_module(self, m, forward, args, kwargs):
         self.stack.append(self.path_of_module(m))
@@ -147,7 +181,7 @@ class Exporter:
     def _is_meta(n):
         """Nodes that only compute shapes (x.size(0), x.shape, x.dim())."""
         return (n.op == 'call_method' and n.target in ('size', 'dim')) or \
-            (n.op == 'call_function' and n.target is getattr and n.args[1] in ('shape', 'ndim'))
+            (n.op == 'call_function' and n.target is getattr and n.args[1] in ('shape', 'ndim', 'device', 'dtype'))
 
     def users(self, n):
         out = []
@@ -178,8 +212,9 @@ class Exporter:
         t, a = n.target, n.args
         if n.op == 'call_function' and t is operator.getitem:
             src = a[0]
-            if src.op == 'call_module' and isinstance(self.mods[src.target], nn.LSTM) and a[1] == 0:
-                return None   # the output sequence of nn.LSTM
+            if src.op == 'call_module' and isinstance(self.mods[src.target], (nn.LSTM, nn.MultiheadAttention)) and \
+                    a[1] == 0:
+                return None   # the output sequence of nn.LSTM, the attention output of nn.MultiheadAttention
             idx = a[1]
             if isinstance(idx, tuple) and len(idx) == 3 and idx[0] == slice(None) and idx[1] == -1 and \
                     idx[2] == slice(None):
@@ -194,7 +229,8 @@ class Exporter:
             s = self.shape(n)
             return {'type': 'flatten'} if len(s) == 1 else {'type': 'reshape', 'shape': list(s)}
         if n.op == 'call_function' and t is F.dropout:
-            return {'type': 'dropout', 'p': float(n.kwargs.get('p', a[1] if len(a) > 1 else 0.5))}
+            p = float(n.kwargs.get('p', a[1] if len(a) > 1 else 0.5))
+            return {'type': 'dropout', 'p': p} if p else None
         if n.op == 'call_function' and t is F.gelu:
             return {'type': 'gelu', 'approximate': n.kwargs.get('approximate', 'none')}
         if n.op == 'call_function' and t is F.max_pool2d:
@@ -255,7 +291,7 @@ class Exporter:
                 raise ExportError('%s: only adaptive average pooling to 1x1 is supported' % w)
             return {'type': 'gap'}
         if isinstance(m, nn.Dropout):
-            return {'type': 'dropout', 'p': float(m.p)}
+            return {'type': 'dropout', 'p': float(m.p)} if m.p else None   # p = 0: the identity
         if isinstance(m, nn.Flatten):
             if m.start_dim != 1 or m.end_dim != -1:
                 raise ExportError('%s: flatten must be Flatten(1, -1)' % w)
@@ -302,6 +338,25 @@ class Exporter:
             L['_params'] = [_t(m.qkv.weight)] + ([_t(m.qkv.bias)] if bias else []) + [_t(m.proj.weight)] + \
                 ([_t(m.proj.bias)] if bias else [])
             return L
+        if is_nanogpt_attention(m):
+            for k in ('attn_dropout', 'resid_dropout'):
+                d = getattr(m, k, None)
+                if isinstance(d, nn.Dropout) and d.p and m.training:
+                    raise ExportError('%s: %s p=%g (pipedream\'s attention has no dropout; export with p=0 or '
+                                      'in eval mode)' % (w, k, d.p))
+            d, bias = m.c_attn.in_features, m.c_attn.bias is not None
+            if (m.c_proj.bias is not None) != bias:
+                raise ExportError('%s: c_attn and c_proj must both have biases or neither' % w)
+            if d % int(m.n_head):
+                raise ExportError('%s: %d heads do not divide width %d' % (w, m.n_head, d))
+            L = {'type': 'attention', 'dim': d, 'heads': int(m.n_head), 'causal': True}
+            if not bias:
+                L['bias'] = False
+            L['_params'] = [_t(m.c_attn.weight)] + ([_t(m.c_attn.bias)] if bias else []) + [_t(m.c_proj.weight)] + \
+                ([_t(m.c_proj.bias)] if bias else [])
+            return L
+        if isinstance(m, nn.MultiheadAttention):
+            return self.map_mha(n, m, insh, w)
         if isinstance(m, (nn.LSTM, tm.Lstm)):
             lstm = m.lstm if isinstance(m, tm.Lstm) else m
             if lstm.num_layers != 1 or lstm.bidirectional or not lstm.batch_first or not lstm.bias or \
@@ -313,6 +368,90 @@ class Exporter:
                     '_params': [_t(lstm.weight_ih_l0), _t(lstm.weight_hh_l0), _t(lstm.bias_ih_l0),
                                 _t(lstm.bias_hh_l0)]}
         raise ExportError('%s: module not supported by pipedream (see tools/export_torch.py for what maps)' % w)
+
+    def map_mha(self, n, m, insh, w):
+        """nn.MultiheadAttention as self-attention: one input three times, batch_first, packed
+        in-projection (q, k, v rows: pipedream's qkv), biases, no dropout; the mask causal or none."""
+        if not m.batch_first or not m._qkv_same_embed_dim or m.in_proj_bias is None or m.bias_k is not None or \
+                m.add_zero_attn or (m.dropout and m.training):
+            raise ExportError('%s: only batch_first self-attention with biases, no bias_k/v, no zero attention and '
+                              'no dropout' % w)
+        args = list(n.args) + [n.kwargs.get(k) for k in ('query', 'key', 'value') if k in n.kwargs]
+        if len(args) < 3 or not (args[0] is args[1] is args[2]):
+            raise ExportError('%s: query, key and value must be the same tensor (self-attention)' % w)
+        kw = dict(n.kwargs)
+        for k, v in zip(('key_padding_mask', 'need_weights', 'attn_mask'), n.args[3:]):
+            kw[k] = v
+        if kw.get('key_padding_mask') is not None:
+            raise ExportError('%s: key_padding_mask is not supported' % w)
+        if kw.get('need_weights', True):
+            raise ExportError('%s: call it with need_weights=False (pipedream returns no attention weights)' % w)
+        for u in n.users:
+            if not (u.op == 'call_function' and u.target is operator.getitem and u.args[1] == 0):
+                raise ExportError('%s: only its output [0] may be used' % w)
+        mask, causal = kw.get('attn_mask'), False
+        if mask is not None:
+            t = insh[0]
+            mv = self._const(mask, w)
+            if tuple(mv.shape) != (t, t):
+                raise ExportError('%s: attn_mask of shape %s, expected (%d, %d)' % (w, tuple(mv.shape), t, t))
+            upper = torch.ones(t, t, dtype=torch.bool).triu(1)
+            if mv.dtype == torch.bool:
+                ok = torch.equal(mv, upper)
+            else:
+                ok = bool(torch.isneginf(mv[upper]).all()) and bool((mv[~upper] == 0).all())
+            if not ok:
+                raise ExportError('%s: attn_mask is not the causal mask (True or -inf above the diagonal)' % w)
+            causal = True
+        d = m.embed_dim
+        L = {'type': 'attention', 'dim': d, 'heads': m.num_heads, 'causal': causal,
+             '_params': [_t(m.in_proj_weight), _t(m.in_proj_bias), _t(m.out_proj.weight), _t(m.out_proj.bias)]}
+        if m.out_proj.bias is None:
+            raise ExportError('%s: out_proj without bias is not supported' % w)
+        return L
+
+    def _const(self, n, w):
+        """The value of a node computed from constants and module attributes only (a mask)."""
+        env, todo, order = {}, [n], []
+        while todo:
+            x = todo.pop()
+            if x in env or x in order:
+                continue
+            if x.op == 'placeholder':
+                raise ExportError('%s: attn_mask depends on the input; only a constant mask is supported' % w)
+            order.append(x)
+            todo += list(x.all_input_nodes)
+        pos = {x: i for i, x in enumerate(self.graph.nodes)}
+        for x in sorted(order, key=lambda q: pos[q]):
+            args = fx.node.map_arg(x.args, lambda q: env[q])
+            kwargs = fx.node.map_arg(x.kwargs, lambda q: env[q])
+            if x.op == 'get_attr':
+                v = self.root
+                for part in x.target.split('.'):
+                    v = getattr(v, part)
+            elif x.op == 'call_function':
+                v = x.target(*args, **kwargs)
+            elif x.op == 'call_method':
+                v = getattr(args[0], x.target)(*args[1:], **kwargs)
+            elif x.op == 'call_module':
+                v = self.mods[x.target](*args, **kwargs)
+            else:
+                raise ExportError('%s: attn_mask from %s is not supported' % (w, x.op))
+            env[x] = v
+        return env[n].detach()
+
+    def _pos_embedding(self, layers, add):
+        """nanoGPT's tok_emb + pos_emb: add joins the embed just appended (token ids, no positions
+        yet) and nn.Embedding(torch.arange(T)); returns that embedding module, else None."""
+        if not layers or layers[-1]['type'] != 'embed' or 'positions' in layers[-1] or len(add.args) != 2:
+            return None
+        for o in add.args:
+            if isinstance(o, fx.Node) and o.op == 'call_module' and isinstance(self.mods[o.target], nn.Embedding) \
+                    and o.args and isinstance(o.args[0], fx.Node):
+                src = o.args[0]
+                if src.op == 'call_function' and src.target is torch.arange:
+                    return o, self.mods[o.target]
+        return None
 
     # ---- chains, forks and joins ----------------------------------------------------------------
     def reach(self, n):
@@ -341,7 +480,24 @@ class Exporter:
                 if u is stop:
                     return layers, cur
                 if self._is_add(u):
-                    raise ExportError('%s: an add that does not join a fork of one input' % self.where(u))
+                    pe = self._pos_embedding(layers, u)
+                    if pe is None:
+                        raise ExportError('%s: an add that does not join a fork of one input' % self.where(u))
+                    node, emb = pe
+                    t = self.shape(u)[0]
+                    ar = node.args[0]
+                    rng = [a for a in ar.args if not isinstance(a, fx.Node)]
+                    if emb.embedding_dim != layers[-1]['dim'] or emb.padding_idx is not None or \
+                            emb.max_norm is not None or emb.num_embeddings < t:
+                        raise ExportError('%s: a position embedding of %d x %d for %d positions of width %d' %
+                                          (self.where(node), emb.num_embeddings, emb.embedding_dim, t,
+                                           layers[-1]['dim']))
+                    if rng and rng[0] != 0 and len(ar.args) > 1:
+                        raise ExportError('%s: positions must be arange(0, T)' % self.where(ar))
+                    layers[-1]['positions'] = t
+                    layers[-1]['_params'].append(_t(emb.weight[:t]) if emb.num_embeddings > t else _t(emb.weight))
+                    cur = u
+                    continue
                 L = self.map_node(u)
                 if L is not None:
                     self.append(layers, L, u)
@@ -429,7 +585,26 @@ class Exporter:
             params += p
             if s:
                 states.append(np.concatenate([_np(a).reshape(-1) for a in s]))
+        self.tie(layers, params)
         return strip(model), params, states
+
+    def tie(self, layers, params):
+        """A tensor met a second time (a parameter shared by two modules) becomes the later top-level
+        layer's "tie" to the first occurrence's pipedream name."""
+        names = [nm for nm, _ in pd_io.param_names(strip({'layers': layers}))]
+        first, k = {}, 0
+        for i, L in enumerate(layers):
+            n_own = len(pd_io._layer_params(strip(L), 'layers.%d' % i))
+            for j in range(n_own):
+                p = params[k + j]
+                if id(p) in first:
+                    if j != 0 or not names[k].endswith('.weight') or names[k] != 'layers.%d.weight' % i:
+                        raise ExportError('%s is shared with %s; only a top-level layer\'s weight can be tied' %
+                                          (names[k + j], first[id(p)]))
+                    L['tie'] = first[id(p)]
+                else:
+                    first[id(p)] = names[k + j]
+            k += n_own
 
 
 def strip(o):
@@ -527,7 +702,7 @@ def main():
         loss, acc = torch_eval(module, x, y)
         print(json.dumps({'framework': 'pytorch', 'model': name, 'test_loss': loss, 'test_accuracy': acc,
                           'samples': len(x)}))
-    n = sum(p.numel() for p in params)
+    n = sum(p.numel() for p in {id(p): p for p in params}.values())
     print('export_torch: %s: %d top-level layers, %d parameters -> %s, %s' %
           (name, len(model['layers']), n, a.output, a.weights), file=sys.stderr)
     return 0

@@ -120,6 +120,14 @@ def param_names(model):
     return r
 
 
+def tie_mirrors(model):
+    """{mirror name: source name} of a model JSON's top-level "tie"s ("layers.7.weight" holds a copy
+    of "layers.0.weight"; pipedream keeps both in its buffers and files, PyTorch one tensor)."""
+    if isinstance(model, str):
+        model = json.load(open(model))
+    return {'layers.%d.weight' % i: o['tie'] for i, o in enumerate(model['layers']) if 'tie' in o}
+
+
 def state_names(model):
     """[(name, floats)]: "state.layers.<i>" of each top-level layer with state."""
     if isinstance(model, str):

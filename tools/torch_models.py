@@ -131,9 +131,14 @@ def param_kinds(model):
             h = mod.hidden_size
             out += [(mod.weight_ih_l0, KIND_WEIGHT, h), (mod.weight_hh_l0, KIND_WEIGHT, h),
                     (mod.bias_ih_l0, KIND_BIAS, h), (mod.bias_hh_l0, KIND_BIAS, h)]
+    seen, uniq = set(), []
+    for e in out:
+        if id(e[0]) not in seen:
+            seen.add(id(e[0]))
+            uniq.append(e)
     ps = list(model.parameters())
-    assert len(ps) == len(out) and all(a is b for a, (b, _, _) in zip(ps, out)), "parameter order"
-    return out
+    assert len(ps) == len(uniq) and all(a is b for a, (b, _, _) in zip(ps, uniq)), "parameter order"
+    return uniq
 
 
 def hash_uniform(j, n):
@@ -249,6 +254,15 @@ def gpt_mini():
     return gpt()
 
 
+def gpt_small():
+    """models/gpt-small.json: bytes, context 128, 6 pre-norm blocks of width 256, 8 heads, MLP 4x,
+    output head tied to the token embedding (one parameter: head.weight is tok.weight)."""
+    m = nn.Sequential(Embed(256, 256, 128), *[gpt_block(256, 8, 1024) for _ in range(6)], nn.LayerNorm(256),
+                      nn.Linear(256, 256, bias=False))
+    m[-1].weight = m[0].tok.weight
+    return m
+
+
 class LstmLm(nn.Module):
     """models/lstm-lm.json: embed(256, 256) -> LSTM 256 -> LSTM 256 -> per-position linear to 256."""
 
@@ -268,6 +282,8 @@ def lstm_lm():
 
 
 LM_MODELS = {'gpt-mini': gpt_mini, 'lstm-lm': lstm_lm}
+# models with tied parameters (kept apart: tools/gen_ref.py seeds its references by LM_MODELS' order)
+LM_MODELS_TIED = {'gpt-small': gpt_small}
 
 
 def lm_loss(logits, targets):
@@ -277,7 +293,8 @@ def lm_loss(logits, targets):
 
 def lm_param_kinds(model):
     """param_kinds for models with the modules above as well (embedding fan_in 1: pipedream's
-    default init of an embedding is uniform(-1, 1))."""
+    default init of an embedding is uniform(-1, 1)). A tensor shared by two modules (tied) is
+    listed once, at its first module, as model.parameters() does."""
     out = []
     for mod in model.modules():
         if isinstance(mod, nn.Embedding):
@@ -294,9 +311,14 @@ def lm_param_kinds(model):
                     (mod.bias_ih_l0, KIND_BIAS, h), (mod.bias_hh_l0, KIND_BIAS, h)]
         elif isinstance(mod, (nn.Conv2d, nn.BatchNorm2d, nn.BatchNorm1d)):
             raise ValueError('lm_param_kinds: use param_kinds for %s' % type(mod).__name__)
+    seen, uniq = set(), []
+    for e in out:
+        if id(e[0]) not in seen:
+            seen.add(id(e[0]))
+            uniq.append(e)
     ps = list(model.parameters())
-    assert len(ps) == len(out) and all(a is b for a, (b, _, _) in zip(ps, out)), "parameter order"
-    return out
+    assert len(ps) == len(uniq) and all(a is b for a, (b, _, _) in zip(ps, uniq)), "parameter order"
+    return uniq
 
 
 def lm_hash_fill(model):
@@ -319,7 +341,8 @@ def lm_load_weights(model, model_json, path):
     """Copies a pipedream weights file (names of model_json, parameter order) into model."""
     import pd_io
     w, _ = pd_io.read_safetensors(path)
-    names = pd_io.param_names(model_json)
+    mirrors = pd_io.tie_mirrors(model_json)   # tied copies: the twin holds the tensor once
+    names = [(n, s) for n, s in pd_io.param_names(model_json) if n not in mirrors]
     ps = list(model.parameters())
     if len(ps) != len(names):
         raise ValueError('%s: the twin has %d parameter tensors, %s has %d' % (path, len(ps), model_json, len(names)))
@@ -328,6 +351,21 @@ def lm_load_weights(model, model_json, path):
             if name not in w:
                 raise ValueError('%s: no tensor %s' % (path, name))
             p.copy_(torch.from_numpy(w[name]).reshape(p.shape))
+
+
+def lm_pd_params(model, model_json):
+    """The twin's parameters as float32 arrays in pipedream's buffer order (model_json's names), a
+    tied tensor repeated at its mirror (for pd_io.write_weights)."""
+    import pd_io
+    mirrors = pd_io.tie_mirrors(model_json)
+    ps, byname, out = iter(model.parameters()), {}, []
+    for name, _ in pd_io.param_names(model_json):
+        if name in mirrors:
+            out.append(byname[mirrors[name]])
+        else:
+            byname[name] = next(ps).detach().numpy()
+            out.append(byname[name])
+    return out
 
 
 def lm_evaluate(model, text, batch=256):

@@ -26,7 +26,7 @@ import time
 
 ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
 ap.add_argument('--text', required=True)
-ap.add_argument('--model', default='gpt-mini', help='gpt-mini or lstm-lm (models/<model>.json)')
+ap.add_argument('--model', default='gpt-mini', help='gpt-mini, lstm-lm or gpt-small (models/<model>.json)')
 ap.add_argument('--steps', type=int, default=200)
 ap.add_argument('--minibatch', type=int, default=32)
 ap.add_argument('--lr', type=float, default=1e-3)
@@ -60,12 +60,12 @@ ctx = json.load(open(model_json))['input'][0]
 text = pd_io.Text(open(args.text, 'rb').read(), ctx)
 
 torch.manual_seed(args.seed)
-model = tm.LM_MODELS[args.model]()
+model = {**tm.LM_MODELS, **tm.LM_MODELS_TIED}[args.model]()
 if args.init:
     tm.lm_load_weights(model, model_json, args.init)
 init_path = args.init
 if args.init_out:
-    pd_io.write_weights(args.init_out, model_json, [p.detach().numpy() for p in model.parameters()])
+    pd_io.write_weights(args.init_out, model_json, tm.lm_pd_params(model, model_json))
     init_path = init_path or args.init_out
 
 Opt = torch.optim.AdamW if args.optimizer == 'adamw' else torch.optim.Adam

@@ -28,6 +28,8 @@ struct Model {
     uint64_t *pt_uid;     /* init substream of each tensor's layer */
     NnInit *pt_init;      /* init scheme of each tensor (resolved: layer, model, default) */
     int n_pt;
+    ParamTie *tie;        /* (n_tie) */
+    int n_tie;
     float *gbuf[2];       /* backward ping-pong gradient buffers */
     size_t gbuf_floats;
     int prec;             /* KPREC_* of every layer (model_set_precision) */
@@ -100,6 +102,16 @@ int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const c
     snprintf(ctx2, sizeof ctx2, "%s (%s)", ctx, type);
     snprintf(j.ctx, sizeof j.ctx, "%s", ctx2);
     if ((rc = l->ops->parse(l, &j, ctx2, err))) return rc;
+    const char *tie = NULL;
+    if ((rc = jobj_str(&j, "tie", 0, &tie, err))) return rc;
+    if (tie) {
+        int has_weight = 0;
+        for (int k = 0; k < l->n_pt; k++) has_weight |= l->pt[k].kind == PARAM_WEIGHT;
+        if (!has_weight) return err_set(err, PD_EINVAL, "%s: key \"tie\": this layer has no weight to tie", ctx2);
+        if (!*tie || strlen(tie) >= sizeof l->tie)
+            return err_set(err, PD_EINVAL, "%s: key \"tie\": expected a parameter name such as \"layers.0.weight\"", ctx2);
+        snprintf(l->tie, sizeof l->tie, "%s", tie);
+    }
     const cJSON *ini = jobj_get(&j, "init");
     if (ini) {
         if (l->n_pt == 0)
@@ -112,6 +124,9 @@ int nn_layer_parse(Layer *l, const cJSON *o, Shape in, const char *path, const c
         for (int k = 0; k < l->n_pt; k++) has_bias |= nn_init_role(l->pt[k].kind);
         if (l->init[1].kind != NN_INIT_UNSET && !has_bias)
             return err_set(err, PD_EINVAL, "%s: key \"init\": key \"bias\": this layer has no bias", ctx2);
+        if (l->init[0].kind != NN_INIT_UNSET && l->tie[0])
+            return err_set(err, PD_EINVAL, "%s: key \"init\": key \"weight\": the weight is tied to %s, which "
+                           "initialises it", ctx2, l->tie);
     }
     /* every later size computation (ints in kernels) relies on this */
     for (int d = 0; d < l->out.ndim; d++)
@@ -209,6 +224,95 @@ static void resolve_init(Layer *l, NnInit by_kind[][NN_INIT_ROLES]) {
     for (int i = 0; i < l->n_body + l->n_short; i++) resolve_init(&l->sub[i], by_kind);
 }
 
+static void collect_tie_layers(const Layer *l, const Layer **out, int *n) {
+    if (l->tie[0]) out[(*n)++] = l;
+    for (int i = 0; i < l->n_body + l->n_short; i++) collect_tie_layers(&l->sub[i], out, n);
+}
+
+static int find_tensor(const Model *m, const char *name) {
+    for (int k = 0; k < m->n_pt; k++)
+        if (!strcmp(m->pt[k].name, name)) return k;
+    return -1;
+}
+
+/* Every "tie" names an existing tensor of an EARLIER top-level layer with the shape of the
+ * tying layer's weight; a tensor is the source of one tie at most and never both ends. */
+static int resolve_ties(Model *m, Err *err) {
+    const Layer **tl = pd_calloc(sizeof(Layer *) * (size_t)(m->n_pt + 1));
+    int nt = 0;
+    for (int i = 0; i < m->n; i++) collect_tie_layers(&m->layers[i], tl, &nt);
+    m->tie = pd_calloc(sizeof(ParamTie) * (size_t)(nt + 1));
+    int rc = PD_OK;
+    for (int t = 0; t < nt && !rc; t++) {
+        const Layer *l = tl[t];
+        char wname[80];
+        snprintf(wname, sizeof wname, "%s.weight", l->path);
+        int dst = find_tensor(m, wname), src = find_tensor(m, l->tie);
+        PD_ASSERT(dst >= 0);
+        const ParamInfo *d = &m->pt[dst];
+        if (src < 0) {
+            rc = err_set(err, PD_EINVAL, "%s: layer %s (%s): key \"tie\": no parameter \"%s\" (names look like "
+                         "\"layers.0.weight\", \"layers.3.body.0.weight\")",
+                         m->src, l->path, l->ops->name, l->tie);
+            break;
+        }
+        const ParamInfo *s = &m->pt[src];
+        if (s->layer >= d->layer) {
+            rc = err_set(err, PD_EINVAL, "%s: layer %s (%s): key \"tie\": %s belongs to %s top-level layer %d; a "
+                         "layer can only tie to a parameter of an earlier top-level layer", m->src, l->path,
+                         l->ops->name, l->tie, s->layer == d->layer ? "the same" : "the later", s->layer);
+            break;
+        }
+        if (!shape_eq(s->shape, d->shape)) {
+            rc = err_set(err, PD_EINVAL, "%s: layer %s (%s): key \"tie\": %s is %s, this layer's weight %s", m->src,
+                         l->path, l->ops->name, l->tie, nn_shape_str(s->shape), nn_shape_str(d->shape));
+            break;
+        }
+        for (int u = 0; u < m->n_tie && !rc; u++)
+            if (m->tie[u].src == src || m->tie[u].dst == src)
+                rc = err_set(err, PD_EINVAL, "%s: layer %s (%s): key \"tie\": %s is already %s (tie to the source "
+                             "%s instead, once per source)", m->src, l->path, l->ops->name, l->tie,
+                             m->tie[u].src == src ? "tied by another layer" : "tied itself",
+                             m->pt[m->tie[u].src].name);
+        if (!rc) m->tie[m->n_tie++] = (ParamTie){.src = src, .dst = dst};
+    }
+    for (int u = 0; u < m->n_tie && !rc; u++)   /* a mirror cannot be the source of a later tie */
+        for (int v = 0; v < m->n_tie && !rc; v++)
+            if (m->tie[v].src == m->tie[u].dst)
+                rc = err_set(err, PD_EINVAL, "%s: %s ties to %s, which is tied itself: tie to %s", m->src,
+                             m->pt[m->tie[v].dst].name, m->pt[m->tie[u].dst].name, m->pt[m->tie[u].src].name);
+    pd_free(tl);
+    return rc;
+}
+
+const ParamTie *model_ties(const Model *m, int *n) {
+    *n = m->n_tie;
+    return m->tie;
+}
+
+void model_tie_fold(const Model *m, int first, int last, float *dw) {
+    size_t base = m->poff[first];
+    for (int t = 0; t < m->n_tie; t++) {
+        const ParamInfo *s = &m->pt[m->tie[t].src], *d = &m->pt[m->tie[t].dst];
+        if (s->layer < first || d->layer >= last) continue;
+        float *gs = dw + (s->offset - base), *gd = dw + (d->offset - base);
+        size_t n = shape_numel(s->shape);
+        for (size_t i = 0; i < n; i++) gd[i] = gs[i] = gs[i] + gd[i];
+    }
+}
+
+double model_tie_mirror_sumsq(const Model *m, int first, int last, const float *dw) {
+    size_t base = m->poff[first];
+    double ss = 0.0;
+    for (int t = 0; t < m->n_tie; t++) {
+        const ParamInfo *d = &m->pt[m->tie[t].dst];
+        if (d->layer < first || d->layer >= last) continue;
+        const float *g = dw + (d->offset - base);
+        for (size_t i = 0, n = shape_numel(d->shape); i < n; i++) ss += (double)g[i] * g[i];
+    }
+    return ss;
+}
+
 static int parse_shape(const cJSON *a, Shape *s, const char *src, Err *err) {
     if (!a || !cJSON_IsArray(a) || cJSON_GetArraySize(a) < 1 || cJSON_GetArraySize(a) > 3)
         return err_set(err, PD_EINVAL, "%s: key \"input\": expected an array of 1 to 3 positive integers", src);
@@ -290,6 +394,7 @@ Model *model_parse(const char *json, const char *name, Err *err) {
         collect_uids(&m->layers[i], m->pt_uid, m->pt_init, &ku);
     }
     PD_ASSERT(k == m->n_pt && ku == m->n_pt);
+    if ((rc = resolve_ties(m, err))) goto fail;
     for (k = 0; k < m->n_pt; k++)
         if (nn_init_needs_fans(&m->pt_init[k]) && m->pt[k].shape.ndim < 2) {
             rc = err_set(err, PD_EINVAL, "%s: %s: init \"%s\" needs a tensor of 2 or more dimensions (its fans), "
@@ -322,6 +427,7 @@ void model_free(Model *m) {
     pd_free(m->pt);
     pd_free(m->pt_uid);
     pd_free(m->pt_init);
+    pd_free(m->tie);
     pd_free(m->gbuf[0]);
     pd_free(m->gbuf[1]);
     pd_free(m);
@@ -431,6 +537,21 @@ void model_init_params(const Model *m, int first, int last, uint64_t seed, float
             rng_init(&r, seed, RNG_STREAM_INIT, cur);
         }
         nn_init_fill(&m->pt_init[k], p, &r, w + (p->offset - base));
+    }
+    /* a mirror gets its source's values: the source layer's stream drawn again up to it */
+    for (int t = 0; t < m->n_tie; t++) {
+        int src = m->tie[t].src;
+        const ParamInfo *d = &m->pt[m->tie[t].dst];
+        if (d->layer < first || d->layer >= last) continue;
+        int k0 = src;
+        while (k0 > 0 && m->pt_uid[k0 - 1] == m->pt_uid[src]) k0--;
+        rng_init(&r, seed, RNG_STREAM_INIT, m->pt_uid[src]);
+        for (int k = k0; k <= src; k++) {
+            const ParamInfo *p = &m->pt[k];
+            float *tmp = k == src ? w + (d->offset - base) : pd_alloc_f32(shape_numel(p->shape));
+            nn_init_fill(&m->pt_init[k], p, &r, tmp);
+            if (k != src) pd_free(tmp);
+        }
     }
 }
 

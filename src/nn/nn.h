@@ -79,6 +79,25 @@ size_t model_state_offset(const Model *m, int i);
  * model_free); *n receives their number. */
 const ParamInfo *model_param_tensors(const Model *m, int *n);
 
+/* Tied parameters: a layer with "tie": "layers.0.weight" uses that earlier layer's tensor as its
+ * own weight (same shape: an output head sharing the token embedding). The tied layer keeps a
+ * slot for it in the parameter buffer, a mirror: model_init_params fills it with the source's
+ * values, and model_tie_fold gives both slots the same summed gradient before every optimizer
+ * step, so the two stay bitwise equal and train as one parameter (the runtime exchanges the sum
+ * when the two layers are on different stages). */
+typedef struct ParamTie {
+    int src, dst;   /* indices into model_param_tensors: the source (earlier layer), its mirror */
+} ParamTie;
+/* The model's ties (borrowed; *n receives their number, 0 without). */
+const ParamTie *model_ties(const Model *m, int *n);
+/* For every tie whose two tensors lie in [first, last): g = dw[src] + dw[dst] (the lower layer's
+ * gradient first), written into both; dw in the range layout. Ties with one end outside the range
+ * are left alone (the runtime exchanges them). */
+void model_tie_fold(const Model *m, int first, int last, float *dw);
+/* The sum of squares (double) of the mirror slots in [first, last) of dw (range layout): a
+ * gradient norm subtracts it so that a tied parameter counts once, as in PyTorch. */
+double model_tie_mirror_sumsq(const Model *m, int first, int last, const float *dw);
+
 /* ---- model: building and running ------------------------------------------------------ */
 /* Creates the kernel descriptors and backward scratch of layers [first, last) for minibatches
  * of up to n_max samples. May be called again to build another (or a larger) range. Returns

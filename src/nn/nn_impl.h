@@ -110,6 +110,7 @@ struct Layer {
     size_t param_off, state_off;   /* from the model start (top-level) or the parent's start */
     double flops;           /* forward FLOPs per sample */
     NnInit init[NN_INIT_ROLES];   /* "init" of this layer (weight, bias roles) */
+    char tie[64];           /* "tie": the earlier parameter its weight mirrors ("" = none) */
     int built_n;            /* n_max it was built for; 0 = not built */
     int lay;                /* this call's layouts (KCONV_X_BLK16: x, dx; KCONV_Y_BLK16: y, dy),
                                set by model.c before each forward/backward; 0: plain */

@@ -66,8 +66,11 @@ float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uin
     float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, rows, t->classes, 1.0f, correct);
     memset(t->dw, 0, t->n_params * sizeof(float));
     model_backward(t->m, t->ctx, t->w, t->dlogits, NULL, t->dw);
-    if (t->opt.c.clip_norm > 0.0f)   /* one worker: the whole model's gradient */
-        optim_scale(t->dw, t->n_params, optim_clip_coef(optim_sumsq(t->dw, t->n_params), t->opt.c.clip_norm));
+    model_tie_fold(t->m, 0, model_n_layers(t->m), t->dw);   /* tied weights: one summed gradient */
+    if (t->opt.c.clip_norm > 0.0f) {   /* one worker: the whole model's gradient, a tied tensor once */
+        double ss = optim_sumsq(t->dw, t->n_params) - model_tie_mirror_sumsq(t->m, 0, model_n_layers(t->m), t->dw);
+        optim_scale(t->dw, t->n_params, optim_clip_coef(ss > 0.0 ? ss : 0.0, t->opt.c.clip_norm));
+    }
     optim_step(&t->opt, t->w, t->dw);
     return loss;
 }

@@ -168,6 +168,14 @@ static int read_weights(const Ckpt *ck, const Model *m, RtCkpt *c, Err *err) {
     int nt, nl = model_n_layers(m), rc = PD_OK;
     const ParamInfo *pt = model_param_tensors(m, &nt);
     for (int i = 0; i < nt && !rc; i++) rc = ckpt_copy_f32(ck, pt[i].name, pt[i].shape, c->params + pt[i].offset, err);
+    int nties;
+    const ParamTie *ties = model_ties(m, &nties);
+    for (int t = 0; t < nties && !rc; t++) {   /* a tie's two copies must start equal to stay equal */
+        const ParamInfo *s = &pt[ties[t].src], *d = &pt[ties[t].dst];
+        if (memcmp(c->params + s->offset, c->params + d->offset, shape_numel(s->shape) * sizeof(float)))
+            rc = err_set(err, PD_EINVAL, "%s: %s differs from %s, which the model ties it to (write the same values "
+                         "under both names)", ckpt_path(ck), d->name, s->name);
+    }
     char key[160];
     for (int l = 0; l < nl && !rc; l++) {
         size_t a = model_state_offset(m, l), b = model_state_offset(m, l + 1);

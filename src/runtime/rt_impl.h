@@ -34,6 +34,8 @@ typedef struct Slot {
     int act_in, grad_in;
 } Slot;
 
+typedef struct RtTie RtTie;
+
 typedef struct Worker {
     /* A rank that runs several stages (interleaved: its chunks) is one Worker per stage. The one
      * its caller holds is chunk 0: it owns the list's position (pc), the result, the events and
@@ -90,6 +92,8 @@ typedef struct Worker {
     int *pver, *pdel, *pstep, *pref;
     Slot *slots;
     int n_slots;
+    RtTie *xtie;              /* tied parameters whose other layer is on another stage (rt_tie.c) */
+    int n_xtie;
     DataSampler sampler;
     int has_sampler;
     int pc;
@@ -147,6 +151,17 @@ int  rt_worker_segment(Worker *w, RtAspLog *log, Err *err);
 /* Forward-only pass of cfg->test through replica 0 of every stage; the last stage counts
  * correct answers into w->res. Collective over the workers of replica 0. */
 int  rt_eval(Worker *w, Err *err);
+
+/* rt_tie.c: the tied parameters of w's stage whose other end is on another stage. rt_tie_init
+ * (after the stage is built) refuses a split tie under a kind whose stages do not step in
+ * lockstep, and any tie under asp. rt_tie_exchange, at the step writing `version` (after the
+ * replicas' all-reduce): swaps the tensor's gradient with the other owner and leaves the sum,
+ * source's first, in w->dw; *done = 0 when not blocking and the other part has not arrived
+ * (call again: nothing is sent twice). */
+int    rt_tie_init(Worker *w, Err *err);
+int    rt_tie_exchange(Worker *w, int version, int blocking, int *done, Err *err);
+size_t rt_tie_bytes(const Worker *w);   /* its exchange buffers */
+void   rt_tie_release(Worker *w);
 
 /* rt_asp.c: runs the worker's asp segment (cfg->sched of kind SCHED_ASP, every rank of w->c a
  * replica) instead of rt_exec: its units with pushes and pulls, serving its shard, then every

@@ -82,7 +82,7 @@ static void stage_mem(const Worker *w, RtMem *m) {
         m->activations += (size_t)w->n_pool * nnctx_bytes(w->pool[0]);
         m->workspace += w->nst * f;   /* the recompute's scratch statistics */
     }
-    m->comm = 0;
+    m->comm = rt_tie_bytes(w);
     m->predicted = (size_t)w->n_pred * w->np * f;
     m->total = m->params + m->stashed + m->grads + m->opt_state + m->activations + m->comm + m->workspace + m->predicted;
 }
@@ -716,7 +716,9 @@ static int clip_gradients(Worker *w, Err *err) {
     for (int c = 0; c < w->n_chunk; c++) {
         Worker *y = rt_chunk(w, c);
         if (s->stages[y->stage].ranks[0] != w->rank) continue;   /* replicas hold the same sum */
-        double ss = optim_sumsq(y->dw, y->np);
+        /* a tied tensor counts once: not its mirror (model_tie_mirror_sumsq) */
+        double ss = optim_sumsq(y->dw, y->np) - model_tie_mirror_sumsq(y->m, y->first, y->last, y->dw);
+        if (ss < 0.0) ss = 0.0;
         v[2 * y->stage] = (float)ss;
         v[2 * y->stage + 1] = (float)(ss - (double)(float)ss);
     }
@@ -818,6 +820,19 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             computes = 1;
             break;
         case OP_STEP:   /* every chunk: they share the list's versions */
+            if (w->n_xtie) {   /* tied parameters split over stages: the other owner's gradient first */
+                double a0 = pd_now();
+                int ready = 0;
+                rc = rt_tie_exchange(w, in->version, blocking, &ready, err);
+                w->res->wait_s += pd_now() - a0;
+                if (rc) break;
+                if (!ready) return RT_BLOCKED;
+                c0 = pd_now();
+            }
+            for (int c = 0; c < w->n_chunk; c++) {   /* ties inside a stage: one summed gradient */
+                Worker *y = rt_chunk(w, c);
+                if (y->np) model_tie_fold(y->m, y->first, y->last, y->dw);
+            }
             if (w->cfg->opt.clip_norm > 0.0f && (rc = clip_gradients(w, err))) break;
             for (int c = 0; c < w->n_chunk; c++) {
                 Worker *y = rt_chunk(w, c);
@@ -1038,6 +1053,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
             if (!w->is_last) sl->w_act_out = pd_calloc(no * 2), sl->w_grad_in = pd_calloc(no * 2);
         }
     }
+    if ((rc = rt_tie_init(w, err))) return rc;
     worker_warmup(w);
     return PD_OK;
 }
@@ -1166,6 +1182,7 @@ static void stage_release(Worker *w) {
     free(w->bk_lo);
     free(w->bk_n);
     optim_release(&w->opt);
+    rt_tie_release(w);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
     comm_group_free(w->everyone);
