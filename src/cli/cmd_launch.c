@@ -219,6 +219,9 @@ typedef struct Attempt {
     int lost[MAX_RANKS];         /* named lost by a survivor */
     int spoke[MAX_RANKS];        /* printed its own stopping or error line */
     int late[MAX_RANKS];         /* waited for in a timeout message */
+    int any_spoke;
+    char daemon_lost[8][256];    /* Open MPI's "Remote daemon: ... on node HOST" */
+    int n_daemon_lost;
     char first_error[512];
 } Attempt;
 
@@ -236,13 +239,17 @@ static void scan_line(Attempt *A, const char *line, double t) {
         A->t_ck[1] = t, A->ck_mb[1] = atol(p + 5);
     }
     if (strstr(line, "pipedream: training ") && !A->t_training) A->t_training = t;
-    int is_err = strstr(line, "error") || strstr(line, "stopping on signal") || strstr(line, "timed out");
+    int is_err = strstr(line, "error") || strstr(line, "stopping on signal") || strstr(line, "timed out") ||
+                 strstr(line, "unexpectedly disconnected") || strstr(line, "lost communication") ||
+                 strstr(line, "exited on signal");
     if (is_err && !A->t_fail) {
         A->t_fail = t;
         snprintf(A->first_error, sizeof A->first_error, "%.500s", line);
     }
-    if ((r = rank_after(line, "pipedream: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = 1;
-    if ((r = rank_after(line, "error: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = 1;
+    if ((r = rank_after(line, "pipedream: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
+    if ((r = rank_after(line, "error: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
+    if ((p = strstr(line, "Remote daemon")) && (p = strstr(p, " on node ")) && A->n_daemon_lost < 8)
+        sscanf(p + 9, "%255s", A->daemon_lost[A->n_daemon_lost++]);
     for (p = strstr(line, "lost rank "); p; p = strstr(p + 1, ", rank ")) {
         r = atoi(p + (p[0] == 'l' ? 10 : 7));
         if (r >= 0 && r < MAX_RANKS) A->lost[r]++;
@@ -251,8 +258,32 @@ static void scan_line(Attempt *A, const char *line, double t) {
         A->late[r]++;
 }
 
+/* A failure being recovered from: when it was detected (0: none), what the relaunch resumes. */
+typedef struct Recovery {
+    double t_detect, total_s;
+    int attempt, hosts;
+    long resume_mb;
+} Recovery;
+
+static FILE *event_begin(const Launch *L, const char *kind);
+static void event_end(FILE *f);
+
+/* The relaunch trains again (rank 0's "training" line): the recovery ends. */
+static void recovered(const Launch *L, Recovery *rec, double t) {
+    double dt = t - rec->t_detect;
+    rec->total_s += dt;
+    rec->t_detect = 0;
+    fprintf(stderr, "pipedream: launch: training again on %d host%s %.1f s after the failure was detected\n",
+            rec->hosts, rec->hosts == 1 ? "" : "s", dt);
+    FILE *e = event_begin(L, "recovered");
+    if (e) fprintf(e, ",\"attempt\":%d,\"hosts\":%d,\"recovery_s\":%.3f,\"resume_minibatches\":%ld", rec->attempt,
+                   rec->hosts, dt, rec->resume_mb);
+    event_end(e);
+}
+
 /* Runs one mpirun to its end, relaying its stderr to ours and into err_path. */
-static int run_attempt(const Launch *L, char **argv, const char *out_path, const char *err_path, Attempt *A) {
+static int run_attempt(const Launch *L, char **argv, const char *out_path, const char *err_path, Attempt *A,
+                       Recovery *rec) {
     memset(A, 0, sizeof *A);
     A->t_start = now_s();
     FILE *log = fopen(err_path, "w");
@@ -282,6 +313,7 @@ static int run_attempt(const Launch *L, char **argv, const char *out_path, const
                 if (buf[i] == '\n' || ln == sizeof line - 1) {
                     line[ln] = 0;
                     scan_line(A, line, now_s());
+                    if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
                     ln = 0;
                 } else {
                     line[ln++] = buf[i];
@@ -405,8 +437,8 @@ static int status_text(int st, char *b, size_t n) {
 static int supervise(Launch *L, const Profile *prof) {
     Host hosts[MAX_HOSTS];
     int n_hosts, restarts = 0, changes = 0, rc = CLI_FAIL;
-    double total_recovery = 0, t_detect = 0;
-    long total_lost = 0;
+    Recovery rec = {0};
+    long total_lost = 0, ck_last_failure = -2;
     Plan *plan = NULL;
     Err err = {0};
     if ((n_hosts = read_hostfile(L->hostfile, hosts, MAX_HOSTS)) < 0) return CLI_FAIL;
@@ -441,7 +473,7 @@ static int supervise(Launch *L, const Profile *prof) {
         snprintf(np, sizeof np, "%d", n_hosts);
         snprintf(every, sizeof every, "%d", L->ckpt_every);
         int k = 0;
-        const char *fixed[] = {"--hostfile", hf_path, "--map-by", "node", "-np", np, L->exe, "train", L->model};
+        const char *fixed[] = {"--hostfile", hf_path, "-np", np, L->exe, "train", L->model};
         for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) extra[k++] = (char *)fixed[i];
         for (int i = 0; i < L->n_train_args && k < MAX_ARGS - 12; i++) extra[k++] = L->train_args[i];
         const char *mine[] = {"--plan", plan_path, "--checkpoint-every", every, "--checkpoint-dir", L->ckpt_dir};
@@ -468,17 +500,8 @@ static int supervise(Launch *L, const Profile *prof) {
         event_end(e);
 
         Attempt A;
-        if (run_attempt(L, argv, out_path, err_path, &A)) break;
-        if (t_detect > 0 && A.t_training > 0) {   /* the recovery ends when the relaunch trains */
-            double dt = A.t_training - t_detect;
-            total_recovery += dt;
-            fprintf(stderr, "pipedream: launch: training again on %d hosts %.1f s after the failure was detected\n",
-                    n_hosts, dt);
-            e = event_begin(L, "recovered");
-            if (e) fprintf(e, ",\"attempt\":%d,\"recovery_s\":%.3f,\"resume_minibatches\":%ld", attempt, dt, resume_mb);
-            event_end(e);
-            t_detect = 0;
-        }
+        rec.attempt = attempt, rec.hosts = n_hosts, rec.resume_mb = resume_mb;
+        if (run_attempt(L, argv, out_path, err_path, &A, &rec)) break;
         char st[64];
         status_text(A.status, st, sizeof st);
         if (g_stop) {
@@ -503,26 +526,39 @@ static int supervise(Launch *L, const Profile *prof) {
             }
             fflush(stdout);
             fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering\n",
-                    steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, total_recovery);
+                    steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, rec.total_s);
             e = event_begin(L, "done");
             if (e) {
                 fprintf(e, ",\"steps\":%ld,\"hosts\":", steps);
                 json_hosts(e, hosts, n_hosts);
                 fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f", changes, total_lost,
-                        total_recovery);
+                        rec.total_s);
             }
             event_end(e);
             rc = CLI_OK;
             break;
         }
 
-        /* A failure: the ranks named lost that did not speak themselves are gone; their hosts
-         * go, and so does every host that no longer runs a process under mpirun. */
-        t_detect = A.t_fail;
+        /* A failure. Gone: the hosts whose daemon Open MPI lost, the ranks a survivor named
+         * lost that did not speak themselves; failing those, the ranks that stayed silent
+         * while others stopped, or the rank most waited for in timeouts (rank r runs on host
+         * r of the attempt's hostfile). Then every host that does not answer a probe. */
+        rec.t_detect = A.t_fail;
         int gone[MAX_HOSTS] = {0}, n_gone = 0;
-        int lost_rank = -1;
+        for (int i = 0; i < A.n_daemon_lost; i++)
+            for (int r = 0; r < n_hosts; r++)
+                if (!gone[r] && !strcmp(A.daemon_lost[i], hosts[r].name)) gone[r] = 1, n_gone++;
         for (int r = 0; r < n_hosts; r++)
-            if (A.lost[r] && !A.spoke[r]) gone[r] = 1, n_gone++, lost_rank = lost_rank < 0 ? r : lost_rank;
+            if (!gone[r] && A.lost[r] && !A.spoke[r]) gone[r] = 1, n_gone++;
+        if (!n_gone && A.any_spoke)
+            for (int r = 0; r < n_hosts; r++)
+                if (!A.spoke[r]) gone[r] = 1, n_gone++;
+        if (!n_gone) {
+            int worst = -1;
+            for (int r = 0; r < n_hosts; r++)
+                if (A.late[r] && (worst < 0 || A.late[r] > A.late[worst])) worst = r;
+            if (worst >= 0) gone[worst] = 1, n_gone++;
+        }
         for (int r = 0; r < n_hosts; r++)
             if (!gone[r] && !probe_host(L, &hosts[r])) {
                 fprintf(stderr, "pipedream: launch: host %s does not answer (rank %d)\n", hosts[r].name, r);
@@ -583,8 +619,8 @@ static int supervise(Launch *L, const Profile *prof) {
             json_plan(e, plan);
             fputs(",\"plan_after\":", e);
             json_plan(e, next ? next : n_after == n_hosts ? plan : NULL);
-            fprintf(e, ",\"checkpoint_minibatches\":%ld,\"minibatches_lost\":%ld,\"detected_after_s\":%.3f", ck > 0 ? ck : 0,
-                    lost_mb, A.t_fail - A.t_start);
+            fprintf(e, ",\"checkpoint_minibatches\":%ld,\"minibatches_lost\":%ld,\"detected_t\":%.3f", ck > 0 ? ck : 0,
+                    lost_mb, A.t_fail - L->t0);
         }
         event_end(e);
         if (n_after != n_hosts) {
@@ -599,7 +635,15 @@ static int supervise(Launch *L, const Profile *prof) {
             plan_free(plan);
             plan = next;
         }
-        (void)lost_rank;
+        if (n_after == n_hosts && ck == ck_last_failure) {   /* no host to blame, no progress since */
+            fprintf(stderr, "pipedream: error: launch: failed twice on the same hosts without a new checkpoint (%s); "
+                    "last checkpoint: %s/ckpt-%010ld.safetensors\n", why, L->ckpt_dir, ck);
+            e = event_begin(L, "gave_up");
+            if (e) fprintf(e, ",\"reason\":\"failed twice without a lost host or a new checkpoint\"");
+            event_end(e);
+            break;
+        }
+        ck_last_failure = n_after == n_hosts ? ck : -2;
         if (++restarts > L->max_restarts) {
             fprintf(stderr, "pipedream: error: launch: %d relaunches, more than --max-restarts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
                     restarts - 1, L->max_restarts, L->ckpt_dir, ck);
