@@ -56,7 +56,7 @@ static void help(FILE *f) {
             "  --probe-timeout S       seconds a host has to run 'true' under mpirun after a\n"
             "                          failure before it counts as lost (default 20)\n"
             "  --grace S               seconds mpirun has to end after the first error line before\n"
-            "                          it is killed (default 30)\n"
+            "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
             "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
             "                          --checkpoint-every, --checkpoint-dir or --resume: launch sets them)\n");
@@ -669,7 +669,7 @@ int cmd_launch(int argc, char **argv) {
     L.max_restarts = 16;
     L.bandwidth = 1.25e8;
     L.probe_timeout = 20;
-    L.grace = 30;
+    L.grace = 10;
     L.mpirun = "mpirun";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

@@ -8,7 +8,10 @@
 #     an uninterrupted run resumed from that checkpoint on the same 2-host plan;
 #  2. with --min-hosts 3 the same loss stops it: exit 1, a clear error, a gave_up event;
 #  3. usage errors (missing flags; a train flag launch sets itself);
-#  4. nothing is left behind: no process in the hosts' namespaces, no rank or mpirun of ours.
+#  4. nothing is left behind: no process in the hosts' namespaces, no rank or mpirun of ours;
+#  5. host 1's link down instead (ranks time out, mpirun hangs and is ended): the run still
+#     finishes on the 2 hosts left, removing 198.18.0.2; after `down` no process of the
+#     cluster is left (the unreachable host's daemon is ended by the teardown).
 # Exits 77 (ctest SKIP) when not root, without iproute2, python3 or mpirun, where network
 # namespaces cannot be made, or when 198.18.0.0/24 is in use (another cluster is up).
 set -u
@@ -63,8 +66,9 @@ PY
 printf '# the emulated hosts\n198.18.0.1 slots=1\n198.18.0.2\n198.18.0.3 slots=4\n' >"$tmp/hosts"
 TRAIN="--data $tmp/d --minibatch 32 --steps 600 --timeout 20"
 
-# launch RUN [FLAGS...]: in the background; kills every process of host 1 once RUN's
-# checkpoint 100 exists; waits. stdout RUN.out, stderr RUN.err, exit status RUN.rc
+# launch RUN [FLAGS...]: in the background; once RUN's checkpoint 100 exists kills every
+# process of host 1 (FAULT=link: takes its link down instead); waits. stdout RUN.out, stderr
+# RUN.err, exit status RUN.rc
 launch() {
     local run=$1; shift
     timeout 150 "$PD" launch --hosts "$tmp/hosts" --profile "$tmp/prof.json" --run-dir "$tmp/$run" \
@@ -73,7 +77,7 @@ launch() {
     local job=$!
     for _ in $(seq 600); do [ -f "$tmp/$run/ckpt/ckpt-0000000100.safetensors" ] && break; sleep 0.1; done
     [ -f "$tmp/$run/ckpt/ckpt-0000000100.safetensors" ] || fail "$run: no checkpoint 100: $(tail -5 "$tmp/$run.err")"
-    ip netns pids "$NAME-h1" | xargs -r kill -9
+    if [ "${FAULT:-kill}" = link ]; then ip -n "$NAME-h1" link set "$NAME-eth" down; else ip netns pids "$NAME-h1" | xargs -r kill -9; fi
     wait $job
     echo $? >"$tmp/$run.rc"
 }
@@ -124,6 +128,19 @@ for i in 0 1 2; do
     [ -z "$(ip netns pids "$NAME-h$i")" ] || fail "processes left in $NAME-h$i: $(ip netns pids "$NAME-h$i" | xargs ps -o pid,cmd -p)"
 done
 pgrep -f "$tmp/" >/dev/null && fail "processes of the test left: $(pgrep -af "$tmp/")"
+echo "ok: nothing left behind"
+
+# 5. host 1's link down
+TRAIN="--data $tmp/d --minibatch 32 --steps 600 --timeout 8"
+FAULT=link launch lnk --grace 5
+[ "$(cat "$tmp/lnk.rc")" = 0 ] || fail "link down: launch exited $(cat "$tmp/lnk.rc"): $(grep -v '^unit' "$tmp/lnk.err" | tail -15)"
+grep -q '"steps":600,' "$tmp/lnk.out" || fail "link down: no summary of 600 steps"
+[ "$(ev "$tmp/lnk.jsonl" '[e["removed"] for e in E if e["event"] == "membership"]')" = "[['198.18.0.2']]" ] ||
+    fail "link down: membership event: $(cat "$tmp/lnk.jsonl")"
+for i in 0 2; do [ -z "$(ip netns pids "$NAME-h$i")" ] || fail "link down: processes left in $NAME-h$i"; done
+echo "ok: host 1's link down; finished on 2 hosts ($(grep -o 'training again.*' "$tmp/lnk.err"))"
 bash "$CL" down --name "$NAME" >/dev/null || fail "down"
 ip netns list | grep -q "^$NAME-" && fail "namespaces left"
-echo "ok: nothing left behind"
+pgrep -f "pipedream-cluster/$NAME/" >/dev/null && fail "processes of the cluster left: $(pgrep -af "pipedream-cluster/$NAME/")"
+pgrep -f "$tmp/" >/dev/null && fail "processes of the test left: $(pgrep -af "$tmp/")"
+echo "ok: nothing left after down"
