@@ -59,7 +59,9 @@ static void help(FILE *f) {
             "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
             "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
-            "                          --checkpoint-every, --checkpoint-dir or --resume: launch sets them)\n");
+            "                          --checkpoint-every, --checkpoint-dir or --resume: launch sets them),\n"
+            "                          e.g. -- --steps N --minibatch B --data DIR --seed S --timeout S\n"
+            "                          --keep-last K --schedule KIND --microbatches M\n");
 }
 
 typedef struct Host {
@@ -400,8 +402,10 @@ static void plan_brief(const Plan *p, char *b, size_t n) {
 static FILE *event_begin(const Launch *L, const char *kind) {
     if (!L->events) return NULL;
     char ts[32];
-    time_t w = time(NULL);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&w));
+    struct timespec w;
+    clock_gettime(CLOCK_REALTIME, &w);
+    size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", gmtime(&w.tv_sec));
+    snprintf(ts + k, sizeof ts - k, ".%03dZ", (int)(w.tv_nsec / 1000000));
     fprintf(L->events, "{\"event\":\"%s\",\"t\":%.3f,\"time\":\"%s\"", kind, now_s() - L->t0, ts);
     return L->events;
 }
