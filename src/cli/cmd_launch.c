@@ -3,7 +3,9 @@
  * and supervises it: when the job fails, it names the lost host (the runtime's "lost rank"
  * lines, rank i runs on the i-th host of the attempt's hostfile; then a probe of each host),
  * drops it, plans again for the hosts left and relaunches with --resume from the last
- * checkpoint. Every membership change goes to the event log (JSON lines) and the summary. */
+ * checkpoint. At each checkpoint, when the hostfile changed, hosts listed and answering are
+ * taken in if the planner predicts a gain (the job restarts from that checkpoint). Every
+ * membership change goes to the event log (JSON lines) and the summary. */
 #define _DEFAULT_SOURCE   /* usleep, realpath, setpgid */
 #include "cli.h"
 #include "plan.h"
@@ -40,8 +42,10 @@ static void help(FILE *f) {
             "failed host, drops it, plans again for the hosts left and resumes from the last\n"
             "checkpoint. It stops when training completes (exit 0) or fewer than --min-hosts\n"
             "hosts are left (exit 1).\n\n"
-            "  --hosts HOSTFILE        the hosts (re-read at each relaunch: hosts removed from it\n"
-            "                          are not used again)\n"
+            "  --hosts HOSTFILE        the hosts; re-read at each relaunch (hosts removed from it\n"
+            "                          are not used again) and, when it changed, at each checkpoint:\n"
+            "                          hosts listed that answer are taken in if the planner predicts\n"
+            "                          a faster minibatch (the job restarts from that checkpoint)\n"
             "  --profile FILE          the model's profile (pipedream profile), for the planner\n"
             "  --run-dir DIR           plans, hostfiles, each attempt's output, checkpoints (DIR/ckpt)\n"
             "  --checkpoint-every N    minibatches between checkpoints (default 50)\n"
@@ -67,6 +71,7 @@ static void help(FILE *f) {
 typedef struct Host {
     char name[256];
 } Host;
+struct Plan;
 
 typedef struct Launch {
     const char *hostfile, *profile, *run_dir, *model, *events_path, *mpirun, *mpirun_args;
@@ -77,6 +82,12 @@ typedef struct Launch {
     char exe[PATH_MAX], ckpt_dir[PATH_MAX];
     FILE *events;
     double t0;
+    /* re-admission: the hostfile's modification time at the last look; dropped hosts and the
+     * modification time when they were dropped (taken back only after the file changed) */
+    struct timespec hf_seen;
+    Host dropped[MAX_HOSTS];
+    struct timespec dropped_at[MAX_HOSTS];
+    int n_dropped;
 } Launch;
 
 static double now_s(void) {
@@ -188,7 +199,7 @@ static int probe_host(const Launch *L, const Host *h) {
     char buf[4096], *argv[MAX_ARGS];
     mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
     int fd;
-    pid_t pid = spawn(argv, NULL, &fd);
+    pid_t pid = spawn(argv, NULL, &fd), job = g_child;
     if (pid < 0) return 0;
     g_child = pid;
     double end = now_s() + L->probe_timeout;
@@ -204,7 +215,7 @@ static int probe_host(const Launch *L, const Host *h) {
         }
     }
     if (!done) kill_wait(pid, &status);
-    g_child = 0;
+    g_child = job;
     close(fd);
     return done && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
@@ -224,6 +235,9 @@ typedef struct Attempt {
     int any_spoke;
     char daemon_lost[8][256];    /* Open MPI's "Remote daemon: ... on node HOST" */
     int n_daemon_lost;
+    int ck_seen;                 /* a checkpoint line since the last look */
+    long n_mb;                   /* the run's minibatches (rank 0's "training" line) */
+    int grow;                    /* ended by launch to take hosts in (below) */
     char first_error[512];
 } Attempt;
 
@@ -239,8 +253,12 @@ static void scan_line(Attempt *A, const char *line, double t) {
     if ((p = strstr(line, "pipedream: checkpoint ")) && (p = strstr(p, "ckpt-"))) {
         A->t_ck[0] = A->t_ck[1], A->ck_mb[0] = A->ck_mb[1];
         A->t_ck[1] = t, A->ck_mb[1] = atol(p + 5);
+        A->ck_seen = 1;
     }
-    if (strstr(line, "pipedream: training ") && !A->t_training) A->t_training = t;
+    if ((p = strstr(line, "pipedream: training ")) && !A->t_training) {
+        A->t_training = t;
+        if ((p = strstr(p, "), "))) A->n_mb = atol(p + 3);
+    }
     int is_err = strstr(line, "error") || strstr(line, "stopping on signal") || strstr(line, "timed out") ||
                  strstr(line, "unexpectedly disconnected") || strstr(line, "lost communication") ||
                  strstr(line, "exited on signal");
@@ -283,9 +301,24 @@ static void recovered(const Launch *L, Recovery *rec, double t) {
     event_end(e);
 }
 
-/* Runs one mpirun to its end, relaying its stderr to ours and into err_path. */
-static int run_attempt(const Launch *L, char **argv, const char *out_path, const char *err_path, Attempt *A,
-                       Recovery *rec) {
+/* Hosts to take in at a checkpoint: the candidates that answer, and the plan with them. */
+typedef struct Grow {
+    const Profile *prof;
+    const Host *hosts;
+    int n_hosts;
+    const Plan *plan;
+    Host add[MAX_HOSTS];
+    int n_add;
+    Plan *next;
+} Grow;
+static int grow_check(Launch *L, Grow *g);
+static long newest_ckpt(const char *dir);
+
+/* Runs one mpirun to its end, relaying its stderr to ours and into err_path. When the hostfile
+ * changes it probes and plans (grow_check); with hosts to take in, it ends the job at the next
+ * checkpoint (A->grow) so that the next attempt resumes from there on more hosts. */
+static int run_attempt(Launch *L, char **argv, const char *out_path, const char *err_path, Attempt *A,
+                       Recovery *rec, Grow *g) {
     memset(A, 0, sizeof *A);
     A->t_start = now_s();
     FILE *log = fopen(err_path, "w");
@@ -299,7 +332,8 @@ static int run_attempt(const Launch *L, char **argv, const char *out_path, const
     g_child = pid;
     char buf[8192], line[4096];
     size_t ln = 0;
-    int eof = 0, killed = 0;
+    int eof = 0, killed = 0, pending = 0;
+    double t_kill = 0;
     while (!eof) {
         struct pollfd pf = {fd, POLLIN, 0};
         int k = poll(&pf, 1, 200);
@@ -316,19 +350,31 @@ static int run_attempt(const Launch *L, char **argv, const char *out_path, const
                     line[ln] = 0;
                     scan_line(A, line, now_s());
                     if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
+                    if (A->ck_seen && pending && !killed && !A->t_fail && A->ck_mb[1] < A->n_mb) {
+                        fprintf(stderr, "pipedream: launch: taking in %d host%s after the checkpoint at minibatch %ld: "
+                                "predicted %.4g s per minibatch instead of %.4g; restarting\n", g->n_add,
+                                g->n_add == 1 ? "" : "s", newest_ckpt(L->ckpt_dir), g->next->pipeline_s, g->plan->pipeline_s);
+                        kill(pid, SIGTERM);
+                        killed = A->grow = 1;
+                        t_kill = now_s();
+                    }
+                    A->ck_seen = 0;
                     ln = 0;
                 } else {
                     line[ln++] = buf[i];
                 }
             }
         }
+        /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
+        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
         if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
             fprintf(stderr, "pipedream: launch: mpirun still running %.0f s after the failure: ending it\n",
                     now_s() - A->t_fail);
             kill(pid, SIGTERM);
             killed = 1;
-        } else if (killed && now_s() - A->t_fail > L->grace + 10) {
+            t_kill = now_s();
+        } else if (killed && now_s() - t_kill > 10) {
             kill(-pid, SIGKILL);
             kill(pid, SIGKILL);
         }
@@ -432,10 +478,59 @@ static long newest_ckpt(const char *dir) {
 
 /* ---- the loop ----------------------------------------------------------------------------- */
 
+/* Does the attempt's stdout hold the training summary (printed once training completed)? */
+static int has_summary(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char l[65536];
+    int yes = 0;
+    while (!yes && fgets(l, sizeof l, f)) yes = strstr(l, "\"steps\":") != NULL;
+    fclose(f);
+    return yes;
+}
+
 static int status_text(int st, char *b, size_t n) {
     if (WIFEXITED(st)) return snprintf(b, n, "mpirun exited %d", WEXITSTATUS(st));
     if (WIFSIGNALED(st)) return snprintf(b, n, "mpirun killed by signal %d", WTERMSIG(st));
     return snprintf(b, n, "mpirun status %d", st);
+}
+
+static int ts_after(struct timespec a, struct timespec b) {
+    return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+/* When the hostfile changed since the last look: its hosts not in g->hosts (a dropped one only
+ * if the file changed after it was dropped) that answer a probe; if the planner predicts a
+ * faster minibatch with them, g->add and g->next (the caller's) and 1. */
+static int grow_check(Launch *L, Grow *g) {
+    struct stat st;
+    if (!g || stat(L->hostfile, &st) || !ts_after(st.st_mtim, L->hf_seen)) return 0;
+    L->hf_seen = st.st_mtim;
+    Host listed[MAX_HOSTS];
+    int n_listed = read_hostfile(L->hostfile, listed, MAX_HOSTS);
+    g->n_add = 0;
+    for (int i = 0; i < n_listed && g->n_hosts + g->n_add < MAX_HOSTS; i++) {
+        int skip = 0;
+        for (int j = 0; j < g->n_hosts; j++) skip |= !strcmp(listed[i].name, g->hosts[j].name);
+        for (int j = 0; j < L->n_dropped; j++)
+            skip |= !strcmp(listed[i].name, L->dropped[j].name) && !ts_after(st.st_mtim, L->dropped_at[j]);
+        if (skip) continue;
+        if (probe_host(L, &listed[i])) g->add[g->n_add++] = listed[i];
+        else fprintf(stderr, "pipedream: launch: %s is listed but does not answer: not taken in\n", listed[i].name);
+    }
+    if (!g->n_add) return 0;
+    Err err = {0};
+    g->next = plan_for(L, g->prof, g->n_hosts + g->n_add, &err);
+    if (g->next && g->next->pipeline_s < g->plan->pipeline_s) return 1;
+    if (g->next)
+        fprintf(stderr, "pipedream: launch: %d more host%s would not be faster (predicted %.4g s per minibatch, now %.4g): not taken in\n",
+                g->n_add, g->n_add == 1 ? "" : "s", g->next->pipeline_s, g->plan->pipeline_s);
+    else
+        fprintf(stderr, "pipedream: launch: no plan for %d hosts: %s\n", g->n_hosts + g->n_add, err.msg);
+    plan_free(g->next);
+    g->next = NULL;
+    g->n_add = 0;
+    return 0;
 }
 
 static int supervise(Launch *L, const Profile *prof) {
@@ -445,7 +540,10 @@ static int supervise(Launch *L, const Profile *prof) {
     long total_lost = 0, ck_last_failure = -2;
     Plan *plan = NULL;
     Err err = {0};
+    struct stat st0;
+    if (!stat(L->hostfile, &st0)) L->hf_seen = st0.st_mtim;
     if ((n_hosts = read_hostfile(L->hostfile, hosts, MAX_HOSTS)) < 0) return CLI_FAIL;
+    static Grow g;
     for (int attempt = 0;; attempt++) {
         if (n_hosts < L->min_hosts) {
             fprintf(stderr, "pipedream: error: launch: %d host%s left, fewer than --min-hosts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
@@ -505,7 +603,8 @@ static int supervise(Launch *L, const Profile *prof) {
 
         Attempt A;
         rec.attempt = attempt, rec.hosts = n_hosts, rec.resume_mb = resume_mb;
-        if (run_attempt(L, argv, out_path, err_path, &A, &rec)) break;
+        g = (Grow){.prof = prof, .hosts = hosts, .n_hosts = n_hosts, .plan = plan};
+        if (run_attempt(L, argv, out_path, err_path, &A, &rec, &g)) break;
         char st[64];
         status_text(A.status, st, sizeof st);
         if (g_stop) {
@@ -515,7 +614,43 @@ static int supervise(Launch *L, const Profile *prof) {
             event_end(e);
             break;
         }
-        if (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) {
+        /* completed: exit 0, or a summary written before the job was ended anyway */
+        int completed = (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) || has_summary(out_path);
+        if (A.grow && !completed) {
+            long ck = newest_ckpt(L->ckpt_dir);
+            Host after[MAX_HOSTS];
+            memcpy(after, hosts, sizeof(Host) * (size_t)n_hosts);
+            memcpy(after + n_hosts, g.add, sizeof(Host) * (size_t)g.n_add);
+            e = event_begin(L, "membership");
+            if (e) {
+                fprintf(e, ",\"attempt\":%d,\"reason\":\"hosts listed and answering; the planner predicts %.6g s per minibatch instead of %.6g\",\"added\":",
+                        attempt, g.next->pipeline_s, plan->pipeline_s);
+                json_hosts(e, g.add, g.n_add);
+                fputs(",\"removed\":[],\"hosts_before\":", e);
+                json_hosts(e, hosts, n_hosts);
+                fputs(",\"hosts_after\":", e);
+                json_hosts(e, after, n_hosts + g.n_add);
+                fputs(",\"plan_before\":", e);
+                json_plan(e, plan);
+                fputs(",\"plan_after\":", e);
+                json_plan(e, g.next);
+                fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+            }
+            event_end(e);
+            fprintf(stderr, "pipedream: launch: took in");
+            for (int i = 0; i < g.n_add; i++) fprintf(stderr, " %s", g.add[i].name);
+            fprintf(stderr, "; %d hosts; resuming from minibatch %ld\n", n_hosts + g.n_add, ck > 0 ? ck : 0);
+            n_hosts += g.n_add;
+            memcpy(hosts, after, sizeof(Host) * (size_t)n_hosts);
+            plan_free(plan);
+            plan = g.next;
+            g.next = NULL;
+            changes++;
+            continue;
+        }
+        plan_free(g.next);
+        g.next = NULL;
+        if (completed) {
             /* the train summary (stdout of the last attempt) is launch's stdout */
             FILE *o = fopen(out_path, "r");
             long steps = -1;
@@ -581,8 +716,11 @@ static int supervise(Launch *L, const Profile *prof) {
         total_lost += lost_mb;
         Host after[MAX_HOSTS];
         int n_after = 0;
+        struct stat stf;
+        struct timespec hf_now = stat(L->hostfile, &stf) ? L->hf_seen : stf.st_mtim;
         for (int r = 0; r < n_hosts; r++)
             if (!gone[r]) after[n_after++] = hosts[r];
+            else if (L->n_dropped < MAX_HOSTS) L->dropped_at[L->n_dropped] = hf_now, L->dropped[L->n_dropped++] = hosts[r];
         /* hosts taken out of the hostfile go too */
         Host listed[MAX_HOSTS];
         int n_listed = read_hostfile(L->hostfile, listed, MAX_HOSTS);

@@ -9,7 +9,10 @@
 #  2. with --min-hosts 3 the same loss stops it: exit 1, a clear error, a gave_up event;
 #  3. usage errors (missing flags; a train flag launch sets itself);
 #  4. nothing is left behind: no process in the hosts' namespaces, no rank or mpirun of ours;
-#  5. host 1's link down instead (ranks time out, mpirun hangs and is ended): the run still
+#  5. re-admission: started on hosts 0 and 2, host 1 listed in the hostfile after checkpoint
+#     100: launch probes it, the planner predicts a faster minibatch on 3, and at the next
+#     checkpoint the run restarts from there on 3 hosts and finishes there;
+#  6. host 1's link down instead (ranks time out, mpirun hangs and is ended): the run still
 #     finishes on the 2 hosts left, removing 198.18.0.2; after `down` no process of the
 #     cluster is left (the unreachable host's daemon is ended by the teardown).
 # Exits 77 (ctest SKIP) when not root, without iproute2, python3 or mpirun, where network
@@ -67,17 +70,21 @@ printf '# the emulated hosts\n198.18.0.1 slots=1\n198.18.0.2\n198.18.0.3 slots=4
 TRAIN="--data $tmp/d --minibatch 32 --steps 600 --timeout 20"
 
 # launch RUN [FLAGS...]: in the background; once RUN's checkpoint 100 exists kills every
-# process of host 1 (FAULT=link: takes its link down instead); waits. stdout RUN.out, stderr
-# RUN.err, exit status RUN.rc
+# process of host 1 (FAULT=link: takes its link down instead; FAULT=add: lists it in HOSTS);
+# waits. stdout RUN.out, stderr RUN.err, exit status RUN.rc
 launch() {
     local run=$1; shift
-    timeout 150 "$PD" launch --hosts "$tmp/hosts" --profile "$tmp/prof.json" --run-dir "$tmp/$run" \
+    timeout 150 "$PD" launch --hosts "${HOSTS:-$tmp/hosts}" --profile "$tmp/prof.json" --run-dir "$tmp/$run" \
         --checkpoint-every 50 --events "$tmp/$run.jsonl" --mpirun-args "$MPIARGS" --probe-timeout 10 "$@" \
         "$SRC/models/lenet5.json" -- $TRAIN >"$tmp/$run.out" 2>"$tmp/$run.err" &
     local job=$!
     for _ in $(seq 600); do [ -f "$tmp/$run/ckpt/ckpt-0000000100.safetensors" ] && break; sleep 0.1; done
     [ -f "$tmp/$run/ckpt/ckpt-0000000100.safetensors" ] || fail "$run: no checkpoint 100: $(tail -5 "$tmp/$run.err")"
-    if [ "${FAULT:-kill}" = link ]; then ip -n "$NAME-h1" link set "$NAME-eth" down; else ip netns pids "$NAME-h1" | xargs -r kill -9; fi
+    case ${FAULT:-kill} in
+        link) ip -n "$NAME-h1" link set "$NAME-eth" down ;;
+        add) echo "198.18.0.2" >>"$HOSTS" ;;
+        *) ip netns pids "$NAME-h1" | xargs -r kill -9 ;;
+    esac
     wait $job
     echo $? >"$tmp/$run.rc"
 }
@@ -130,7 +137,17 @@ done
 pgrep -f "$tmp/" >/dev/null && fail "processes of the test left: $(pgrep -af "$tmp/")"
 echo "ok: nothing left behind"
 
-# 5. host 1's link down
+# 5. re-admission
+printf '198.18.0.1\n198.18.0.3\n' >"$tmp/hosts2"
+TRAIN="--data $tmp/d --minibatch 32 --steps 2400 --timeout 20" HOSTS=$tmp/hosts2 FAULT=add launch grow
+[ "$(cat "$tmp/grow.rc")" = 0 ] || fail "re-admission: launch exited $(cat "$tmp/grow.rc"): $(grep -v '^unit' "$tmp/grow.err" | tail -15)"
+grep -q '"steps":2400,' "$tmp/grow.out" || fail "re-admission: no summary of 2400 steps"
+[ "$(ev "$tmp/grow.jsonl" '[(e["added"], len(e["hosts_after"]), e["checkpoint_minibatches"] > 100) for e in E if e["event"] == "membership"]')" = "[(['198.18.0.2'], 3, True)]" ] ||
+    fail "re-admission: membership event: $(cat "$tmp/grow.jsonl")"
+[ "$(ev "$tmp/grow.jsonl" '[len(e["hosts"]) for e in E if e["event"] == "done"]')" = "[3]" ] || fail "re-admission: not done on 3 hosts"
+echo "ok: host 1 listed again, taken in; $(grep -o 'resuming from minibatch [0-9]*' "$tmp/grow.err" | head -1)"
+
+# 6. host 1's link down
 TRAIN="--data $tmp/d --minibatch 32 --steps 600 --timeout 8"
 FAULT=link launch lnk --grace 5
 [ "$(cat "$tmp/lnk.rc")" = 0 ] || fail "link down: launch exited $(cat "$tmp/lnk.rc"): $(grep -v '^unit' "$tmp/lnk.err" | tail -15)"
