@@ -681,7 +681,8 @@ static int supervise(Launch *L, const Profile *prof) {
         /* A failure. Gone: the hosts whose daemon Open MPI lost, the ranks a survivor named
          * lost that did not speak themselves; failing those, the ranks that stayed silent
          * while others stopped, or the rank most waited for in timeouts (rank r runs on host
-         * r of the attempt's hostfile). Then every host that does not answer a probe. */
+         * r of the attempt's hostfile). Then every other host whose rank printed nothing and that
+         * does not answer a probe. */
         rec.t_detect = A.t_fail;
         int gone[MAX_HOSTS] = {0}, n_gone = 0;
         for (int i = 0; i < A.n_daemon_lost; i++)
@@ -699,7 +700,7 @@ static int supervise(Launch *L, const Profile *prof) {
             if (worst >= 0) gone[worst] = 1, n_gone++;
         }
         for (int r = 0; r < n_hosts; r++)
-            if (!gone[r] && !probe_host(L, &hosts[r])) {
+            if (!gone[r] && !A.spoke[r] && !probe_host(L, &hosts[r])) {   /* a rank that spoke was reachable */
                 fprintf(stderr, "pipedream: launch: host %s does not answer (rank %d)\n", hosts[r].name, r);
                 gone[r] = 1, n_gone++;
             }
