@@ -3,8 +3,8 @@
  * and supervises it: when the job fails, it names the lost host (the runtime's "lost rank"
  * lines, rank i runs on the i-th host of the attempt's hostfile; then a probe of each host),
  * drops it, plans again for the hosts left and relaunches with --resume from the last
- * checkpoint. At each checkpoint, when the hostfile changed, hosts listed and answering are
- * taken in if the planner predicts a gain (the job restarts from that checkpoint). Every
+ * checkpoint. When the hostfile changes, hosts listed and answering are taken in at the next
+ * checkpoint if the planner predicts a gain (the job restarts from there). Every
  * membership change goes to the event log (JSON lines) and the summary. */
 #define _DEFAULT_SOURCE   /* usleep, realpath, setpgid */
 #include "cli.h"
@@ -43,9 +43,9 @@ static void help(FILE *f) {
             "checkpoint. It stops when training completes (exit 0) or fewer than --min-hosts\n"
             "hosts are left (exit 1).\n\n"
             "  --hosts HOSTFILE        the hosts; re-read at each relaunch (hosts removed from it\n"
-            "                          are not used again) and, when it changed, at each checkpoint:\n"
-            "                          hosts listed that answer are taken in if the planner predicts\n"
-            "                          a faster minibatch (the job restarts from that checkpoint)\n"
+            "                          are not used again) and whenever it changes: hosts listed that\n"
+            "                          answer are taken in at the next checkpoint if the planner\n"
+            "                          predicts a faster minibatch (the job restarts from there)\n"
             "  --profile FILE          the model's profile (pipedream profile), for the planner\n"
             "  --run-dir DIR           plans, hostfiles, each attempt's output, checkpoints (DIR/ckpt)\n"
             "  --checkpoint-every N    minibatches between checkpoints (default 50)\n"
@@ -351,9 +351,9 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                     scan_line(A, line, now_s());
                     if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
                     if (A->ck_seen && pending && !killed && !A->t_fail && A->ck_mb[1] < A->n_mb) {
-                        fprintf(stderr, "pipedream: launch: taking in %d host%s after the checkpoint at minibatch %ld: "
-                                "predicted %.4g s per minibatch instead of %.4g; restarting\n", g->n_add,
-                                g->n_add == 1 ? "" : "s", newest_ckpt(L->ckpt_dir), g->next->pipeline_s, g->plan->pipeline_s);
+                        fprintf(stderr, "pipedream: launch: taking in %d host%s: predicted %.4g s per minibatch instead of %.4g; "
+                                "restarting from the newest checkpoint\n", g->n_add, g->n_add == 1 ? "" : "s",
+                                g->next->pipeline_s, g->plan->pipeline_s);
                         kill(pid, SIGTERM);
                         killed = A->grow = 1;
                         t_kill = now_s();
