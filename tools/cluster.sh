@@ -18,6 +18,8 @@
 #                                                  GLOO_SOCKET_IFNAME for torch.distributed
 #   tools/cluster.sh exec I CMD [ARGS...]          one command in host I's namespace
 #   tools/cluster.sh status                        hosts, addresses, shaping, mpirun line
+#   tools/cluster.sh mpirun-args                   the mpirun options of `run` but the hostfile,
+#                                                  one line (for pipedream launch --mpirun-args)
 #   tools/cluster.sh down                          remove everything of cluster NAME
 # --name (or PDC_NAME=) selects the cluster on every command; default pdc.
 # Exit status: 0 ok, 1 error, 2 bad usage, 3 this machine cannot make namespaces, bridges,
@@ -373,6 +375,11 @@ cmd_exec() {
     exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec "$@"' "$ns" "$@"
 }
 
+cmd_mpirun_args() {
+    parse_name_only "$@"; load_state; mpi_base
+    echo "${MPI_BASE[*]:2}"
+}
+
 cmd_status() {
     parse_name_only "$@"; check_name; need_root_tools
     local hs; hs=$(hosts)
@@ -408,6 +415,7 @@ case $cmd in
     run-torch) cmd_run 1 "$@" ;;
     exec) cmd_exec "$@" ;;
     status) cmd_status "$@" ;;
+    mpirun-args) cmd_mpirun_args "$@" ;;
     -h|--help|help) help ;;
     *) usage_err "unknown command '$cmd'" ;;
 esac

@@ -38,5 +38,6 @@ int cmd_eval(int argc, char **argv);   /* cmd_eval.c: test loss of a weights fil
 int cmd_profile(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
+int cmd_launch(int argc, char **argv);   /* cmd_launch.c: elastic training under mpirun */
 
 #endif

@@ -25,6 +25,7 @@ static const CliCommand COMMANDS[] = {
     {"bench", "time training steps of a model on synthetic data", cmd_bench},
     {"plan", "partition a profile into pipeline stages over a cluster", cmd_plan},
     {"simulate", "run a plan's schedule in the simulator: throughput, memory, timeline", cmd_simulate},
+    {"launch", "train over a hostfile's hosts under mpirun; on a lost host re-plan and resume", cmd_launch},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -1,0 +1,886 @@
+/* cmd_launch.c: `pipedream launch`: elastic training over the hosts of a hostfile. Plans for
+ * the hosts alive (one worker each), runs `mpirun ... pipedream train --plan ... --checkpoint-*`
+ * and supervises it: when the job fails, it names the lost host (the runtime's "lost rank"
+ * lines, rank i runs on the i-th host of the attempt's hostfile; then a probe of each host),
+ * drops it, plans again for the hosts left and relaunches with --resume from the last
+ * checkpoint. When the hostfile changes, hosts listed and answering are taken in at the next
+ * checkpoint if the planner predicts a gain (the job restarts from there). Every
+ * membership change goes to the event log (JSON lines) and the summary. */
+#define _DEFAULT_SOURCE   /* usleep, realpath, setpgid */
+#include "cli.h"
+#include "plan.h"
+#include "profile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <dirent.h>
+
+#define MAX_HOSTS 256
+#define MAX_ARGS 512
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: pipedream launch --hosts HOSTFILE --profile PROFILE.json --run-dir DIR\n"
+            "                        [--checkpoint-every N] [--min-hosts K] [--bandwidth B]\n"
+            "                        [--events FILE.jsonl] [--mpirun-args \"ARGS\"] [--probe-timeout S]\n"
+            "                        [--grace S] [--max-restarts R] [--straight] [--mpirun PATH]\n"
+            "                        MODEL.json [-- TRAIN_FLAGS...]\n\n"
+            "Trains MODEL.json over the hosts of an Open MPI hostfile (lines \"host [slots=N]\",\n"
+            "# comments), one worker per host, and keeps training when hosts fail: it plans the\n"
+            "stages for the hosts alive, runs mpirun ... pipedream train --plan DIR/plan-K.json\n"
+            "--checkpoint-every N --checkpoint-dir DIR/ckpt, and when the job fails it names the\n"
+            "failed host, drops it, plans again for the hosts left and resumes from the last\n"
+            "checkpoint. It stops when training completes (exit 0) or fewer than --min-hosts\n"
+            "hosts are left (exit 1).\n\n"
+            "  --hosts HOSTFILE        the hosts; re-read at each relaunch (hosts removed from it\n"
+            "                          are not used again) and whenever it changes: hosts listed that\n"
+            "                          answer are taken in at the next checkpoint if the planner\n"
+            "                          predicts a faster minibatch (the job restarts from there)\n"
+            "  --profile FILE          the model's profile (pipedream profile), for the planner\n"
+            "  --run-dir DIR           plans, hostfiles, each attempt's output, checkpoints (DIR/ckpt)\n"
+            "  --checkpoint-every N    minibatches between checkpoints (default 50)\n"
+            "  --min-hosts K           give up when fewer hosts are left (default 1)\n"
+            "  --bandwidth B           bytes/s between hosts, for the planner (default 1.25e8: 1 Gbit/s)\n"
+            "  --straight              plan without replication (one stage per host)\n"
+            "  --events FILE           JSON lines: one per start, failure, membership change,\n"
+            "                          recovery and end (docs/howto/elastic.md)\n"
+            "  --mpirun PATH           the mpirun to run (default: mpirun from PATH)\n"
+            "  --mpirun-args \"ARGS\"    more mpirun arguments, split at spaces (e.g. the emulated\n"
+            "                          cluster's: tools/cluster.sh mpirun-args)\n"
+            "  --probe-timeout S       seconds a host has to run 'true' under mpirun after a\n"
+            "                          failure before it counts as lost (default 20)\n"
+            "  --grace S               seconds mpirun has to end after the first error line before\n"
+            "                          it is killed (default 10)\n"
+            "  --max-restarts R        give up after R relaunches (default 16)\n"
+            "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
+            "                          --checkpoint-every, --checkpoint-dir or --resume: launch sets them),\n"
+            "                          e.g. -- --steps N --minibatch B --data DIR --seed S --timeout S\n"
+            "                          --keep-last K --schedule KIND --microbatches M\n");
+}
+
+typedef struct Host {
+    char name[256];
+} Host;
+struct Plan;
+
+typedef struct Launch {
+    const char *hostfile, *profile, *run_dir, *model, *events_path, *mpirun, *mpirun_args;
+    int ckpt_every, min_hosts, straight, max_restarts;
+    double bandwidth, probe_timeout, grace;
+    char **train_args;
+    int n_train_args;
+    char exe[PATH_MAX], ckpt_dir[PATH_MAX];
+    FILE *events;
+    double t0;
+    /* re-admission: the hostfile's modification time at the last look; dropped hosts and the
+     * modification time when they were dropped (taken back only after the file changed) */
+    struct timespec hf_seen;
+    Host dropped[MAX_HOSTS];
+    struct timespec dropped_at[MAX_HOSTS];
+    int n_dropped;
+} Launch;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static volatile sig_atomic_t g_stop;
+static volatile pid_t g_child;
+static void on_signal(int sig) {
+    g_stop = sig;
+    if (g_child > 0) kill(g_child, SIGTERM);
+}
+
+/* ---- hosts -------------------------------------------------------------------------------- */
+
+/* Reads an Open MPI hostfile: the first word of each line, '#' to the end of a line ignored,
+ * duplicates once. Returns the count or -1 (message printed). */
+static int read_hostfile(const char *path, Host *out, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "pipedream: error: cannot read the hostfile %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char word[256];
+        if (sscanf(line, " %255s", word) != 1) continue;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(out[i].name, word);
+        if (dup) continue;
+        if (n == max) {
+            fclose(f);
+            fprintf(stderr, "pipedream: error: %s: more than %d hosts\n", path, max);
+            return -1;
+        }
+        snprintf(out[n++].name, sizeof out[0].name, "%s", word);
+    }
+    fclose(f);
+    return n;
+}
+
+static int write_hostfile(const char *path, const Host *h, int n) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    for (int i = 0; i < n; i++) fprintf(f, "%s slots=1\n", h[i].name);
+    return fclose(f);
+}
+
+/* ---- child processes ---------------------------------------------------------------------- */
+
+/* argv of mpirun: the binary, --mpirun-args split at spaces, then extra (NULL-terminated). The
+ * strings of --mpirun-args live in buf. */
+static int mpirun_argv(const Launch *L, char *buf, size_t bufsz, char **argv, int max, char *const *extra) {
+    int n = 0;
+    argv[n++] = (char *)L->mpirun;
+    if (L->mpirun_args) {
+        snprintf(buf, bufsz, "%s", L->mpirun_args);
+        for (char *save = NULL, *t = strtok_r(buf, " \t\n", &save); t && n < max - 1; t = strtok_r(NULL, " \t\n", &save))
+            argv[n++] = t;
+    }
+    for (int i = 0; extra[i] && n < max - 1; i++) argv[n++] = extra[i];
+    argv[n] = NULL;
+    return n;
+}
+
+/* Forks argv with stdout to out_path (NULL: /dev/null) and stderr into a pipe (*err_fd). */
+static pid_t spawn(char **argv, const char *out_path, int *err_fd) {
+    int p[2];
+    if (pipe(p)) return -1;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        setpgid(0, 0);   /* its own group: a signal to the launcher's group does not reach it twice */
+        int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o >= 0) dup2(o, 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0);
+        execvp(argv[0], argv);
+        fprintf(stderr, "pipedream: error: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(p[1]);
+    *err_fd = p[0];
+    return pid;
+}
+
+static void kill_wait(pid_t pid, int *status) {
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 50; i++) {
+        if (waitpid(pid, status, WNOHANG) == pid) return;
+        usleep(100000);
+    }
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+}
+
+/* Does host h run `true` under mpirun within the probe timeout? */
+static int probe_host(const Launch *L, const Host *h) {
+    char *extra[] = {"--host", (char *)h->name, "-np", "1", "true", NULL};
+    char buf[4096], *argv[MAX_ARGS];
+    mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
+    int fd;
+    pid_t pid = spawn(argv, NULL, &fd), job = g_child;
+    if (pid < 0) return 0;
+    g_child = pid;
+    double end = now_s() + L->probe_timeout;
+    int status = 0, done = 0;
+    char sink[4096];
+    while (!done && now_s() < end && !g_stop) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
+            waitpid(pid, &status, 0);
+            done = 1;
+        } else if (waitpid(pid, &status, WNOHANG) == pid) {
+            done = 1;
+        }
+    }
+    if (!done) kill_wait(pid, &status);
+    g_child = job;
+    close(fd);
+    return done && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* ---- one attempt -------------------------------------------------------------------------- */
+
+#define MAX_RANKS MAX_HOSTS
+typedef struct Attempt {
+    int status;                  /* waitpid's */
+    double t_start, t_fail;      /* t_fail: first error line, else mpirun's end (0: no failure) */
+    double t_training;           /* rank 0's "training ..." line (0: none) */
+    double t_ck[2];              /* the two newest checkpoints of this attempt */
+    long ck_mb[2];
+    int lost[MAX_RANKS];         /* named lost by a survivor */
+    int spoke[MAX_RANKS];        /* printed its own stopping or error line */
+    int late[MAX_RANKS];         /* waited for in a timeout message */
+    int any_spoke;
+    char daemon_lost[8][256];    /* Open MPI's "Remote daemon: ... on node HOST" */
+    int n_daemon_lost;
+    int ck_seen;                 /* a checkpoint line since the last look */
+    long n_mb;                   /* the run's minibatches (rank 0's "training" line) */
+    int grow;                    /* ended by launch to take hosts in (below) */
+    char first_error[512];
+} Attempt;
+
+static int rank_after(const char *s, const char *key) {
+    const char *p = strstr(s, key);
+    return p ? atoi(p + strlen(key)) : -1;
+}
+
+/* Reads what one stderr line says about the run. */
+static void scan_line(Attempt *A, const char *line, double t) {
+    int r;
+    const char *p;
+    if ((p = strstr(line, "pipedream: checkpoint ")) && (p = strstr(p, "ckpt-"))) {
+        A->t_ck[0] = A->t_ck[1], A->ck_mb[0] = A->ck_mb[1];
+        A->t_ck[1] = t, A->ck_mb[1] = atol(p + 5);
+        A->ck_seen = 1;
+    }
+    if ((p = strstr(line, "pipedream: training ")) && !A->t_training) {
+        A->t_training = t;
+        if ((p = strstr(p, "), "))) A->n_mb = atol(p + 3);
+    }
+    int is_err = strstr(line, "error") || strstr(line, "stopping on signal") || strstr(line, "timed out") ||
+                 strstr(line, "unexpectedly disconnected") || strstr(line, "lost communication") ||
+                 strstr(line, "exited on signal");
+    if (is_err && !A->t_fail) {
+        A->t_fail = t;
+        snprintf(A->first_error, sizeof A->first_error, "%.500s", line);
+    }
+    if ((r = rank_after(line, "pipedream: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
+    if ((r = rank_after(line, "error: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
+    if ((p = strstr(line, "Remote daemon")) && (p = strstr(p, " on node ")) && A->n_daemon_lost < 8)
+        sscanf(p + 9, "%255s", A->daemon_lost[A->n_daemon_lost++]);
+    for (p = strstr(line, "lost rank "); p; p = strstr(p + 1, ", rank ")) {
+        r = atoi(p + (p[0] == 'l' ? 10 : 7));
+        if (r >= 0 && r < MAX_RANKS) A->lost[r]++;
+    }
+    if ((p = strstr(line, "timed out")) && (p = strstr(p, "for rank ")) && (r = atoi(p + 9)) >= 0 && r < MAX_RANKS)
+        A->late[r]++;
+}
+
+/* A failure being recovered from: when it was detected (0: none), what the relaunch resumes. */
+typedef struct Recovery {
+    double t_detect, total_s;
+    int attempt, hosts;
+    long resume_mb;
+} Recovery;
+
+static FILE *event_begin(const Launch *L, const char *kind);
+static void event_end(FILE *f);
+
+/* The relaunch trains again (rank 0's "training" line): the recovery ends. */
+static void recovered(const Launch *L, Recovery *rec, double t) {
+    double dt = t - rec->t_detect;
+    rec->total_s += dt;
+    rec->t_detect = 0;
+    fprintf(stderr, "pipedream: launch: training again on %d host%s %.1f s after the failure was detected\n",
+            rec->hosts, rec->hosts == 1 ? "" : "s", dt);
+    FILE *e = event_begin(L, "recovered");
+    if (e) fprintf(e, ",\"attempt\":%d,\"hosts\":%d,\"recovery_s\":%.3f,\"resume_minibatches\":%ld", rec->attempt,
+                   rec->hosts, dt, rec->resume_mb);
+    event_end(e);
+}
+
+/* Hosts to take in at a checkpoint: the candidates that answer, and the plan with them. */
+typedef struct Grow {
+    const Profile *prof;
+    const Host *hosts;
+    int n_hosts;
+    const Plan *plan;
+    Host add[MAX_HOSTS];
+    int n_add;
+    Plan *next;
+} Grow;
+static int grow_check(Launch *L, Grow *g);
+static long newest_ckpt(const char *dir);
+
+/* Runs one mpirun to its end, relaying its stderr to ours and into err_path. When the hostfile
+ * changes it probes and plans (grow_check); with hosts to take in, it ends the job at the next
+ * checkpoint (A->grow) so that the next attempt resumes from there on more hosts. */
+static int run_attempt(Launch *L, char **argv, const char *out_path, const char *err_path, Attempt *A,
+                       Recovery *rec, Grow *g) {
+    memset(A, 0, sizeof *A);
+    A->t_start = now_s();
+    FILE *log = fopen(err_path, "w");
+    int fd;
+    pid_t pid = spawn(argv, out_path, &fd);
+    if (pid < 0) {
+        if (log) fclose(log);
+        fprintf(stderr, "pipedream: error: cannot start %s: %s\n", argv[0], strerror(errno));
+        return -1;
+    }
+    g_child = pid;
+    char buf[8192], line[4096];
+    size_t ln = 0;
+    int eof = 0, killed = 0, pending = 0;
+    double t_kill = 0;
+    while (!eof) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        int k = poll(&pf, 1, 200);
+        if (k > 0) {
+            ssize_t n = read(fd, buf, sizeof buf);
+            if (n <= 0) {
+                eof = 1;
+                n = 0;
+            }
+            fwrite(buf, 1, (size_t)n, stderr);
+            if (log) fwrite(buf, 1, (size_t)n, log);
+            for (ssize_t i = 0; i < n; i++) {
+                if (buf[i] == '\n' || ln == sizeof line - 1) {
+                    line[ln] = 0;
+                    scan_line(A, line, now_s());
+                    if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
+                    if (A->ck_seen && pending && !killed && !A->t_fail && A->ck_mb[1] < A->n_mb) {
+                        fprintf(stderr, "pipedream: launch: taking in %d host%s: predicted %.4g s per minibatch instead of %.4g; "
+                                "restarting from the newest checkpoint\n", g->n_add, g->n_add == 1 ? "" : "s",
+                                g->next->pipeline_s, g->plan->pipeline_s);
+                        kill(pid, SIGTERM);
+                        killed = A->grow = 1;
+                        t_kill = now_s();
+                    }
+                    A->ck_seen = 0;
+                    ln = 0;
+                } else {
+                    line[ln++] = buf[i];
+                }
+            }
+        }
+        /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
+        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
+        /* a host gone silent can keep mpirun waiting: end it once the grace is over */
+        if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
+            fprintf(stderr, "pipedream: launch: mpirun still running %.0f s after the failure: ending it\n",
+                    now_s() - A->t_fail);
+            kill(pid, SIGTERM);
+            killed = 1;
+            t_kill = now_s();
+        } else if (killed && now_s() - t_kill > 10) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+        }
+    }
+    close(fd);
+    waitpid(pid, &A->status, 0);
+    g_child = 0;
+    if (log) fclose(log);
+    if (!(WIFEXITED(A->status) && WEXITSTATUS(A->status) == 0) && !A->t_fail) A->t_fail = now_s();
+    return 0;
+}
+
+/* ---- plans and events --------------------------------------------------------------------- */
+
+static Plan *plan_for(const Launch *L, const Profile *prof, int n, Err *err) {
+    Cluster cl;
+    memset(&cl, 0, sizeof cl);
+    cl.n_levels = 1;
+    cl.level[0].workers = n;
+    cl.level[0].bandwidth = L->bandwidth;
+    PlanOpts o;
+    memset(&o, 0, sizeof o);
+    o.cost_model = COST_OURS;
+    o.straight = L->straight;
+    return plan_new(prof, &cl, &o, err);
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_hosts(FILE *f, const Host *h, int n) {
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        json_str(f, h[i].name);
+    }
+    fputc(']', f);
+}
+
+/* {"stages": S, "layers": [[first, last], ...], "replicas": [...], "predicted_s": x} */
+static void json_plan(FILE *f, const Plan *p) {
+    if (!p) {
+        fputs("null", f);
+        return;
+    }
+    fprintf(f, "{\"stages\":%d,\"layers\":[", p->n_stages);
+    for (int s = 0; s < p->n_stages; s++)
+        fprintf(f, "%s[%d,%d]", s ? "," : "", p->stages[s].layers[0], p->stages[s].layers[p->stages[s].n_layers - 1]);
+    fputs("],\"replicas\":[", f);
+    for (int s = 0; s < p->n_stages; s++) fprintf(f, "%s%d", s ? "," : "", p->stages[s].replicas);
+    fprintf(f, "],\"predicted_s_per_minibatch\":%.6g}", p->pipeline_s);
+}
+
+static void plan_brief(const Plan *p, char *b, size_t n) {
+    size_t k = (size_t)snprintf(b, n, "%d stage%s", p->n_stages, p->n_stages == 1 ? "" : "s");
+    for (int s = 0; s < p->n_stages && k < n; s++)
+        k += (size_t)snprintf(b + k, n - k, "%s layers %d-%d x%d", s ? "," : ":", p->stages[s].layers[0],
+                              p->stages[s].layers[p->stages[s].n_layers - 1], p->stages[s].replicas);
+}
+
+/* Starts an event line: {"event": kind, "t": seconds since launch, "time": UTC. The caller
+ * adds its fields and ends it with event_end. */
+static FILE *event_begin(const Launch *L, const char *kind) {
+    if (!L->events) return NULL;
+    char ts[32];
+    struct timespec w;
+    clock_gettime(CLOCK_REALTIME, &w);
+    size_t k = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", gmtime(&w.tv_sec));
+    snprintf(ts + k, sizeof ts - k, ".%03dZ", (int)(w.tv_nsec / 1000000));
+    fprintf(L->events, "{\"event\":\"%s\",\"t\":%.3f,\"time\":\"%s\"", kind, now_s() - L->t0, ts);
+    return L->events;
+}
+static void event_end(FILE *f) {
+    if (!f) return;
+    fputs("}\n", f);
+    fflush(f);
+}
+
+/* The newest ckpt-<minibatches>.safetensors in dir: its minibatches, or -1. */
+static long newest_ckpt(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    long best = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        long mb;
+        char tail[32];
+        if (sscanf(e->d_name, "ckpt-%ld.%31s", &mb, tail) == 2 && !strcmp(tail, "safetensors") && mb > best)
+            best = mb;
+    }
+    closedir(d);
+    return best;
+}
+
+/* ---- the loop ----------------------------------------------------------------------------- */
+
+/* Does the attempt's stdout hold the training summary (printed once training completed)? */
+static int has_summary(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char l[65536];
+    int yes = 0;
+    while (!yes && fgets(l, sizeof l, f)) yes = strstr(l, "\"steps\":") != NULL;
+    fclose(f);
+    return yes;
+}
+
+static int status_text(int st, char *b, size_t n) {
+    if (WIFEXITED(st)) return snprintf(b, n, "mpirun exited %d", WEXITSTATUS(st));
+    if (WIFSIGNALED(st)) return snprintf(b, n, "mpirun killed by signal %d", WTERMSIG(st));
+    return snprintf(b, n, "mpirun status %d", st);
+}
+
+static int ts_after(struct timespec a, struct timespec b) {
+    return a.tv_sec > b.tv_sec || (a.tv_sec == b.tv_sec && a.tv_nsec > b.tv_nsec);
+}
+
+/* When the hostfile changed since the last look: its hosts not in g->hosts (a dropped one only
+ * if the file changed after it was dropped) that answer a probe; if the planner predicts a
+ * faster minibatch with them, g->add and g->next (the caller's) and 1. */
+static int grow_check(Launch *L, Grow *g) {
+    struct stat st;
+    if (!g || stat(L->hostfile, &st) || !ts_after(st.st_mtim, L->hf_seen)) return 0;
+    L->hf_seen = st.st_mtim;
+    Host listed[MAX_HOSTS];
+    int n_listed = read_hostfile(L->hostfile, listed, MAX_HOSTS);
+    g->n_add = 0;
+    for (int i = 0; i < n_listed && g->n_hosts + g->n_add < MAX_HOSTS; i++) {
+        int skip = 0;
+        for (int j = 0; j < g->n_hosts; j++) skip |= !strcmp(listed[i].name, g->hosts[j].name);
+        for (int j = 0; j < L->n_dropped; j++)
+            skip |= !strcmp(listed[i].name, L->dropped[j].name) && !ts_after(st.st_mtim, L->dropped_at[j]);
+        if (skip) continue;
+        if (probe_host(L, &listed[i])) g->add[g->n_add++] = listed[i];
+        else fprintf(stderr, "pipedream: launch: %s is listed but does not answer: not taken in\n", listed[i].name);
+    }
+    if (!g->n_add) return 0;
+    Err err = {0};
+    g->next = plan_for(L, g->prof, g->n_hosts + g->n_add, &err);
+    if (g->next && g->next->pipeline_s < g->plan->pipeline_s) return 1;
+    if (g->next)
+        fprintf(stderr, "pipedream: launch: %d more host%s would not be faster (predicted %.4g s per minibatch, now %.4g): not taken in\n",
+                g->n_add, g->n_add == 1 ? "" : "s", g->next->pipeline_s, g->plan->pipeline_s);
+    else
+        fprintf(stderr, "pipedream: launch: no plan for %d hosts: %s\n", g->n_hosts + g->n_add, err.msg);
+    plan_free(g->next);
+    g->next = NULL;
+    g->n_add = 0;
+    return 0;
+}
+
+static int supervise(Launch *L, const Profile *prof) {
+    Host hosts[MAX_HOSTS];
+    int n_hosts, restarts = 0, changes = 0, rc = CLI_FAIL;
+    Recovery rec = {0};
+    long total_lost = 0, ck_last_failure = -2;
+    Plan *plan = NULL;
+    Err err = {0};
+    struct stat st0;
+    if (!stat(L->hostfile, &st0)) L->hf_seen = st0.st_mtim;
+    if ((n_hosts = read_hostfile(L->hostfile, hosts, MAX_HOSTS)) < 0) return CLI_FAIL;
+    static Grow g;
+    for (int attempt = 0;; attempt++) {
+        if (n_hosts < L->min_hosts) {
+            fprintf(stderr, "pipedream: error: launch: %d host%s left, fewer than --min-hosts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
+                    n_hosts, n_hosts == 1 ? "" : "s", L->min_hosts, L->ckpt_dir, newest_ckpt(L->ckpt_dir));
+            FILE *e = event_begin(L, "gave_up");
+            if (e) fprintf(e, ",\"reason\":\"fewer than %d hosts\",\"hosts\":", L->min_hosts), json_hosts(e, hosts, n_hosts);
+            event_end(e);
+            break;
+        }
+        if (!plan && !(plan = plan_for(L, prof, n_hosts, &err))) {
+            rc = cli_fail(&err);
+            break;
+        }
+        char plan_path[PATH_MAX + 32], hf_path[PATH_MAX + 32], out_path[PATH_MAX + 32], err_path[PATH_MAX + 32];
+        snprintf(plan_path, sizeof plan_path, "%s/plan-%d.json", L->run_dir, attempt);
+        snprintf(hf_path, sizeof hf_path, "%s/hosts-%d", L->run_dir, attempt);
+        snprintf(out_path, sizeof out_path, "%s/train-%d.out", L->run_dir, attempt);
+        snprintf(err_path, sizeof err_path, "%s/train-%d.err", L->run_dir, attempt);
+        if (plan_save(plan, plan_path, &err)) {
+            rc = cli_fail(&err);
+            break;
+        }
+        if (write_hostfile(hf_path, hosts, n_hosts)) {
+            fprintf(stderr, "pipedream: error: cannot write %s: %s\n", hf_path, strerror(errno));
+            break;
+        }
+        long resume_mb = newest_ckpt(L->ckpt_dir);
+        char np[16], every[16], *extra[MAX_ARGS];
+        snprintf(np, sizeof np, "%d", n_hosts);
+        snprintf(every, sizeof every, "%d", L->ckpt_every);
+        int k = 0;
+        const char *fixed[] = {"--hostfile", hf_path, "-np", np, L->exe, "train", L->model};
+        for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) extra[k++] = (char *)fixed[i];
+        for (int i = 0; i < L->n_train_args && k < MAX_ARGS - 12; i++) extra[k++] = L->train_args[i];
+        const char *mine[] = {"--plan", plan_path, "--checkpoint-every", every, "--checkpoint-dir", L->ckpt_dir};
+        for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) extra[k++] = (char *)mine[i];
+        if (resume_mb > 0) extra[k++] = "--resume", extra[k++] = (char *)L->ckpt_dir;
+        extra[k] = NULL;
+        char buf[4096], *argv[MAX_ARGS];
+        mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
+
+        char brief[512];
+        plan_brief(plan, brief, sizeof brief);
+        fprintf(stderr, "pipedream: launch: attempt %d on %d host%s (%s)%s\n", attempt, n_hosts, n_hosts == 1 ? "" : "s",
+                brief, resume_mb > 0 ? ", resuming" : "");
+        FILE *e = event_begin(L, "start");
+        if (e) {
+            fprintf(e, ",\"attempt\":%d,\"hosts\":", attempt);
+            json_hosts(e, hosts, n_hosts);
+            fputs(",\"plan\":", e);
+            json_plan(e, plan);
+            fprintf(e, ",\"plan_file\":");
+            json_str(e, plan_path);
+            fprintf(e, ",\"resume_minibatches\":%ld", resume_mb > 0 ? resume_mb : 0);
+        }
+        event_end(e);
+
+        Attempt A;
+        rec.attempt = attempt, rec.hosts = n_hosts, rec.resume_mb = resume_mb;
+        g = (Grow){.prof = prof, .hosts = hosts, .n_hosts = n_hosts, .plan = plan};
+        if (run_attempt(L, argv, out_path, err_path, &A, &rec, &g)) break;
+        char st[64];
+        status_text(A.status, st, sizeof st);
+        if (g_stop) {
+            fprintf(stderr, "pipedream: launch: stopped on signal %d (%s)\n", (int)g_stop, st);
+            e = event_begin(L, "stopped");
+            if (e) fprintf(e, ",\"signal\":%d", (int)g_stop);
+            event_end(e);
+            break;
+        }
+        /* completed: exit 0, or a summary written before the job was ended anyway */
+        int completed = (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) || has_summary(out_path);
+        if (A.grow && !completed) {
+            long ck = newest_ckpt(L->ckpt_dir);
+            Host after[MAX_HOSTS];
+            memcpy(after, hosts, sizeof(Host) * (size_t)n_hosts);
+            memcpy(after + n_hosts, g.add, sizeof(Host) * (size_t)g.n_add);
+            e = event_begin(L, "membership");
+            if (e) {
+                fprintf(e, ",\"attempt\":%d,\"reason\":\"hosts listed and answering; the planner predicts %.6g s per minibatch instead of %.6g\",\"added\":",
+                        attempt, g.next->pipeline_s, plan->pipeline_s);
+                json_hosts(e, g.add, g.n_add);
+                fputs(",\"removed\":[],\"hosts_before\":", e);
+                json_hosts(e, hosts, n_hosts);
+                fputs(",\"hosts_after\":", e);
+                json_hosts(e, after, n_hosts + g.n_add);
+                fputs(",\"plan_before\":", e);
+                json_plan(e, plan);
+                fputs(",\"plan_after\":", e);
+                json_plan(e, g.next);
+                fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+            }
+            event_end(e);
+            fprintf(stderr, "pipedream: launch: took in");
+            for (int i = 0; i < g.n_add; i++) fprintf(stderr, " %s", g.add[i].name);
+            fprintf(stderr, "; %d hosts; resuming from minibatch %ld\n", n_hosts + g.n_add, ck > 0 ? ck : 0);
+            n_hosts += g.n_add;
+            memcpy(hosts, after, sizeof(Host) * (size_t)n_hosts);
+            plan_free(plan);
+            plan = g.next;
+            g.next = NULL;
+            changes++;
+            continue;
+        }
+        plan_free(g.next);
+        g.next = NULL;
+        if (completed) {
+            /* the train summary (stdout of the last attempt) is launch's stdout */
+            FILE *o = fopen(out_path, "r");
+            long steps = -1;
+            if (o) {
+                char l[65536];
+                while (fgets(l, sizeof l, o)) {
+                    fputs(l, stdout);
+                    const char *p = strstr(l, "\"steps\":");
+                    if (p) steps = atol(p + 8);
+                }
+                fclose(o);
+            }
+            fflush(stdout);
+            fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering\n",
+                    steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, rec.total_s);
+            e = event_begin(L, "done");
+            if (e) {
+                fprintf(e, ",\"steps\":%ld,\"hosts\":", steps);
+                json_hosts(e, hosts, n_hosts);
+                fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f", changes, total_lost,
+                        rec.total_s);
+            }
+            event_end(e);
+            rc = CLI_OK;
+            break;
+        }
+
+        /* A failure. Gone: the hosts whose daemon Open MPI lost, the ranks a survivor named
+         * lost that did not speak themselves; failing those, the ranks that stayed silent
+         * while others stopped, or the rank most waited for in timeouts (rank r runs on host
+         * r of the attempt's hostfile). Then every other host whose rank printed nothing and that
+         * does not answer a probe. */
+        rec.t_detect = A.t_fail;
+        int gone[MAX_HOSTS] = {0}, n_gone = 0;
+        for (int i = 0; i < A.n_daemon_lost; i++)
+            for (int r = 0; r < n_hosts; r++)
+                if (!gone[r] && !strcmp(A.daemon_lost[i], hosts[r].name)) gone[r] = 1, n_gone++;
+        for (int r = 0; r < n_hosts; r++)
+            if (!gone[r] && A.lost[r] && !A.spoke[r]) gone[r] = 1, n_gone++;
+        if (!n_gone && A.any_spoke)
+            for (int r = 0; r < n_hosts; r++)
+                if (!A.spoke[r]) gone[r] = 1, n_gone++;
+        if (!n_gone) {
+            int worst = -1;
+            for (int r = 0; r < n_hosts; r++)
+                if (A.late[r] && (worst < 0 || A.late[r] > A.late[worst])) worst = r;
+            if (worst >= 0) gone[worst] = 1, n_gone++;
+        }
+        for (int r = 0; r < n_hosts; r++)
+            if (!gone[r] && !A.spoke[r] && !probe_host(L, &hosts[r])) {   /* a rank that spoke was reachable */
+                fprintf(stderr, "pipedream: launch: host %s does not answer (rank %d)\n", hosts[r].name, r);
+                gone[r] = 1, n_gone++;
+            }
+        long ck = newest_ckpt(L->ckpt_dir);
+        /* work since the checkpoint: the time since it, at the pace between the last two */
+        long lost_mb = 0;
+        double from = A.t_ck[1] > 0 ? A.t_ck[1] : A.t_training;
+        double pace = A.t_ck[0] > 0 && A.ck_mb[1] > A.ck_mb[0] ? (A.t_ck[1] - A.t_ck[0]) / (double)(A.ck_mb[1] - A.ck_mb[0])
+                      : A.t_ck[1] > 0 && A.t_training > 0 ? (A.t_ck[1] - A.t_training) / (double)L->ckpt_every : 0;
+        if (from > 0 && pace > 0) {
+            lost_mb = (long)((A.t_fail - from) / pace + 0.5);
+            if (lost_mb > L->ckpt_every) lost_mb = L->ckpt_every;
+        }
+        total_lost += lost_mb;
+        Host after[MAX_HOSTS];
+        int n_after = 0;
+        struct stat stf;
+        struct timespec hf_now = stat(L->hostfile, &stf) ? L->hf_seen : stf.st_mtim;
+        for (int r = 0; r < n_hosts; r++)
+            if (!gone[r]) after[n_after++] = hosts[r];
+            else if (L->n_dropped < MAX_HOSTS) L->dropped_at[L->n_dropped] = hf_now, L->dropped[L->n_dropped++] = hosts[r];
+        /* hosts taken out of the hostfile go too */
+        Host listed[MAX_HOSTS];
+        int n_listed = read_hostfile(L->hostfile, listed, MAX_HOSTS);
+        if (n_listed >= 0) {
+            int m = 0;
+            for (int i = 0; i < n_after; i++) {
+                int in = 0;
+                for (int j = 0; j < n_listed; j++) in |= !strcmp(after[i].name, listed[j].name);
+                if (in) after[m++] = after[i];
+            }
+            n_after = m;
+        }
+        Plan *next = NULL;
+        if (n_after != n_hosts && n_after >= L->min_hosts && !(next = plan_for(L, prof, n_after, &err))) {
+            rc = cli_fail(&err);
+            break;
+        }
+        char why[700];
+        snprintf(why, sizeof why, "%s%s%.600s", st, A.first_error[0] ? ": " : "", A.first_error);
+        fprintf(stderr, "pipedream: launch: attempt %d failed (%s)\n", attempt, why);
+        e = event_begin(L, n_after != n_hosts ? "membership" : "failure");
+        if (e) {
+            fprintf(e, ",\"attempt\":%d,\"reason\":", attempt);
+            json_str(e, why);
+            fputs(",\"exit_status\":", e);
+            fprintf(e, "%d", WIFEXITED(A.status) ? WEXITSTATUS(A.status) : 128 + WTERMSIG(A.status));
+            fputs(",\"lost_ranks\":[", e);
+            for (int r = 0, c = 0; r < n_hosts; r++)
+                if (gone[r]) fprintf(e, "%s%d", c++ ? "," : "", r);
+            fputs("],\"removed\":[", e);
+            for (int r = 0, c = 0; r < n_hosts; r++)
+                if (gone[r]) fprintf(e, "%s", c++ ? "," : ""), json_str(e, hosts[r].name);
+            fputs("],\"hosts_before\":", e);
+            json_hosts(e, hosts, n_hosts);
+            fputs(",\"hosts_after\":", e);
+            json_hosts(e, after, n_after);
+            fputs(",\"plan_before\":", e);
+            json_plan(e, plan);
+            fputs(",\"plan_after\":", e);
+            json_plan(e, next ? next : n_after == n_hosts ? plan : NULL);
+            fprintf(e, ",\"checkpoint_minibatches\":%ld,\"minibatches_lost\":%ld,\"detected_t\":%.3f", ck > 0 ? ck : 0,
+                    lost_mb, A.t_fail - L->t0);
+        }
+        event_end(e);
+        if (n_after != n_hosts) {
+            changes++;
+            fprintf(stderr, "pipedream: launch: removed");
+            for (int r = 0; r < n_hosts; r++)
+                if (gone[r]) fprintf(stderr, " %s (rank %d)", hosts[r].name, r);
+            fprintf(stderr, "; %d host%s left; resuming from minibatch %ld (about %ld minibatches lost)\n", n_after,
+                    n_after == 1 ? "" : "s", ck > 0 ? ck : 0, lost_mb);
+            memcpy(hosts, after, sizeof(Host) * (size_t)n_after);
+            n_hosts = n_after;
+            plan_free(plan);
+            plan = next;
+        }
+        if (n_after == n_hosts && ck == ck_last_failure) {   /* no host to blame, no progress since */
+            fprintf(stderr, "pipedream: error: launch: failed twice on the same hosts without a new checkpoint (%s); "
+                    "last checkpoint: %s/ckpt-%010ld.safetensors\n", why, L->ckpt_dir, ck);
+            e = event_begin(L, "gave_up");
+            if (e) fprintf(e, ",\"reason\":\"failed twice without a lost host or a new checkpoint\"");
+            event_end(e);
+            break;
+        }
+        ck_last_failure = n_after == n_hosts ? ck : -2;
+        if (++restarts > L->max_restarts) {
+            fprintf(stderr, "pipedream: error: launch: %d relaunches, more than --max-restarts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
+                    restarts - 1, L->max_restarts, L->ckpt_dir, ck);
+            e = event_begin(L, "gave_up");
+            if (e) fprintf(e, ",\"reason\":\"more than %d relaunches\"", L->max_restarts);
+            event_end(e);
+            break;
+        }
+    }
+    plan_free(plan);
+    return rc;
+}
+
+int cmd_launch(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        help(stdout);
+        return CLI_OK;
+    }
+    Launch L;
+    memset(&L, 0, sizeof L);
+    L.ckpt_every = 50;
+    L.min_hosts = 1;
+    L.max_restarts = 16;
+    L.bandwidth = 1.25e8;
+    L.probe_timeout = 20;
+    L.grace = 10;
+    L.mpirun = "mpirun";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "--")) {
+            L.train_args = argv + i + 1;
+            L.n_train_args = argc - i - 1;
+            break;
+        }
+#define VAL() if (!(v = cli_value("launch", argc, argv, &i))) return CLI_USAGE
+        if (!strcmp(a, "--hosts")) { VAL(); L.hostfile = v; }
+        else if (!strcmp(a, "--profile")) { VAL(); L.profile = v; }
+        else if (!strcmp(a, "--run-dir")) { VAL(); L.run_dir = v; }
+        else if (!strcmp(a, "--events")) { VAL(); L.events_path = v; }
+        else if (!strcmp(a, "--mpirun")) { VAL(); L.mpirun = v; }
+        else if (!strcmp(a, "--mpirun-args")) { VAL(); L.mpirun_args = v; }
+        else if (!strcmp(a, "--straight")) L.straight = 1;
+        else if (!strcmp(a, "--checkpoint-every")) { VAL(); if (cli_parse_int("launch", a, v, 1, 1000000000, &L.ckpt_every)) return CLI_USAGE; }
+        else if (!strcmp(a, "--min-hosts")) { VAL(); if (cli_parse_int("launch", a, v, 1, MAX_HOSTS, &L.min_hosts)) return CLI_USAGE; }
+        else if (!strcmp(a, "--max-restarts")) { VAL(); if (cli_parse_int("launch", a, v, 0, 1000000, &L.max_restarts)) return CLI_USAGE; }
+        else if (!strcmp(a, "--bandwidth")) { VAL(); if (cli_parse_double("launch", a, v, 1, 1e15, &L.bandwidth)) return CLI_USAGE; }
+        else if (!strcmp(a, "--probe-timeout")) { VAL(); if (cli_parse_double("launch", a, v, 0.1, 1e5, &L.probe_timeout)) return CLI_USAGE; }
+        else if (!strcmp(a, "--grace")) { VAL(); if (cli_parse_double("launch", a, v, 0, 1e5, &L.grace)) return CLI_USAGE; }
+        else if (a[0] == '-') return cli_usage_error("launch", "unknown option %s (train flags go after --)", a);
+        else if (!L.model) L.model = a;
+        else return cli_usage_error("launch", "one MODEL.json expected, got \"%s\" too", a);
+#undef VAL
+    }
+    if (!L.hostfile || !L.profile || !L.run_dir || !L.model)
+        return cli_usage_error("launch", "needs --hosts, --profile, --run-dir and MODEL.json");
+    static const char *const OWN[] = {"--plan", "--workers", "--checkpoint-every", "--checkpoint-dir", "--resume"};
+    for (int i = 0; i < L.n_train_args; i++)
+        for (size_t j = 0; j < sizeof OWN / sizeof *OWN; j++)
+            if (!strcmp(L.train_args[i], OWN[j]))
+                return cli_usage_error("launch", "%s: launch sets it for every relaunch; give launch's own flags", OWN[j]);
+    ssize_t n = readlink("/proc/self/exe", L.exe, sizeof L.exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "pipedream: error: cannot find this executable (/proc/self/exe): %s\n", strerror(errno));
+        return CLI_FAIL;
+    }
+    L.exe[n] = 0;
+    if (mkdir(L.run_dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "pipedream: error: cannot create the run directory %s: %s\n", L.run_dir, strerror(errno));
+        return CLI_FAIL;
+    }
+    char rd[PATH_MAX];
+    if (!realpath(L.run_dir, rd)) {
+        fprintf(stderr, "pipedream: error: %s: %s\n", L.run_dir, strerror(errno));
+        return CLI_FAIL;
+    }
+    snprintf(L.ckpt_dir, sizeof L.ckpt_dir, "%.*s/ckpt", PATH_MAX - 8, rd);
+    L.run_dir = rd;
+    Profile prof;
+    Err err = {0};
+    if (profile_load(L.profile, &prof, &err)) return cli_fail(&err);
+    if (L.events_path && !(L.events = fopen(L.events_path, "a"))) {
+        fprintf(stderr, "pipedream: error: cannot open the event log %s: %s\n", L.events_path, strerror(errno));
+        profile_release(&prof);
+        return CLI_FAIL;
+    }
+    L.t0 = now_s();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int rc = supervise(&L, &prof);
+    profile_release(&prof);
+    if (L.events) fclose(L.events);
+    return rc;
+}
