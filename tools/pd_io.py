@@ -12,6 +12,7 @@
 
 Used by tools/export_torch.py and tools/torch_train_lm.py."""
 import json
+import math
 import struct
 import zlib
 
@@ -343,3 +344,19 @@ def write_start_checkpoint(directory, model, params, seed, optimizer='adam', sch
     path = os.path.join(directory, 'ckpt-0000000000.safetensors')
     write_safetensors(path, out + moments, meta)
     return path
+
+
+# ---- the learning-rate schedule ------------------------------------------------------------------
+
+
+def scheduled_lr(t, lr, schedule='constant', warmup=0, decay_steps=0, min_lr=0.0):
+    """pipedream's optim_lr: the learning rate of optimizer step t (from 0): a linear warm-up
+    over `warmup` steps (lr (t + 1) / warmup), then, for 'cosine' or 'linear', a decay from lr
+    to min_lr at step decay_steps, flat after it."""
+    if t < warmup:
+        return lr * (t + 1) / warmup
+    if schedule == 'constant':
+        return lr
+    q = min((t - warmup) / (decay_steps - warmup), 1.0) if decay_steps > warmup else 1.0
+    f = 0.5 * (1.0 + math.cos(math.pi * q)) if schedule == 'cosine' else 1.0 - q
+    return min_lr + (lr - min_lr) * f

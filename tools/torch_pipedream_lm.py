@@ -44,7 +44,6 @@ every minibatch's loss)}.
 ... --plan P --resume DIR` starts from the same weights (the pipelined command has no --init)."""
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -255,15 +254,8 @@ def direction(s):
 
 
 def sched_lr(t):
-    # the schedule of step t (pipedream's optim_lr): linear warm-up, then cosine or linear decay to --min-lr
-    W, T = args.warmup_steps, args.decay_steps or args.steps
-    if t < W:
-        return args.lr * (t + 1) / W
-    if args.lr_schedule == 'constant':
-        return args.lr
-    q = min((t - W) / (T - W), 1.0) if T > W else 1.0
-    f = 0.5 * (1.0 + math.cos(math.pi * q)) if args.lr_schedule == 'cosine' else 1.0 - q
-    return args.min_lr + (args.lr - args.min_lr) * f
+    return pd_io.scheduled_lr(t, args.lr, args.lr_schedule, args.warmup_steps, args.decay_steps or args.steps,
+                              args.min_lr)
 
 
 def stage_lr(s, t):

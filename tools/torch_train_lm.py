@@ -18,7 +18,6 @@ samples_per_s does; samples_per_cpu_s divides by the CPU time of the process ins
 wall time (the fair measure on a shared machine: both runs are single-threaded)."""
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -72,16 +71,8 @@ Opt = torch.optim.AdamW if args.optimizer == 'adamw' else torch.optim.Adam
 opt = Opt(model.parameters(), lr=args.lr, betas=(0.9, args.beta2), weight_decay=args.weight_decay)
 
 
-def sched_lr(t):
-    # pipedream's optim_lr with --decay-steps the run's length
-    W, T = args.warmup_steps, args.steps
-    if t < W:
-        return args.lr * (t + 1) / W
-    if args.lr_schedule == 'constant':
-        return args.lr
-    q = min((t - W) / (T - W), 1.0) if T > W else 1.0
-    f = 0.5 * (1.0 + math.cos(math.pi * q)) if args.lr_schedule == 'cosine' else 1.0 - q
-    return args.min_lr + (args.lr - args.min_lr) * f
+def sched_lr(t):   # the decay ends at the run's last step, as pipedream's default
+    return pd_io.scheduled_lr(t, args.lr, args.lr_schedule, args.warmup_steps, args.steps, args.min_lr)
 
 
 model.train()

@@ -10,28 +10,8 @@ typedef struct Cands {
     int n, cap;
 } Cands;
 
-/* Adds p (taking it) unless it is NULL or a partition already proposed. */
-static void add(Cands *cs, Plan *p, const char *source) {
-    if (!p) return;
-    for (int i = 0; i < cs->n; i++)
-        if (plan_same_partition(cs->c[i].plan, p)) {
-            plan_free(p);
-            return;
-        }
-    if (cs->n == cs->cap) {
-        cs->cap = cs->cap ? 2 * cs->cap : 16;
-        cs->c = realloc(cs->c, (size_t)cs->cap * sizeof *cs->c);
-        PD_ASSERT(cs->c);
-    }
-    ChooseCand *c = &cs->c[cs->n++];
-    memset(c, 0, sizeof *c);
-    c->plan = p;
-    snprintf(c->source, sizeof c->source, "%s", source);
-}
-
-/* Adds a placement of a partition (taking it): the same partition on other workers is a
- * candidate of its own. */
-static void add_placed(Cands *cs, Plan *p, const char *source, int enumerated) {
+/* Appends p (taking it) as a candidate. */
+static void push(Cands *cs, Plan *p, const char *source, int enumerated) {
     if (cs->n == cs->cap) {
         cs->cap = cs->cap ? 2 * cs->cap : 16;
         cs->c = realloc(cs->c, (size_t)cs->cap * sizeof *cs->c);
@@ -42,6 +22,17 @@ static void add_placed(Cands *cs, Plan *p, const char *source, int enumerated) {
     c->plan = p;
     c->enumerated = enumerated;
     snprintf(c->source, sizeof c->source, "%s", source);
+}
+
+/* Adds p (taking it) unless it is NULL or a partition already proposed. */
+static void add(Cands *cs, Plan *p, const char *source) {
+    if (!p) return;
+    for (int i = 0; i < cs->n; i++)
+        if (plan_same_partition(cs->c[i].plan, p)) {
+            plan_free(p);
+            return;
+        }
+    push(cs, p, source, 0);
 }
 
 /* Data parallelism as a plan: one stage of every layer, a replica on each worker; our cost
@@ -203,7 +194,8 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
             for (int r = 0; r < W; r++) perm[r] = r;
             char src[40];
             snprintf(src, sizeof src, "%.30s, placed", cs.c[i].source);
-            while (next_perm(perm, W)) add_placed(&cs, placed(cs.c[i].plan, perm), src, cs.c[i].enumerated);
+            /* a placement of a partition is a candidate of its own (push: no dedup by partition) */
+            while (next_perm(perm, W)) push(&cs, placed(cs.c[i].plan, perm), src, cs.c[i].enumerated);
         }
         score_from(&cs, first, sim_prof, cl, kind, M, o->opt_state_factor, limit);
         qsort(cs.c, (size_t)cs.n, sizeof *cs.c, cmp);
