@@ -66,7 +66,7 @@ static void help(FILE *f) {
             "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
             "  --straggler-factor F    report a host whose compute per unit exceeds F times the\n"
-            "                          profile's prediction at 2 checkpoints in a row (default 1.5;\n"
+            "                          profile's prediction at 2 checkpoints in a row (default 2;\n"
             "                          a straggler event, a stderr line, the summary)\n"
             "  --no-stragglers         do not watch for stragglers\n"
             "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
@@ -339,8 +339,8 @@ static double num_in(const char *s, const char *end, const char *key) {
 
 /* Reads the progress lines the job appended since the last look (one per checkpoint: every
  * rank's compute per unit beside the prediction, train --progress-file). A rank over
- * --straggler-factor times its prediction at 2 checkpoints in a row is reported once per
- * attempt: on stderr, a straggler event, the summary. */
+ * --straggler-factor times its prediction (and by 10% of the largest stage's) at 2 checkpoints
+ * in a row is reported once per attempt: on stderr, a straggler event, the summary. */
 static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
     FILE *f = fopen(L->progress, "r");
     if (!f) return;
@@ -351,13 +351,20 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
         if (!n || line[n - 1] != '\n') break;   /* not complete yet: read it next time */
         L->progress_at += (long)n;
         long mb = (long)num_in(line, line + n, "\"minibatches\":");
+        /* a stage too small to hold the pipeline back is no straggler: the excess must be at
+         * least 10% of the largest stage's prediction */
+        double most = 0;
+        for (const char *p = strstr(line, "\"predicted_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_ms_per_unit\":")) {
+            double x = strtod(p + 24, NULL);
+            if (x > most) most = x;
+        }
         for (const char *p = strstr(line, "{\"rank\":"); p;) {
             const char *next = strstr(p + 1, "{\"rank\":"), *end = next ? next : line + n;
             int r = atoi(p + 8), st = (int)num_in(p, end, "\"stage\":");
             double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = num_in(p, end, "\"predicted_ms_per_unit\":");
             p = next;
             if (r < 0 || r >= n_hosts || r >= MAX_HOSTS || !(pred > 0) || !(ms >= 0)) continue;
-            L->over[r] = ms > L->straggler_factor * pred ? L->over[r] + 1 : 0;
+            L->over[r] = ms > L->straggler_factor * pred && ms - pred >= 0.1 * most ? L->over[r] + 1 : 0;
             if (L->over[r] < 2 || L->reported[r]) continue;
             L->reported[r] = 1;
             fprintf(stderr, "pipedream: launch: straggler: %s (rank %d, stage %d) computes %.3f ms per unit, "
@@ -901,7 +908,7 @@ int cmd_launch(int argc, char **argv) {
     L.bandwidth = 1.25e8;
     L.probe_timeout = 20;
     L.grace = 10;
-    L.straggler_factor = 1.5;
+    L.straggler_factor = 2;
     L.mpirun = "mpirun";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
