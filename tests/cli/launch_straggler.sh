@@ -13,7 +13,9 @@
 #     profile's prediction); launch's stderr has its straggler line, and the done line and
 #     event list it;
 #  2. --no-stragglers: no progress file, no straggler event;
-#  3. usage: --progress-file among the train flags is refused (launch sets it);
+#  3. usage: --progress-file among the train flags is refused (launch sets it), and train's
+#     --progress-file without checkpoints; train --progress-file on 2 workers (threads): a line
+#     per checkpoint, every rank with units, compute and a prediction (needs no cluster);
 #  4. nothing is left behind: no process in the hosts' namespaces or of the test.
 # Exits 77 (ctest SKIP) when not root, without iproute2, python3 or mpirun, where network
 # namespaces cannot be made, or when 198.18.0.0/24 is in use (another cluster is up).
@@ -34,7 +36,11 @@ skip() { echo "SKIP: $*"; exit 77; }
 "$PD" launch --hosts h --profile p --run-dir r m.json -- --progress-file x >/dev/null 2>"$tmp/e"; [ $? = 2 ] ||
     fail "--progress-file among the train flags: exit 2 expected"
 grep -q -- "--progress-file: launch sets it" "$tmp/e" || fail "--progress-file message: $(cat "$tmp/e")"
+"$PD" train "$SRC/models/lenet5.json" --steps 4 --progress-file "$tmp/p.jsonl" >/dev/null 2>"$tmp/e"; [ $? = 1 ] ||
+    fail "--progress-file without checkpoints: exit 1 expected"
+grep -q -- "--progress-file needs checkpoints" "$tmp/e" || fail "--progress-file message: $(cat "$tmp/e")"
 echo "ok: usage errors"
+
 
 [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "needs iproute2 (ip, tc)"
@@ -74,6 +80,13 @@ for l in p["layers"][:3]:
         if k in l: l[k] /= 1000
 json.dump(p, open(sys.argv[1], "w"))
 PY
+# the progress lines of 2 workers on threads (a profile made by train: predictions)
+"$PD" train "$SRC/models/lenet5.json" --data "$tmp/d" --steps 8 --minibatch 16 --workers 2 --checkpoint-every 4 \
+    --checkpoint-dir "$tmp/ck" --progress-file "$tmp/p.jsonl" >/dev/null 2>"$tmp/e" || fail "train --progress-file: $(tail -3 "$tmp/e")"
+[ "$(python3 -c 'import json,sys; print([(e["minibatches"], [(r["rank"], r["units"] > 0, r["compute_ms_per_unit"] > 0, r["predicted_ms_per_unit"] > 0) for r in e["ranks"]]) for e in map(json.loads, open(sys.argv[1]))])' "$tmp/p.jsonl")" = \
+  "[(4, [(0, True, True, True), (1, True, True, True)]), (8, [(0, True, True, True), (1, True, True, True)])]" ] ||
+    fail "train --progress-file lines: $(cat "$tmp/p.jsonl")"
+echo "ok: train --progress-file (2 workers on threads)"
 printf '198.18.0.1\n198.18.0.2\n198.18.0.3\n' >"$tmp/hosts"
 TRAIN="--data $tmp/d --minibatch 256 --steps 240 --timeout 30"
 
