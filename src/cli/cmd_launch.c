@@ -6,7 +6,7 @@
  * checkpoint. When the hostfile changes, hosts listed and answering are taken in at the next
  * checkpoint if the planner predicts a gain (the job restarts from there). Every
  * membership change goes to the event log (JSON lines) and the summary. */
-#define _DEFAULT_SOURCE   /* usleep, realpath, setpgid */
+#define _DEFAULT_SOURCE   /* usleep, realpath, setpgid, getline */
 #include "cli.h"
 #include "plan.h"
 #include "profile.h"
@@ -344,11 +344,13 @@ static double num_in(const char *s, const char *end, const char *key) {
 static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
     FILE *f = fopen(L->progress, "r");
     if (!f) return;
-    char line[65536];
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
     fseek(f, L->progress_at, SEEK_SET);
-    while (fgets(line, sizeof line, f)) {
-        size_t n = strlen(line);
-        if (!n || line[n - 1] != '\n') break;   /* not complete yet: read it next time */
+    while ((got = getline(&line, &cap, f)) > 0) {
+        size_t n = (size_t)got;
+        if (line[n - 1] != '\n') break;   /* not complete yet: read it next time */
         L->progress_at += (long)n;
         long mb = (long)num_in(line, line + n, "\"minibatches\":");
         /* a stage too small to hold the pipeline back is no straggler: the excess must be at
@@ -384,6 +386,7 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
             L->n_stragglers++;
         }
     }
+    free(line);
     fclose(f);
 }
 
