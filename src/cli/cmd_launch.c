@@ -6,7 +6,7 @@
  * checkpoint. When the hostfile changes, hosts listed and answering are taken in at the next
  * checkpoint if the planner predicts a gain (the job restarts from there). Every
  * membership change goes to the event log (JSON lines) and the summary. */
-#define _DEFAULT_SOURCE   /* usleep, realpath, setpgid */
+#define _DEFAULT_SOURCE   /* usleep, realpath, setpgid, getline */
 #include "cli.h"
 #include "plan.h"
 #include "profile.h"
@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -35,6 +36,7 @@ static void help(FILE *f) {
             "                        [--checkpoint-every N] [--min-hosts K] [--bandwidth B]\n"
             "                        [--events FILE.jsonl] [--mpirun-args \"ARGS\"] [--probe-timeout S]\n"
             "                        [--grace S] [--max-restarts R] [--straight] [--mpirun PATH]\n"
+            "                        [--straggler-factor F | --no-stragglers]\n"
             "                        MODEL.json [-- TRAIN_FLAGS...]\n\n"
             "Trains MODEL.json over the hosts of an Open MPI hostfile (lines \"host [slots=N]\",\n"
             "# comments), one worker per host, and keeps training when hosts fail: it plans the\n"
@@ -63,8 +65,13 @@ static void help(FILE *f) {
             "  --grace S               seconds mpirun has to end after the first error line before\n"
             "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
+            "  --straggler-factor F    report a host whose compute per unit exceeds F times the\n"
+            "                          profile's prediction at 2 checkpoints in a row (default 2;\n"
+            "                          a straggler event, a stderr line, the summary)\n"
+            "  --no-stragglers         do not watch for stragglers\n"
             "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
-            "                          --checkpoint-every, --checkpoint-dir or --resume: launch sets them),\n"
+            "                          --checkpoint-every, --checkpoint-dir, --resume or --progress-file:\n"
+            "                          launch sets them),\n"
             "                          e.g. -- --steps N --minibatch B --data DIR --seed S --timeout S\n"
             "                          --keep-last K --schedule KIND --microbatches M\n");
 }
@@ -89,6 +96,14 @@ typedef struct Launch {
     Host dropped[MAX_HOSTS];
     struct timespec dropped_at[MAX_HOSTS];
     int n_dropped;
+    /* stragglers: the attempt's progress file (train --progress-file), how far it is read, per
+     * rank the checkpoints in a row over --straggler-factor, whether reported; all reported */
+    double straggler_factor;
+    char progress[PATH_MAX + 32];
+    long progress_at;
+    int over[MAX_HOSTS], reported[MAX_HOSTS];
+    char stragglers[1024];
+    int n_stragglers;
 } Launch;
 
 static double now_s(void) {
@@ -288,6 +303,7 @@ typedef struct Recovery {
 
 static FILE *event_begin(const Launch *L, const char *kind);
 static void event_end(FILE *f);
+static void json_str(FILE *f, const char *s);
 
 /* The relaunch trains again (rank 0's "training" line): the recovery ends. */
 static void recovered(const Launch *L, Recovery *rec, double t) {
@@ -314,6 +330,65 @@ typedef struct Grow {
 } Grow;
 static int grow_check(Launch *L, Grow *g);
 static long newest_ckpt(const char *dir);
+
+/* The number after "key": in [s, end), or NAN. */
+static double num_in(const char *s, const char *end, const char *key) {
+    const char *p = strstr(s, key);
+    return p && p < end ? strtod(p + strlen(key), NULL) : NAN;
+}
+
+/* Reads the progress lines the job appended since the last look (one per checkpoint: every
+ * rank's compute per unit beside the prediction, train --progress-file). A rank over
+ * --straggler-factor times its prediction (and by 10% of the largest stage's) at 2 checkpoints
+ * in a row is reported once per attempt: on stderr, a straggler event, the summary. */
+static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
+    FILE *f = fopen(L->progress, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    fseek(f, L->progress_at, SEEK_SET);
+    while ((got = getline(&line, &cap, f)) > 0) {
+        size_t n = (size_t)got;
+        if (line[n - 1] != '\n') break;   /* not complete yet: read it next time */
+        L->progress_at += (long)n;
+        long mb = (long)num_in(line, line + n, "\"minibatches\":");
+        /* a stage too small to hold the pipeline back is no straggler: the excess must be at
+         * least 10% of the largest stage's prediction */
+        double most = 0;
+        for (const char *p = strstr(line, "\"predicted_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_ms_per_unit\":")) {
+            double x = strtod(p + 24, NULL);
+            if (x > most) most = x;
+        }
+        for (const char *p = strstr(line, "{\"rank\":"); p;) {
+            const char *next = strstr(p + 1, "{\"rank\":"), *end = next ? next : line + n;
+            int r = atoi(p + 8), st = (int)num_in(p, end, "\"stage\":");
+            double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = num_in(p, end, "\"predicted_ms_per_unit\":");
+            p = next;
+            if (r < 0 || r >= n_hosts || r >= MAX_HOSTS || !(pred > 0) || !(ms >= 0)) continue;
+            L->over[r] = ms > L->straggler_factor * pred && ms - pred >= 0.1 * most ? L->over[r] + 1 : 0;
+            if (L->over[r] < 2 || L->reported[r]) continue;
+            L->reported[r] = 1;
+            fprintf(stderr, "pipedream: launch: straggler: %s (rank %d, stage %d) computes %.3f ms per unit, "
+                    "%.1fx the predicted %.3f, at 2 checkpoints in a row (minibatch %ld)\n",
+                    hosts[r].name, r, st, ms, ms / pred, pred, mb);
+            FILE *e = event_begin(L, "straggler");
+            if (e) {
+                fputs(",\"host\":", e);
+                json_str(e, hosts[r].name);
+                fprintf(e, ",\"rank\":%d,\"stage\":%d,\"measured_ms_per_unit\":%.4f,\"predicted_ms_per_unit\":%.4f,"
+                        "\"factor\":%.3f,\"checkpoint_minibatches\":%ld", r, st, ms, pred, ms / pred, mb);
+            }
+            event_end(e);
+            size_t k = strlen(L->stragglers);
+            if (k + strlen(hosts[r].name) + 2 < sizeof L->stragglers)
+                snprintf(L->stragglers + k, sizeof L->stragglers - k, "%s%s", k ? " " : "", hosts[r].name);
+            L->n_stragglers++;
+        }
+    }
+    free(line);
+    fclose(f);
+}
 
 /* Runs one mpirun to its end, relaying its stderr to ours and into err_path. When the hostfile
  * changes it probes and plans (grow_check); with hosts to take in, it ends the job at the next
@@ -366,6 +441,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                 }
             }
         }
+        if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts);
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
@@ -581,6 +657,17 @@ static int supervise(Launch *L, const Profile *prof) {
         for (int i = 0; i < L->n_train_args && k < MAX_ARGS - 12; i++) extra[k++] = L->train_args[i];
         const char *mine[] = {"--plan", plan_path, "--checkpoint-every", every, "--checkpoint-dir", L->ckpt_dir};
         for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) extra[k++] = (char *)mine[i];
+        /* stragglers: every rank's figures at each checkpoint, beside the profile's prediction */
+        snprintf(L->progress, sizeof L->progress, "%s/progress-%d.jsonl", L->run_dir, attempt);
+        unlink(L->progress);
+        L->progress_at = 0;
+        memset(L->over, 0, sizeof L->over), memset(L->reported, 0, sizeof L->reported);
+        if (L->straggler_factor > 0) {
+            int has_prof = 0;
+            for (int i = 0; i < L->n_train_args; i++) has_prof |= !strcmp(L->train_args[i], "--profile");
+            extra[k++] = "--progress-file", extra[k++] = L->progress;
+            if (!has_prof) extra[k++] = "--profile", extra[k++] = (char *)L->profile;
+        }
         if (resume_mb > 0) extra[k++] = "--resume", extra[k++] = (char *)L->ckpt_dir;
         extra[k] = NULL;
         char buf[4096], *argv[MAX_ARGS];
@@ -665,14 +752,24 @@ static int supervise(Launch *L, const Profile *prof) {
                 fclose(o);
             }
             fflush(stdout);
-            fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering\n",
+            fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering",
                     steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, rec.total_s);
+            if (L->n_stragglers) fprintf(stderr, ", straggler%s: %s", L->n_stragglers == 1 ? "" : "s", L->stragglers);
+            fputc('\n', stderr);
             e = event_begin(L, "done");
             if (e) {
                 fprintf(e, ",\"steps\":%ld,\"hosts\":", steps);
                 json_hosts(e, hosts, n_hosts);
-                fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f", changes, total_lost,
-                        rec.total_s);
+                fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f,\"stragglers\":[", changes,
+                        total_lost, rec.total_s);
+                char sl[sizeof L->stragglers], *save = NULL;
+                snprintf(sl, sizeof sl, "%s", L->stragglers);
+                int c = 0;
+                for (char *h = strtok_r(sl, " ", &save); h; h = strtok_r(NULL, " ", &save)) {
+                    if (c++) fputc(',', e);
+                    json_str(e, h);
+                }
+                fputc(']', e);
             }
             event_end(e);
             rc = CLI_OK;
@@ -814,6 +911,7 @@ int cmd_launch(int argc, char **argv) {
     L.bandwidth = 1.25e8;
     L.probe_timeout = 20;
     L.grace = 10;
+    L.straggler_factor = 2;
     L.mpirun = "mpirun";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -835,6 +933,8 @@ int cmd_launch(int argc, char **argv) {
         else if (!strcmp(a, "--max-restarts")) { VAL(); if (cli_parse_int("launch", a, v, 0, 1000000, &L.max_restarts)) return CLI_USAGE; }
         else if (!strcmp(a, "--bandwidth")) { VAL(); if (cli_parse_double("launch", a, v, 1, 1e15, &L.bandwidth)) return CLI_USAGE; }
         else if (!strcmp(a, "--probe-timeout")) { VAL(); if (cli_parse_double("launch", a, v, 0.1, 1e5, &L.probe_timeout)) return CLI_USAGE; }
+        else if (!strcmp(a, "--straggler-factor")) { VAL(); if (cli_parse_double("launch", a, v, 1, 1e6, &L.straggler_factor)) return CLI_USAGE; }
+        else if (!strcmp(a, "--no-stragglers")) L.straggler_factor = 0;
         else if (!strcmp(a, "--grace")) { VAL(); if (cli_parse_double("launch", a, v, 0, 1e5, &L.grace)) return CLI_USAGE; }
         else if (a[0] == '-') return cli_usage_error("launch", "unknown option %s (train flags go after --)", a);
         else if (!L.model) L.model = a;
@@ -843,7 +943,8 @@ int cmd_launch(int argc, char **argv) {
     }
     if (!L.hostfile || !L.profile || !L.run_dir || !L.model)
         return cli_usage_error("launch", "needs --hosts, --profile, --run-dir and MODEL.json");
-    static const char *const OWN[] = {"--plan", "--workers", "--checkpoint-every", "--checkpoint-dir", "--resume"};
+    static const char *const OWN[] = {"--plan", "--workers", "--checkpoint-every", "--checkpoint-dir", "--resume",
+                                      "--progress-file"};
     for (int i = 0; i < L.n_train_args; i++)
         for (size_t j = 0; j < sizeof OWN / sizeof *OWN; j++)
             if (!strcmp(L.train_args[i], OWN[j]))

@@ -15,7 +15,7 @@
 
 typedef struct TrainOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
-        *save, *calibrated;
+        *save, *calibrated, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
         lr_sched, warmup, decay_steps, wire, precision;
@@ -178,6 +178,9 @@ static const Flag FLAGS[] = {
     STR("--profile", "FILE", profile, "profile for the simulator's predicted times (default: the one made without --plan)"),
     STR("--calibrated-profile", "FILE", calibrated,
         "with --profile: write it again with each stage's layers scaled to the compute this run measured, to re-plan from"),
+    STR("--progress-file", "FILE.jsonl", progress_file,
+        "at every checkpoint, append a JSON line: each rank's compute, wait and busy ms per unit "
+        "of the segment beside the prediction (with --profile; pipedream launch reads it)"),
     STR("--trace", "FILE.json", trace, "Chrome trace of every worker's instructions"),
     STR("--svg", "FILE", svg, "timeline of the measured run (beside the simulated one, with a profile)"),
     STR("--curve", "FILE", curve, "loss and accuracy curve (SVG)"),
@@ -416,7 +419,7 @@ int cmd_train(int argc, char **argv) {
                         .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,
                         .init_weights = o.init, .trace = o.trace || o.svg,
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
-                        .profile = have_prof ? &prof : NULL, .eval_every = o.eval_every, .target_accuracy = o.target,
+                        .profile = have_prof ? &prof : NULL, .progress_file = o.progress_file, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
                         .recompute = o.recompute, .save = o.save, .precision = o.precision};
     if (o.calibrated && !have_prof) {

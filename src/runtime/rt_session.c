@@ -67,6 +67,7 @@ typedef struct Rank {
     Worker w;
     int built;
     RtWorkerResult segres;
+    double seg_fig[6];           /* the last segment's: stage, compute, wait, wall s, bytes sent, units */
     RtConfig cfg;
     Schedule seg;
     RtStageState *init;          /* per rank; this rank's entry set */
@@ -502,6 +503,74 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     return PD_OK;
 }
 
+/* ---- progress (straggler detection) --------------------------------------------------------- */
+
+/* Per stage, the simulator's compute per unit on its first replica (ms, as rt_summarize's
+ * predicted_ms has it); NAN without a profile or when the simulator fails. */
+static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_batch, double *ms) {
+    for (int i = 0; i < s->n_stages; i++) ms[i] = NAN;
+    if (!sp->profile) return;
+    SimCosts costs;
+    SimResult sr;
+    SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
+                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
+    Err e2 = {0};
+    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
+    sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
+    if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
+        for (int i = 0; i < costs.n_stages; i++) {
+            const SchedWorker *sw = &s->workers[s->stages[i].ranks[0]];
+            int nfw = 0, nst = 0;
+            for (int k = 0; k < sw->n; k++) nfw += sw->ins[k].op == OP_FORWARD, nst += sw->ins[k].op == OP_STEP;
+            double step = nfw ? costs.stage[i].step_s * nst / nfw : 0;
+            ms[i] = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s + step) * sr.slowdown[s->stages[i].ranks[0]];
+        }
+        sim_result_release(&sr);
+    }
+    sim_costs_release(&costs);
+}
+
+/* --progress-file: after a checkpoint, every rank's figures of the segment just ended go to
+ * rank 0 (5 doubles each), which appends one JSON line: per rank its compute, wait and busy
+ * time (wall less wait: compute, sends, overhead) per unit, its bytes sent per unit, and the
+ * predicted compute and busy time (predicted compute + its bytes at the plan's bandwidth). A
+ * rank far above its prediction is a straggler (pipedream launch --straggler-factor). */
+static int progress_line(Rank *R, Err *err) {
+    const double *v = R->seg_fig;
+    void **parts = NULL;
+    size_t *sizes = NULL;
+    int rc = comm_gather(R->c, 0, v, sizeof R->seg_fig, &parts, &sizes, R->timeout, err);
+    if (rc || R->rank != 0) return rc;
+    int n = comm_size(R->c);
+    double *pred = malloc((size_t)R->seg.n_stages * sizeof *pred);
+    PD_ASSERT(pred);
+    predict_stage_ms(R->sp, &R->seg, R->unit_batch, pred);
+    double bw = R->sp->plan->cluster.level[0].bandwidth;
+    FILE *f = fopen(R->sp->progress_file, "a");
+    if (!f) {
+        pd_log(LOG_WARN, "--progress-file %s: %s", R->sp->progress_file, strerror(errno));
+    } else {
+        fprintf(f, "{\"minibatches\":%llu,\"ranks\":[", (unsigned long long)R->mb_done);
+        for (int r = 0; r < n; r++) {
+            double x[6] = {0};
+            if (sizes[r] == sizeof x) memcpy(x, parts[r], sizeof x);
+            int st = (int)x[0];
+            double u = x[5] > 0 ? x[5] : NAN, pc = st >= 0 && st < R->seg.n_stages ? pred[st] : NAN;
+            double bytes = x[4] / u, pb = pc + (bw > 0 ? 1e3 * bytes / bw : 0);
+            fprintf(f, "%s{\"rank\":%d,\"stage\":%d,\"units\":%.0f,\"compute_ms_per_unit\":%.4f,"
+                       "\"wait_ms_per_unit\":%.4f,\"busy_ms_per_unit\":%.4f,\"bytes_per_unit\":%.0f",
+                    r ? "," : "", r, st, x[5], 1e3 * x[1] / u, 1e3 * x[2] / u, 1e3 * (x[3] - x[2]) / u, bytes);
+            if (isfinite(pc)) fprintf(f, ",\"predicted_ms_per_unit\":%.4f,\"predicted_busy_ms_per_unit\":%.4f", pc, pb);
+            fputc('}', f);
+        }
+        fputs("]}\n", f);
+        fclose(f);
+    }
+    free(pred);
+    comm_parts_free(parts, sizes, n);
+    return PD_OK;
+}
+
 /* ---- evaluation ------------------------------------------------------------------------------- */
 
 const RtEvalPoint *rt_eval_log_add(RtEvalLog *log, uint64_t minibatches, int minibatch, int64_t n_train,
@@ -622,6 +691,10 @@ static int run_segment(Rank *R, uint64_t end, Err *err) {
     R->segres.bytes_sent = (double)(comm_bytes_sent(R->c) - sent0);
     R->segres.wall_s = pd_now() - w->t_start;
     R->train_s += R->segres.wall_s;
+    const RtWorkerResult *g = &R->segres;
+    double fig[6] = {R->stage, g->compute_s, g->wait_s, g->wall_s, g->bytes_sent,
+                     w->n_chunk > 1 ? g->n_fwd / w->n_chunk : g->n_fwd};
+    memcpy(R->seg_fig, fig, sizeof fig);
     acc_add(&R->acc, &R->segres, R->cfg.unit_base, seg_t0);
     R->mb_done = end;
     return PD_OK;
@@ -638,6 +711,7 @@ static int session_segments(Rank *R, Err *err) {
         if ((rc = run_segment(R, end, err))) return rc;
         int ck_due = sp->checkpoint_every && (R->mb_done % (uint64_t)sp->checkpoint_every == 0 || R->mb_done == n_mb);
         if (ck_due && sp->checkpoint_dir && (rc = checkpoint(R, &R->w, &R->seg, err))) return rc;
+        if (ck_due && sp->progress_file && (rc = progress_line(R, err))) return fail_segment(R, rc, err);
         if (sp->eval_every && R->test && R->mb_done % (uint64_t)sp->eval_every == 0 && R->mb_done < n_mb) {
             const RtEvalPoint *pt;
             if ((rc = evaluate(R, &R->w, &R->seg, &pt, err))) return fail_segment(R, rc, err);
@@ -1015,6 +1089,8 @@ int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
                        spec->n_micro);
     if ((spec->checkpoint_every > 0) != (spec->checkpoint_dir != NULL))
         return err_set(err, PD_EINVAL, "checkpoints need both an interval and a directory");
+    if (spec->progress_file && spec->checkpoint_every <= 0)
+        return err_set(err, PD_EINVAL, "--progress-file needs checkpoints (--checkpoint-every): a line per checkpoint");
     if (spec->keep_last < 0 || (spec->keep_last > 0 && !spec->checkpoint_dir))
         return err_set(err, PD_EINVAL, "keeping the last %d checkpoints needs checkpoints", spec->keep_last);
     char *text = NULL;

@@ -349,6 +349,8 @@ typedef struct RtTrainSpec {
     int progress;                /* see RtConfig.progress */
     int nan_check;               /* RT_NAN_* */
     const Profile *profile;      /* optional: the simulator's prediction for the same run */
+    const char *progress_file;   /* optional: rank 0 appends a JSON line per checkpoint: every rank's
+                                  * figures of the segment just ended beside the prediction */
     int eval_every;              /* minibatches between test-set evaluations (0: only at the end);
                                   * the pipeline drains there, as at a checkpoint */
     double target_accuracy;      /* stop at the first evaluation reaching it (0: never) */

@@ -184,6 +184,12 @@ sys.exit(abs(a['test_loss'] - b['test_loss']) > 1e-5 * b['test_loss'])" "$tmp/$m
         [ "$(ls "$tmp/$m.ck")" = "ckpt-0000000004.safetensors
 ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
         want "$m" base last_checkpoint "\"$tmp/$m.ck/ckpt-0000000006.safetensors\"" ;;
+    --progress-file)   # a line per checkpoint, every rank's figures beside the prediction
+        ok "$m" prog -- --checkpoint-every 2 --checkpoint-dir "$tmp/$m.prog.ck" --profile "$tmp/prof.json" \
+            --progress-file "$tmp/$m.prog.jsonl"
+        [ "$(python3 -c 'import json,sys; print([(e["minibatches"], len(e["ranks"]), all(r["units"] > 0 and r["compute_ms_per_unit"] > 0 and r["predicted_ms_per_unit"] > 0 for r in e["ranks"])) for e in map(json.loads, open(sys.argv[1]))])' "$tmp/$m.prog.jsonl")" = \
+          "[(2, $W, True), (4, $W, True), (6, $W, True)]" ] || fail "$m: --progress-file: $(cat "$tmp/$m.prog.jsonl")"
+        errs "$m" prognc "needs checkpoints" -- --progress-file "$tmp/$m.prognc.jsonl" ;;
     --keep-last)
         ok "$m" keep -- --checkpoint-every 2 --checkpoint-dir "$tmp/$m.keep" --keep-last 1
         [ "$(ls "$tmp/$m.keep")" = "ckpt-0000000006.safetensors" ] || fail "$m: --keep-last 1 left $(ls "$tmp/$m.keep")" ;;
