@@ -43,8 +43,8 @@ enum { KPREC_FP32 = 0, KPREC_BF16 = 1, KPREC_COUNT = 2 };
 /* "fp32" / "bf16" -> KPREC_*; -1 if unknown. */
 int         kern_precision_parse(const char *s);
 const char *kern_precision_name(int prec);
-/* y[i] = x[i] rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as the upper 16
- * bits of a float32; threaded like the element-wise kernels. */
+/* y[i] = x[i] rounded to bfloat16 (pd_bf16_pack: nearest, ties to even; NaN stays NaN), as the
+ * upper 16 bits of a float32; threaded like the element-wise kernels. */
 void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count);
 /* The float32 value of a bfloat16 (exact). */
 static inline float kern_bf16_to_f32(uint16_t b) {

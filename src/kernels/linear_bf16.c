@@ -37,14 +37,7 @@ typedef struct CvtJob {
 
 static void cvt_r(void *p, size_t b, size_t e) {
     const CvtJob *j = p;
-    const float *restrict x = j->x;
-    uint16_t *restrict y = j->y;
-    for (size_t i = b; i < e; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;   // nearest, ties to even
-        y[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);   // NaN stays quiet NaN
-    }
+    pd_bf16_pack(j->x + b, j->y + b, e - b);   /* the one rounding, core's (the wire's too) */
 }
 
 void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count) {
