@@ -154,6 +154,9 @@ cmd_up() {
         ip link add "$BR" type bridge 2>/dev/null || cannot "create a bridge (ip link add $BR type bridge) $CAPS"
         no_ipv6 "$BR"
         ip link set "$BR" alias "$TAG:$NAME"
+        # A fixed address: a bridge otherwise takes its lowest port's, and changes it as
+        # hosts join, which can strand the hosts' first packets.
+        ip link set "$BR" address 02:18:00:00:00:fe
     fi
     ip addr replace "$BRIDGE_ADDR/24" dev "$BR"
     ip link set "$BR" up
@@ -236,7 +239,7 @@ connectivity_check() {
     local n=$1 out
     command -v python3 >/dev/null || return 0
     out=$(timeout 60 python3 - "$NAME" "$n" "$BRIDGE_ADDR" "$(addr_of 0)" <<'PY' 2>&1
-import ctypes, os, socket, sys
+import ctypes, os, socket, sys, time
 name, n, abr, a0 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 libc = ctypes.CDLL(None, use_errno=True)
 def enter(ns):
@@ -257,10 +260,17 @@ for i in range(n):
     for what, addr, port in (("the bridge address " + abr, abr, pbr), (name + "-h0 " + a0, a0, p0)):
         if i == 0 and addr == a0:
             continue
-        try:
-            socket.create_connection((addr, port), timeout=3).close()
-        except OSError as e:
-            sys.exit("%s-h%d cannot reach %s: %s" % (name, i, what, e))
+        # A link that has just come up can drop the first SYNs on a loaded machine:
+        # retry for 20 s before calling it a firewall.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection((addr, port), timeout=2).close()
+                break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    sys.exit("%s-h%d cannot reach %s: %s (for 20 s)" % (name, i, what, e))
+                time.sleep(0.2)
 PY
     ) && return 0
     case $out in
