@@ -7,9 +7,12 @@
  * checkpoint if the planner predicts a gain (the job restarts from there). Every
  * membership change goes to the event log (JSON lines) and the summary. */
 #define _DEFAULT_SOURCE   /* usleep, realpath, setpgid, getline */
+#include "choose.h"
 #include "cli.h"
+#include "comm.h"
 #include "plan.h"
 #include "profile.h"
+#include "search.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,7 +39,7 @@ static void help(FILE *f) {
             "                        [--checkpoint-every N] [--min-hosts K] [--bandwidth B]\n"
             "                        [--events FILE.jsonl] [--mpirun-args \"ARGS\"] [--probe-timeout S]\n"
             "                        [--grace S] [--max-restarts R] [--straight] [--mpirun PATH]\n"
-            "                        [--straggler-factor F | --no-stragglers]\n"
+            "                        [--straggler-factor F | --no-stragglers] [--no-replan]\n"
             "                        MODEL.json [-- TRAIN_FLAGS...]\n\n"
             "Trains MODEL.json over the hosts of an Open MPI hostfile (lines \"host [slots=N]\",\n"
             "# comments), one worker per host, and keeps training when hosts fail: it plans the\n"
@@ -69,6 +72,9 @@ static void help(FILE *f) {
             "                          profile's prediction at 2 checkpoints in a row (default 2;\n"
             "                          a straggler event, a stderr line, the summary)\n"
             "  --no-stragglers         do not watch for stragglers\n"
+            "  --no-replan             report stragglers but keep the plan (default: re-plan around\n"
+            "                          them at the next checkpoint when predicted 10%% faster)\n"
+            "  --link-probe-bytes N    bytes each way of a link probe (default 1e6)\n"
             "  -- TRAIN_FLAGS          passed to every pipedream train (not --plan, --workers,\n"
             "                          --checkpoint-every, --checkpoint-dir, --resume or --progress-file:\n"
             "                          launch sets them),\n"
@@ -104,6 +110,22 @@ typedef struct Launch {
     int over[MAX_HOSTS], reported[MAX_HOSTS];
     char stragglers[1024];
     int n_stragglers;
+    /* re-planning (off with --no-replan): what launch has learnt about hosts, by name (a
+     * compute straggler's speed relative to the others, a slow link's measured rate), planned
+     * with as a heterogeneous cluster from then on; the schedule the job runs (scores plans);
+     * per rank its last compute over prediction; checkpoints in a row whose time per unit is
+     * over --straggler-factor times the slowest stage's prediction; a re-plan asked for, links
+     * to probe first, and the time per unit when this attempt last probed them (0: not yet) */
+    int replan;
+    struct Known { char name[256]; double speed, bandwidth; } known[MAX_HOSTS];
+    int n_known;
+    SchedKind kind;
+    double opt_state_factor;
+    double ratio[MAX_HOSTS];
+    int slow_rows, replan_wanted, probe_wanted;
+    double probe_wall;
+    double probe_bytes;
+    int n_replans;
 } Launch;
 
 static double now_s(void) {
@@ -327,7 +349,15 @@ typedef struct Grow {
     Host add[MAX_HOSTS];
     int n_add;
     Plan *next;
+    /* or a re-plan around stragglers (replan_check): the hosts of the next attempt (the
+     * current ones, or without a straggler), the predicted times and why */
+    int replan;
+    Host next_hosts[MAX_HOSTS];
+    int n_next;
+    double t_now, t_next;
+    char why[512];
 } Grow;
+static int replan_check(Launch *L, Grow *g);
 static int grow_check(Launch *L, Grow *g);
 static long newest_ckpt(const char *dir);
 
@@ -355,17 +385,29 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
         long mb = (long)num_in(line, line + n, "\"minibatches\":");
         /* a stage too small to hold the pipeline back is no straggler: the excess must be at
          * least 10% of the largest stage's prediction */
-        double most = 0;
+        double most = 0, most_busy = 0, wall = NAN;
         for (const char *p = strstr(line, "\"predicted_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_ms_per_unit\":")) {
             double x = strtod(p + 24, NULL);
             if (x > most) most = x;
         }
+        for (const char *p = strstr(line, "\"predicted_busy_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_busy_ms_per_unit\":")) {
+            double x = strtod(p + 29, NULL);
+            if (x > most_busy) most_busy = x;
+        }
+        /* the pipeline's pace: rank 0's wall time per unit (waits and the rest), against the
+         * slowest stage's predicted compute and sends; over the factor twice in a row, with no
+         * host computing slowly enough to explain it, launch probes the links (replan_check) */
+        const char *r0 = strstr(line, "{\"rank\":0,");
+        if (r0) wall = num_in(r0, line + n, "\"wait_ms_per_unit\":") + num_in(r0, line + n, "\"busy_ms_per_unit\":");
+        L->slow_rows = most_busy > 0 && wall > L->straggler_factor * most_busy ? L->slow_rows + 1 : 0;
+        int reported_before = L->n_stragglers;
         for (const char *p = strstr(line, "{\"rank\":"); p;) {
             const char *next = strstr(p + 1, "{\"rank\":"), *end = next ? next : line + n;
             int r = atoi(p + 8), st = (int)num_in(p, end, "\"stage\":");
             double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = num_in(p, end, "\"predicted_ms_per_unit\":");
             p = next;
             if (r < 0 || r >= n_hosts || r >= MAX_HOSTS || !(pred > 0) || !(ms >= 0)) continue;
+            L->ratio[r] = ms / pred;
             L->over[r] = ms > L->straggler_factor * pred && ms - pred >= 0.1 * most ? L->over[r] + 1 : 0;
             if (L->over[r] < 2 || L->reported[r]) continue;
             L->reported[r] = 1;
@@ -384,6 +426,15 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
             if (k + strlen(hosts[r].name) + 2 < sizeof L->stragglers)
                 snprintf(L->stragglers + k, sizeof L->stragglers - k, "%s%s", k ? " " : "", hosts[r].name);
             L->n_stragglers++;
+        }
+        if (L->n_stragglers > reported_before) L->replan_wanted = 1;
+        else if (L->slow_rows >= 2 && !L->probe_wanted && (!(L->probe_wall > 0) || wall > L->straggler_factor * L->probe_wall)) {
+            /* once, and again only when the pace has since slowed by the factor again */
+            fprintf(stderr, "pipedream: launch: %.3f ms per unit, over %g times the slowest stage's predicted %.3f, "
+                    "at 2 checkpoints in a row (minibatch %ld), and no host computes slowly enough to explain it: "
+                    "probing the links\n", wall, L->straggler_factor, most_busy, mb);
+            L->replan_wanted = L->probe_wanted = 1;
+            L->probe_wall = wall;
         }
     }
     free(line);
@@ -427,9 +478,13 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                     scan_line(A, line, now_s());
                     if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
                     if (A->ck_seen && pending && !killed && !A->t_fail && A->ck_mb[1] < A->n_mb) {
-                        fprintf(stderr, "pipedream: launch: taking in %d host%s: predicted %.4g s per minibatch instead of %.4g; "
-                                "restarting from the newest checkpoint\n", g->n_add, g->n_add == 1 ? "" : "s",
-                                g->next->pipeline_s, g->plan->pipeline_s);
+                        if (g->replan)
+                            fprintf(stderr, "pipedream: launch: re-planning (%s): predicted %.4g s per minibatch instead of %.4g; "
+                                    "restarting from the newest checkpoint\n", g->why, g->t_next, g->t_now);
+                        else
+                            fprintf(stderr, "pipedream: launch: taking in %d host%s: predicted %.4g s per minibatch instead of %.4g; "
+                                    "restarting from the newest checkpoint\n", g->n_add, g->n_add == 1 ? "" : "s",
+                                    g->next->pipeline_s, g->plan->pipeline_s);
                         kill(pid, SIGTERM);
                         killed = A->grow = 1;
                         t_kill = now_s();
@@ -444,6 +499,9 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
         if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts);
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
+        /* a straggler reported, or a pipeline slower than predicted: probe, plan around it */
+        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && L->replan_wanted && g && replan_check(L, g))
+            pending = 1;
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
         if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
             fprintf(stderr, "pipedream: launch: mpirun still running %.0f s after the failure: ending it\n",
@@ -466,17 +524,259 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
 
 /* ---- plans and events --------------------------------------------------------------------- */
 
-static Plan *plan_for(const Launch *L, const Profile *prof, int n, Err *err) {
+/* What launch has learnt about host name (NULL: nothing). */
+static struct Known *known_of(Launch *L, const char *name, int add) {
+    for (int i = 0; i < L->n_known; i++)
+        if (!strcmp(L->known[i].name, name)) return &L->known[i];
+    if (!add || L->n_known >= MAX_HOSTS) return NULL;
+    struct Known *k = &L->known[L->n_known++];
+    snprintf(k->name, sizeof k->name, "%s", name);
+    k->speed = k->bandwidth = 0;
+    return k;
+}
+
+/* The cluster of these hosts: n workers at --bandwidth, and, when launch knows some of them to
+ * be slower (a compute straggler's speed, a slow link's rate), a heterogeneous cluster that
+ * says so (worker r = hosts[r]). */
+static void cluster_for(Launch *L, const Host *hosts, int n, Cluster *cl) {
+    memset(cl, 0, sizeof *cl);
+    cl->n_levels = 1;
+    cl->level[0].workers = n;
+    cl->level[0].bandwidth = L->bandwidth;
+    for (int r = 0; r < n && n <= PD_MAX_HOSTS; r++) {
+        const struct Known *k = known_of(L, hosts[r].name, 0);
+        if (!k) continue;
+        cl->n_hosts = n;
+        cl->host[r].speed = k->speed;
+        cl->host[r].bandwidth = k->bandwidth;
+    }
+}
+
+/* The simulated time per minibatch of p on cl under the job's schedule (1e300: none). */
+static double plan_score(const Launch *L, const Plan *p, const Profile *prof, const Cluster *cl) {
+    SearchCand sc;
+    Err err = {0};
+    if (!p || plan_search_score(p, prof, cl, L->kind, 1, 0, L->opt_state_factor, &sc, &err)) return 1e300;
+    return sc.minibatch_s;
+}
+
+/* The plan for these hosts. A homogeneous cluster: the partitioner's (plan_new, as `pipedream
+ * plan PROFILE --workers n --bandwidth B`). When some host is known slower: the candidates of
+ * `pipedream plan` scored by the simulator on every placement of their stages (plan_choose),
+ * so that a slow link carries the smallest activations and a slow host the least work. */
+static Plan *plan_for(Launch *L, const Profile *prof, const Host *hosts, int n, Err *err) {
     Cluster cl;
-    memset(&cl, 0, sizeof cl);
-    cl.n_levels = 1;
-    cl.level[0].workers = n;
-    cl.level[0].bandwidth = L->bandwidth;
+    cluster_for(L, hosts, n, &cl);
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
     o.straight = L->straight;
-    return plan_new(prof, &cl, &o, err);
+    if (!cluster_heterogeneous(&cl)) return plan_new(prof, &cl, &o, err);
+    ChooseOpts co = {.kind = L->kind, .n_micro = 1, .opt_state_factor = L->opt_state_factor, .plan = o};
+    ChooseResult r;
+    if (plan_choose(prof, prof, &cl, &co, &r, err)) return NULL;
+    Plan *p = r.c[r.chosen].plan;
+    r.c[r.chosen].plan = NULL;   /* ours now */
+    if (r.c[r.chosen].score.minibatch_s < 1e300) p->pipeline_s = r.c[r.chosen].score.minibatch_s;
+    plan_choose_release(&r);
+    return p;
+}
+
+/* ---- links and re-planning ---------------------------------------------------------------- */
+
+/* `pipedream launch --link-probe BYTES` under mpirun -np 2: rank 0 sends BYTES to rank 1 and
+ * gets them back (after a 64 KiB exchange that opens the connection), and prints the rate of
+ * the timed exchange in bytes/s: 2 BYTES / its time. */
+static int link_probe_main(const char *bytes_arg) {
+    double b = atof(bytes_arg);
+    if (!(b >= 1 && b <= 1e9)) return cli_usage_error("launch", "--link-probe: bytes from 1 to 1e9 (got %s)", bytes_arg);
+    size_t n = (size_t)b, warm = 65536;
+    Comm *c = NULL;
+    Err err = {0};
+    if (comm_mpi_create(NULL, NULL, &c, &err)) return cli_fail(&err);
+    int rc = CLI_FAIL;
+    char *buf = calloc(n > warm ? n : warm, 1);
+    if (!buf || comm_size(c) != 2) {
+        fprintf(stderr, "pipedream: error: launch --link-probe runs on 2 ranks\n");
+    } else if (comm_rank(c) == 0) {
+        double t0 = 0;
+        if (!comm_ctrl_send(c, 1, 0, buf, warm, 60, &err) && !comm_ctrl_recv(c, 1, 0, buf, warm, NULL, 60, &err) &&
+            (t0 = now_s(), !comm_ctrl_send(c, 1, 0, buf, n, 120, &err)) && !comm_ctrl_recv(c, 1, 0, buf, n, NULL, 120, &err)) {
+            printf("%.6g\n", 2.0 * (double)n / (now_s() - t0));
+            rc = CLI_OK;
+        }
+    } else {
+        if (!comm_ctrl_recv(c, 0, 0, buf, warm, NULL, 60, &err) && !comm_ctrl_send(c, 0, 0, buf, warm, 60, &err) &&
+            !comm_ctrl_recv(c, 0, 0, buf, n, NULL, 120, &err) && !comm_ctrl_send(c, 0, 0, buf, n, 120, &err))
+            rc = CLI_OK;
+    }
+    if (rc != CLI_OK && err.msg[0]) fprintf(stderr, "pipedream: error: launch --link-probe: %s\n", err.msg);
+    free(buf);
+    fflush(stdout);
+    comm_free(c);
+    return rc;
+}
+
+/* The rate between hosts a and b (bytes/s, both ways: their slower link's), by running the
+ * probe above on them; 0 when it fails or takes longer than --probe-timeout + 30 s. */
+static double probe_link(const Launch *L, const Host *a, const Host *b) {
+    char hosts[520], bytes[32], out[PATH_MAX + 32];
+    snprintf(hosts, sizeof hosts, "%s,%s", a->name, b->name);
+    snprintf(bytes, sizeof bytes, "%.0f", L->probe_bytes);
+    snprintf(out, sizeof out, "%s/link-probe.out", L->run_dir);
+    char *extra[] = {"--host", hosts, "-np", "2", (char *)L->exe, "launch", "--link-probe", bytes, NULL};
+    char buf[4096], *argv[MAX_ARGS];
+    mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
+    int fd;
+    pid_t pid = spawn(argv, out, &fd), job = g_child;
+    if (pid < 0) return 0;
+    g_child = pid;
+    double end = now_s() + L->probe_timeout + 30;
+    int status = 0, done = 0;
+    char sink[4096];
+    while (!done && now_s() < end && !g_stop) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
+            waitpid(pid, &status, 0);
+            done = 1;
+        } else if (waitpid(pid, &status, WNOHANG) == pid) {
+            done = 1;
+        }
+    }
+    if (!done) kill_wait(pid, &status);
+    g_child = job;
+    close(fd);
+    double rate = 0;
+    FILE *f = fopen(out, "r");
+    if (f) {
+        if (fscanf(f, "%lf", &rate) != 1) rate = 0;
+        fclose(f);
+    }
+    unlink(out);
+    return done && WIFEXITED(status) && WEXITSTATUS(status) == 0 && rate > 0 ? rate : 0;
+}
+
+/* Each host's link: probes host r with r + 1 around the ring (r with the other host when there
+ * are two); a link is at least as fast as the faster of its two probes. A host whose estimate
+ * is under --bandwidth / --straggler-factor, and under the fastest host's by that factor, is a
+ * straggler: reported, and known to the planner at the rate measured. Returns how many. */
+static int probe_links(Launch *L, const Host *hosts, int n) {
+    double pair[MAX_HOSTS] = {0}, est[MAX_HOSTS] = {0}, best = 0;
+    if (n < 2) return 0;
+    int m = n == 2 ? 1 : n;
+    for (int r = 0; r < m && !g_stop; r++) pair[r] = probe_link(L, &hosts[r], &hosts[(r + 1) % n]);
+    for (int r = 0; r < n; r++) {
+        double left = pair[(r + m - 1) % m], right = pair[r % m];
+        est[r] = left > right ? left : right;
+        if (est[r] > best) best = est[r];
+    }
+    fprintf(stderr, "pipedream: launch: links (MB/s, %.3g MB each way):", L->probe_bytes / 1e6);
+    for (int r = 0; r < n; r++) fprintf(stderr, " %s %.3g", hosts[r].name, est[r] / 1e6);
+    fputc('\n', stderr);
+    int slow = 0;
+    for (int r = 0; r < n && n > 2; r++) {
+        if (!(est[r] > 0) || est[r] * L->straggler_factor >= L->bandwidth || est[r] * L->straggler_factor >= best) continue;
+        struct Known *k = known_of(L, hosts[r].name, 1);
+        if (!k) continue;
+        k->bandwidth = est[r];
+        slow++;
+        fprintf(stderr, "pipedream: launch: straggler: %s (rank %d): its link moves %.3g MB/s, under %g times the %.3g "
+                "of --bandwidth and of the fastest host\n", hosts[r].name, r, est[r] / 1e6, 1 / L->straggler_factor,
+                (L->bandwidth < best ? L->bandwidth : best) / 1e6);
+        FILE *e = event_begin(L, "straggler");
+        if (e) {
+            fputs(",\"host\":", e);
+            json_str(e, hosts[r].name);
+            fprintf(e, ",\"rank\":%d,\"link_bytes_per_s\":%.6g,\"bandwidth\":%.6g", r, est[r], L->bandwidth);
+        }
+        event_end(e);
+        size_t k2 = strlen(L->stragglers);
+        if (k2 + strlen(hosts[r].name) + 2 < sizeof L->stragglers)
+            snprintf(L->stragglers + k2, sizeof L->stragglers - k2, "%s%s", k2 ? " " : "", hosts[r].name);
+        L->n_stragglers++;
+    }
+    return slow;
+}
+
+/* A straggler was reported or the pipeline runs slower than predicted (straggler_check): probe
+ * the links if asked, learn the compute stragglers' speeds (each host's compute over prediction
+ * against the median host's), and with re-planning on, plan for every host as it is now known
+ * and for the hosts without each straggler; when the best of those is predicted at least 10%
+ * faster than the current plan on the cluster as now known, it becomes g->next (the job ends
+ * at the next checkpoint) and 1. */
+static int replan_check(Launch *L, Grow *g) {
+    L->replan_wanted = 0;
+    int n = g->n_hosts;
+    if (L->probe_wanted) {
+        L->probe_wanted = 0;
+        probe_links(L, g->hosts, n);
+    }
+    double sorted[MAX_HOSTS];
+    int k = 0;
+    for (int r = 0; r < n; r++)
+        if (L->ratio[r] > 0) sorted[k++] = L->ratio[r];
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            double t = sorted[j];
+            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+        }
+    double median = k ? sorted[k / 2] : 0;
+    for (int r = 0; r < n && median > 0; r++)
+        if (L->reported[r] && L->ratio[r] > 0) {
+            struct Known *kn = known_of(L, g->hosts[r].name, 1);
+            if (kn) kn->speed = median / L->ratio[r] < 1 ? median / L->ratio[r] : 1;
+        }
+    if (!L->replan) return 0;
+    Cluster cl;
+    cluster_for(L, g->hosts, n, &cl);
+    if (!cluster_heterogeneous(&cl)) return 0;
+    double t_now = plan_score(L, g->plan, g->prof, &cl), best = t_now;
+    Plan *choice = NULL;
+    Err err = {0};
+    /* every host, placed by what is known of them */
+    Plan *p = plan_for(L, g->prof, g->hosts, n, &err);
+    double tp = p ? plan_score(L, p, g->prof, &cl) : 1e300;
+    if (p && tp < best) {
+        best = tp, choice = p;
+        g->n_next = n;
+        memcpy(g->next_hosts, g->hosts, sizeof(Host) * (size_t)n);
+        snprintf(g->why, sizeof g->why, "the stages placed around the slower hosts");
+    } else {
+        plan_free(p);
+    }
+    /* without each straggler */
+    for (int s = 0; s < n && n - 1 >= L->min_hosts; s++) {
+        const struct Known *kn = known_of(L, g->hosts[s].name, 0);
+        if (!kn || (!(kn->speed > 0 && kn->speed < 1) && !(kn->bandwidth > 0))) continue;
+        Host rest[MAX_HOSTS];
+        int m = 0;
+        for (int r = 0; r < n; r++)
+            if (r != s) rest[m++] = g->hosts[r];
+        Err e2 = {0};
+        Plan *q = plan_for(L, g->prof, rest, m, &e2);
+        Cluster cq;
+        cluster_for(L, rest, m, &cq);
+        double t = q ? plan_score(L, q, g->prof, &cq) : 1e300;
+        if (q && t < best) {
+            plan_free(choice);
+            best = t, choice = q;
+            g->n_next = m;
+            memcpy(g->next_hosts, rest, sizeof(Host) * (size_t)m);
+            snprintf(g->why, sizeof g->why, "without the straggler %s", g->hosts[s].name);
+        } else {
+            plan_free(q);
+        }
+    }
+    if (!choice || !(best < 0.9 * t_now)) {
+        fprintf(stderr, "pipedream: launch: no plan predicted 10%% faster than the current one (%.4g s per minibatch on "
+                "the hosts as now known): not re-planning\n", t_now);
+        plan_free(choice);
+        return 0;
+    }
+    g->replan = 1;
+    g->next = choice;
+    g->t_now = t_now, g->t_next = best;
+    return 1;
 }
 
 static void json_str(FILE *f, const char *s) {
@@ -597,7 +897,10 @@ static int grow_check(Launch *L, Grow *g) {
     }
     if (!g->n_add) return 0;
     Err err = {0};
-    g->next = plan_for(L, g->prof, g->n_hosts + g->n_add, &err);
+    Host all[MAX_HOSTS];
+    memcpy(all, g->hosts, sizeof(Host) * (size_t)g->n_hosts);
+    memcpy(all + g->n_hosts, g->add, sizeof(Host) * (size_t)g->n_add);
+    g->next = plan_for(L, g->prof, all, g->n_hosts + g->n_add, &err);
     if (g->next && g->next->pipeline_s < g->plan->pipeline_s) return 1;
     if (g->next)
         fprintf(stderr, "pipedream: launch: %d more host%s would not be faster (predicted %.4g s per minibatch, now %.4g): not taken in\n",
@@ -630,7 +933,7 @@ static int supervise(Launch *L, const Profile *prof) {
             event_end(e);
             break;
         }
-        if (!plan && !(plan = plan_for(L, prof, n_hosts, &err))) {
+        if (!plan && !(plan = plan_for(L, prof, hosts, n_hosts, &err))) {
             rc = cli_fail(&err);
             break;
         }
@@ -662,6 +965,9 @@ static int supervise(Launch *L, const Profile *prof) {
         unlink(L->progress);
         L->progress_at = 0;
         memset(L->over, 0, sizeof L->over), memset(L->reported, 0, sizeof L->reported);
+        memset(L->ratio, 0, sizeof L->ratio);
+        L->slow_rows = L->replan_wanted = L->probe_wanted = 0;
+        L->probe_wall = 0;
         if (L->straggler_factor > 0) {
             int has_prof = 0;
             for (int i = 0; i < L->n_train_args; i++) has_prof |= !strcmp(L->train_args[i], "--profile");
@@ -704,6 +1010,50 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         /* completed: exit 0, or a summary written before the job was ended anyway */
         int completed = (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) || has_summary(out_path);
+        if (A.grow && !completed && g.replan) {
+            long ck = newest_ckpt(L->ckpt_dir);
+            int dropped = g.n_next != n_hosts;
+            e = event_begin(L, "replan");
+            if (e) {
+                fprintf(e, ",\"attempt\":%d,\"reason\":", attempt);
+                json_str(e, g.why);
+                fprintf(e, ",\"predicted_s_per_minibatch_before\":%.6g,\"predicted_s_per_minibatch_after\":%.6g,\"removed\":[",
+                        g.t_now, g.t_next);
+                for (int r = 0, c = 0; r < n_hosts; r++) {
+                    int in = 0;
+                    for (int j = 0; j < g.n_next; j++) in |= !strcmp(hosts[r].name, g.next_hosts[j].name);
+                    if (!in) fprintf(e, "%s", c++ ? "," : ""), json_str(e, hosts[r].name);
+                }
+                fputs("],\"hosts_before\":", e);
+                json_hosts(e, hosts, n_hosts);
+                fputs(",\"hosts_after\":", e);
+                json_hosts(e, g.next_hosts, g.n_next);
+                fputs(",\"plan_before\":", e);
+                json_plan(e, plan);
+                fputs(",\"plan_after\":", e);
+                json_plan(e, g.next);
+                fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+            }
+            event_end(e);
+            fprintf(stderr, "pipedream: launch: re-planned %s; %d host%s; resuming from minibatch %ld\n", g.why, g.n_next,
+                    g.n_next == 1 ? "" : "s", ck > 0 ? ck : 0);
+            /* a host left out stays out until the hostfile changes, as a dropped one */
+            struct stat stf;
+            struct timespec hf_now = stat(L->hostfile, &stf) ? L->hf_seen : stf.st_mtim;
+            for (int r = 0; r < n_hosts && dropped; r++) {
+                int in = 0;
+                for (int j = 0; j < g.n_next; j++) in |= !strcmp(hosts[r].name, g.next_hosts[j].name);
+                if (!in && L->n_dropped < MAX_HOSTS) L->dropped_at[L->n_dropped] = hf_now, L->dropped[L->n_dropped++] = hosts[r];
+            }
+            n_hosts = g.n_next;
+            memcpy(hosts, g.next_hosts, sizeof(Host) * (size_t)n_hosts);
+            plan_free(plan);
+            plan = g.next;
+            g.next = NULL;
+            changes += dropped;
+            L->n_replans++;
+            continue;
+        }
         if (A.grow && !completed) {
             long ck = newest_ckpt(L->ckpt_dir);
             Host after[MAX_HOSTS];
@@ -755,13 +1105,14 @@ static int supervise(Launch *L, const Profile *prof) {
             fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering",
                     steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, rec.total_s);
             if (L->n_stragglers) fprintf(stderr, ", straggler%s: %s", L->n_stragglers == 1 ? "" : "s", L->stragglers);
+            if (L->n_replans) fprintf(stderr, ", %d re-plan%s", L->n_replans, L->n_replans == 1 ? "" : "s");
             fputc('\n', stderr);
             e = event_begin(L, "done");
             if (e) {
                 fprintf(e, ",\"steps\":%ld,\"hosts\":", steps);
                 json_hosts(e, hosts, n_hosts);
-                fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f,\"stragglers\":[", changes,
-                        total_lost, rec.total_s);
+                fprintf(e, ",\"membership_changes\":%d,\"minibatches_lost\":%ld,\"recovery_s\":%.3f,\"replans\":%d,\"stragglers\":[",
+                        changes, total_lost, rec.total_s, L->n_replans);
                 char sl[sizeof L->stragglers], *save = NULL;
                 snprintf(sl, sizeof sl, "%s", L->stragglers);
                 int c = 0;
@@ -833,7 +1184,7 @@ static int supervise(Launch *L, const Profile *prof) {
             n_after = m;
         }
         Plan *next = NULL;
-        if (n_after != n_hosts && n_after >= L->min_hosts && !(next = plan_for(L, prof, n_after, &err))) {
+        if (n_after != n_hosts && n_after >= L->min_hosts && !(next = plan_for(L, prof, after, n_after, &err))) {
             rc = cli_fail(&err);
             break;
         }
@@ -903,6 +1254,7 @@ int cmd_launch(int argc, char **argv) {
         help(stdout);
         return CLI_OK;
     }
+    if (argc == 3 && !strcmp(argv[1], "--link-probe")) return link_probe_main(argv[2]);   /* launch's own probe */
     Launch L;
     memset(&L, 0, sizeof L);
     L.ckpt_every = 50;
@@ -912,6 +1264,10 @@ int cmd_launch(int argc, char **argv) {
     L.probe_timeout = 20;
     L.grace = 10;
     L.straggler_factor = 2;
+    L.replan = 1;
+    L.probe_bytes = 1e6;
+    L.kind = SCHED_1F1B;
+    L.opt_state_factor = 1;
     L.mpirun = "mpirun";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -935,6 +1291,8 @@ int cmd_launch(int argc, char **argv) {
         else if (!strcmp(a, "--probe-timeout")) { VAL(); if (cli_parse_double("launch", a, v, 0.1, 1e5, &L.probe_timeout)) return CLI_USAGE; }
         else if (!strcmp(a, "--straggler-factor")) { VAL(); if (cli_parse_double("launch", a, v, 1, 1e6, &L.straggler_factor)) return CLI_USAGE; }
         else if (!strcmp(a, "--no-stragglers")) L.straggler_factor = 0;
+        else if (!strcmp(a, "--no-replan")) L.replan = 0;
+        else if (!strcmp(a, "--link-probe-bytes")) { VAL(); if (cli_parse_double("launch", a, v, 1024, 1e9, &L.probe_bytes)) return CLI_USAGE; }
         else if (!strcmp(a, "--grace")) { VAL(); if (cli_parse_double("launch", a, v, 0, 1e5, &L.grace)) return CLI_USAGE; }
         else if (a[0] == '-') return cli_usage_error("launch", "unknown option %s (train flags go after --)", a);
         else if (!L.model) L.model = a;
@@ -949,6 +1307,13 @@ int cmd_launch(int argc, char **argv) {
         for (size_t j = 0; j < sizeof OWN / sizeof *OWN; j++)
             if (!strcmp(L.train_args[i], OWN[j]))
                 return cli_usage_error("launch", "%s: launch sets it for every relaunch; give launch's own flags", OWN[j]);
+    /* the schedule and optimizer the job runs, for scoring plans when re-planning */
+    for (int i = 0; i + 1 < L.n_train_args; i++) {
+        if (!strcmp(L.train_args[i], "--schedule") && sched_kind_parse(L.train_args[i + 1], &L.kind))
+            return cli_usage_error("launch", "--schedule %s: not a schedule", L.train_args[i + 1]);
+        if (!strcmp(L.train_args[i], "--optimizer"))
+            L.opt_state_factor = strncmp(L.train_args[i + 1], "adam", 4) ? 1 : 2;
+    }
     ssize_t n = readlink("/proc/self/exe", L.exe, sizeof L.exe - 1);
     if (n <= 0) {
         fprintf(stderr, "pipedream: error: cannot find this executable (/proc/self/exe): %s\n", strerror(errno));

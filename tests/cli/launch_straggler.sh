@@ -5,7 +5,8 @@
 # 1000th of their time, so the first stage's host computes far longer per unit than its plan
 # predicts, at every checkpoint (a host slowed mid-run by another job on its CPU is not made
 # here: on a small shared machine such a slowdown is too uneven to test on):
-#  1. the run finishes its 240 minibatches (exit 0, summary steps); the job's progress file
+#  1. with --no-replan, the run finishes its 240 minibatches (exit 0, summary steps) on its
+#     first plan; the job's progress file
 #     (train --progress-file) has a line per checkpoint (12) with every rank's figures and
 #     predictions; the event log has straggler events naming 198.18.0.1 (rank 0, stage 0)
 #     only, first at the checkpoint at minibatch 40 (2 in a row), measured over 3 times
@@ -94,7 +95,7 @@ TRAIN="--data $tmp/d --minibatch 256 --steps 240 --timeout 30"
 launch() {
     local run=$1; shift
     timeout 150 "$PD" launch --hosts "$tmp/hosts" --profile "$tmp/prof.json" --run-dir "$tmp/$run" --straight \
-        --checkpoint-every 20 --events "$tmp/$run.jsonl" --mpirun-args "$MPIARGS" --straggler-factor 3 "$@" \
+        --checkpoint-every 20 --events "$tmp/$run.jsonl" --mpirun-args "$MPIARGS" --straggler-factor 3 --no-replan "$@" \
         "$SRC/models/lenet5.json" -- $TRAIN >"$tmp/$run.out" 2>"$tmp/$run.err"
     echo $? >"$tmp/$run.rc"
 }
@@ -118,6 +119,7 @@ grep -q "pipedream: launch: straggler: 198.18.0.1 (rank 0, stage 0) computes" "$
     fail "no straggler line: $(grep launch "$tmp/run.err")"
 grep -q "pipedream: launch: done: 240 minibatches .*, straggler: 198.18.0.1$" "$tmp/run.err" ||
     fail "done line: $(grep 'launch: done' "$tmp/run.err")"
+grep -q '"event":"replan"' "$J" && fail "--no-replan: a replan event: $(grep replan "$J")"
 echo "ok: $(grep -o 'straggler: 198.18.0.1.*' "$tmp/run.err" | head -1)"
 
 # 2. --no-stragglers

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# launch_replan.sh: `pipedream launch` re-plans around a host whose link slows mid-run
+# (docs/howto/elastic.md, "Stragglers"), on an emulated cluster of 3 hosts at 1 Gbit/s
+# (tools/cluster.sh), lenet5 on a small IDX set, one stage per host (--straight). After the
+# checkpoint at minibatch 20, host 1's link (the middle stage's: both boundaries cross it) is
+# shaped to 2 Mbit/s:
+#  1. the pipeline's time per unit goes over the factor times its prediction, launch probes the
+#     links and reports 198.18.0.2 as a straggler (a `straggler` event with its link's measured
+#     rate, under 1 MB/s, and no other host), plans around it (a `replan` event predicting at
+#     least 10% less time per minibatch than the current plan on the hosts as now known), and
+#     resumes from a checkpoint on the new plan (a second attempt);
+#  2. the run finishes its 400 minibatches (exit 0, summary steps), and after the re-plan its
+#     time per unit (the progress lines of the last attempt) is under half of the slowest before;
+#  3. nothing is left behind: no process in the hosts' namespaces or of the test.
+# Exits 77 (ctest SKIP) when not root, without iproute2, python3 or mpirun, where network
+# namespaces cannot be made, or when 198.18.0.0/24 is in use (another cluster is up).
+set -u
+PD=${PD:-build/pipedream}
+SRC=${PD_SOURCE_DIR:-.}
+CL=$SRC/tools/cluster.sh
+NAME=pdr$$
+tmp=$(mktemp -d)
+cleanup() {
+    bash "$CL" down --name "$NAME" >/dev/null 2>&1; pkill -9 -f "$tmp/" 2>/dev/null; rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+fail() { echo "FAIL: $*"; exit 1; }
+skip() { echo "SKIP: $*"; exit 77; }
+
+"$PD" launch --hosts h --profile p --run-dir r --link-probe-bytes 10 m.json >/dev/null 2>"$tmp/e"; [ $? = 2 ] ||
+    fail "--link-probe-bytes 10: exit 2 expected"
+grep -q -- "--link-probe-bytes" "$tmp/e" || fail "--link-probe-bytes message: $(cat "$tmp/e")"
+echo "ok: usage errors"
+
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "needs iproute2 (ip, tc)"
+command -v python3 >/dev/null || skip "needs python3"
+command -v mpirun >/dev/null || skip "needs mpirun"
+PD=$(realpath "$PD")
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+if ip -o -4 addr show | grep -q ' 198\.18\.0\.'; then
+    skip "198.18.0.0/24 is in use (a cluster is up: tools/cluster.sh status); the test needs it"
+fi
+bash "$CL" up 3 --rate 1gbit --name "$NAME" >"$tmp/up" 2>&1
+case $? in 0) ;; 3) skip "cannot make the emulated cluster: $(tail -1 "$tmp/up")" ;; *) fail "cluster up: $(cat "$tmp/up")" ;; esac
+MPIARGS=$(bash "$CL" mpirun-args --name "$NAME") || fail "mpirun-args"
+
+python3 - "$tmp" <<'PY'
+import os, random, struct, sys
+d = os.path.join(sys.argv[1], "d")
+os.makedirs(d)
+r = random.Random(5)
+for pre, n in (("train", 2560), ("t10k", 256)):
+    ys = [r.randrange(10) for _ in range(n)]
+    with open(os.path.join(d, pre + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28))
+        for y in ys: f.write(bytes(min(255, r.randrange(0, 120) + 12 * y) for _ in range(784)))
+    with open(os.path.join(d, pre + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(ys))
+PY
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 32 --iterations 5 -o "$tmp/prof.json" >/dev/null 2>&1 || fail "profile"
+printf '198.18.0.1\n198.18.0.2\n198.18.0.3\n' >"$tmp/hosts"
+ev() { python3 -c 'import json,sys; print(eval(sys.argv[2], {"E": [json.loads(l) for l in open(sys.argv[1])]}))' "$@"; }
+
+timeout 300 "$PD" launch --hosts "$tmp/hosts" --profile "$tmp/prof.json" --run-dir "$tmp/run" --straight \
+    --checkpoint-every 10 --events "$tmp/run.jsonl" --mpirun-args "$MPIARGS" --straggler-factor 3 \
+    --link-probe-bytes 200000 "$SRC/models/lenet5.json" -- --data "$tmp/d" --minibatch 32 --steps 400 --timeout 30 \
+    >"$tmp/run.out" 2>"$tmp/run.err" &
+pid=$!
+for _ in $(seq 600); do
+    [ -e "$tmp/run/ckpt/ckpt-0000000020.safetensors" ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+done
+[ -e "$tmp/run/ckpt/ckpt-0000000020.safetensors" ] || fail "no checkpoint at minibatch 20: $(grep -v '^unit' "$tmp/run.err" | tail -5)"
+bash "$CL" up 3 --rate 1gbit --host-rate 1=2mbit --name "$NAME" >"$tmp/slow" 2>&1 || fail "slowing host 1: $(cat "$tmp/slow")"
+wait $pid
+rc=$?
+[ $rc = 0 ] || fail "launch exited $rc: $(grep -v '^unit' "$tmp/run.err" | tail -15)"
+grep -q '"steps":400,' "$tmp/run.out" || fail "no summary of 400 steps: $(head -c 300 "$tmp/run.out")"
+J=$tmp/run.jsonl
+[ "$(ev "$J" 'sorted(set(e["host"] for e in E if e["event"] == "straggler"))')" = "['198.18.0.2']" ] ||
+    fail "straggler events: $(grep straggler "$J"); launch: $(grep 'launch:' "$tmp/run.err")"
+[ "$(ev "$J" 'all(0 < e["link_bytes_per_s"] < 1e6 for e in E if e["event"] == "straggler")')" = True ] ||
+    fail "straggler link rate: $(grep straggler "$J")"
+[ "$(ev "$J" '[e["predicted_s_per_minibatch_after"] < 0.9 * e["predicted_s_per_minibatch_before"] for e in E if e["event"] == "replan"][:1]')" = "[True]" ] ||
+    fail "replan events: $(grep replan "$J"); launch: $(grep 'launch:' "$tmp/run.err")"
+last=$(ev "$J" 'max(e["attempt"] for e in E if e["event"] == "start")')
+[ "$last" -ge 1 ] || fail "no second attempt"
+grep -q "pipedream: launch: re-planned " "$tmp/run.err" || fail "no re-planned line: $(grep 'launch:' "$tmp/run.err")"
+grep -q "pipedream: launch: done: 400 minibatches .*straggler: 198.18.0.2, [0-9]* re-plan" "$tmp/run.err" ||
+    fail "done line: $(grep 'launch: done' "$tmp/run.err")"
+# the pace per unit (rank 0's waits and the rest) before and after
+pace='[r["wait_ms_per_unit"] + r["busy_ms_per_unit"] for e in E for r in e["ranks"] if r["rank"] == 0]'
+slow=$(ev "$tmp/run/progress-0.jsonl" "max($pace)")
+fast=$(ev "$tmp/run/progress-$last.jsonl" "sorted($pace)[len($pace) // 2]")
+python3 -c "import sys; sys.exit(0 if $fast < 0.5 * $slow else 1)" ||
+    fail "after the re-plan $fast ms per unit (median), before it $slow at worst"
+echo "ok: $(grep -o 'straggler: 198.18.0.2 (rank 1).*' "$tmp/run.err" | head -1); $(grep -o 're-planned .*' "$tmp/run.err"); ${slow} -> ${fast} ms per unit"
+
+for i in 0 1 2; do
+    [ -z "$(ip netns pids "$NAME-h$i")" ] || fail "processes left in $NAME-h$i: $(ip netns pids "$NAME-h$i" | xargs ps -o pid,cmd -p)"
+done
+bash "$CL" down --name "$NAME" >/dev/null || fail "down"
+ip netns list | grep -q "^$NAME-" && fail "namespaces left"
+pgrep -f "$tmp/" >/dev/null && fail "processes of the test left: $(pgrep -af "$tmp/")"
+echo "ok: nothing left behind"
