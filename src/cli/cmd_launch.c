@@ -124,6 +124,8 @@ typedef struct Launch {
     double ratio[MAX_HOSTS];
     int slow_rows, replan_wanted, probe_wanted;
     double probe_wall;
+    double restart_s;      /* what the last restart at a checkpoint took (its checkpoint to training again); 10 before one */
+    double restart_from;   /* the checkpoint an attempt ended at to restart (0: none) */
     double probe_bytes;
     int n_replans;
 } Launch;
@@ -357,7 +359,7 @@ typedef struct Grow {
     double t_now, t_next;
     char why[512];
 } Grow;
-static int replan_check(Launch *L, Grow *g);
+static int replan_check(Launch *L, Grow *g, long remaining);
 static int grow_check(Launch *L, Grow *g);
 static long newest_ckpt(const char *dir);
 
@@ -500,7 +502,8 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
         /* a straggler reported, or a pipeline slower than predicted: probe, plan around it */
-        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && L->replan_wanted && g && replan_check(L, g))
+        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && L->replan_wanted && g &&
+            replan_check(L, g, A->n_mb - A->ck_mb[1]))
             pending = 1;
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
         if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
@@ -680,9 +683,9 @@ static int probe_links(Launch *L, const Host *hosts, int n) {
         if (!k) continue;
         k->bandwidth = est[r];
         slow++;
-        fprintf(stderr, "pipedream: launch: straggler: %s (rank %d): its link moves %.3g MB/s, under %g times the %.3g "
-                "of --bandwidth and of the fastest host\n", hosts[r].name, r, est[r] / 1e6, 1 / L->straggler_factor,
-                (L->bandwidth < best ? L->bandwidth : best) / 1e6);
+        fprintf(stderr, "pipedream: launch: straggler: %s (rank %d): its link moves %.3g MB/s, under 1/%g of both "
+                "--bandwidth (%.3g MB/s) and the fastest host's (%.3g MB/s)\n", hosts[r].name, r, est[r] / 1e6,
+                L->straggler_factor, L->bandwidth / 1e6, best / 1e6);
         FILE *e = event_begin(L, "straggler");
         if (e) {
             fputs(",\"host\":", e);
@@ -698,13 +701,23 @@ static int probe_links(Launch *L, const Host *hosts, int n) {
     return slow;
 }
 
+/* Same stages, layers and ranks. */
+static int same_plan(const Plan *a, const Plan *b) {
+    if (!plan_same_partition(a, b)) return 0;
+    for (int st = 0; st < a->n_stages; st++)
+        for (int i = 0; i < a->stages[st].replicas; i++)
+            if (a->stages[st].ranks[i] != b->stages[st].ranks[i]) return 0;
+    return 1;
+}
+
 /* A straggler was reported or the pipeline runs slower than predicted (straggler_check): probe
  * the links if asked, learn the compute stragglers' speeds (each host's compute over prediction
  * against the median host's), and with re-planning on, plan for every host as it is now known
- * and for the hosts without each straggler; when the best of those is predicted at least 10%
- * faster than the current plan on the cluster as now known, it becomes g->next (the job ends
- * at the next checkpoint) and 1. */
-static int replan_check(Launch *L, Grow *g) {
+ * and for the hosts without each straggler; when the best of those is another plan, predicted
+ * at least 10% faster than the current plan on the cluster as now known, and the time it saves
+ * over the minibatches left exceeds a restart's, it becomes g->next (the job ends at the next
+ * checkpoint) and 1. */
+static int replan_check(Launch *L, Grow *g, long remaining) {
     L->replan_wanted = 0;
     int n = g->n_hosts;
     if (L->probe_wanted) {
@@ -767,9 +780,18 @@ static int replan_check(Launch *L, Grow *g) {
             plan_free(q);
         }
     }
+    if (choice && g->n_next == n && same_plan(choice, g->plan)) plan_free(choice), choice = NULL;
     if (!choice || !(best < 0.9 * t_now)) {
         fprintf(stderr, "pipedream: launch: no plan predicted 10%% faster than the current one (%.4g s per minibatch on "
                 "the hosts as now known): not re-planning\n", t_now);
+        plan_free(choice);
+        return 0;
+    }
+    /* a restart costs about what the last one took; the saving must be larger */
+    double saving = (t_now - best) * (double)remaining;
+    if (saving < L->restart_s) {
+        fprintf(stderr, "pipedream: launch: a new plan (%s) would save a predicted %.3g s over the %ld minibatches left, "
+                "less than a restart (about %.3g s): not re-planning\n", g->why, saving, remaining, L->restart_s);
         plan_free(choice);
         return 0;
     }
@@ -999,6 +1021,8 @@ static int supervise(Launch *L, const Profile *prof) {
         rec.attempt = attempt, rec.hosts = n_hosts, rec.resume_mb = resume_mb;
         g = (Grow){.prof = prof, .hosts = hosts, .n_hosts = n_hosts, .plan = plan};
         if (run_attempt(L, argv, out_path, err_path, &A, &rec, &g)) break;
+        if (L->restart_from > 0 && A.t_training > 0) L->restart_s = A.t_training - L->restart_from;
+        L->restart_from = 0;
         char st[64];
         status_text(A.status, st, sizeof st);
         if (g_stop) {
@@ -1010,6 +1034,7 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         /* completed: exit 0, or a summary written before the job was ended anyway */
         int completed = (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) || has_summary(out_path);
+        if (A.grow && !completed) L->restart_from = A.t_ck[1] > 0 ? A.t_ck[1] : now_s();
         if (A.grow && !completed && g.replan) {
             long ck = newest_ckpt(L->ckpt_dir);
             int dropped = g.n_next != n_hosts;
@@ -1265,6 +1290,7 @@ int cmd_launch(int argc, char **argv) {
     L.grace = 10;
     L.straggler_factor = 2;
     L.replan = 1;
+    L.restart_s = 10;
     L.probe_bytes = 1e6;
     L.kind = SCHED_1F1B;
     L.opt_state_factor = 1;
