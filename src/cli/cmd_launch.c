@@ -4,7 +4,9 @@
  * lines, rank i runs on the i-th host of the attempt's hostfile; then a probe of each host),
  * drops it, plans again for the hosts left and relaunches with --resume from the last
  * checkpoint. When the hostfile changes, hosts listed and answering are taken in at the next
- * checkpoint if the planner predicts a gain (the job restarts from there). Every
+ * checkpoint if the planner predicts a gain (the job restarts from there). Stragglers (a host
+ * computing slower than its prediction; a slow link, found by probing the links when the
+ * pipeline runs slower than predicted) are reported and planned around the same way. Every
  * membership change goes to the event log (JSON lines) and the summary. */
 #define _DEFAULT_SOURCE   /* usleep, realpath, setpgid, getline */
 #include "choose.h"
