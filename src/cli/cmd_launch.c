@@ -235,31 +235,39 @@ static void kill_wait(pid_t pid, int *status) {
     waitpid(pid, status, 0);
 }
 
+/* Runs argv (stdout to out_path, stderr discarded) for at most `seconds`, then ends it. 1 when
+ * it ended by itself (*status: waitpid's), 0 when it could not start or was ended. */
+static int run_quietly(char **argv, const char *out_path, double seconds, int *status) {
+    int fd;
+    pid_t pid = spawn(argv, out_path, &fd), job = g_child;
+    *status = 0;
+    if (pid < 0) return 0;
+    g_child = pid;
+    double end = now_s() + seconds;
+    int done = 0;
+    char sink[4096];
+    while (!done && now_s() < end && !g_stop) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
+            waitpid(pid, status, 0);
+            done = 1;
+        } else if (waitpid(pid, status, WNOHANG) == pid) {
+            done = 1;
+        }
+    }
+    if (!done) kill_wait(pid, status);
+    g_child = job;
+    close(fd);
+    return done;
+}
+
 /* Does host h run `true` under mpirun within the probe timeout? */
 static int probe_host(const Launch *L, const Host *h) {
     char *extra[] = {"--host", (char *)h->name, "-np", "1", "true", NULL};
     char buf[4096], *argv[MAX_ARGS];
     mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
-    int fd;
-    pid_t pid = spawn(argv, NULL, &fd), job = g_child;
-    if (pid < 0) return 0;
-    g_child = pid;
-    double end = now_s() + L->probe_timeout;
-    int status = 0, done = 0;
-    char sink[4096];
-    while (!done && now_s() < end && !g_stop) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
-            waitpid(pid, &status, 0);
-            done = 1;
-        } else if (waitpid(pid, &status, WNOHANG) == pid) {
-            done = 1;
-        }
-    }
-    if (!done) kill_wait(pid, &status);
-    g_child = job;
-    close(fd);
-    return done && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    int status;
+    return run_quietly(argv, NULL, L->probe_timeout, &status) && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /* ---- one attempt -------------------------------------------------------------------------- */
@@ -632,25 +640,7 @@ static double probe_link(const Launch *L, const Host *a, const Host *b) {
     char *extra[] = {"--host", hosts, "-np", "2", (char *)L->exe, "launch", "--link-probe", bytes, NULL};
     char buf[4096], *argv[MAX_ARGS];
     mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
-    int fd;
-    pid_t pid = spawn(argv, out, &fd), job = g_child;
-    if (pid < 0) return 0;
-    g_child = pid;
-    double end = now_s() + L->probe_timeout + 30;
-    int status = 0, done = 0;
-    char sink[4096];
-    while (!done && now_s() < end && !g_stop) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
-            waitpid(pid, &status, 0);
-            done = 1;
-        } else if (waitpid(pid, &status, WNOHANG) == pid) {
-            done = 1;
-        }
-    }
-    if (!done) kill_wait(pid, &status);
-    g_child = job;
-    close(fd);
+    int status, done = run_quietly(argv, out, L->probe_timeout + 30, &status);
     double rate = 0;
     FILE *f = fopen(out, "r");
     if (f) {
