@@ -183,6 +183,8 @@ static void test_atomic_json(void **state) {
     o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "v", pd_json_num(v));
     cJSON_AddItemToObject(o, "big", pd_json_num(2e9));
+    cJSON_AddItemToObject(o, "nan", pd_json_num(NAN));
+    cJSON_AddItemToObject(o, "inf", pd_json_num(-INFINITY));
     assert_int_equal(pd_json_save(o, path, &err), PD_OK);
     cJSON_Delete(o);
     size_t len;
@@ -193,6 +195,8 @@ static void test_atomic_json(void **state) {
     assert_non_null(o);
     assert_true(cJSON_GetObjectItem(o, "v")->valuedouble == v);
     assert_int_equal(pd_json_int(cJSON_GetObjectItem(o, "big"), &n), PD_EINVAL);   /* beyond 1e9 */
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "nan")));   /* valid JSON: no NaN or infinity in it */
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "inf")));
     cJSON_Delete(o);
 
     assert_null(pd_json_parse("{\n\"a\": 1,\n}\n", "t.json", &err));

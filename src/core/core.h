@@ -172,7 +172,7 @@ int jobj_done(JObj *j, Err *err);
 struct cJSON *pd_json_parse(const char *text, const char *path, Err *err);
 /* A number item that reads back bit-exactly (cJSON's printer may drop the last digit): the
  * shortest of %.15g, %.16g, %.17g that round-trips. */
-struct cJSON *pd_json_num(double v);
+struct cJSON *pd_json_num(double v);   /* the shortest exact decimal; null for NaN or infinity */
 /* Sets *out if c is a number without a fractional part and at most 1e9 in magnitude; else
  * returns PD_EINVAL without a message (the caller names the element). */
 int pd_json_int(const struct cJSON *c, int *out);

@@ -108,6 +108,7 @@ cJSON *pd_json_parse(const char *text, const char *path, Err *err) {
 
 cJSON *pd_json_num(double v) {
     char buf[40];
+    if (!isfinite(v)) return cJSON_CreateNull();   /* JSON has no NaN or infinity */
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(buf, sizeof buf, "%.*g", prec, v);
         if (strtod(buf, NULL) == v) break;

@@ -407,8 +407,9 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     cJSON_AddItemToObject(pr, "pipeline_s", pd_json_num(p->pipeline_s));
     cJSON_AddItemToObject(pr, "single_worker_s", pd_json_num(p->single_s));
     cJSON_AddItemToObject(pr, "data_parallel_s", pd_json_num(p->dp_s));
-    cJSON_AddItemToObject(pr, "speedup_over_single", pd_json_num(p->single_s / p->pipeline_s));
-    cJSON_AddItemToObject(pr, "speedup_over_data_parallel", pd_json_num(p->dp_s / p->pipeline_s));
+    /* a hand-written plan may say 0 s per minibatch: no speedup to state */
+    cJSON_AddItemToObject(pr, "speedup_over_single", pd_json_num(p->pipeline_s > 0 ? p->single_s / p->pipeline_s : 0));
+    cJSON_AddItemToObject(pr, "speedup_over_data_parallel", pd_json_num(p->pipeline_s > 0 ? p->dp_s / p->pipeline_s : 0));
     if (p->sim_s > 0) {
         cJSON *sj = cJSON_AddObjectToObject(pr, "simulated");
         cJSON_AddStringToObject(sj, "schedule", p->sim_schedule);
