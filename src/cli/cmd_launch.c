@@ -126,8 +126,9 @@ typedef struct Launch {
     double ratio[MAX_HOSTS];
     int slow_rows, replan_wanted, probe_wanted;
     double probe_wall;
-    double restart_s;      /* what the last restart at a checkpoint took (its checkpoint to training again); 10 before one */
-    double restart_from;   /* the checkpoint an attempt ended at to restart (0: none) */
+    double restart_s;      /* what the last restart by launch took (job ended to training again); 10 before one */
+    double restart_from;   /* when launch ended the last attempt to restart it (0: it did not) */
+    long stall_ck;         /* the checkpoint after which an overdue next one had the links probed */
     double probe_bytes;
     int n_replans;
 } Launch;
@@ -287,7 +288,8 @@ typedef struct Attempt {
     int n_daemon_lost;
     int ck_seen;                 /* a checkpoint line since the last look */
     long n_mb;                   /* the run's minibatches (rank 0's "training" line) */
-    int grow;                    /* ended by launch to take hosts in (below) */
+    int grow;                    /* ended by launch to take hosts in or re-plan (below) */
+    double t_kill;               /* when launch ended it for that */
     char first_error[512];
 } Attempt;
 
@@ -499,7 +501,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                                     g->next->pipeline_s, g->plan->pipeline_s);
                         kill(pid, SIGTERM);
                         killed = A->grow = 1;
-                        t_kill = now_s();
+                        t_kill = A->t_kill = now_s();
                     }
                     A->ck_seen = 0;
                     ln = 0;
@@ -511,10 +513,34 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
         if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts);
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
+        /* a checkpoint overdue by 2 x --straggler-factor times the last interval: the pace has
+         * dropped since; probe the links now rather than wait for two slow progress lines */
+        double since = now_s() - (A->t_ck[1] > 0 ? A->t_ck[1] : A->t_training);
+        double last = A->t_ck[1] > 0 ? A->t_ck[1] - (A->t_ck[0] > 0 ? A->t_ck[0] : A->t_training) : 0;
+        if (!eof && !pending && !killed && !A->t_fail && g && L->straggler_factor > 0 && last > 0 &&
+            A->ck_mb[1] != L->stall_ck && since > 2 * L->straggler_factor * last) {
+            fprintf(stderr, "pipedream: launch: no checkpoint for %.1f s, %.1f times the last interval: probing the links\n",
+                    since, since / last);
+            L->stall_ck = A->ck_mb[1];
+            L->replan_wanted = L->probe_wanted = 1;
+        }
         /* a straggler reported, or a pipeline slower than predicted: probe, plan around it */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && L->replan_wanted && g &&
-            replan_check(L, g, A->n_mb - A->ck_mb[1]))
+            replan_check(L, g, A->n_mb - A->ck_mb[1])) {
             pending = 1;
+            /* the next checkpoint at the pace predicted now, against redoing the work since the
+             * last one at the new plan's pace and a restart: restart now when that is sooner */
+            since = now_s() - (A->t_ck[1] > 0 ? A->t_ck[1] : A->t_training);
+            double wait = L->ckpt_every * g->t_now - since, redo = since * g->t_next / g->t_now + L->restart_s;
+            if (wait > redo) {
+                fprintf(stderr, "pipedream: launch: re-planning (%s): predicted %.4g s per minibatch instead of %.4g; "
+                        "restarting now from the newest checkpoint (the next is about %.0f s away at this pace)\n",
+                        g->why, g->t_next, g->t_now, wait);
+                kill(pid, SIGTERM);
+                killed = A->grow = 1;
+                t_kill = A->t_kill = now_s();
+            }
+        }
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
         if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
             fprintf(stderr, "pipedream: launch: mpirun still running %.0f s after the failure: ending it\n",
@@ -982,6 +1008,7 @@ static int supervise(Launch *L, const Profile *prof) {
         memset(L->ratio, 0, sizeof L->ratio);
         L->slow_rows = L->replan_wanted = L->probe_wanted = 0;
         L->probe_wall = 0;
+        L->stall_ck = -1;
         if (L->straggler_factor > 0) {
             int has_prof = 0;
             for (int i = 0; i < L->n_train_args; i++) has_prof |= !strcmp(L->train_args[i], "--profile");
@@ -1026,7 +1053,7 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         /* completed: exit 0, or a summary written before the job was ended anyway */
         int completed = (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 0) || has_summary(out_path);
-        if (A.grow && !completed) L->restart_from = A.t_ck[1] > 0 ? A.t_ck[1] : now_s();
+        if (A.grow && !completed) L->restart_from = A.t_kill;
         if (A.grow && !completed && g.replan) {
             long ck = newest_ckpt(L->ckpt_dir);
             int dropped = g.n_next != n_hosts;
