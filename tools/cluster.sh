@@ -312,6 +312,12 @@ teardown() {   # succeeds when there was something to remove
     if [ -e "/sys/class/net/$BR" ] && ours "$BR"; then q ip link del "$BR" || true; found=1; fi
     if [ -d "$STATE" ]; then rm -rf "$STATE"; found=1; fi
     rmdir "$STATE_ROOT" 2>/dev/null || true
+    # Open MPI's session directories of the hosts (ompi.HOSTNAME.UID; each host's hostname is
+    # its namespace's name): a daemon killed, or cut off by a link taken down, leaves its own.
+    local d
+    for d in "${TMPDIR:-/tmp}/ompi.$NAME-h"*; do
+        [[ -d $d && ${d##*/} =~ ^ompi\.$NAME-h[0-9]+\.[0-9]+$ ]] && { rm -rf "$d"; found=1; }
+    done
     [ $found = 1 ]
 }
 

@@ -129,6 +129,7 @@ typedef struct Launch {
     double restart_s;      /* what the last restart by launch took (job ended to training again); 10 before one */
     double restart_from;   /* when launch ended the last attempt to restart it (0: it did not) */
     long stall_ck;         /* the checkpoint after which an overdue next one had the links probed */
+    double job_timeout;    /* train's --timeout (its default, 300, unless the train flags give one) */
     double probe_bytes;
     int n_replans;
 } Launch;
@@ -513,12 +514,13 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
         if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts);
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
-        /* a checkpoint overdue by 2 x --straggler-factor times the last interval: the pace has
-         * dropped since; probe the links now rather than wait for two slow progress lines */
+        /* a checkpoint overdue by 2 x --straggler-factor times the last interval, and by more
+         * than the job's --timeout (a host that stopped answering has failed the job by then):
+         * the pace has dropped; probe the links now rather than wait for two slow lines */
         double since = now_s() - (A->t_ck[1] > 0 ? A->t_ck[1] : A->t_training);
         double last = A->t_ck[1] > 0 ? A->t_ck[1] - (A->t_ck[0] > 0 ? A->t_ck[0] : A->t_training) : 0;
         if (!eof && !pending && !killed && !A->t_fail && g && L->straggler_factor > 0 && last > 0 &&
-            A->ck_mb[1] != L->stall_ck && since > 2 * L->straggler_factor * last) {
+            A->ck_mb[1] != L->stall_ck && since > 2 * L->straggler_factor * last && since > L->job_timeout) {
             fprintf(stderr, "pipedream: launch: no checkpoint for %.1f s, %.1f times the last interval: probing the links\n",
                     since, since / last);
             L->stall_ck = A->ck_mb[1];
@@ -657,7 +659,7 @@ static int link_probe_main(const char *bytes_arg) {
 }
 
 /* The rate between hosts a and b (bytes/s, both ways: their slower link's), by running the
- * probe above on them; 0 when it fails or takes longer than --probe-timeout + 30 s. */
+ * probe above on them; 0 when it fails or takes longer than --probe-timeout. */
 static double probe_link(const Launch *L, const Host *a, const Host *b) {
     char hosts[520], bytes[32], out[PATH_MAX + 32];
     snprintf(hosts, sizeof hosts, "%s,%s", a->name, b->name);
@@ -666,7 +668,7 @@ static double probe_link(const Launch *L, const Host *a, const Host *b) {
     char *extra[] = {"--host", hosts, "-np", "2", (char *)L->exe, "launch", "--link-probe", bytes, NULL};
     char buf[4096], *argv[MAX_ARGS];
     mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
-    int status, done = run_quietly(argv, out, L->probe_timeout + 30, &status);
+    int status, done = run_quietly(argv, out, L->probe_timeout, &status);
     double rate = 0;
     FILE *f = fopen(out, "r");
     if (f) {
@@ -1310,6 +1312,7 @@ int cmd_launch(int argc, char **argv) {
     L.straggler_factor = 2;
     L.replan = 1;
     L.restart_s = 10;
+    L.job_timeout = 300;
     L.probe_bytes = 1e6;
     L.kind = SCHED_1F1B;
     L.opt_state_factor = 1;
@@ -1356,6 +1359,7 @@ int cmd_launch(int argc, char **argv) {
     for (int i = 0; i + 1 < L.n_train_args; i++) {
         if (!strcmp(L.train_args[i], "--schedule") && sched_kind_parse(L.train_args[i + 1], &L.kind))
             return cli_usage_error("launch", "--schedule %s: not a schedule", L.train_args[i + 1]);
+        if (!strcmp(L.train_args[i], "--timeout")) L.job_timeout = atof(L.train_args[i + 1]);
         if (!strcmp(L.train_args[i], "--optimizer"))
             L.opt_state_factor = strncmp(L.train_args[i + 1], "adam", 4) ? 1 : 2;
     }

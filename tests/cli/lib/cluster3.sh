@@ -32,14 +32,15 @@ for pre, n in (("train", 2560), ("t10k", 256)):
 PY
 }
 
-# cluster3_clean: no process left in the hosts' namespaces; down; no namespace and no process
-# of the test ($tmp) left.
+# cluster3_clean [I...]: no process left in the namespaces of hosts I (default all three); down; no namespace, no process of
+# the test ($tmp) and no Open MPI session directory of the hosts left.
 cluster3_clean() {
     local i
-    for i in 0 1 2; do
+    for i in ${@:-0 1 2}; do
         [ -z "$(ip netns pids "$NAME-h$i")" ] || fail "processes left in $NAME-h$i: $(ip netns pids "$NAME-h$i" | xargs ps -o pid,cmd -p)"
     done
     bash "$CL" down --name "$NAME" >/dev/null || fail "down"
     ! ip netns list | grep -q "^$NAME-" || fail "namespaces left"
     ! pgrep -f "$tmp/" >/dev/null || fail "processes of the test left: $(pgrep -af "$tmp/")"
+    ! ls -d "${TMPDIR:-/tmp}/ompi.$NAME-h"* >/dev/null 2>&1 || fail "Open MPI session directories left: $(ls -d "${TMPDIR:-/tmp}/ompi.$NAME-h"*)"
 }
