@@ -11,7 +11,9 @@
 # alternating order; the figure is the rest of the run: from the slowdown to launch's end.
 #
 # usage: bench/replan.sh [--out DIR] [--pd BINARY]   as root; about 15 minutes on 2 cores.
-#   Environment: RUNS (3), STEPS (400), SLOW_AT (150), SLOW_RATE (10mbit), PDC_NAME (pdrp).
+#   Environment: RUNS (3), STEPS (400), SLOW_AT (150), SLOW_RATE (10mbit), FACTOR (launch's
+#   --straggler-factor, 3: the 4 ranks share 2 cores here, so each computes up to twice
+#   its profile's prediction), PDC_NAME (pdrp).
 # Prints a markdown table (every run, then the medians); raw outputs in OUT (a temporary
 # directory unless --out). The cluster is taken down on every exit.
 set -euo pipefail
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
         *) echo "bench/replan.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-RUNS=${RUNS:-3} STEPS=${STEPS:-400} SLOW_AT=${SLOW_AT:-150} SLOW_RATE=${SLOW_RATE:-10mbit}
+RUNS=${RUNS:-3} STEPS=${STEPS:-400} SLOW_AT=${SLOW_AT:-150} SLOW_RATE=${SLOW_RATE:-10mbit} FACTOR=${FACTOR:-3}
 export PDC_NAME=${PDC_NAME:-pdrp}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$PD" ] || { echo "bench/replan.sh: no $PD (cmake --build build)" >&2; exit 1; }
@@ -48,7 +50,7 @@ one() {
     rm -rf "$OUT/$id"
     local t0; t0=$(date +%s.%N)
     "$PD" launch --hosts "$OUT/hosts" --profile "$OUT/vgg16.prof.json" --run-dir "$OUT/$id" --checkpoint-every 50 \
-        --events "$OUT/$id.jsonl" --mpirun-args "$MPIARGS" "${flags[@]}" models/vgg16.json -- \
+        --events "$OUT/$id.jsonl" --mpirun-args "$MPIARGS" --straggler-factor "$FACTOR" "${flags[@]}" models/vgg16.json -- \
         --steps "$STEPS" --minibatch 64 --microbatches 4 --seed 1 --keep-last 2 --timeout 120 \
         >"$OUT/$id.out" 2>"$OUT/$id.err" &
     local pid=$! ck; ck=$(printf '%s/%s/ckpt/ckpt-%010d.safetensors' "$OUT" "$id" "$SLOW_AT")

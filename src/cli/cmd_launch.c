@@ -130,6 +130,7 @@ typedef struct Launch {
     double restart_from;   /* when launch ended the last attempt to restart it (0: it did not) */
     long stall_ck;         /* the checkpoint after which an overdue next one had the links probed */
     double job_timeout;    /* train's --timeout (its default, 300, unless the train flags give one) */
+    double best_pace, probe_pace;   /* this attempt's least s per minibatch between checkpoints; at the last probe */
     double probe_bytes;
     int n_replans;
 } Launch;
@@ -456,6 +457,21 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
     fclose(f);
 }
 
+/* At each checkpoint: the time per minibatch between the last two (training and checkpoints
+ * alike, from the lines' arrival). Over --straggler-factor times the attempt's best so far, and
+ * that much over the pace of the last probe, the pace has dropped mid-run: probe the links. */
+static void pace_check(Launch *L, const Attempt *A) {
+    if (!(A->t_ck[0] > 0) || A->ck_mb[1] <= A->ck_mb[0] || !(L->straggler_factor > 0)) return;
+    double pace = (A->t_ck[1] - A->t_ck[0]) / (double)(A->ck_mb[1] - A->ck_mb[0]);
+    if (!(L->best_pace > 0) || pace < L->best_pace) L->best_pace = pace;
+    if (pace > L->straggler_factor * L->best_pace && !(pace <= L->straggler_factor * L->probe_pace)) {
+        fprintf(stderr, "pipedream: launch: %.4g s per minibatch between the checkpoints at %ld and %ld, %.1f times this "
+                "attempt's best: probing the links\n", pace, A->ck_mb[0], A->ck_mb[1], pace / L->best_pace);
+        L->replan_wanted = L->probe_wanted = 1;
+        L->probe_pace = pace;
+    }
+}
+
 /* Runs one mpirun to its end, relaying its stderr to ours and into err_path. When the hostfile
  * changes it probes and plans (grow_check); with hosts to take in, it ends the job at the next
  * checkpoint (A->grow) so that the next attempt resumes from there on more hosts. */
@@ -504,6 +520,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                         killed = A->grow = 1;
                         t_kill = A->t_kill = now_s();
                     }
+                    if (A->ck_seen && g) pace_check(L, A);
                     A->ck_seen = 0;
                     ln = 0;
                 } else {
@@ -593,12 +610,29 @@ static void cluster_for(Launch *L, const Host *hosts, int n, Cluster *cl) {
     }
 }
 
-/* The simulated time per minibatch of p on cl under the job's schedule (1e300: none). */
+/* What checkpoints cost per minibatch on cl: every --checkpoint-every minibatches rank 0 gathers
+ * each stage's parameters and optimizer state (1 + opt_state_factor times the parameters) from
+ * the stage's first replica, over that rank's link and rank 0's. A slow link under a stage with
+ * large weights can cost more here than in training. */
+static double ckpt_cost(const Launch *L, const Plan *p, const Profile *prof, const Cluster *cl) {
+    double t = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        int r = p->stages[s].ranks[0];
+        if (r == 0) continue;
+        double bytes = 0;
+        for (int i = 0; i < p->stages[s].n_layers; i++) bytes += prof->layers[p->stages[s].layers[i]].param_bytes;
+        t += bytes * (1 + L->opt_state_factor) / cluster_link_bandwidth(cl, r, 0);
+    }
+    return t / L->ckpt_every;
+}
+
+/* The time per minibatch of p on cl: the simulator's under the job's schedule, plus the
+ * checkpoints' share (1e300: none). */
 static double plan_score(const Launch *L, const Plan *p, const Profile *prof, const Cluster *cl) {
     SearchCand sc;
     Err err = {0};
     if (!p || plan_search_score(p, prof, cl, L->kind, 1, 0, L->opt_state_factor, &sc, &err)) return 1e300;
-    return sc.minibatch_s;
+    return sc.minibatch_s + ckpt_cost(L, p, prof, cl);
 }
 
 /* The plan for these hosts. A homogeneous cluster: the partitioner's (plan_new, as `pipedream
@@ -1011,6 +1045,7 @@ static int supervise(Launch *L, const Profile *prof) {
         L->slow_rows = L->replan_wanted = L->probe_wanted = 0;
         L->probe_wall = 0;
         L->stall_ck = -1;
+        L->best_pace = L->probe_pace = 0;
         if (L->straggler_factor > 0) {
             int has_prof = 0;
             for (int i = 0; i < L->n_train_args; i++) has_prof |= !strcmp(L->train_args[i], "--profile");
