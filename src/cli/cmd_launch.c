@@ -111,7 +111,7 @@ typedef struct Launch {
     long progress_at;
     int over[MAX_HOSTS], reported[MAX_HOSTS];
     char stragglers[1024];
-    int n_stragglers;
+    int n_stragglers, n_listed;   /* reports; hosts in stragglers[] (each once) */
     /* re-planning (off with --no-replan): what launch has learnt about hosts, by name (a
      * compute straggler's speed relative to the others, a slow link's measured rate), planned
      * with as a heterogeneous cluster from then on; the schedule the job runs (scores plans);
@@ -377,6 +377,18 @@ static int replan_check(Launch *L, Grow *g, long remaining);
 static int grow_check(Launch *L, Grow *g);
 static long newest_ckpt(const char *dir);
 
+/* A straggler report: counted, and the host listed once (for the done line and event). */
+static void note_straggler(Launch *L, const char *name) {
+    L->n_stragglers++;
+    size_t n = strlen(name), k = strlen(L->stragglers);
+    for (const char *p = L->stragglers; (p = strstr(p, name)); p += n)
+        if ((p == L->stragglers || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return;
+    if (k + n + 2 < sizeof L->stragglers) {
+        snprintf(L->stragglers + k, sizeof L->stragglers - k, "%s%s", k ? " " : "", name);
+        L->n_listed++;
+    }
+}
+
 /* The number after "key": in [s, end), or NAN. */
 static double num_in(const char *s, const char *end, const char *key) {
     const char *p = strstr(s, key);
@@ -438,10 +450,7 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
                         "\"factor\":%.3f,\"checkpoint_minibatches\":%ld", r, st, ms, pred, ms / pred, mb);
             }
             event_end(e);
-            size_t k = strlen(L->stragglers);
-            if (k + strlen(hosts[r].name) + 2 < sizeof L->stragglers)
-                snprintf(L->stragglers + k, sizeof L->stragglers - k, "%s%s", k ? " " : "", hosts[r].name);
-            L->n_stragglers++;
+            note_straggler(L, hosts[r].name);
         }
         if (L->n_stragglers > reported_before) L->replan_wanted = 1;
         else if (L->slow_rows >= 2 && !L->probe_wanted && (!(L->probe_wall > 0) || wall > L->straggler_factor * L->probe_wall)) {
@@ -747,10 +756,7 @@ static int probe_links(Launch *L, const Host *hosts, int n) {
             fprintf(e, ",\"rank\":%d,\"link_bytes_per_s\":%.6g,\"bandwidth\":%.6g", r, est[r], L->bandwidth);
         }
         event_end(e);
-        size_t k2 = strlen(L->stragglers);
-        if (k2 + strlen(hosts[r].name) + 2 < sizeof L->stragglers)
-            snprintf(L->stragglers + k2, sizeof L->stragglers - k2, "%s%s", k2 ? " " : "", hosts[r].name);
-        L->n_stragglers++;
+        note_straggler(L, hosts[r].name);
     }
     return slow;
 }
@@ -1185,7 +1191,7 @@ static int supervise(Launch *L, const Profile *prof) {
             fflush(stdout);
             fprintf(stderr, "pipedream: launch: done: %ld minibatches on %d host%s, %d membership change%s, %ld minibatches lost (estimated), %.1f s recovering",
                     steps, n_hosts, n_hosts == 1 ? "" : "s", changes, changes == 1 ? "" : "s", total_lost, rec.total_s);
-            if (L->n_stragglers) fprintf(stderr, ", straggler%s: %s", L->n_stragglers == 1 ? "" : "s", L->stragglers);
+            if (L->n_listed) fprintf(stderr, ", straggler%s: %s", L->n_listed == 1 ? "" : "s", L->stragglers);
             if (L->n_replans) fprintf(stderr, ", %d re-plan%s", L->n_replans, L->n_replans == 1 ? "" : "s");
             fputc('\n', stderr);
             e = event_begin(L, "done");
