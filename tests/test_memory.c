@@ -106,6 +106,7 @@ static void run_case(const Case *k) {
         c.stage[i].bwd_s = 2e-3;
         c.stage[i].param_bytes = (double)m0->params;
         c.stage[i].stash_bytes = (double)(m0->activations / (size_t)m0->slots);
+        c.stage[i].scratch_bytes = (double)m0->scratch;
         assert_int_equal(m0->activations % (size_t)m0->slots, 0);
         const SchedStage *ss = &s.stages[i];
         size_t want = slot_bytes(k->model, ss->layers[0], ss->layers[ss->n_layers - 1] + 1, i == 0,
@@ -145,7 +146,10 @@ static void run_case(const Case *k) {
         /* bytes */
         assert_int_equal(m->params, res[r].n_params * sizeof(float));
         assert_int_equal(m->workspace, res[r].n_state * sizeof(float));
-        assert_int_equal(m->total, m->params + m->grads + m->opt_state + m->stashed + m->activations + m->comm + m->workspace);
+        assert_int_equal(m->total, m->params + m->grads + m->opt_state + m->stashed + m->activations + m->comm + m->workspace +
+                                       m->scratch);
+        /* the kernel scratch each worker's build asked for: replicas alike (each built on an empty arena) */
+        assert_int_equal(m->scratch, res[s.stages[s.workers[r].stage].ranks[0]].mem.scratch);
         if (p->params != (double)m->params || p->grads != (double)m->grads || p->opt_state != (double)m->opt_state ||
             p->alloc_stashed != (double)m->stashed || p->alloc_activations != (double)m->activations ||
             p->allocated != (double)(m->total - m->workspace - m->comm))

@@ -123,10 +123,12 @@ char *train_stage_json(const RtTrainSummary *s, int i) {
     num(o, "stashed_bytes", (double)g->mem.stashed);
     num(o, "activation_bytes", (double)g->mem.activations);
     num(o, "workspace_bytes", (double)g->mem.workspace);
+    num(o, "scratch_bytes", (double)g->mem.scratch);
     num(o, "predicted_weights_bytes", (double)g->mem.predicted);
     num(o, "predicted_allocated_bytes", g->predicted_bytes);
     num(o, "predicted_activation_bytes", g->predicted_activation_bytes);
     num(o, "predicted_stashed_bytes", g->predicted_stashed_bytes);
+    num(o, "predicted_scratch_bytes", g->predicted_scratch_bytes);
     return print_free(o);
 }
 

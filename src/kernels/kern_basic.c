@@ -167,6 +167,19 @@ void *kern_scratch(int slot, size_t bytes) {
     return a->p[slot];
 }
 
+size_t kern_scratch_slot_bytes(int slot) {
+    PD_ASSERTF(slot >= 0 && slot < KSCR_COUNT, "scratch slot %d", slot);
+    pthread_once(&g_arena_once, arena_key);
+    const Arena *a = pthread_getspecific(g_arena_key);
+    return a ? a->n[slot] : 0;
+}
+
+size_t kern_scratch_bytes(void) {
+    size_t n = 0;
+    for (int i = 0; i < KSCR_COUNT; i++) n += kern_scratch_slot_bytes(i);
+    return n;
+}
+
 void kern_scratch_release(void) {
     pthread_once(&g_arena_once, arena_key);
     Arena *a = pthread_getspecific(g_arena_key);

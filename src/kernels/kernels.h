@@ -159,6 +159,11 @@ void kern_relu_bwd(const float *y, const float *dy, float *dx, size_t count);
 enum { KSCR_CONV = 0, KSCR_BN, KSCR_LSTM, KSCR_LAYER, KSCR_BF16, KSCR_RESIDUAL, KSCR_COUNT = KSCR_RESIDUAL + 8 };
 void *kern_scratch(int slot, size_t bytes);
 void  kern_scratch_release(void);
+/* Bytes the calling thread's scratch holds: in slot `slot` (0 if never asked for), and in all
+ * slots together. What a model built on a fresh thread asks for at build time is what its
+ * calls use (the memory ledger counts it: RtMem.scratch, ProfileLayer.scratch). */
+size_t kern_scratch_slot_bytes(int slot);
+size_t kern_scratch_bytes(void);
 /* Fused-relu helpers for the layers (threaded like every element-wise pass): y = max(y, 0)
  * in place; g = dy * (y > 0), overwriting g; y = max(a + b, 0); y += x. */
 void kern_relu_inplace(float *y, size_t count);

@@ -9,6 +9,9 @@
 
 #include "core.h"
 
+/* Scratch slots a profile can name (kernels.h's KSCR_COUNT is at most this). */
+#define PROFILE_SCRATCH_SLOTS 16
+
 typedef struct ProfileLayer {
     char name[64];       /* e.g. "layers.3" or graph.txt's "node12" */
     char type[64];       /* "conv2d", "relu", ... or graph.txt's node_desc (truncated) */
@@ -30,6 +33,12 @@ typedef struct ProfileLayer {
      * include: a schedule that steps once per minibatch of M units pays it once, not M times,
      * and it does not grow with the batch. 0 when not measured (the authors' profiles). */
     double step_s;
+    /* Optional: the kernels' per-thread scratch (kern_scratch) the layer asks for when built
+     * alone on a fresh thread, by scratch slot: [slot][0] at the profile's minibatch, [slot][1]
+     * at one sample (the simulator interpolates other batch sizes between them). A stage's
+     * layers share one arena per thread, so a stage needs, per slot, its layers' largest.
+     * All 0 when not measured. */
+    double scratch[PROFILE_SCRATCH_SLOTS][2];
 } ProfileLayer;
 
 typedef struct Profile {

@@ -53,6 +53,11 @@ int profile_validate(const Profile *p, Err *err) {
             if (!isfinite(v[k]) || v[k] < 0)
                 return err_set(err, PD_EINVAL, "layer %d (\"%s\"): %s %g is negative or not finite", i,
                                l->name, what[k], v[k]);
+        for (int k = 0; k < PROFILE_SCRATCH_SLOTS; k++)
+            for (int b = 0; b < 2; b++)
+                if (!isfinite(l->scratch[k][b]) || l->scratch[k][b] < 0)
+                    return err_set(err, PD_EINVAL, "layer %d (\"%s\"): scratch bytes %g of slot %d are negative or not finite",
+                                   i, l->name, l->scratch[k][b], k);
         if (l->step_s > l->bwd_s)   /* a part of backward: the simulator subtracts it */
             return err_set(err, PD_EINVAL, "layer %d (\"%s\"): step_s %g exceeds backward_s %g (it is a part of it)", i,
                            l->name, l->step_s, l->bwd_s);
@@ -167,6 +172,24 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
             (rc = jobj_num(&lj, "backward_weight_s", 0, 0, 1e30, &l->bwd_w_s, err)))
             goto done;
         if ((rc = jobj_num(&lj, "step_s", 0, 0, 1e30, &l->step_s, err))) goto done;
+        const cJSON *sc = jobj_get(&lj, "scratch");   /* [[slot, bytes, bytes at one sample], ...] */
+        if (sc) {
+            if (!cJSON_IsArray(sc)) {
+                rc = err_set(err, PD_EINVAL, "%s: key \"scratch\": expected an array of [slot, bytes, bytes_at_1]", ctx);
+                goto done;
+            }
+            for (const cJSON *e = sc->child; e; e = e->next) {
+                const cJSON *a = cJSON_IsArray(e) && cJSON_GetArraySize(e) == 3 ? e->child : NULL;
+                if (!a || !cJSON_IsNumber(a) || !cJSON_IsNumber(a->next) || !cJSON_IsNumber(a->next->next) ||
+                    a->valuedouble != (int)a->valuedouble || a->valuedouble < 0 || a->valuedouble >= PROFILE_SCRATCH_SLOTS) {
+                    rc = err_set(err, PD_EINVAL, "%s: key \"scratch\": expected [slot (0..%d), bytes, bytes_at_1]", ctx,
+                                 PROFILE_SCRATCH_SLOTS - 1);
+                    goto done;
+                }
+                l->scratch[(int)a->valuedouble][0] = a->next->valuedouble;
+                l->scratch[(int)a->valuedouble][1] = a->next->next->valuedouble;
+            }
+        }
         if ((rc = jobj_done(&lj, err))) goto done;
     }
     const cJSON *edges = jobj_get(&j, "edges");
@@ -207,6 +230,16 @@ int profile_save(const Profile *p, const char *path, Err *err) {
             cJSON_AddItemToObject(o, "backward_weight_s", pd_json_num(l->bwd_w_s));
         }
         if (l->step_s > 0) cJSON_AddItemToObject(o, "step_s", pd_json_num(l->step_s));
+        cJSON *sc = NULL;
+        for (int k = 0; k < PROFILE_SCRATCH_SLOTS; k++)
+            if (l->scratch[k][0] > 0 || l->scratch[k][1] > 0) {
+                if (!sc) sc = cJSON_AddArrayToObject(o, "scratch");
+                cJSON *e = cJSON_CreateArray();
+                cJSON_AddItemToArray(e, pd_json_num(k));
+                cJSON_AddItemToArray(e, pd_json_num(l->scratch[k][0]));
+                cJSON_AddItemToArray(e, pd_json_num(l->scratch[k][1]));
+                cJSON_AddItemToArray(sc, e);
+            }
         cJSON_AddItemToArray(layers, o);
     }
     if (p->n_edges > 0 && !profile_is_chain(p)) {

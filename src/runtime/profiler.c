@@ -156,6 +156,22 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
     pd_free(dw);
 }
 
+_Static_assert(KSCR_COUNT <= PROFILE_SCRATCH_SLOTS, "a profile names every scratch slot");
+
+/* Layer i's kernel scratch, by slot, built alone at batch n on a fresh arena of this thread
+ * (what a stage's build asks for: kern_scratch's growth happens at build time). */
+static int layer_scratch(const char *model_path, int prec, int i, int n, double *slots, Err *err) {
+    Model *m = model_load(model_path, err);
+    if (!m) return err->code;
+    model_set_precision(m, prec);
+    kern_scratch_release();
+    int rc = model_build(m, i, i + 1, n, err);
+    for (int k = 0; k < KSCR_COUNT && !rc; k++) slots[k] = (double)kern_scratch_slot_bytes(k);
+    model_free(m);
+    kern_scratch_release();
+    return rc;
+}
+
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err) {
     memset(out, 0, sizeof *out);
     if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0 || o->rounds < 0)
@@ -241,6 +257,17 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         L->saved_bytes = (double)model_layer_saved_bytes(m, i, B);
     }
     out->saved_measured = 1;
+    /* the kernels' scratch each layer asks for, at B and at one sample (the ledger counts the
+     * stage's arena: RtMem.scratch); the timing's arena is let go first */
+    kern_scratch_release();
+    for (int i = 0; i < nl && !rc; i++) {
+        double s[2][KSCR_COUNT] = {{0}};
+        rc = layer_scratch(model_path, o->precision, i, B, s[0], err);
+        if (!rc) rc = layer_scratch(model_path, o->precision, i, 1, s[1], err);
+        for (int k = 0; k < KSCR_COUNT && !rc; k++)
+            out->layers[i].scratch[k][0] = s[0][k], out->layers[i].scratch[k][1] = s[1][k];
+    }
+    if (rc) profile_release(out);
     free(buf);
     data_release(&syn);
 out:

@@ -964,7 +964,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
         g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
         g->mem = res[st->ranks[0]].mem;
-        g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = NAN;
+        g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = g->predicted_scratch_bytes = NAN;
     }
     if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
     if (!sp->profile) {
@@ -1001,6 +1001,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
             out->stage[i].predicted_bytes = pm->allocated;
             out->stage[i].predicted_activation_bytes = pm->alloc_activations;
             out->stage[i].predicted_stashed_bytes = pm->alloc_stashed;
+            out->stage[i].predicted_scratch_bytes = pm->scratch;
         }
         sim_result_release(&sr);
         snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");

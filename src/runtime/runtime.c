@@ -59,7 +59,8 @@ static size_t split_floats(const Worker *w);
 
 /* What the worker allocated for its stage, by category (RtMem): the version store, the
  * gradient and optimizer buffers, the running statistics and the activation slots (with,
- * for the zb kinds, the output gradients BI keeps for BW). */
+ * for the zb kinds, the output gradients BI keeps for BW); the rank's kernel scratch is
+ * worker_mem's. */
 static void stage_mem(const Worker *w, RtMem *m) {
     size_t f = sizeof(float), B = (size_t)w->cfg->unit_batch, slot = 0;
     memset(m, 0, sizeof *m);
@@ -100,6 +101,10 @@ static void worker_mem(Worker *w) {
         m->predicted += x.predicted;
         m->slots += x.slots;
     }
+    /* the kernels' scratch of this thread: its chunks' layers share it (rt_worker_init let the
+     * thread's earlier arena go before building) */
+    m->scratch = kern_scratch_bytes();
+    m->total += m->scratch;
 }
 
 static float *vstore_get(Worker *w, int version) {
@@ -1076,6 +1081,9 @@ int rt_worker_init(Worker *w, Comm *c, const RtConfig *cfg, int rank, RtWorkerRe
     res->n_chunks = 1;
     w->t_start = pd_now();
     if (w->stage < 0) return PD_OK;   /* idle rank */
+    /* The thread's kernel scratch starts empty, so that what the stages' build asks for is
+     * what the ledger counts (RtMem.scratch). No kernel keeps a pointer into it between calls. */
+    kern_scratch_release();
     int V = w->sw->n_chunks > 1 ? w->sw->n_chunks : 1;
     if (V > RT_MAX_CHUNKS)
         return err_set(err, PD_EINVAL, "rank %d runs %d stages (chunks); the runtime runs at most %d per worker", rank, V,

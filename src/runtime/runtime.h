@@ -142,7 +142,11 @@ typedef struct RtMem {
     size_t activations;   /* slots x (context (nnctx_bytes) + dy + dx + label buffers) */
     size_t comm;          /* message buffers of its own: none in pipelines (messages go to and from
                            * slots); asp: its push and answer buffers */
-    size_t workspace;     /* running statistics (batch norm); the Model's kernel scratch is not counted */
+    size_t workspace;     /* running statistics (batch norm) */
+    size_t scratch;       /* the kernels' per-thread scratch (kern_scratch_bytes) of the worker's
+                           * thread after its stages' build: call-local temporaries, and at bf16
+                           * the bf16 copies of the products' operands. rt_emulate's workers share
+                           * one thread: each counts the arena its own build asked for */
     size_t predicted;     /* staleness prediction or look-ahead: the predicted weights, n x params
                            * (SchedWorkerInfo.max_predicted buffers) */
     size_t total;         /* the sum of the above */
@@ -378,7 +382,7 @@ typedef struct RtStageSummary {
     uint32_t weights_crc;        /* CRC-32 of replica 0's final weights */
     RtMem mem;                   /* what replica 0 allocated, by category (the memory ledger) */
     double predicted_bytes;      /* the simulator's allocation for that worker (NAN without a profile) */
-    double predicted_activation_bytes, predicted_stashed_bytes;
+    double predicted_activation_bytes, predicted_stashed_bytes, predicted_scratch_bytes;
     double delay_mean;           /* updates a unit's gradient crossed on this stage: mean and most */
     int delay_max;
 } RtStageSummary;

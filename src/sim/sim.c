@@ -56,6 +56,23 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             }
         }
     }
+    /* the kernels' scratch: one arena per thread, each slot as large as the stage's largest
+     * request; between the profile's batch B and one sample, affine in the batch */
+    for (int i = 0; i < s->n_stages && !rc; i++) {
+        const SchedStage *st = &s->stages[i];
+        int B = prof->minibatch;
+        for (int k = 0; k < PROFILE_SCRATCH_SLOTS; k++) {
+            double sb = 0, s1 = 0;
+            for (int j = 0; j < st->n_layers; j++) {
+                const ProfileLayer *L = &prof->layers[st->layers[j]];
+                if (L->scratch[k][0] > sb) sb = L->scratch[k][0];
+                if (L->scratch[k][1] > s1) s1 = L->scratch[k][1];
+            }
+            double fixed = B > 1 ? s1 - (sb - s1) / (B - 1) : sb;
+            c[i].scratch_bytes += sb;
+            c[i].scratch_fixed_bytes += fixed < 0 ? 0 : fixed > sb ? sb : fixed;
+        }
+    }
     if (!rc) {
         c[0].in_bytes = prof->input_bytes;
         /* bytes crossing boundary i (into stage i from stages before it) */
@@ -98,6 +115,7 @@ void sim_costs_scale(SimCosts *c, double f) {
         SimStageCost *s = &c->stage[i];
         s->fwd_s *= f, s->bwd_s *= f, s->bwd_in_s *= f, s->bwd_w_s *= f;   /* not step_s: per parameter */
         s->in_bytes *= f, s->stash_bytes *= f, s->grad_bytes *= f, s->out_bytes *= f;
+        s->scratch_bytes = s->scratch_fixed_bytes + (s->scratch_bytes - s->scratch_fixed_bytes) * f;
     }
 }
 
@@ -461,9 +479,10 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
      * size; recomputing, a slot keeps the input, the output until it is sent and the gradient
      * buffers, and the chunk's contexts (its most units with full activations, >= 1) the rest
      * with their own input (runtime.c, chunk_slots) */
-    double alloc_act = 0;
+    double alloc_act = 0, scratch = 0;
     for (int k = 0; k < nc; k++) {
         const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];
+        if (c->scratch_bytes > scratch) scratch = c->scratch_bytes;
         int mi = 0, mf = 0;
         for (int i = 0; i < n; i++) {
             if (fly[(size_t)i * nc + k] > mi) mi = fly[(size_t)i * nc + k];
@@ -496,7 +515,9 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
     m->alloc_stashed = (wi->max_versions_alive - 1) * params;
     m->alloc_activations = alloc_act;
     m->alloc_predicted = e->o->predicts_weights ? wi->max_predicted * params : 0;
-    m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations + m->alloc_predicted;
+    m->scratch = scratch;
+    m->allocated = m->params + m->grads + m->opt_state + m->alloc_stashed + m->alloc_activations + m->alloc_predicted +
+                   m->scratch;
     e->r->max_inflight[rank] = wi->max_inflight;
     e->r->max_full[rank] = wi->max_full;
     e->r->worker_versions[rank] = wi->max_versions_alive;
@@ -694,9 +715,10 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
         fprintf(f,
                 "    {\"rank\": %d, \"stage\": %d, \"busy_fraction\": %.6f, \"max_inflight\": %d, \"peak_memory_bytes\": %.0f, "
                 "\"params_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, \"stashed_weights_bytes\": %.0f, "
-                "\"activations_bytes\": %.0f, \"versions\": %d, \"slots\": %d, \"allocated_bytes\": %.0f, \"max_full\": %d}%s\n",
+                "\"activations_bytes\": %.0f, \"versions\": %d, \"slots\": %d, \"scratch_bytes\": %.0f, \"allocated_bytes\": %.0f, "
+                "\"max_full\": %d}%s\n",
                 w, s->workers[w].stage, r->busy_fraction[w], r->max_inflight[w], m->peak, m->params, m->grads, m->opt_state,
-                m->stashed, m->activations, r->worker_versions[w], r->slots[w], m->allocated, r->max_full[w],
+                m->stashed, m->activations, r->worker_versions[w], r->slots[w], m->scratch, m->allocated, r->max_full[w],
                 w + 1 < s->n_ranks ? "," : "");
     }
     fprintf(f, "  ]\n}\n");

@@ -47,6 +47,10 @@ typedef struct SimStageCost {
      * bwd_s, bwd_in_s and bwd_w_s here exclude; 0 for profiles without it). Per step, not per
      * unit: sim_costs_scale leaves it. */
     double step_s;
+    /* The kernels' per-thread scratch the stage's build asks for (our profiles' per-layer
+     * scratch: per slot the stage's largest, summed over slots; 0 otherwise), and the part of
+     * it that does not grow with the unit's batch (sim_costs_scale scales the rest). */
+    double scratch_bytes, scratch_fixed_bytes;
 } SimStageCost;
 
 static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }
@@ -73,7 +77,8 @@ static inline int sim_layer_keeps_grad(const ProfileLayer *L) {
 }
 void sim_costs_release(SimCosts *c);
 /* Costs of units of f times the profile's minibatch (micro-batches: f = 1/M): every time and
- * every per-unit byte count scaled by f, parameter bytes unchanged. */
+ * every per-unit byte count scaled by f, parameter bytes unchanged; of the scratch, the part
+ * above scratch_fixed_bytes scaled by f. */
 void sim_costs_scale(SimCosts *c, double f);
 
 typedef struct SimOpts {
@@ -102,8 +107,10 @@ typedef struct SimMem {
     double alloc_activations;   /* n_slots x stash_bytes (the largest chunk's); recomputing: n_slots x
                                  * (in + out + grad bytes) + max(max_full, 1) x (stash - grad bytes) */
     double alloc_predicted;     /* predicts_weights: max_predicted x params, else 0 */
+    double scratch;             /* the kernels' scratch of the worker's thread: its stage's
+                                 * scratch_bytes (several chunks: the largest; they share one arena) */
     double allocated;           /* params + grads + opt_state + alloc_stashed + alloc_activations
-                                 * + alloc_predicted */
+                                 * + alloc_predicted + scratch */
 } SimMem;
 
 typedef struct SimResult {
