@@ -9,9 +9,12 @@
 # ingress. A packet from one host to another crosses one egress and one ingress: rate R,
 # one-way delay D, round trip 2D.
 #
-#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--name pdc]
+#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--cpu C] [--name pdc]
 #                                                  create or reconcile; --host-rate gives host I
-#                                                  its own link rate R (a heterogeneous cluster)
+#                                                  its own link rate R (a heterogeneous cluster);
+#                                                  --cpu caps each host's processes at C cores
+#                                                  (a cgroup CPU quota), so that hosts stop
+#                                                  sharing this machine's cores as one pool
 #   tools/cluster.sh run NP CMD [ARGS...]          mpirun -np NP across the hosts (round robin)
 #   tools/cluster.sh run -- MPIRUN_ARGS...         mpirun with your own arguments (give -np)
 #   tools/cluster.sh run-torch NP CMD [ARGS...]    run, plus MASTER_ADDR/MASTER_PORT and
@@ -35,7 +38,7 @@ STATE_ROOT=/run/pipedream-cluster
 TAG=pipedream-cluster
 
 die() { echo "$PROG: error: $*" >&2; exit 1; }
-usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
 cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
 CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
 q() { "$@" >/dev/null 2>&1; }
@@ -113,13 +116,47 @@ shape() {   # shape I: (re)apply the qdiscs of host I
     fi
 }
 
+# --cpu: each host's processes in a cgroup of their own with a CPU quota (cgroup v1's cpu
+# controller, or v2's cpu.max). The rsh agent and `exec` put what they start into the host's
+# group; its children stay there.
+CG_V1=/sys/fs/cgroup/cpu
+cg_root() {
+    if [ -w "$CG_V1/cpu.cfs_quota_us" ] || [ -e "$CG_V1/cpu.cfs_quota_us" ]; then echo "$CG_V1/$TAG-$NAME"
+    elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then echo "/sys/fs/cgroup/$TAG-$NAME"
+    else echo ""; fi
+}
+cpu_caps() {   # cpu_caps N: (re)make host 0..N-1's groups with CPU's quota; none without --cpu
+    local n=$1 root i q
+    root=$(cg_root)
+    if [ -z "$CPU" ]; then [ -z "$root" ] || [ ! -d "$root" ] || cg_remove "$root"; return 0; fi
+    [ -n "$root" ] || cannot "cap a host's CPU (--cpu): no cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 with cpu)"
+    mkdir -p "$root" 2>/dev/null || cannot "create a cgroup ($root) for --cpu $CAPS"
+    [ "$root" = "$CG_V1/$TAG-$NAME" ] || echo +cpu >"$root/../cgroup.subtree_control" 2>/dev/null || true
+    [ "$root" = "$CG_V1/$TAG-$NAME" ] || echo +cpu >"$root/cgroup.subtree_control" 2>/dev/null || true
+    q=$(awk -v c="$CPU" 'BEGIN { printf "%d", c * 100000 }')
+    for ((i = 0; i < n; i++)); do
+        mkdir -p "$root/h$i"
+        if [ -e "$root/h$i/cpu.cfs_quota_us" ]; then
+            echo 100000 >"$root/h$i/cpu.cfs_period_us" && echo "$q" >"$root/h$i/cpu.cfs_quota_us"
+        else
+            echo "$q 100000" >"$root/h$i/cpu.max"
+        fi || cannot "set a CPU quota in $root/h$i"
+    done
+}
+cg_remove() {   # the cluster's groups, their processes gone (teardown ends them first)
+    local d
+    for d in "$1"/h*; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
+    rmdir "$1" 2>/dev/null || true
+}
+
 cmd_up() {
-    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""
+    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""; CPU=""
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) [ $# -ge 2 ] || usage_err "--rate needs a value"; RATE=$2; shift 2 ;;
             --host-rate) [ $# -ge 2 ] || usage_err "--host-rate needs I=RATE[,I=RATE...]"; HOST_RATES=$2; shift 2 ;;
             --delay) [ $# -ge 2 ] || usage_err "--delay needs a value"; DELAY=$2; shift 2 ;;
+            --cpu) [ $# -ge 2 ] || usage_err "--cpu needs a value"; CPU=$2; shift 2 ;;
             --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
             -*) usage_err "up: unknown option $1" ;;
             *) [ -z "$n" ] || usage_err "up: one host count"; n=$1; shift ;;
@@ -127,6 +164,8 @@ cmd_up() {
     done
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
     check_name; check_rate "$RATE"; check_delay "$DELAY"
+    [ -z "$CPU" ] || [[ $CPU =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="${CPU:-1}" 'BEGIN { exit !(c >= 0.01 && c <= 1024) }' \
+        || usage_err "--cpu: cores per host, from 0.01, like 0.5 or 2 (got '$CPU')"
     local kv
     for kv in ${HOST_RATES//,/ }; do
         [[ $kv =~ ^[0-9]+=.+$ ]] || usage_err "--host-rate: I=RATE[,I=RATE...], e.g. 2=10mbit,3=10mbit (got '$kv')"
@@ -198,16 +237,18 @@ cmd_up() {
         shape "$i"
     done
 
+    cpu_caps "$n"
+
     # State: what `run` and `status` need; the rsh agent Open MPI launches its daemons with.
     mkdir -p "$STATE"
-    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" >"$STATE/config"
+    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\nCPU=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" "$CPU" >"$STATE/config"
     : >"$STATE/hostfile"
     for ((i = 0; i < n; i++)); do echo "$(addr_of "$i") slots=64" >>"$STATE/hostfile"; done
     write_agent "$n"
 
     connectivity_check "$n"
     trap - EXIT
-    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY"
+    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}"
 }
 
 write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's namespace
@@ -224,6 +265,9 @@ write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's name
         for ((i = 0; i < n; i++)); do echo "    $(addr_of "$i")|$(ns_of "$i")) ns=$(ns_of "$i") ;;"; done
         echo "    *) echo \"$NAME rsh agent: \$host is not a host of cluster $NAME\" >&2; exit 255 ;;"
         echo 'esac'
+        # --cpu: into the host's group (by its number, the namespace name's suffix)
+        local root; root=$(cg_root)
+        [ -z "$CPU" ] || [ -z "$root" ] || echo "echo \$\$ >\"$root/h\${ns##*-h}/cgroup.procs\" || exit 255"
         echo 'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec sh -c "$1"'"'"' "$ns" "$*"'
     } >"$STATE/rsh.tmp"
     chmod 755 "$STATE/rsh.tmp"
@@ -312,6 +356,8 @@ teardown() {   # succeeds when there was something to remove
     if [ -e "/sys/class/net/$BR" ] && ours "$BR"; then q ip link del "$BR" || true; found=1; fi
     if [ -d "$STATE" ]; then rm -rf "$STATE"; found=1; fi
     rmdir "$STATE_ROOT" 2>/dev/null || true
+    local root; root=$(cg_root)
+    if [ -n "$root" ] && [ -d "$root" ]; then cg_remove "$root"; found=1; fi
     # Open MPI's session directories of the hosts (ompi.HOSTNAME.UID; each host's hostname is
     # its namespace's name): a daemon killed, or cut off by a link taken down, leaves its own.
     local d
@@ -387,7 +433,10 @@ cmd_exec() {
     local i=$1; shift
     check_name; need_root_tools
     hosts | grep -qx "$i" || die "cluster $NAME has no host $i"
-    local ns; ns=$(ns_of "$i")
+    local ns root; ns=$(ns_of "$i")
+    [ ! -f "$STATE/config" ] || . "$STATE/config"
+    root=$(cg_root)
+    if [ -n "${CPU:-}" ] && [ -n "$root" ]; then echo $$ >"$root/h$i/cgroup.procs" || die "cannot join $root/h$i"; fi
     exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec "$@"' "$ns" "$@"
 }
 
@@ -403,7 +452,7 @@ cmd_status() {
     if [ -f "$STATE/config" ]; then
         # shellcheck disable=SC1091
         . "$STATE/config"
-        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY; bridge $BR $BRIDGE_ADDR"
+        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}; bridge $BR $BRIDGE_ADDR"
     else
         echo "cluster $NAME: partial (no $STATE/config): $PROG down --name $NAME, then up"
     fi

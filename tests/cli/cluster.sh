@@ -7,6 +7,8 @@
 #    of lenet5 on 2 stages across the 2 hosts (Open MPI over TCP on the bridge; the byte
 #    counters of the shaped links see its activations) ends with weights bitwise equal to
 #    the same run on this host over shared memory;
+#  - --cpu 0.25 holds a busy loop in a host to about a quarter of a core (a cgroup quota), and
+#    `up` again without it removes the groups;
 #  - clear errors: bad usage, `run` on a cluster that is not up, not root, no iproute2;
 #  - `down` removes every namespace and link; `down` again is a no-op.
 # Exits 77 (ctest SKIP) when not root, without iproute2 or python3, or where network
@@ -45,6 +47,8 @@ fi
 bash "$CL" up 0 >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "up 0: exit 2 expected"
 grep -q "N from 1 to" "$tmp/err" || fail "up 0 message: $(cat "$tmp/err")"
 bash "$CL" up 2 --rate fast --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--rate fast: exit 2 expected"
+bash "$CL" up 2 --cpu 0 --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--cpu 0: exit 2 expected"
+grep -q -- "--cpu: cores per host" "$tmp/err" || fail "--cpu 0 message: $(cat "$tmp/err")"
 bash "$CL" run --name "$NAME" 2 true >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "run before up: exit 1 expected"
 grep -q "cluster $NAME is not up" "$tmp/err" || fail "run before up message: $(cat "$tmp/err")"
 if command -v setpriv >/dev/null; then
@@ -189,6 +193,25 @@ PY
 )
 [ "$moved" -gt "$want" ] || fail "$moved bytes crossed h1's link, less than stage 0's $want bytes of activations: did the ranks talk over the bridge?"
 echo "ok: 1f1b lenet5 on 2 hosts over TCP = on this host over shared memory ($a; $((moved / 1000000)) MB into h1, of which $((want / 1000000)) MB activations)"
+
+# --- --cpu: a host's processes capped at a quarter of a core ---
+# (where the machine has no cgroup cpu controller, `up` exits 3: the check is skipped)
+bash "$CL" up 2 --rate 200mbit --cpu 0.25 --name "$NAME" >"$tmp/up" 2>&1
+case $? in
+    0) share=$(bash "$CL" exec --name "$NAME" 0 python3 -c 'import time
+t = time.time(); c = time.process_time()
+while time.time() - t < 1.5: pass
+print(round((time.process_time() - c) / (time.time() - t), 3))') || fail "--cpu: exec"
+       python3 -c "import sys; sys.exit(0 if 0.05 < $share < 0.35 else 1)" ||
+           fail "--cpu 0.25: a busy loop in host 0 got $share of a core"
+       bash "$CL" status --name "$NAME" | grep -q "0.25 cores each" || fail "--cpu: status: $(bash "$CL" status --name "$NAME")"
+       bash "$CL" up 2 --rate 200mbit --name "$NAME" >/dev/null 2>&1 || fail "up again without --cpu"
+       ls -d /sys/fs/cgroup/cpu/pipedream-cluster-"$NAME" /sys/fs/cgroup/pipedream-cluster-"$NAME" 2>/dev/null &&
+           fail "up without --cpu kept the groups"
+       echo "ok: --cpu 0.25: a busy loop in a host got $share of a core" ;;
+    3) echo "ok: --cpu not checked: $(tail -1 "$tmp/up")" ;;
+    *) fail "up --cpu: $(cat "$tmp/up")" ;;
+esac
 
 # --- down, twice ---
 bash "$CL" down --name "$NAME" >"$tmp/down" 2>&1 || fail "down: $(cat "$tmp/down")"
