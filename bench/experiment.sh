@@ -26,6 +26,8 @@
 #   as root (the cluster needs network namespaces); ~6 min quick, ~60 min full on 2 cores.
 #   Environment overrides: RATES ("1gbit 300mbit 100mbit"), STEPS, DDP_STEPS, TARGET,
 #   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, TTA_SEEDS, PDC_NAME (cluster name),
+#   HOST_CPU (tools/cluster.sh up --cpu: each host capped at that many cores, so that a rank
+#   idle in a bubble does not lend its core to the others; default none),
 #   CORES (the cores the emulated hosts share: $(nproc); the plans tell the simulator, which
 #   slows compute by workers / cores, so its predictions are for this machine).
 # The cluster is taken down on every exit (trap). Raw outputs: OUT/raw/<run>.{cmd,json,err,jsonl}.
@@ -53,7 +55,7 @@ fi
 : "${OUT:=out/experiment-$MODE}" "${RATES:=1gbit 300mbit 100mbit}" "${TARGET:=0.85}" "${TEST_IMAGES:=2000}"
 : "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}" "${TTA_SEEDS:=1}"
 NAME=${PDC_NAME:-pdexp}
-CORES=${CORES:-$(nproc)}
+CORES=${CORES:-$(nproc)} HOST_CPU=${HOST_CPU:-}
 WORKERS=4 MB=64 TRAIN_N=60000
 MODEL=models/vgg16.json
 FMNIST=/usr/share/datasets/fashion-mnist
@@ -84,14 +86,15 @@ CLUSTER_UP=0
 cleanup() { if [ $CLUSTER_UP = 1 ]; then tools/cluster.sh down --name "$NAME" >/dev/null 2>&1 || true; fi; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-cluster_rate() { log "cluster: $WORKERS hosts at $1"; CLUSTER_UP=1; tools/cluster.sh up $WORKERS --rate "$1" --name "$NAME" >&2; }
+cluster_rate() { log "cluster: $WORKERS hosts at $1${HOST_CPU:+, $HOST_CPU cores each}"; CLUSTER_UP=1
+                 tools/cluster.sh up $WORKERS --rate "$1" ${HOST_CPU:+--cpu "$HOST_CPU"} --name "$NAME" >&2; }
 
 # --- provenance -----------------------------------------------------------------------------
 {
     echo "{\"mode\": \"$MODE\", \"started\": \"$(date -u +%FT%TZ)\", \"rates\": \"$RATES\", \"slowest\": \"$SLOWEST\","
     echo " \"steps\": $STEPS, \"ddp_steps\": $DDP_STEPS, \"target\": $TARGET, \"tta_budget_s\": $TTA_BUDGET_S,"
     echo " \"tta_max_epochs\": $TTA_MAX_EPOCHS, \"eval_every\": $EVAL_EVERY, \"test_images\": $TEST_IMAGES,"
-    echo " \"tta_kinds\": \"$TTA_KINDS\", \"tta_seeds\": \"$TTA_SEEDS\", \"cores\": $CORES, \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
+    echo " \"tta_kinds\": \"$TTA_KINDS\", \"tta_seeds\": \"$TTA_SEEDS\", \"cores\": $CORES, \"host_cpu\": \"${HOST_CPU:-}\", \"workers\": $WORKERS, \"minibatch\": $MB, \"model\": \"$MODEL\","
     echo " \"binary\": \"$PD\", \"binary_mtime\": \"$(date -u -r "$PD" +%FT%TZ)\","
     echo " \"git_head\": \"$(git rev-parse --short HEAD 2>/dev/null || echo none)\","
     echo " \"git_head_subject\": $("$PY" -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$(git log -1 --format=%s 2>/dev/null | cut -c1-120)"),"
