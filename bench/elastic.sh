@@ -12,10 +12,12 @@
 #   grow  the same loss; host 2 is then taken out of the hostfile, and once the checkpoint at
 #         READD_AT exists its link is brought up again and it is listed again: launch takes it
 #         in at a later checkpoint and the run ends on 4 hosts.
+#   base3 uninterrupted on the 3 hosts the link runs end on (hosts 0, 1, 3): the accuracy of the
+#         3-host plan without any failure.
 # Every run is given train's --timeout TIMEOUT and launch's --probe-timeout PROBE and --grace
 # GRACE, the short values a link going down needs to be noticed quickly.
 #
-# usage: bench/elastic.sh [--out DIR] [--pd BINARY]   as root; about 6 minutes on 2 cores.
+# usage: bench/elastic.sh [--out DIR] [--pd BINARY]   as root; about 8 minutes on 2 cores.
 #   Environment: STEPS (600), TIMEOUT (5), PROBE (5), GRACE (3), READD_AT (250),
 #   PDC_NAME (pdel: the cluster's name).
 # Prints a markdown table: link down to the first error line, to the relaunch and to training
@@ -71,11 +73,11 @@ HOSTS4=$'198.18.0.1\n198.18.0.2\n198.18.0.3\n198.18.0.4'
 MPIARGS=$(bash "$CL" mpirun-args)
 now() { date +%s.%N; }
 
-# run NAME FAULT (none, link, grow): launch in the background; records the checkpoints' mtimes
+# run NAME FAULT (none, link, grow) [HOSTS]: launch in the background; records the checkpoints' mtimes
 # (NAME.ck: "minibatches mtime") and the fault's times (NAME.times: "what epoch_seconds").
 run() {
     local name=$1 fault=$2 dir=$OUT/$1
-    printf '%s\n' "$HOSTS4" >"$OUT/$name.hosts"
+    printf '%s\n' "${3:-$HOSTS4}" >"$OUT/$name.hosts"
     : >"$OUT/$name.ck"; : >"$OUT/$name.times"
     "$PD" launch --hosts "$OUT/$name.hosts" --profile "$OUT/vgg16.prof.json" --run-dir "$dir" \
         --checkpoint-every 50 --events "$OUT/$name.jsonl" --mpirun-args "$MPIARGS" \
@@ -116,6 +118,7 @@ run() {
             grow:out)
                 if awk -v m="$READD_AT" '$1 >= m {f = 1} END {exit !f}' "$OUT/$name.ck"; then
                     ip -n "$NAME-h2" link set "$NAME-eth" up
+                    echo "link_up $(now)" >>"$OUT/$name.times"
                     for _ in $(seq 50); do ping -c1 -W1 198.18.0.3 >/dev/null 2>&1 && break; sleep 0.2; done
                     printf '%s\n' "$HOSTS4" >"$OUT/$name.hosts"                        # listed again
                     echo "listed_again $(now)" >>"$OUT/$name.times"
@@ -137,7 +140,7 @@ run() {
         echo "left_up $(wait_left "$dir")" >>"$OUT/$name.times"
     fi
 }
-# wait_left DIR: waits up to 30 s for the processes of the run in DIR to end; prints the seconds
+# wait_left DIR: waits up to about 20 s for the processes of the run in DIR to end; prints the seconds
 # waited, then "pid:name" of each left
 left() {
     local i
@@ -148,21 +151,23 @@ left() {
 wait_left() {
     local t0 l p out=""
     t0=$(now)
-    for _ in $(seq 300); do l=$(left "$1" | sort -u); [ -z "$l" ] && break; sleep 0.1; done
+    for _ in $(seq 150); do l=$(left "$1" | sort -u); [ -z "$l" ] && break; sleep 0.1; done
     for p in $l; do out="$out $p:$(ps -o comm= -p "$p" || echo gone)"; done
     echo "$(awk -v a="$(now)" -v b="$t0" 'BEGIN {printf "%.1f", a - b}')$out"
 }
 
-for r in base link grow; do
-    case $r in base) run base none ;; link) run link link ;; grow) run grow grow ;; esac
-done
+run base none
+run link link
+run grow grow
+run base3 none $'198.18.0.1\n198.18.0.2\n198.18.0.4'
+
 
 python3 - "$OUT" "$STEPS" <<'PY'
 import json, sys, datetime, re, statistics
 out, steps = sys.argv[1], int(sys.argv[2])
 def ts(s): return datetime.datetime.strptime(s, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp()
 R = {}
-for name in ("base", "link", "grow"):
+for name in ("base", "link", "grow", "base3"):
     ev = [json.loads(l) for l in open(f"{out}/{name}.jsonl")]
     times = {}
     for l in open(f"{out}/{name}.times"):
@@ -200,40 +205,44 @@ for name in ("base", "link", "grow"):
         r["lost"] = e["minibatches_lost"]
         r["resumed"] = e["checkpoint_minibatches"]
         r["removed"] = e["removed"]
+        c = dict((a, t) for a, t in ck if t < down)
+        if 100 in c and 150 in c: r["past"] = 50 * (down - c[150]) / (c[150] - c[100])
     add = [e for e in ev if e["event"] == "membership" and e.get("added")]
     if add and "listed_again" in times:
         e = add[0]
         r["added"] = e["added"]
         r["add_ck"] = e["checkpoint_minibatches"]
         r["add_after"] = ts(e["time"]) - float(times["listed_again"][0])
+        r["ping"] = float(times["listed_again"][0]) - float(times["link_up"][0])
     r["times"] = times
     R[name] = r
 
 def f(x, fmt="%.1f"): return "" if x is None else fmt % x
 def rate(v): return "" if not v else "%.2f (%d)" % (statistics.mean(v), len(v))
-b, l, g = R["base"], R["link"], R["grow"]
+b, l, g, b3 = R["base"], R["link"], R["grow"], R["base3"]
 print(f"vgg16, {steps} minibatches of 64 (4 micro-batches), seed 1, checkpoints every 50, 4 emulated hosts at 1 Gbit/s")
 print()
-print("| | uninterrupted | link down (host 2) | link down, then host 2 taken in again |")
-print("| --- | ---: | ---: | ---: |")
+print("| | uninterrupted | link down (host 2) | link down, then host 2 taken in again | uninterrupted, 3 hosts |")
+print("| --- | ---: | ---: | ---: | ---: |")
 print(f"| link down to the first error line (s) | | {f(l.get('detect'))} | {f(g.get('detect'))} |")
 print(f"| link down to the relaunch on 3 hosts (s) | | {f(l.get('relaunch'))} | {f(g.get('relaunch'))} |")
 print(f"| link down to training again (s) | | {f(l.get('training'))} | {f(g.get('training'))} |")
-print(f"| resumed from minibatch; minibatches lost (estimated) | | {l.get('resumed', '')}; {l.get('lost', '')} | {g.get('resumed', '')}; {g.get('lost', '')} |")
+print(f"| resumed from minibatch; minibatches lost (launch's estimate) | | {l.get('resumed', '')}; {l.get('lost', '')} | {g.get('resumed', '')}; {g.get('lost', '')} |")
+print(f"| minibatches past the checkpoint when the link went down (trained again) | | {f(l.get('past'), '%.0f')} | {f(g.get('past'), '%.0f')} |")
+print(f"| link up to host listed again (answers ping) (s) | | | {f(g.get('ping'))} |")
 print(f"| host listed again to the restart on 4 hosts (s); resumed from | | | {f(g.get('add_after'))}; {g.get('add_ck', '')} |")
 print(f"| throughput on 4 hosts, minibatches/s (segments) | {rate(b['seg'].get((4, '')))} | {rate(l['seg'].get((4, '')))} | {rate(g['seg'].get((4, '')))} |")
-print(f"| throughput on 3 hosts, minibatches/s (segments) | | {rate(l['seg'].get((3, '')))} | {rate(g['seg'].get((3, '')))} |")
+print(f"| throughput on 3 hosts, minibatches/s (segments) | | {rate(l['seg'].get((3, '')))} | {rate(g['seg'].get((3, '')))} | {rate(b3['seg'].get((3, '')))} |")
 print(f"| throughput on 4 hosts after re-admission (segments) | | | {rate(g['seg'].get((4, 'after')))} |")
-print(f"| launch's wall time (s); minibatches | {f(b['wall'])}; {b['steps']} | {f(l['wall'])}; {l['steps']} | {f(g['wall'])}; {g['steps']} |")
-print(f"| test accuracy | {f(b['acc'], '%.4f')} | {f(l['acc'], '%.4f')} | {f(g['acc'], '%.4f')} |")
-print(f"| launch's exit status | {b['rc']} | {l['rc']} | {g['rc']} |")
+print(f"| launch's wall time (s); minibatches | {f(b['wall'])}; {b['steps']} | {f(l['wall'])}; {l['steps']} | {f(g['wall'])}; {g['steps']} | {f(b3['wall'])}; {b3['steps']} |")
+print(f"| test accuracy | {f(b['acc'], '%.4f')} | {f(l['acc'], '%.4f')} | {f(g['acc'], '%.4f')} | {f(b3['acc'], '%.4f')} |")
+print(f"| launch's exit status | {b['rc']} | {l['rc']} | {g['rc']} | {b3['rc']} |")
 print()
-four = b["seg"].get((4, ""), []) + g["seg"].get((4, ""), [])
 after = g["seg"].get((4, "after"), [])
-if four and after:
-    print(f"throughput after re-admission / 4-host throughput (uninterrupted run and the grow run's first attempt): "
-          f"{statistics.mean(after) / statistics.mean(four):.3f}")
-for n in ("base", "link", "grow"):
+for what, v in (("the same run before the loss", g["seg"].get((4, ""), [])), ("the uninterrupted run", b["seg"].get((4, ""), []))):
+    if v and after:
+        print(f"throughput after re-admission / 4-host throughput of {what}: {statistics.mean(after) / statistics.mean(v):.3f}")
+for n in ("base", "link", "grow", "base3"):
     for k, what in (("left_down", "after launch ended"), ("left_up", "after the link came up again")):
         w = R[n]["times"].get(k)
         if w is None: continue
@@ -249,9 +258,11 @@ echo "- processes (the hosts' namespaces; pipedream, mpirun, orted or prted whos
 echo "- network namespaces (\`ip netns list | grep ^$NAME-\`): $(ip netns list | grep -c "^$NAME-" || true) left"
 echo "- links (\`ip -o link | grep $NAME-\`): $(ip -o link | grep -c " $NAME-" || true) left"
 TMP_AFTER=$(ls -A /tmp /dev/shm | grep -v "^$(basename "$OUT")\$" | sort)
-new=$(comm -13 <(echo "$TMP_BEFORE") <(echo "$TMP_AFTER") | grep -v -x -e "$(basename "${RESULT_OUT:-x}")" | grep -v '^bash_tool_' | tr '\n' ' ' || true)
-echo "- new entries in /tmp and /dev/shm since the start (\`ls -A /tmp /dev/shm\`, but this script's own OUT and result file): ${new:-none}"
+new=$(comm -13 <(echo "$TMP_BEFORE") <(echo "$TMP_AFTER") | grep -v -x -e "$(basename "${RESULT_OUT:-x}")" || true)
+ours=$(echo "$new" | grep -E "$NAME|pd-elastic" | tr '\n' ' ' || true)
+others=$(echo "$new" | grep -v -E "$NAME|pd-elastic" | tr '\n' ' ' || true)
+echo "- new entries in /tmp and /dev/shm since the start (\`ls -A /tmp /dev/shm\`, but this script's own OUT and result file), with this cluster's name or pd-elastic in their names (Open MPI's session directories ompi.$NAME-hN.0, shared memory segments): ${ours:-none}${others:+; others, not named after this cluster (other jobs on the machine; the mpiruns of this script use TCP only): $others}"
 ok=1
-for r in base link grow; do [ "$(cat "$OUT/$r.rc")" = 0 ] || ok=0; done
+for r in base link grow base3; do [ "$(cat "$OUT/$r.rc")" = 0 ] || ok=0; done
 result_finish
 [ "$ok" = 1 ]
