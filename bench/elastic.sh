@@ -24,7 +24,7 @@
 # again (from the event log and the time the link went down), minibatches lost, wall time,
 # test accuracy, and the throughput (minibatches per second between two checkpoints of the same
 # attempt, from the checkpoint files' mtimes) on 4 hosts, on 3, and after the re-admission;
-# then what was checked to be left behind. Raw outputs (launch's stdout, stderr, event log,
+# then each run's plans (the stages' layers) and what was checked to be left behind. Raw outputs (launch's stdout, stderr, event log,
 # checkpoint times) in OUT (a temporary directory, removed at the end, unless --out). The
 # cluster is taken down and every process started is ended on any exit. Exit status 0 when
 # every run completed, 1 otherwise.
@@ -219,6 +219,8 @@ for name in ("base", "link", "grow", "base3"):
         r["add_after"] = ts(e["time"]) - float(times["listed_again"][0])
         r["ping"] = float(times["listed_again"][0]) - float(times["link_up"][0])
     r["times"] = times
+    r["plans"] = "; ".join(f"attempt {e['attempt']} from minibatch {e['resume_minibatches']}: layers "
+                           + " ".join(f"{x}-{y}" for x, y in e["plan"]["layers"]) for e in ev if e["event"] == "start")
     R[name] = r
 
 def f(x, fmt="%.1f"): return "" if x is None else fmt % x
@@ -246,6 +248,9 @@ after = g["seg"].get((4, "after"), [])
 for what, v in (("the same run before the loss", g["seg"].get((4, ""), [])), ("the uninterrupted run", b["seg"].get((4, ""), []))):
     if v and after:
         print(f"throughput after re-admission / 4-host throughput of {what}: {statistics.mean(after) / statistics.mean(v):.3f}")
+for n in ("base", "link", "grow", "base3"):
+    print(f"{n}: {R[n]['plans']}")
+print()
 for n in ("base", "link", "grow", "base3"):
     for k, what in (("left_down", "after launch ended"), ("left_up", "after the link came up again")):
         w = R[n]["times"].get(k)
