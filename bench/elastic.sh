@@ -24,10 +24,11 @@
 # again (from the event log and the time the link went down), minibatches lost, wall time,
 # test accuracy, and the throughput (minibatches per second between two checkpoints of the same
 # attempt, from the checkpoint files' mtimes) on 4 hosts, on 3, and after the re-admission;
-# then each run's plans (the stages' layers) and what was checked to be left behind. Raw outputs (launch's stdout, stderr, event log,
-# checkpoint times) in OUT (a temporary directory, removed at the end, unless --out). The
-# cluster is taken down and every process started is ended on any exit. Exit status 0 when
-# every run completed, 1 otherwise.
+# then each run's plans (the stages' layers) and what was checked to be left behind. Raw
+# outputs (launch's stdout, stderr, event log, checkpoint times) in OUT (a temporary directory,
+# removed at the end, unless --out). The cluster is taken down and every process started is
+# ended on any exit. Exit status 0 when every run completed, 1 otherwise. The result file goes
+# to bench/results/ (bench/lib/result.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="" PD=build/pipedream
