@@ -188,17 +188,11 @@ static int write_hostfile(const char *path, const Host *h, int n) {
 
 /* ---- child processes ---------------------------------------------------------------------- */
 
-/* argv of mpirun: the binary, Open MPI's daemon keepalive, --mpirun-args split at spaces, then
- * extra (NULL-terminated). The strings of --mpirun-args live in buf. */
+/* argv of mpirun: the binary, --mpirun-args split at spaces, then extra (NULL-terminated). The
+ * strings of --mpirun-args live in buf. */
 static int mpirun_argv(const Launch *L, char *buf, size_t bufsz, char **argv, int max, char *const *extra) {
     int n = 0;
     argv[n++] = (char *)L->mpirun;
-    /* A host cut off from mpirun (its link down) keeps its daemon and ranks until the daemon's
-     * connection to mpirun is declared dead: 10 s of silence, then 3 unanswered keepalives 5 s
-     * apart, instead of Open MPI's 300 + 9 x 20 s. (--mpirun-args come after: they win.) */
-    static const char *keepalive[] = {"--mca", "oob_tcp_keepalive_time", "10", "--mca", "oob_tcp_keepalive_intvl", "5",
-                                      "--mca", "oob_tcp_keepalive_probes", "3"};
-    for (size_t i = 0; i < sizeof keepalive / sizeof *keepalive && n < max - 1; i++) argv[n++] = (char *)keepalive[i];
     if (L->mpirun_args) {
         snprintf(buf, bufsz, "%s", L->mpirun_args);
         for (char *save = NULL, *t = strtok_r(buf, " \t\n", &save); t && n < max - 1; t = strtok_r(NULL, " \t\n", &save))
