@@ -164,8 +164,10 @@ cmd_up() {
     done
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
     check_name; check_rate "$RATE"; check_delay "$DELAY"
-    [ -z "$CPU" ] || [[ $CPU =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="${CPU:-1}" 'BEGIN { exit !(c >= 0.01 && c <= 1024) }' \
-        || usage_err "--cpu: cores per host, from 0.01, like 0.5 or 2 (got '$CPU')"
+    if [ -n "$CPU" ]; then
+        [[ $CPU =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="$CPU" 'BEGIN { exit !(c >= 0.01 && c <= 1024) }' \
+            || usage_err "--cpu: cores per host, from 0.01, like 0.5 or 2 (got '$CPU')"
+    fi
     local kv
     for kv in ${HOST_RATES//,/ }; do
         [[ $kv =~ ^[0-9]+=.+$ ]] || usage_err "--host-rate: I=RATE[,I=RATE...], e.g. 2=10mbit,3=10mbit (got '$kv')"
