@@ -64,7 +64,7 @@ done
 # bf16 (--precision bf16, profiled at bf16): the products' bf16 copies of their operands live
 # in the kernels' per-thread scratch, which the ledger counts (scratch_bytes) and the profile
 # measures per layer; here it is 15-22% of the stages past the first, so a ledger or a
-# prediction that left it out would miss the bound (the issue's: 10%) on them.
+# prediction that left it out would miss a 10% bound on them.
 "$PD" profile "$tmp/m.json" --minibatch 16 --iterations 3 --precision bf16 -o "$tmp/prof16.json" >/dev/null 2>"$tmp/p.err" ||
     fail "profile --precision bf16: $(tail -2 "$tmp/p.err")"
 for k in 1f1b "1f1b-flush --microbatches 4"; do
