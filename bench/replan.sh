@@ -14,8 +14,9 @@
 #   Environment: RUNS (3), STEPS (400), SLOW_AT (150), SLOW_RATE (10mbit), FACTOR (launch's
 #   --straggler-factor, 3: the 4 ranks share 2 cores here, so each computes up to twice
 #   its profile's prediction), PDC_NAME (pdrp).
-# Prints a markdown table (every run, then the medians); raw outputs in OUT (a temporary
-# directory unless --out). The cluster is taken down on every exit.
+# Prints a markdown table (every run, then the medians), also written to bench/results/
+# (bench/lib/result.sh); raw outputs in OUT (a temporary directory unless --out). The cluster
+# is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="" PD=build/pipedream
@@ -70,6 +71,8 @@ print("%.1f %.1f %s %d %s" % (float(sys.argv[4]) - float(sys.argv[3]), float(sys
 PY
 }
 
+. bench/lib/result.sh
+result_start replan "$@"
 echo "| run | mode | after the slowdown (s) | whole run (s) | test accuracy | re-plans | how |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | --- |"
 for r in $(seq "$RUNS"); do
@@ -84,3 +87,4 @@ med() { sort -n "$1" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR
 a=$(med "$OUT/replan.rest") b=$(med "$OUT/keep.rest")
 echo
 echo "median after the slowdown: replan $a s, keep $b s: re-planning $(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", b / a}')x faster (raw: $OUT)"
+result_finish
