@@ -9,7 +9,7 @@
 #     rate, under 1 MB/s, and no other host's link), plans around it (a `replan` event predicting at
 #     least 10% less time per minibatch than the current plan on the hosts as now known), and
 #     resumes from a checkpoint on the new plan (a second attempt);
-#  2. the run finishes its 400 minibatches (exit 0, summary steps), and after the re-plan its
+#  2. the run finishes its 3000 minibatches (exit 0, summary steps), and after the re-plan its
 #     time per unit (the progress lines of the last attempt) is under half of the slowest before;
 #  3. nothing is left behind: no process in the hosts' namespaces or of the test.
 # Exits 77 (ctest SKIP) when not root, without iproute2, python3 or mpirun, where network
@@ -41,7 +41,7 @@ ev() { python3 -c 'import json,sys; print(eval(sys.argv[2], {"E": [json.loads(l)
 
 timeout 300 "$PD" launch --hosts "$tmp/hosts" --profile "$tmp/prof.json" --run-dir "$tmp/run" --straight \
     --checkpoint-every 10 --events "$tmp/run.jsonl" --mpirun-args "$MPIARGS" --straggler-factor 3 \
-    --link-probe-bytes 200000 "$SRC/models/lenet5.json" -- --data "$tmp/d" --minibatch 32 --steps 400 --timeout 30 \
+    --link-probe-bytes 200000 "$SRC/models/lenet5.json" -- --data "$tmp/d" --minibatch 32 --steps 3000 --timeout 30 \
     >"$tmp/run.out" 2>"$tmp/run.err" &
 pid=$!
 for _ in $(seq 600); do
@@ -54,7 +54,7 @@ bash "$CL" up 3 --rate 1gbit --host-rate 1=2mbit --name "$NAME" >"$tmp/slow" 2>&
 wait $pid
 rc=$?
 [ $rc = 0 ] || fail "launch exited $rc: $(grep -v '^unit' "$tmp/run.err" | tail -15)"
-grep -q '"steps":400,' "$tmp/run.out" || fail "no summary of 400 steps: $(head -c 300 "$tmp/run.out")"
+grep -q '"steps":3000,' "$tmp/run.out" || fail "no summary of 3000 steps: $(head -c 300 "$tmp/run.out")"
 J=$tmp/run.jsonl
 [ "$(ev "$J" 'sorted(set(e["host"] for e in E if e["event"] == "straggler" and "link_bytes_per_s" in e))')" = "['198.18.0.2']" ] ||
     fail "straggler events: $(grep straggler "$J"); launch: $(grep 'launch:' "$tmp/run.err")"
@@ -65,7 +65,7 @@ J=$tmp/run.jsonl
 last=$(ev "$J" 'max(e["attempt"] for e in E if e["event"] == "start")')
 [ "$last" -ge 1 ] || fail "no second attempt"
 grep -q "pipedream: launch: re-planned " "$tmp/run.err" || fail "no re-planned line: $(grep 'launch:' "$tmp/run.err")"
-grep -q "pipedream: launch: done: 400 minibatches .*straggler.*198.18.0.2.*, [0-9]* re-plan" "$tmp/run.err" ||
+grep -q "pipedream: launch: done: 3000 minibatches .*straggler.*198.18.0.2.*, [0-9]* re-plan" "$tmp/run.err" ||
     fail "done line: $(grep 'launch: done' "$tmp/run.err")"
 # the pace per unit (rank 0's waits and the rest) before the last attempt and in it
 pace='[r["wait_ms_per_unit"] + r["busy_ms_per_unit"] for e in E for r in e["ranks"] if r["rank"] == 0]'
