@@ -19,6 +19,7 @@ demo: all
 # The whole suite: a release build, then the same tests under ASan + UBSan but those labelled
 # slow (CMakeLists.txt), which the release run covers.
 test: all
+	@bash tools/install-deps.sh --test
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory test-asan
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages pipedream needs, when missing. As root: apt-get. Otherwise
-# prints the exact command to run and fails, so nothing half-configured follows.
+# Installs the Debian packages pipedream needs, when missing (--test: and those its tests need).
+# As root: apt-get. Otherwise prints the exact command to run and fails, so nothing
+# half-configured follows.
 set -euo pipefail
 PKGS="build-essential cmake pkg-config libopenblas-dev libdnnl-dev openmpi-bin libopenmpi-dev zlib1g-dev libcjson-dev libcmocka-dev dataset-fashion-mnist bible-kjv"
+# --test: also what the tests' oracles need (PyTorch, never a dependency of pipedream itself)
+[ "${1:-}" != --test ] || PKGS="$PKGS python3-torch"
 missing=""
 for p in $PKGS; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
