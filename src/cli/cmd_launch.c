@@ -895,6 +895,28 @@ static void json_plan(FILE *f, const Plan *p) {
     fprintf(f, "],\"predicted_s_per_minibatch\":%.6g}", p->pipeline_s);
 }
 
+/* The fields every change of hosts or plan ends with: hosts and plans before and after, and
+ * the checkpoint the next attempt resumes from. */
+static void json_change(FILE *e, const Host *before, int nb, const Host *after, int na, const Plan *pb, const Plan *pa,
+                        long ck) {
+    fputs(",\"hosts_before\":", e);
+    json_hosts(e, before, nb);
+    fputs(",\"hosts_after\":", e);
+    json_hosts(e, after, na);
+    fputs(",\"plan_before\":", e);
+    json_plan(e, pb);
+    fputs(",\"plan_after\":", e);
+    json_plan(e, pa);
+    fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+}
+
+/* Is name among hosts[0..n)? */
+static int host_in(const char *name, const Host *hosts, int n) {
+    for (int j = 0; j < n; j++)
+        if (!strcmp(name, hosts[j].name)) return 1;
+    return 0;
+}
+
 static void plan_brief(const Plan *p, char *b, size_t n) {
     size_t k = (size_t)snprintf(b, n, "%d stage%s", p->n_stages, p->n_stages == 1 ? "" : "s");
     for (int s = 0; s < p->n_stages && k < n; s++)
@@ -1106,20 +1128,10 @@ static int supervise(Launch *L, const Profile *prof) {
                 json_str(e, g.why);
                 fprintf(e, ",\"predicted_s_per_minibatch_before\":%.6g,\"predicted_s_per_minibatch_after\":%.6g,\"removed\":[",
                         g.t_now, g.t_next);
-                for (int r = 0, c = 0; r < n_hosts; r++) {
-                    int in = 0;
-                    for (int j = 0; j < g.n_next; j++) in |= !strcmp(hosts[r].name, g.next_hosts[j].name);
-                    if (!in) fprintf(e, "%s", c++ ? "," : ""), json_str(e, hosts[r].name);
-                }
-                fputs("],\"hosts_before\":", e);
-                json_hosts(e, hosts, n_hosts);
-                fputs(",\"hosts_after\":", e);
-                json_hosts(e, g.next_hosts, g.n_next);
-                fputs(",\"plan_before\":", e);
-                json_plan(e, plan);
-                fputs(",\"plan_after\":", e);
-                json_plan(e, g.next);
-                fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+                for (int r = 0, c = 0; r < n_hosts; r++)
+                    if (!host_in(hosts[r].name, g.next_hosts, g.n_next)) fprintf(e, "%s", c++ ? "," : ""), json_str(e, hosts[r].name);
+                fputc(']', e);
+                json_change(e, hosts, n_hosts, g.next_hosts, g.n_next, plan, g.next, ck);
             }
             event_end(e);
             fprintf(stderr, "pipedream: launch: re-planned %s; %d host%s; resuming from minibatch %ld\n", g.why, g.n_next,
@@ -1127,11 +1139,9 @@ static int supervise(Launch *L, const Profile *prof) {
             /* a host left out stays out until the hostfile changes, as a dropped one */
             struct stat stf;
             struct timespec hf_now = stat(L->hostfile, &stf) ? L->hf_seen : stf.st_mtim;
-            for (int r = 0; r < n_hosts && dropped; r++) {
-                int in = 0;
-                for (int j = 0; j < g.n_next; j++) in |= !strcmp(hosts[r].name, g.next_hosts[j].name);
-                if (!in && L->n_dropped < MAX_HOSTS) L->dropped_at[L->n_dropped] = hf_now, L->dropped[L->n_dropped++] = hosts[r];
-            }
+            for (int r = 0; r < n_hosts && dropped; r++)
+                if (!host_in(hosts[r].name, g.next_hosts, g.n_next) && L->n_dropped < MAX_HOSTS)
+                    L->dropped_at[L->n_dropped] = hf_now, L->dropped[L->n_dropped++] = hosts[r];
             n_hosts = g.n_next;
             memcpy(hosts, g.next_hosts, sizeof(Host) * (size_t)n_hosts);
             plan_free(plan);
@@ -1151,15 +1161,8 @@ static int supervise(Launch *L, const Profile *prof) {
                 fprintf(e, ",\"attempt\":%d,\"reason\":\"hosts listed and answering; the planner predicts %.6g s per minibatch instead of %.6g\",\"added\":",
                         attempt, g.next->pipeline_s, plan->pipeline_s);
                 json_hosts(e, g.add, g.n_add);
-                fputs(",\"removed\":[],\"hosts_before\":", e);
-                json_hosts(e, hosts, n_hosts);
-                fputs(",\"hosts_after\":", e);
-                json_hosts(e, after, n_hosts + g.n_add);
-                fputs(",\"plan_before\":", e);
-                json_plan(e, plan);
-                fputs(",\"plan_after\":", e);
-                json_plan(e, g.next);
-                fprintf(e, ",\"checkpoint_minibatches\":%ld", ck > 0 ? ck : 0);
+                fputs(",\"removed\":[]", e);
+                json_change(e, hosts, n_hosts, after, n_hosts + g.n_add, plan, g.next, ck);
             }
             event_end(e);
             fprintf(stderr, "pipedream: launch: took in");
