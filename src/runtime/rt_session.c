@@ -653,6 +653,22 @@ static int fail_segment(Rank *R, int rc, Err *err) {
     return rc;
 }
 
+/* The worker, on the schedule in R->seg, built once: its stage's state (the checkpoint's, the
+ * --init weights' or fresh), its replicas' group. */
+static int build_worker(Rank *R, Err *err) {
+    Worker *w = &R->w;
+    int rc = rt_worker_init(w, R->c, &R->cfg, R->rank, &R->segres, err);
+    if (rc) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
+    if ((rc = agree(R, rc, err))) return rc;
+    if (w->stage >= 0 && R->seg.stages[w->stage].replicas > 1 &&
+        (rc = comm_group_new(R->c, R->seg.stages[w->stage].ranks, R->seg.stages[w->stage].replicas, &w->group, err)))
+        return rc;
+    if ((rc = rt_worker_clip_group(w, err))) return rc;
+    R->built = 1;
+    w->t_start = pd_now();
+    return PD_OK;
+}
+
 /* One segment, minibatches [R->mb_done, end): built (the first) or rebound, run, drained, its
  * figures added to the worker's totals. */
 static int run_segment(Rank *R, uint64_t end, Err *err) {
@@ -666,16 +682,7 @@ static int run_segment(Rank *R, uint64_t end, Err *err) {
     R->cfg.sched = &R->seg;
     R->cfg.unit_base = R->mb_done * (uint64_t)R->seg.n_micro;
     if (!R->built) {
-        rc = rt_worker_init(w, R->c, &R->cfg, R->rank, &R->segres, err);
-        if (rc) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
-        if ((rc = agree(R, rc, err))) return rc;
-        if (w->stage >= 0 && R->seg.stages[w->stage].replicas > 1 &&
-            (rc = comm_group_new(R->c, R->seg.stages[w->stage].ranks, R->seg.stages[w->stage].replicas, &w->group,
-                                 err)))
-            return rc;
-        if ((rc = rt_worker_clip_group(w, err))) return rc;
-        R->built = 1;
-        w->t_start = pd_now();
+        if ((rc = build_worker(R, err))) return rc;
     } else if ((rc = rt_worker_bind(w, &R->cfg, &R->segres, err))) {
         return fail_segment(R, rc, err);
     }
@@ -726,9 +733,21 @@ static int session_segments(Rank *R, Err *err) {
             }
         }
     }
-    if (!R->built)
-        return err_set(err, PD_EINVAL, "rank %d: nothing to train: %s is already %llu minibatches in", R->rank,
-                       R->last_ckpt, (unsigned long long)R->mb_done);
+    if (!R->built) {
+        /* resumed from a checkpoint at the end (a run stopped after its last checkpoint, in its
+         * final evaluation, say): nothing to train; the worker is built on the checkpoint's
+         * weights (on a schedule it does not run) for the evaluation and the summary */
+        if (R->rank == 0)
+            fprintf(stderr, "pipedream: %s is already %llu minibatches in: nothing to train, evaluating it\n",
+                    R->last_ckpt, (unsigned long long)R->mb_done);
+        SchedOpts so = {.kind = sp->kind, .n_minibatches = 1, .n_micro = R->probe.n_micro,
+                        .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+        sched_release(&R->seg);
+        if ((rc = sched_build(sp->plan, &so, &R->seg, err))) return rc;
+        R->cfg.sched = &R->seg;
+        R->cfg.unit_base = R->mb_done * (uint64_t)R->seg.n_micro;
+        if ((rc = build_worker(R, err))) return rc;
+    }
     return PD_OK;
 }
 
@@ -912,12 +931,12 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->workers = s->n_ranks, out->stages = s->n_stages, out->steps = s->n_minibatches;
     out->epochs = n_train > 0 ? (double)s->n_minibatches * sp->minibatch / (double)n_train : NAN;
     out->units = units, out->unit_batch = unit_batch;
-    out->final_loss = n_last ? last_loss / n_last : NAN;
+    out->final_loss = units && n_last ? last_loss / n_last : NAN;   /* none trained (resumed at the end) */
     out->mean_loss = units ? loss_sum / units : NAN;
     out->test_accuracy = total ? (double)correct / (double)total : NAN;
     out->test_loss = total ? test_loss / (double)total : NAN;
     out->wall_s = wall;
-    out->samples_per_s = wall > 0 ? (double)units * unit_batch / wall : 0;
+    out->samples_per_s = wall > 0 ? (double)units * unit_batch / wall : units ? 0 : NAN;
     out->samples_per_cpu_s = cpu > 0 ? (double)units * unit_batch / cpu : NAN;
     out->time_per_unit_ms = units ? 1e3 * wall / (double)units : NAN;
     out->overhead_pct = 100 * overhead;

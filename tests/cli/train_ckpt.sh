@@ -4,7 +4,8 @@
 # error naming both (it would load Adam's first moment as momentum), a changed learning rate is
 # named in a warning and the run goes on. --keep-last N keeps the newest N checkpoints of the
 # run, and never deletes the one a resume needs (a damaged newer file in the directory is left
-# alone and does not count). One worker and two (threads) alike.
+# alone and does not count). A run resumed from the checkpoint at its end trains nothing and
+# evaluates the checkpoint. One worker and two (threads) alike.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -17,7 +18,19 @@ A="$SRC/models/lenet5.json --minibatch 16 --timeout 60"
 for mode in "" "--workers 2"; do
     d="$tmp/ad${mode:+2}"
     "$PD" train $A $mode --steps 8 --optimizer adam --lr 0.001 --checkpoint-every 4 --checkpoint-dir "$d" \
-        >"$tmp/out" 2>"$tmp/err" || fail "adam run $mode: $(tail -3 "$tmp/err")"
+        >"$tmp/first" 2>"$tmp/err" || fail "adam run $mode: $(tail -3 "$tmp/err")"
+    # resumed from the checkpoint at the end (a run that stopped in its final evaluation): nothing
+    # to train; the checkpoint's weights evaluated: the test figures and weights of the run itself
+    "$PD" train $A $mode --steps 8 --optimizer adam --lr 0.001 --resume "$d" >"$tmp/out" 2>"$tmp/err" ||
+        fail "resumed at the end $mode: $(tail -3 "$tmp/err")"
+    grep -q "ckpt-0000000008.safetensors is already 8 minibatches in: nothing to train, evaluating it" "$tmp/err" ||
+        fail "resumed at the end $mode: $(cat "$tmp/err")"
+    for k in '"test_accuracy":[^,]*' '"test_loss":[^,]*' '"weights_crc":\[[^]]*\]'; do
+        [ "$(grep -o "$k" "$tmp/out")" = "$(grep -o "$k" "$tmp/first")" ] && [ -n "$(grep -o "$k" "$tmp/out")" ] ||
+            fail "resumed at the end $mode: $k: $(grep -o "$k" "$tmp/out") against the run's $(grep -o "$k" "$tmp/first")"
+    done
+    grep -q '"units":0,.*"final_loss":null' "$tmp/out" || fail "resumed at the end $mode trained: $(cat "$tmp/out")"
+    echo "ok: resumed at the end $mode"
     # another optimizer: an error naming both, before any step
     "$PD" train $A $mode --steps 12 --optimizer sgd --resume "$d" >"$tmp/out" 2>"$tmp/err"
     rc=$?
