@@ -595,9 +595,10 @@ void rt_eval_log_release(RtEvalLog *log) {
 /* Evaluates the newest weights (replica 0 of every stage) after R->mb_done minibatches, every
  * rank learning the result from the last stage's first replica, and logs the point; every
  * evaluation gets its own message ids after the run's units (eval_batches each). A rank that
- * finished its part waits for the result while the stages after it finish theirs: that wait
- * is allowed twice the rank's own part on top of the deadline (a loaded machine's last stage
- * may take several seconds more, which a short --timeout alone would call a lost peer). */
+ * finished its part (or has none: a replica) waits for the result while the stages after it
+ * finish theirs: that wait is allowed, on top of the deadline, twice the longer of the rank's
+ * own part and the test set at training's pace (on a loaded machine the last stage may take
+ * several seconds more, which a short --timeout alone would call a lost peer). */
 static int evaluate(Rank *R, Worker *w, const Schedule *s, const RtEvalPoint **pt, Err *err) {
     RtWorkerResult tmp = {0};
     RtWorkerResult *keep = w->res;
@@ -620,7 +621,11 @@ static int evaluate(Rank *R, Worker *w, const Schedule *s, const RtEvalPoint **p
     } v[2];
     v[0].i[0] = tmp.test_correct, v[0].i[1] = tmp.test_total;
     v[1].d[0] = tmp.test_loss_sum, v[1].d[1] = 0;
-    if ((rc = comm_bcast(R->c, last, v, sizeof v, R->timeout + 2 * t_eval, err))) return rc;
+    /* what the evaluation may take: this rank's own part, or the test set at the pace training
+     * has had so far (a replica that evaluates nothing waits out the whole evaluation) */
+    double trained = (double)(R->mb_done - R->resumed) * R->sp->minibatch;
+    double pace = trained > 0 && R->train_s > 0 ? R->train_s / trained * (double)R->test->n : 0;
+    if ((rc = comm_bcast(R->c, last, v, sizeof v, R->timeout + 2 * (t_eval > pace ? t_eval : pace), err))) return rc;
     *pt = rt_eval_log_add(&R->ev, R->mb_done, R->sp->minibatch, R->n_train, R->train_s, v[0].i, v[1].d[0]);
     return PD_OK;
 }
