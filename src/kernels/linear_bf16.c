@@ -45,6 +45,27 @@ void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count) {
     kern_parallel_for(count, 32768, 32, cvt_r, &j);
 }
 
+typedef struct MaskCvtJob {
+    const float *y, *dy;
+    uint16_t *g;
+} MaskCvtJob;
+
+static void mask_cvt_r(void *p, size_t b, size_t e) {   // through an L1-sized float32 block
+    const MaskCvtJob *j = p;
+    float t[512];
+    for (size_t i = b; i < e; i += 512) {
+        const size_t len = e - i < 512 ? e - i : 512;
+        const float *restrict yv = j->y + i, *restrict d = j->dy + i;
+        for (size_t k = 0; k < len; k++) t[k] = yv[k] > 0 ? d[k] : 0.0f;   // kern_relu_mask's rule
+        pd_bf16_pack(t, j->g + i, len);
+    }
+}
+
+void kern_relu_mask_bf16(const float *y, const float *dy, uint16_t *g, size_t count) {
+    MaskCvtJob j = {y, dy, g};
+    kern_parallel_for(count, 32768, 32, mask_cvt_r, &j);
+}
+
 /* ---- the linear descriptor ---------------------------------------------------------------- */
 enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_COUNT };
 
