@@ -146,6 +146,16 @@ static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
         kern_linear_bwd_k(&kb, n, x, w, dy, NULL, dw2, NULL);
         assert_memory_equal(dx1, dx2, nx * sizeof(float));
         assert_memory_equal(dw1, dw2, nw * sizeof(float));
+        if (bias) {   // with db (dy converted in the same pass as it is summed), and db alone
+            float *dx3 = pd_alloc_f32(nx), *dw3 = pd_alloc_f32(nw), *db3 = pd_alloc_f32(out), *db4 = pd_alloc_f32(out);
+            kern_linear_bwd_k(&kb, n, x, w, dy, dx3, dw3, db3);
+            kern_linear_bwd_k(&kb, n, x, w, dy, NULL, NULL, db4);
+            assert_memory_equal(dx3, dx1, nx * sizeof(float));
+            assert_memory_equal(dw3, dw1, nw * sizeof(float));
+            assert_memory_equal(db3, db4, out * sizeof(float));
+            float *more[] = {dx3, dw3, db3, db4};
+            for (size_t i = 0; i < sizeof more / sizeof *more; i++) pd_free(more[i]);
+        }
         /* float32 descriptor backward: bitwise the plain kernel */
         float *fdx = pd_alloc_f32(nx), *fdw = pd_alloc_f32(nw), *fdb = pd_alloc_f32(out);
         float *pdx = pd_alloc_f32(nx), *pdw = pd_alloc_f32(nw), *pdb = pd_alloc_f32(out);
