@@ -71,6 +71,38 @@ static void test_bf16_rounding(void **state) {
     for (size_t i = 0; i < big; i++) assert_true(fabsf(kern_bf16_to_f32(b[i]) - a[i]) <= fabsf(a[i]) * 0x1p-8f);
     pd_free(a);
     pd_free(b);
+    /* bitwise the one-element rule (nearest, ties to even, any NaN -> 0x7fc0) on every kind of
+     * bit pattern (ties, NaNs of both signs and any payload, infinities, subnormals), at every
+     * start offset and tail length of the vector loop */
+    const size_t m = 4099;
+    uint32_t *u = pd_alloc(m * sizeof *u);
+    Rng r;
+    rng_init(&r, 901, 0, 0);
+    for (size_t i = 0; i < m; i++) {
+        uint32_t v = rng_u32(&r);
+        switch (i % 8) {
+        case 1: v = (v & 0xffff0000u) | 0x8000u; break;           // a tie
+        case 2: v = (v & 0x807fffffu) | 0x7f800000u; break;       // NaN or infinity
+        case 3: v &= 0x807fffffu; break;                           // subnormal or zero
+        case 4: v = (v & 0xffff0000u) | 0x7fffu; break;           // just below a tie
+        default: break;
+        }
+        u[i] = v;
+    }
+    uint16_t *got = pd_alloc(m * sizeof *got);
+    for (size_t off = 0; off < 17; off++) {
+        size_t len = m - off - (off * 5) % 16;
+        memset(got, 0xa5, m * sizeof *got);
+        kern_f32_to_bf16((const float *)(const void *)(u + off), got + off, len);
+        for (size_t i = 0; i < len; i++) {
+            uint32_t v = u[off + i];
+            uint16_t want = (v & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (uint16_t)((v + 0x7fffu + ((v >> 16) & 1u)) >> 16);
+            assert_int_equal(got[off + i], want);
+        }
+        if (off + len < m) assert_int_equal(got[off + len], 0xa5a5);   // nothing past the end
+    }
+    pd_free(u);
+    pd_free(got);
 }
 
 /* ---- linear ---------------------------------------------------------------------------------- */
@@ -114,6 +146,16 @@ static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
         kern_linear_bwd_k(&kb, n, x, w, dy, NULL, dw2, NULL);
         assert_memory_equal(dx1, dx2, nx * sizeof(float));
         assert_memory_equal(dw1, dw2, nw * sizeof(float));
+        if (bias) {   // with db (dy converted in the same pass as it is summed), and db alone
+            float *dx3 = pd_alloc_f32(nx), *dw3 = pd_alloc_f32(nw), *db3 = pd_alloc_f32(out), *db4 = pd_alloc_f32(out);
+            kern_linear_bwd_k(&kb, n, x, w, dy, dx3, dw3, db3);
+            kern_linear_bwd_k(&kb, n, x, w, dy, NULL, NULL, db4);
+            assert_memory_equal(dx3, dx1, nx * sizeof(float));
+            assert_memory_equal(dw3, dw1, nw * sizeof(float));
+            assert_memory_equal(db3, db4, out * sizeof(float));
+            float *more[] = {dx3, dw3, db3, db4};
+            for (size_t i = 0; i < sizeof more / sizeof *more; i++) pd_free(more[i]);
+        }
         /* float32 descriptor backward: bitwise the plain kernel */
         float *fdx = pd_alloc_f32(nx), *fdw = pd_alloc_f32(nw), *fdb = pd_alloc_f32(out);
         float *pdx = pd_alloc_f32(nx), *pdw = pd_alloc_f32(nw), *pdb = pd_alloc_f32(out);

@@ -185,6 +185,7 @@ static void test_conv_blocked_layouts(void **state) {
         {3, 2, 16, 7, 5, 32, 3, 3, 1, 1, 1, 1, 0},
         {3, 1, 32, 6, 6, 16, 3, 3, 2, 1, 0, 0, 0},
         {2, 2, 16, 4, 4, 16, 3, 3, 1, 1, 1, 0, 0},
+        {3, 1, 32, 6, 6, 16, 3, 3, 2, 1, 0, 1, 0},   // relu without bias: bf16 masks dy straight to bf16
     };
     /* both precisions: bf16 takes float32 nChw16c too, converted element-wise where the plain
      * call reorders (both round to nearest even), so the results are bitwise the same as well */

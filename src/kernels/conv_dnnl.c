@@ -11,7 +11,8 @@
  * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought back
  * by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of writing
  * +=, or by kern_accumulate when dx is blocked; db is added by a loop. With fuse_relu, dy is
- * first masked by y > 0 (element-wise, in either layout).
+ * first masked by y > 0 (element-wise, in either layout); at bf16 with dy blocked the mask
+ * writes the bf16 operand directly (kern_relu_mask_bf16: no float32 masked copy).
  *
  * Memory: the activation-sized temporaries (reordered src/dst/diff buffers, the masked dy,
  * the primitives' user-managed scratchpad) live only during one call, so they are not owned
@@ -408,16 +409,27 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     const BwdPlan bp = bwd_plan(p, cv, lay, dx != NULL, dw || db);
     char *base = kern_scratch(KSCR_CONV, p->arena);
     const float *g = dy;
-    if (cv->fuse_relu) {   // element-wise: the same in either layout
+    const size_t ny = (size_t)n * cv->k * cv->oh * cv->ow;
+    /* bf16 with dy blocked: every pass takes the masked dy only as its bf16 conversion, so
+     * mask and convert in one pass straight into the bf16 ports' storage (no float32 copy) */
+    const int mask16 = cv->fuse_relu && yb && (!dx || p->d_ddst.cvt) && (!(dw || db) || p->w_ddst.cvt);
+    if (cv->fuse_relu && !mask16) {   // element-wise: the same in either layout
         float *dym = (float *)(base + bp.dym);
-        kern_relu_mask(y, dy, dym, (size_t)n * cv->k * cv->oh * cv->ow);
+        kern_relu_mask(y, dy, dym, ny);
         g = dym;
     }
     set(p->sp_data, base + bp.sp);
     set(p->sp_w, base + bp.sp);
     if (dx) {
         set(p->d_dsrc.prim, base + bp.dsrc);
-        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, port_in(d->st, &p->d_ddst, g, yb, base + bp.ddst)},
+        dnnl_memory_t ddst = p->d_ddst.prim;
+        if (mask16) {
+            kern_relu_mask_bf16(y, dy, (uint16_t *)(base + bp.ddst), ny);
+            set(ddst, base + bp.ddst);
+        } else {
+            ddst = port_in(d->st, &p->d_ddst, g, yb, base + bp.ddst);
+        }
+        dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, ddst},
                                 {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w, 0, base + bp.wei)},
                                 {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_data}};
@@ -434,6 +446,10 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
         dnnl_memory_t ddst;
         if (dx && p->share_ddst && room(&p->d_ddst, yb)) {   // backward-data's reorder of g is still at bp.ddst
             set(p->w_ddst.prim, base + bp.ddst);
+            ddst = p->w_ddst.prim;
+        } else if (mask16) {
+            kern_relu_mask_bf16(y, dy, (uint16_t *)(base + bp.wddst), ny);
+            set(p->w_ddst.prim, base + bp.wddst);
             ddst = p->w_ddst.prim;
         } else {
             ddst = port_in(d->st, &p->w_ddst, g, yb, base + bp.wddst);

@@ -46,6 +46,10 @@ const char *kern_precision_name(int prec);
 /* y[i] = x[i] rounded to bfloat16 (pd_bf16_pack: nearest, ties to even; NaN stays NaN), as the
  * upper 16 bits of a float32; threaded like the element-wise kernels. */
 void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count);
+/* g[i] = bf16 of (y[i] > 0 ? dy[i] : 0): kern_relu_mask then kern_f32_to_bf16 in one pass
+ * (bitwise their result), for a relu-fused bf16 backward that takes the masked gradient only
+ * in bf16. */
+void kern_relu_mask_bf16(const float *y, const float *dy, uint16_t *g, size_t count);
 /* The float32 value of a bfloat16 (exact). */
 static inline float kern_bf16_to_f32(uint16_t b) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)b << 16};

@@ -4,7 +4,8 @@
  *   forward        y (M, O)   = xb (M, I) · Wb^T (I, O) + b      (W^T: a strided view of W)
  *   backward data  dx (M, I) += dyb (M, O) · Wb (O, I)           (sum post-op)
  *   backward w     dW (O, I) += dyb^T (O, M) · xb (M, I)         (dy^T: a strided view)
- * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop.
+ * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop (the
+ * same pass that makes dy's bf16 copy, when one is needed).
  * The bf16 copies (x, W, dy) and the primitives' scratchpad live in the calling thread's
  * KSCR_BF16 scratch (kern_scratch), asked for at its largest in init, so a model's linear
  * layers share one arena per thread and nothing is allocated per call. Primitives depend on
@@ -43,6 +44,27 @@ static void cvt_r(void *p, size_t b, size_t e) {
 void kern_f32_to_bf16(const float *x, uint16_t *y, size_t count) {
     CvtJob j = {x, y};
     kern_parallel_for(count, 32768, 32, cvt_r, &j);
+}
+
+typedef struct MaskCvtJob {
+    const float *y, *dy;
+    uint16_t *g;
+} MaskCvtJob;
+
+static void mask_cvt_r(void *p, size_t b, size_t e) {   // through an L1-sized float32 block
+    const MaskCvtJob *j = p;
+    float t[512];
+    for (size_t i = b; i < e; i += 512) {
+        const size_t len = e - i < 512 ? e - i : 512;
+        const float *restrict yv = j->y + i, *restrict d = j->dy + i;
+        for (size_t k = 0; k < len; k++) t[k] = yv[k] > 0 ? d[k] : 0.0f;   // kern_relu_mask's rule
+        pd_bf16_pack(t, j->g + i, len);
+    }
+}
+
+void kern_relu_mask_bf16(const float *y, const float *dy, uint16_t *g, size_t count) {
+    MaskCvtJob j = {y, dy, g};
+    kern_parallel_for(count, 32768, 32, mask_cvt_r, &j);
 }
 
 /* ---- the linear descriptor ---------------------------------------------------------------- */
@@ -259,6 +281,25 @@ static void bias_r(void *p, size_t b, size_t e) {   // db[o] += sum_i dy[i, o], 
     }
 }
 
+/* The same sums with dy's bf16 copy made on the way (one pass over dy instead of two): row by
+ * row, the columns [b, e) converted, then added (db's additions in bias_r's order). */
+typedef struct BiasCvtJob {
+    const float *dy;
+    uint16_t *dyb;
+    float *db;
+    int n, out;
+} BiasCvtJob;
+
+static void bias_cvt_r(void *p, size_t b, size_t e) {
+    const BiasCvtJob *j = p;
+    for (int i = 0; i < j->n; i++) {
+        const float *restrict g = j->dy + (size_t)i * j->out;
+        pd_bf16_pack(g + b, j->dyb + (size_t)i * j->out + b, e - b);
+        float *restrict d = j->db;
+        for (size_t o = b; o < e; o++) d[o] += g[o];
+    }
+}
+
 void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
                        float *db) {
     PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
@@ -269,7 +310,13 @@ void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const 
     if (n == 0) return;
     LinSlot *s = slot_for(k, n);
     Arena a = arena(k, n, s);
-    if (dx || dw) kern_f32_to_bf16(dy, a.dy, (size_t)n * k->out);
+    if ((dx || dw) && db) {
+        BiasCvtJob j = {dy, a.dy, db, n, k->out};
+        kern_parallel_for((size_t)k->out, 32768 / (size_t)n + 1, 16, bias_cvt_r, &j);
+        db = NULL;   // summed
+    } else if (dx || dw) {
+        kern_f32_to_bf16(dy, a.dy, (size_t)n * k->out);
+    }
     if (dx) {
         kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
         mm(k->impl, s, LM_BWD_D, a.dy, a.w, NULL, dx, a.sp);
