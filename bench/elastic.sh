@@ -21,9 +21,9 @@
 # GRACE, the short values a link going down needs to be noticed quickly.
 #
 # usage: bench/elastic.sh [--out DIR] [--pd BINARY]   as root; about 10 minutes on 2 cores.
-#   Environment: STEPS (600), RECIPE ("--optimizer adam --lr 3e-4"; the reason is in
-#   docs/howto/elastic.md: with SGD at lr 0.01 vgg16 is still on its loss plateau at 600
-#   minibatches, where any other plan moves the accuracy by points), TIMEOUT (5), PROBE (5),
+#   Environment: STEPS (600), RECIPE ("--optimizer adam --lr 3e-4 --lr-schedule cosine"; why
+#   in docs/howto/elastic.md: with SGD at lr 0.01 vgg16 is still on its loss plateau at 600
+#   minibatches, where another plan alone moves the accuracy by points), TIMEOUT (5), PROBE (5),
 #   GRACE (3), READD_AT (250), PDC_NAME (pdel: the cluster's name).
 # Prints a markdown table: link down to the first error line, to the relaunch and to training
 # again (from the event log and the time the link went down), minibatches lost, wall time,
@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
         *) echo "bench/elastic.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-STEPS=${STEPS:-600} RECIPE=${RECIPE:---optimizer adam --lr 3e-4} TIMEOUT=${TIMEOUT:-5} PROBE=${PROBE:-5} GRACE=${GRACE:-3} READD_AT=${READD_AT:-250}
+STEPS=${STEPS:-600} RECIPE=${RECIPE:---optimizer adam --lr 3e-4 --lr-schedule cosine} TIMEOUT=${TIMEOUT:-5} PROBE=${PROBE:-5} GRACE=${GRACE:-3} READD_AT=${READD_AT:-250}
 export PDC_NAME=${PDC_NAME:-pdel}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 NAME=$PDC_NAME CL=tools/cluster.sh

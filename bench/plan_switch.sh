@@ -5,7 +5,7 @@
 #
 # On threads (no cluster needed): vgg16, 600 minibatches of 64, 4 micro-batches, launch's
 # default schedule (1f1b with its default staleness compensation), for each recipe:
-#   4        uninterrupted on the plan launch makes for 4 workers at 1 Gbit/s (`pipedream plan
+#   4        uninterrupted on the planner's plan for 4 workers at 1 Gbit/s (`pipedream plan
 #            PROFILE --workers 4 --bandwidth 1.25e8`);
 #   4 -> 3   resumed from that checkpoint on the plan for 3 workers (what launch does when a host
 #            is lost after the checkpoint at 150);
