@@ -71,8 +71,9 @@ static void help(FILE *f) {
             "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
             "  --straggler-factor F    report a host whose compute per unit exceeds F times the\n"
-            "                          profile's prediction at 2 checkpoints in a row (default 2;\n"
-            "                          a straggler event, a stderr line, the summary)\n"
+            "                          profile's prediction (scaled by the median host's measured\n"
+            "                          over predicted, when over 1) at 2 checkpoints in a row\n"
+            "                          (default 2; a straggler event, a stderr line, the summary)\n"
             "  --no-stragglers         do not watch for stragglers\n"
             "  --no-replan             report stragglers but keep the plan (default: re-plan around\n"
             "                          them at the next checkpoint when predicted 10%% faster)\n"
@@ -397,8 +398,9 @@ static double num_in(const char *s, const char *end, const char *key) {
 
 /* Reads the progress lines the job appended since the last look (one per checkpoint: every
  * rank's compute per unit beside the prediction, train --progress-file). A rank over
- * --straggler-factor times its prediction (and by 10% of the largest stage's) at 2 checkpoints
- * in a row is reported once per attempt: on stderr, a straggler event, the summary. */
+ * --straggler-factor times its prediction scaled by the median rank's measured/predicted
+ * (when over 1; and by 10% of the largest stage's) at 2 checkpoints in a row is reported once
+ * per attempt: on stderr, a straggler event, the summary. */
 static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
     FILE *f = fopen(L->progress, "r");
     if (!f) return;
@@ -429,19 +431,36 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
         if (r0) wall = num_in(r0, line + n, "\"wait_ms_per_unit\":") + num_in(r0, line + n, "\"busy_ms_per_unit\":");
         L->slow_rows = most_busy > 0 && wall > L->straggler_factor * most_busy ? L->slow_rows + 1 : 0;
         int reported_before = L->n_stragglers;
-        for (const char *p = strstr(line, "{\"rank\":"); p;) {
+        /* every rank's figures, then the (lower) median rank's compute over its prediction: a
+         * machine slower than its profile throughout (ranks sharing cores, another CPU) slows
+         * every rank alike, and a straggler is slow against the others, not the profile */
+        int rk[MAX_HOSTS], stg[MAX_HOSTS], k = 0;
+        double msr[MAX_HOSTS], prd[MAX_HOSTS], sorted[MAX_HOSTS];
+        for (const char *p = strstr(line, "{\"rank\":"); p && k < MAX_HOSTS;) {
             const char *next = strstr(p + 1, "{\"rank\":"), *end = next ? next : line + n;
             int r = atoi(p + 8), st = (int)num_in(p, end, "\"stage\":");
             double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = num_in(p, end, "\"predicted_ms_per_unit\":");
             p = next;
             if (r < 0 || r >= n_hosts || r >= MAX_HOSTS || !(pred > 0) || !(ms >= 0)) continue;
+            rk[k] = r, stg[k] = st, msr[k] = ms, prd[k] = pred, sorted[k] = ms / pred, k++;
+        }
+        for (int i = 1; i < k; i++)   /* insertion sort: a handful of hosts */
+            for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+                double t = sorted[j];
+                sorted[j] = sorted[j - 1], sorted[j - 1] = t;
+            }
+        double typical = k && sorted[(k - 1) / 2] > 1 ? sorted[(k - 1) / 2] : 1;
+        for (int i = 0; i < k; i++) {
+            int r = rk[i], st = stg[i];
+            double ms = msr[i], pred = prd[i];
             L->ratio[r] = ms / pred;
-            L->over[r] = ms > L->straggler_factor * pred && ms - pred >= 0.1 * most ? L->over[r] + 1 : 0;
+            L->over[r] = ms > L->straggler_factor * typical * pred && ms - typical * pred >= 0.1 * typical * most
+                             ? L->over[r] + 1 : 0;
             if (L->over[r] < 2 || L->reported[r]) continue;
             L->reported[r] = 1;
             fprintf(stderr, "pipedream: launch: straggler: %s (rank %d, stage %d) computes %.3f ms per unit, "
-                    "%.1fx the predicted %.3f, at 2 checkpoints in a row (minibatch %ld)\n",
-                    hosts[r].name, r, st, ms, ms / pred, pred, mb);
+                    "%.1fx the predicted %.3f (the median host %.1fx), at 2 checkpoints in a row (minibatch %ld)\n",
+                    hosts[r].name, r, st, ms, ms / pred, pred, k ? sorted[(k - 1) / 2] : 0, mb);
             FILE *e = event_begin(L, "straggler");
             if (e) {
                 fputs(",\"host\":", e);

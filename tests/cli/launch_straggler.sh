@@ -9,8 +9,9 @@
 #     first plan; the job's progress file
 #     (train --progress-file) has a line per checkpoint (12) with every rank's figures and
 #     predictions; the event log has straggler events naming 198.18.0.1 (rank 0, stage 0)
-#     only, first at the checkpoint at minibatch 40 (2 in a row), measured over 3 times
-#     predicted (--straggler-factor 3: the ranks of a loaded machine run up to twice their
+#     only, first at a checkpoint from minibatch 40 (2 in a row) to 120 (a straggler is slow
+#     against the median host, and the first segments' figures are uneven), measured over 3
+#     times predicted (--straggler-factor 3: the ranks of a loaded machine run up to twice their
 #     profile's prediction); launch's stderr has its straggler line, and the done line and
 #     event list it;
 #  2. --no-stragglers: no progress file, no straggler event;
@@ -87,7 +88,7 @@ P=$tmp/run/progress-0.jsonl
 J=$tmp/run.jsonl
 [ "$(ev "$J" 'sorted(set((e["host"], e["rank"], e["stage"]) for e in E if e["event"] == "straggler"))')" = "[('198.18.0.1', 0, 0)]" ] ||
     fail "straggler events: $(grep straggler "$J"); progress: $(ev "$P" '[(e["minibatches"], [round(r["compute_ms_per_unit"] / r["predicted_ms_per_unit"], 2) for r in e["ranks"]]) for e in E]')"
-[ "$(ev "$J" 'all(e["measured_ms_per_unit"] > 3 * e["predicted_ms_per_unit"] and e["checkpoint_minibatches"] == 40 for e in E if e["event"] == "straggler")')" = True ] ||
+[ "$(ev "$J" 'all(e["measured_ms_per_unit"] > 3 * e["predicted_ms_per_unit"] and 40 <= e["checkpoint_minibatches"] <= 120 for e in E if e["event"] == "straggler")')" = True ] ||
     fail "straggler figures: $(grep straggler "$J")"
 [ "$(ev "$J" '[e["stragglers"] for e in E if e["event"] == "done"]')" = "[['198.18.0.1']]" ] || fail "done event: $(tail -1 "$J")"
 grep -q "pipedream: launch: straggler: 198.18.0.1 (rank 0, stage 0) computes" "$tmp/run.err" ||
