@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench/elastic.sh: `pipedream launch` losing a host's link and taking the host in again, vgg16
-# on 4 emulated hosts at 1 Gbit/s (docs/howto/elastic.md, sections 3 and 4).
+# bench/elastic.sh: `pipedream launch` losing a host (its processes killed, or its link taken
+# down) and taking the host in again, vgg16 on 4 emulated hosts at 1 Gbit/s
+# (docs/howto/elastic.md, sections 3 and 4).
 #
 # The recipe of docs/howto/elastic.md section 2: models/vgg16.json on its default data
 # (Fashion-MNIST, /usr/share/datasets/fashion-mnist), --steps STEPS --minibatch 64
@@ -25,8 +26,8 @@
 #   in docs/howto/elastic.md: with SGD at lr 0.01 vgg16 is still on its loss plateau at 600
 #   minibatches, where another plan alone moves the accuracy by points), TIMEOUT (5), PROBE (5),
 #   GRACE (3), READD_AT (250), PDC_NAME (pdel: the cluster's name).
-# Prints a markdown table: link down to the first error line, to the relaunch and to training
-# again (from the event log and the time the link went down), minibatches lost, wall time,
+# Prints a markdown table: the fault to the first error line, to the relaunch and to training
+# again (from the event log and the time of the fault), minibatches lost, wall time,
 # test accuracy, and the throughput (minibatches per second between two checkpoints of the same
 # attempt, from the checkpoint files' mtimes) on 4 hosts, on 3, and after the re-admission;
 # then each run's plans (the stages' layers) and what was checked to be left behind. Raw
