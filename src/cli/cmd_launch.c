@@ -1312,16 +1312,9 @@ static int supervise(Launch *L, const Profile *prof) {
             fputs("],\"removed\":[", e);
             for (int r = 0, c = 0; r < n_hosts; r++)
                 if (gone[r]) fprintf(e, "%s", c++ ? "," : ""), json_str(e, hosts[r].name);
-            fputs("],\"hosts_before\":", e);
-            json_hosts(e, hosts, n_hosts);
-            fputs(",\"hosts_after\":", e);
-            json_hosts(e, after, n_after);
-            fputs(",\"plan_before\":", e);
-            json_plan(e, plan);
-            fputs(",\"plan_after\":", e);
-            json_plan(e, next ? next : n_after == n_hosts ? plan : NULL);
-            fprintf(e, ",\"checkpoint_minibatches\":%ld,\"minibatches_lost\":%ld,\"detected_t\":%.3f", ck > 0 ? ck : 0,
-                    lost_mb, A.t_fail - L->t0);
+            fputc(']', e);
+            json_change(e, hosts, n_hosts, after, n_after, plan, next ? next : n_after == n_hosts ? plan : NULL, ck);
+            fprintf(e, ",\"minibatches_lost\":%ld,\"detected_t\":%.3f", lost_mb, A.t_fail - L->t0);
         }
         event_end(e);
         if (n_after != n_hosts) {

@@ -679,18 +679,25 @@ static int build_worker(Rank *R, Err *err) {
     return PD_OK;
 }
 
-/* One segment, minibatches [R->mb_done, end): built (the first) or rebound, run, drained, its
- * figures added to the worker's totals. */
-static int run_segment(Rank *R, uint64_t end, Err *err) {
+/* The schedule of the next LEN minibatches from R->mb_done, in R->seg and the worker's config. */
+static int segment_schedule(Rank *R, int len, Err *err) {
     const RtTrainSpec *sp = R->sp;
-    Worker *w = &R->w;
-    int len = (int)(end - R->mb_done), rc;
     SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = R->probe.n_micro,
                     .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
     sched_release(&R->seg);
-    if ((rc = sched_build(sp->plan, &so, &R->seg, err))) return rc;
+    int rc = sched_build(sp->plan, &so, &R->seg, err);
+    if (rc) return rc;
     R->cfg.sched = &R->seg;
     R->cfg.unit_base = R->mb_done * (uint64_t)R->seg.n_micro;
+    return PD_OK;
+}
+
+/* One segment, minibatches [R->mb_done, end): built (the first) or rebound, run, drained, its
+ * figures added to the worker's totals. */
+static int run_segment(Rank *R, uint64_t end, Err *err) {
+    Worker *w = &R->w;
+    int rc;
+    if ((rc = segment_schedule(R, (int)(end - R->mb_done), err))) return rc;
     if (!R->built) {
         if ((rc = build_worker(R, err))) return rc;
     } else if ((rc = rt_worker_bind(w, &R->cfg, &R->segres, err))) {
@@ -750,13 +757,7 @@ static int session_segments(Rank *R, Err *err) {
         if (R->rank == 0)
             fprintf(stderr, "pipedream: %s is already %llu minibatches in: nothing to train, evaluating it\n",
                     R->last_ckpt, (unsigned long long)R->mb_done);
-        SchedOpts so = {.kind = sp->kind, .n_minibatches = 1, .n_micro = R->probe.n_micro,
-                        .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
-        sched_release(&R->seg);
-        if ((rc = sched_build(sp->plan, &so, &R->seg, err))) return rc;
-        R->cfg.sched = &R->seg;
-        R->cfg.unit_base = R->mb_done * (uint64_t)R->seg.n_micro;
-        if ((rc = build_worker(R, err))) return rc;
+        if ((rc = segment_schedule(R, 1, err)) || (rc = build_worker(R, err))) return rc;
     }
     return PD_OK;
 }
