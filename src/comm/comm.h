@@ -145,8 +145,9 @@ int comm_test(Comm *c, CommReq **req, int *done, CommHeader *hdr, Err *err);
  * comm_idle(c, mark, t0, deadline) returns once something may have happened on c (threads:
  * a message delivered to it, an endpoint closed, abort), or after a pause that grows with
  * the time since t0, when the caller last saw something move (MPI, which cannot tell: spin
- * for 200 us, then yield the core until 5 ms, then nap 1/20 of the wait so far, 50 us ..
- * PD_COMM_NAP_MAX_US, default 1000), or at the absolute deadline (0 = none). */
+ * for PD_COMM_SPIN_US, default 50 us, yield the core until PD_COMM_YIELD_US, default 0, then
+ * nap 1/20 of the wait so far, 50 us .. PD_COMM_NAP_MAX_US, default 1000), or at the absolute
+ * deadline (0 = none). */
 uint64_t comm_events(Comm *c);
 void comm_idle(Comm *c, uint64_t mark, double t0, double deadline);
 
@@ -285,7 +286,7 @@ int comm_group_size(const CommGroup *g);
  *     caller's point-to-point or control messages (which go on as before, on the caller's
  *     thread); MPI must give MPI_THREAD_MULTIPLE;
  *   - a caller in comm_ar_wait has nothing else to do, so it makes passes too, polling as
- *     every comm wait does (comm_idle; MPI: spin briefly, yield, then naps of 1/20 of the
+ *     every comm wait does (comm_idle; MPI: spin briefly, then naps of 1/20 of the
  *     wait so far; threads: until a delivery): shorter latency than the thread's naps once the ring only waits for
  *     handshakes (shared memory).
  * The summation order is the engine's, whoever runs it: the results do not depend on which

@@ -59,26 +59,42 @@ static int mpi_err(Err *err, int me, int mrc, const char *fmt_what, const char *
     return err_set(err, PD_ECOMM, "rank %d: MPI error in %s%s: %s", me, fmt_what, what2 ? what2 : "", s);
 }
 
-/* The longest nap of a wait, seconds: PD_COMM_NAP_MAX_US (default 1000, at least 50). */
+/* A wait's phases, seconds, from the environment once: spin until PD_COMM_SPIN_US (default
+ * 50), yield the core until PD_COMM_YIELD_US (default 0: no yielding), nap at most
+ * PD_COMM_NAP_MAX_US (default 1000, at least 50). */
+static double env_us(const char *name, long dflt, long lo, long hi) {
+    const char *e = getenv(name);
+    long us = e && *e ? strtol(e, NULL, 10) : dflt;
+    return (us < lo ? lo : us > hi ? hi : us) * 1e-6;
+}
+static double spin_s(void) {
+    static double v = -1;
+    if (v < 0) v = env_us("PD_COMM_SPIN_US", 50, 0, 1000000);
+    return v;
+}
+static double yield_s(void) {
+    static double v = -1;
+    if (v < 0) v = env_us("PD_COMM_YIELD_US", 0, 0, 1000000);
+    return v;
+}
 static double nap_max_s(void) {
     static double v = -1;
-    if (v < 0) {
-        const char *e = getenv("PD_COMM_NAP_MAX_US");
-        long us = e && *e ? strtol(e, NULL, 10) : 1000;
-        v = (us < 50 ? 50 : us > 1000000 ? 1000000 : us) * 1e-6;
-    }
+    if (v < 0) v = env_us("PD_COMM_NAP_MAX_US", 1000, 50, 1000000);
     return v;
 }
 
-/* Waiting without burning a core forever: spin briefly (latency), then yield, then nap for
- * 1/20 of the wait so far (50 us .. nap_max_s()): a wait ends at most ~5% later than its
- * message came, and a long one polls MPI a few hundred times a second, not 10,000 times. On a
- * machine whose cores the ranks share, a waiting rank's polls take time from the computing
- * ones (each MPI_Test runs Open MPI's progress engine over every socket). */
+/* Waiting without burning a core: spin briefly (latency), then nap for 1/20 of the wait so
+ * far (50 us .. nap_max_s()): a wait ends at most ~5% later than its message came, and a long
+ * one polls MPI a few hundred times a second, not 10,000 times. No yielding by default: where
+ * ranks share cores (the emulated cluster, or more ranks than cores), a yielding rank keeps
+ * its fair share of the core and every poll (an MPI_Test runs Open MPI's progress engine over
+ * every socket) is taken from a computing rank; on 4 emulated hosts sharing 2 cores, spinning
+ * 200 us and yielding until 5 ms cost vgg16's 1f1b 5% and 1f1b-flush 14% of their throughput
+ * against this policy (docs/explanation/communication.md, "Waiting"). */
 static void backoff(double t0) {
     double el = pd_now() - t0;
-    if (el < 2e-4) return;
-    if (el < 5e-3) {
+    if (el < spin_s()) return;
+    if (el < yield_s()) {
         sched_yield();
         return;
     }
