@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# bench/predict_table.sh: measured against predicted time per unit on the emulated cluster.
+#
+# vgg16 (models/vgg16.json), Fashion-MNIST, minibatch 64, 4 hosts of tools/cluster.sh sharing this
+# machine's cores, one rank per host, 1 kernel thread per rank. One profile (minibatch 64); at
+# every rate of RATES the straight 4-stage plan for that rate (`plan --straight --cores
+# $(nproc)`); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
+# turns. Each run's summary carries the simulator's prediction for the same plan and profile
+# (`predicted_time_per_unit_ms`) beside what it measured (`time_per_unit_ms`). Prints a table
+# (medians) and writes it with every run's figures to OUT/table.md.
+#
+# usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
+#   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
+#   STEPS (80), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
+# The cluster is taken down on every exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=out/predict-table PD=build/pipedream
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) OUT=$2; shift 2 ;;
+        --pd) PD=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "predict_table.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+    esac
+done
+: "${RATES:=1gbit 300mbit 100mbit}" "${KINDS:=dp 1f1b-flush 1f1b zb-h1}" "${REPS:=3}" "${STEPS:=80}"
+NAME=${PDC_NAME:-pdpred}
+[ -x "$PD" ] || { echo "predict_table.sh: $PD not found (cmake --build build)" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "predict_table.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+FMNIST=/usr/share/datasets/fashion-mnist
+mkdir -p "$OUT/raw" "$OUT/data"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    ln -sf "$FMNIST/$f" "$OUT/data/$f"
+done
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+UP=0
+cleanup() { if [ $UP = 1 ]; then tools/cluster.sh down --name "$NAME" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# tc rate -> TCP payload bytes/s (1448 payload bytes per 1514-byte frame), as bench/experiment.sh
+payload_bps() {
+    local v=${1%bit} m=1
+    case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
+    awk -v v="$v" -v m="$m" 'BEGIN { printf "%.6g", v * m / 8 * 1448 / 1514 }'
+}
+
+PROF=$OUT/prof.json
+log "profile models/vgg16.json (minibatch 64, 1 thread)"
+"$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
+: >"$OUT/runs.tsv"
+for r in $RATES; do
+    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(nproc)" --straight \
+        -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+    log "cluster: 4 hosts at $r"
+    UP=1
+    tools/cluster.sh up 4 --rate "$r" --name "$NAME" >&2
+    for rep in $(seq "$REPS"); do
+        for k in $KINDS; do
+            id=$r-$k-$rep
+            rc=0
+            timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+                --plan "$OUT/straight-$r.json" --schedule "$k" --steps "$STEPS" --minibatch 64 --threads 1 \
+                --profile "$PROF" --data "$OUT/data" >"$OUT/raw/$id.json" 2>"$OUT/raw/$id.err" || rc=$?
+            if [ $rc != 0 ]; then log "$id: rc $rc ($(tail -1 "$OUT/raw/$id.err" | cut -c1-160))"; continue; fi
+            python3 - "$OUT/raw/$id.json" "$r" "$k" "$rep" >>"$OUT/runs.tsv" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("\t".join([sys.argv[2], sys.argv[3], sys.argv[4], str(d["unit_batch"]), "%.3f" % d["time_per_unit_ms"],
+                 "%.3f" % d["predicted_time_per_unit_ms"], "%.1f" % d["samples_per_s"]]))
+PY
+            log "$id: $(tail -1 "$OUT/runs.tsv" | cut -f4-)"
+        done
+    done
+    tools/cluster.sh down --name "$NAME" >&2
+    UP=0
+done
+
+python3 - "$OUT/runs.tsv" "$RATES" "$KINDS" <<'PY' | tee "$OUT/table.md"
+import statistics as st, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+print("| link | schedule | unit (samples) | measured ms/unit (runs) | median | predicted ms/unit | measured / predicted |")
+print("| --- | --- | ---: | --- | ---: | ---: | ---: |")
+for r in sys.argv[2].split():
+    for k in sys.argv[3].split():
+        mine = [x for x in rows if x[0] == r and x[1] == k]
+        if not mine:
+            print(f"| {r} | `{k}` | | (no run finished) | | | |")
+            continue
+        m = st.median(float(x[4]) for x in mine)
+        p = st.median(float(x[5]) for x in mine)
+        print(f"| {r} | `{k}` | {mine[0][3]} | {', '.join(x[4] for x in mine)} | {m:.2f} | {p:.2f} | {m / p:.2f} |")
+PY
