@@ -268,7 +268,10 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         /* what the runtime's context holds for it (nnctx_new), so the simulator's memory
          * prediction counts what the runtime allocates */
         L->saved_bytes = (double)model_layer_saved_bytes(m, i, B);
-        if (b > 0) L->small_fwd_s = sfwd[i], L->small_bwd_s = sbwd[i], L->small_bwd_in_s = sbwd_in[i], L->small_bwd_w_s = sbwd_w[i];
+        if (b > 0) {   /* the same times at the small batch */
+            L->small_fwd_s = sfwd[i], L->small_bwd_s = sbwd[i];
+            L->small_bwd_in_s = sbwd_in[i], L->small_bwd_w_s = sbwd_w[i];
+        }
     }
     out->saved_measured = 1;
     out->small_batch = b;
