@@ -1,4 +1,4 @@
-/* test_profile.c: profile JSON round trip (bit-exact doubles), the graph.txt reader
+/* test_profile.c: profile JSON round trip (bit-exact doubles, small-batch times included), the graph.txt reader
  * (units, lists of activation sizes, topological order, model name), the authors'
  * profiles (all load; counts match the files), and bad input with the messages users see. */
 #include "testutil.h"
@@ -80,11 +80,31 @@ static void test_json_round_trip(void **state) {
         if (dag) {   /* saved bytes, as our profiler writes them (one in the chain case: absent) */
             a.saved_measured = 1;
             for (int i = 0; i < a.n_layers; i++) a.layers[i].saved_bytes = i % 3 ? 64.0 * i : 0;
+            /* small-batch times, the split ones on the layers with the split */
+            a.small_batch = 7;
+            for (int i = 0; i < a.n_layers; i++) {
+                ProfileLayer *l = &a.layers[i];
+                l->small_fwd_s = 0.03 / (i + 7), l->small_bwd_s = i == 2 ? 0 : 1e-8 * (i + 1) / 7;
+                if (i % 2 == 0) {
+                    l->bwd_in_s = l->bwd_s / 3, l->bwd_w_s = l->bwd_s - l->bwd_in_s;
+                    l->small_bwd_in_s = l->small_bwd_s / 3, l->small_bwd_w_s = 1e-9 / (i + 3);
+                }
+            }
         }
         Err err = {0};
         const char *path = tmp_path("rt.json");
         assert_int_equal(profile_save(&a, path, &err), PD_OK);
         assert_int_equal(profile_load(path, &b, &err), PD_OK);
+        {   /* the keys only when there are small-batch times: an old profile is written as before */
+            FILE *f = fopen(path, "r");
+            char buf[1 << 14];
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            assert_int_equal(strstr(buf, "\"small_batch\"") != NULL, dag);
+            assert_int_equal(strstr(buf, "small_forward_s") != NULL, dag);
+            assert_int_equal(strstr(buf, "small_backward_input_s") != NULL, dag);
+        }
         unlink(path);
         assert_string_equal(b.model, "toy");
         assert_string_equal(b.source, "pipedream-profile");
@@ -103,7 +123,13 @@ static void test_json_round_trip(void **state) {
             assert_true(b.layers[i].act_bytes == a.layers[i].act_bytes);
             assert_true(b.layers[i].param_bytes == a.layers[i].param_bytes);
             assert_true(b.layers[i].saved_bytes == a.layers[i].saved_bytes);
+            assert_true(b.layers[i].bwd_in_s == a.layers[i].bwd_in_s && b.layers[i].bwd_w_s == a.layers[i].bwd_w_s);
+            assert_true(b.layers[i].small_fwd_s == a.layers[i].small_fwd_s);
+            assert_true(b.layers[i].small_bwd_s == a.layers[i].small_bwd_s);
+            assert_true(b.layers[i].small_bwd_in_s == a.layers[i].small_bwd_in_s);
+            assert_true(b.layers[i].small_bwd_w_s == a.layers[i].small_bwd_w_s);
         }
+        assert_int_equal(b.small_batch, dag ? 7 : 0);
         assert_int_equal(b.saved_measured, dag);
         assert_int_equal(b.n_edges, dag ? a.n_edges : 0);
         for (int e = 0; e < b.n_edges; e++) {
@@ -219,6 +245,36 @@ static void test_bad_json(void **state) {
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[1, 0]]}", "topological order");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 0]]}", "cycle");
     expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_LAYER "], \"edges\": [[0, 1.5]]}", "edge 0");
+    /* small-batch times: with small_batch (1 .. minibatch - 1), for every layer, never negative */
+#define JSON_SMALL(sf, extra)                                                                              \
+    "{\"name\": \"a\", \"type\": \"linear\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, " \
+    "\"parameter_bytes\": 8, \"small_forward_s\": " #sf ", \"small_backward_s\": 1" extra "}"
+    {
+        Profile p;
+        Err err = {0};
+        const char *ok = JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(0.5, "") "]}";
+        assert_int_equal(profile_parse(ok, "ok.json", &p, &err), PD_OK);
+        assert_int_equal(p.small_batch, 2);
+        assert_true(p.layers[0].small_fwd_s == 0.5 && p.layers[0].small_bwd_s == 1);
+        profile_release(&p);
+    }
+    expect_error(JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(-1, "") "]}",
+                 "key \"small_forward_s\": -1 is outside [0,");
+    expect_error(JSON_HEAD "\"small_batch\": 8, \"layers\": [" JSON_SMALL(0.5, "") "]}",
+                 "small_batch 8 is not between 1 and minibatch - 1 (minibatch 8)");
+    expect_error(JSON_HEAD "\"small_batch\": 12, \"layers\": [" JSON_SMALL(0.5, "") "]}", "small_batch 12 is not between");
+    expect_error(JSON_HEAD "\"small_batch\": 0, \"layers\": [" JSON_SMALL(0.5, "") "]}",
+                 "key \"small_batch\": 0 is outside [1,");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_SMALL(0.5, "") "]}",
+                 "small-batch times given but the profile has no small_batch");
+    expect_error(JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(0.5, "") ", " JSON_LAYER "]}",
+                 "layer 1: small_forward_s and small_backward_s missing");
+    expect_error(JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(0.5, ", \"small_backward_input_s\": 0.5, "
+                 "\"small_backward_weight_s\": 0.5") "]}",
+                 "give small_backward_input_s and small_backward_weight_s with backward_input_s");
+    expect_error(JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(0.5, ", \"backward_input_s\": 1, "
+                 "\"backward_weight_s\": 1") "]}",
+                 "give small_backward_input_s and small_backward_weight_s with backward_input_s");
     expect_error("{\"format\": \"other\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [" JSON_LAYER
                  "]}",
                  "pipedream-profile");
@@ -242,6 +298,33 @@ static void test_spread_step(void **state) {
     assert_true(L[2].bwd_s == 0.5 && L[2].step_s == 0);   /* no step measured */
     Err err = {0};
     assert_int_equal(profile_validate(&p, &err), PD_OK);
+    /* small-batch times: the same step, so the same seconds come out of their backward */
+    ProfileLayer S[2] = {{.fwd_s = 1, .bwd_s = 2, .bwd_in_s = 0.8, .bwd_w_s = 1.2, .step_s = 0.8, .small_fwd_s = 0.5,
+                          .small_bwd_s = 1.2, .small_bwd_in_s = 0.3, .small_bwd_w_s = 0.9},
+                         {.fwd_s = 1, .bwd_s = 3, .bwd_in_s = 3, .bwd_w_s = 0, .step_s = 0.4, .small_fwd_s = 0.5,
+                          .small_bwd_s = 1, .small_bwd_in_s = 1, .small_bwd_w_s = 0}};
+    Profile q = {.n_layers = 2, .layers = S, .minibatch = 8, .small_batch = 2};
+    profile_spread_step(&q, 4);
+    assert_true(fabs(S[0].small_bwd_s - 0.6) < 1e-12 && fabs(S[0].small_bwd_w_s - 0.3) < 1e-12);
+    assert_true(S[0].small_bwd_in_s == 0.3 && S[0].small_fwd_s == 0.5);
+    assert_true(fabs(S[1].small_bwd_s - 0.7) < 1e-12 && fabs(S[1].small_bwd_in_s - 0.7) < 1e-12 && S[1].small_bwd_w_s == 0);
+    assert_int_equal(profile_validate(&q, &err), PD_OK);
+    /* calibration scales them with the rest */
+    profile_scale_layer(&q, 0, 2);
+    assert_true(S[0].fwd_s == 2 && S[0].small_fwd_s == 1 && fabs(S[0].small_bwd_s - 1.2) < 1e-12);
+    assert_true(S[0].small_bwd_in_s == 0.6 && fabs(S[0].small_bwd_w_s - 0.6) < 1e-12);
+    assert_true(S[1].small_fwd_s == 0.5);   /* other layers stay */
+    /* in memory: negative, or without the profile's small_batch, refused */
+    S[1].small_bwd_s = -1;
+    assert_int_equal(profile_validate(&q, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "small-batch backward time -1 is negative or not finite"));
+    S[1].small_bwd_s = 1;
+    q.small_batch = 0;
+    assert_int_equal(profile_validate(&q, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "small-batch times without the profile's small_batch"));
+    q.small_batch = 8;
+    assert_int_equal(profile_validate(&q, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "small_batch 8 is not between 1 and minibatch - 1"));
 }
 
 static void test_authors_profiles(void **state) {

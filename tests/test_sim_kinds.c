@@ -7,7 +7,8 @@
  * ZB-H1's peak activation memory equals 1F1B-flush's; recomputation's memory (inputs of the
  * units in flight plus one unit's activations) and time (one more forward per backward that
  * does not follow its own forward); the split backward from a profile; the optimizer step
- * (a profile's step_s) charged once per step: 1f1b-flush's minibatch (M + p - 1)(F + B) + S. */
+ * (a profile's step_s) charged once per step: 1f1b-flush's minibatch (M + p - 1)(F + B) + S; units
+ * smaller than the profile's minibatch costed from its two batches (fixed parts). */
 #include "testutil.h"
 
 #include <math.h>
@@ -394,12 +395,99 @@ static void test_step_once_per_minibatch(void **state) {
     assert_non_null(strstr(err.msg, "step_s 3 exceeds backward_s 2"));
 }
 
+/* A unit smaller than the profile's minibatch: each time is affine in the batch through the
+ * profile's two batches (B = 64, b = 16), its fixed part t_b - (t_B - t_b) b / (B - b) clamped to
+ * [0, t_B] (the step taken out of both backward times first), and only the rest scales. Without
+ * small-batch times, or at f = 1, the costs are exactly the linear ones. */
+static void test_affine_batch(void **state) {
+    (void)state;
+    const double ms = 1e-3;
+    ProfileLayer L[2] = {
+        /* forward 8 ms at 64, 4 at 16; backward 12 (10 + a 2 ms step) and 5 (3 + the step), split */
+        {.fwd_s = 8 * ms, .bwd_s = 12 * ms, .bwd_in_s = 4 * ms, .bwd_w_s = 8 * ms, .step_s = 2 * ms, .param_bytes = 64,
+         .small_fwd_s = 4 * ms, .small_bwd_s = 5 * ms, .small_bwd_in_s = 1 * ms, .small_bwd_w_s = 4 * ms},
+        /* no split; a forward almost all fixed, a backward (and its halves) below the line: 0 */
+        {.fwd_s = 2 * ms, .bwd_s = 3 * ms, .param_bytes = 64, .small_fwd_s = 1.9 * ms, .small_bwd_s = 0.2 * ms}};
+    snprintf(L[0].type, sizeof L[0].type, "linear");
+    snprintf(L[1].type, sizeof L[1].type, "linear");
+    Profile prof = {.n_layers = 2, .layers = L, .minibatch = 64, .small_batch = 16};
+    Err err = {0};
+    assert_int_equal(profile_validate(&prof, &err), PD_OK);
+    Plan *p = chain_plan(2, 1);
+    SchedOpts o = {.kind = SCHED_1F1B_FLUSH, .n_minibatches = 1, .n_micro = 4};
+    Schedule s;
+    assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
+    SimCosts c;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    const SimStageCost *a = &c.stage[0], *b = &c.stage[1];
+    assert_near(a->fwd_fixed_s, 8.0 / 3 * ms, 1e-15);            /* 4 - 4 * 16/48 */
+    assert_near(a->bwd_fixed_s, 2.0 / 3 * ms, 1e-15);            /* 3 - 7 * 16/48 */
+    assert_near(a->bwd_in_fixed_s, 0, 1e-18);                    /* 1 - 3 * 16/48 */
+    assert_near(a->bwd_w_fixed_s, 2.0 / 3 * ms, 1e-15);          /* 2 - 4 * 16/48 */
+    assert_near(b->fwd_fixed_s, (1.9 - 0.1 / 3) * ms, 1e-15);
+    assert_near(b->bwd_fixed_s, 0, 0);                           /* 0.2 - 2.8/3 < 0 */
+    assert_near(b->bwd_in_fixed_s, 0, 0);
+    assert_near(b->bwd_w_fixed_s, 0, 0);
+    assert_near(a->step_s, 2 * ms, 0);
+    sim_costs_scale(&c, 0.5);                                    /* units of 32 */
+    assert_near(a->fwd_s, (8.0 / 3 + 16.0 / 3 * 0.5) * ms, 1e-15);   /* 5.333 ms, not 4 */
+    assert_near(a->bwd_s, (2.0 / 3 + 28.0 / 3 * 0.5) * ms, 1e-15);
+    assert_near(a->bwd_in_s, 2 * ms, 1e-15);
+    assert_near(a->bwd_w_s, (2.0 / 3 + 16.0 / 3 * 0.5) * ms, 1e-15);
+    assert_near(b->fwd_s, (1.9 - 0.1 / 3 + (0.1 + 0.1 / 3) * 0.5) * ms, 1e-15);
+    assert_near(b->bwd_s, 1.5 * ms, 1e-15);
+    assert_near(a->step_s, 2 * ms, 0);                           /* per step, not per sample */
+    sim_costs_scale(&c, 0.5);                                    /* units of 16: the measurement */
+    assert_near(a->fwd_s, 4 * ms, 1e-15);
+    assert_near(a->bwd_s, 3 * ms, 1e-15);
+    assert_near(b->fwd_s, 1.9 * ms, 1e-15);
+    sim_costs_scale(&c, 4);                                      /* back to 64 */
+    assert_near(a->fwd_s, 8 * ms, 1e-15);
+    assert_near(a->bwd_w_s, 6 * ms, 1e-15);
+    sim_costs_release(&c);
+    /* a small batch above the line: the fixed part is at most the whole time */
+    L[1].small_fwd_s = 2.5 * ms;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[1].fwd_fixed_s, 2 * ms, 0);
+    sim_costs_scale(&c, 0.25);
+    assert_near(c.stage[1].fwd_s, 2 * ms, 0);
+    sim_costs_release(&c);
+    /* f = 1 leaves every time bit for bit; so does any f without small-batch times (an old
+     * profile, the authors'): exactly the linear costs t f */
+    SimCosts lin, aff;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &lin, &err), PD_OK);
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &aff, &err), PD_OK);
+    sim_costs_scale(&aff, 1);
+    assert_memory_equal(aff.stage, lin.stage, 2 * sizeof *aff.stage);
+    sim_costs_release(&aff);
+    prof.small_batch = 0;
+    for (int i = 0; i < 2; i++) L[i].small_fwd_s = L[i].small_bwd_s = L[i].small_bwd_in_s = L[i].small_bwd_w_s = 0;
+    const double fs[] = {1, 0.25, 1.0 / 3, 0.125, 1.0 / 7, 2, 4};
+    for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+        assert_int_equal(sim_costs_from_profile(&s, &prof, &aff, &err), PD_OK);
+        for (int i = 0; i < 2; i++)
+            assert_true(aff.stage[i].fwd_fixed_s == 0 && aff.stage[i].bwd_fixed_s == 0 &&
+                        aff.stage[i].bwd_in_fixed_s == 0 && aff.stage[i].bwd_w_fixed_s == 0);
+        sim_costs_scale(&aff, fs[k]);
+        for (int i = 0; i < 2; i++) {   /* bit for bit the times the linear rule gives */
+            const SimStageCost *x = &aff.stage[i], *y = &lin.stage[i];
+            assert_true(x->fwd_s == y->fwd_s * fs[k] && x->bwd_s == y->bwd_s * fs[k]);
+            assert_true(x->bwd_in_s == y->bwd_in_s * fs[k] && x->bwd_w_s == y->bwd_w_s * fs[k]);
+            assert_true(x->step_s == y->step_s);
+        }
+        sim_costs_release(&aff);
+    }
+    sim_costs_release(&lin);
+    sched_release(&s);
+    free_plan(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_bubbles),      cmocka_unit_test(test_closed_forms),
         cmocka_unit_test(test_zb_memory),          cmocka_unit_test(test_recompute),
         cmocka_unit_test(test_interleaved_memory), cmocka_unit_test(test_split_from_profile),
-        cmocka_unit_test(test_step_once_per_minibatch),
+        cmocka_unit_test(test_step_once_per_minibatch), cmocka_unit_test(test_affine_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,7 @@
 
 static const char *USAGE =
     "usage: pipedream profile MODEL.json [--minibatch B] [--threads T] [--iterations N] [--warmup W]\n"
-    "                         [--rounds R] [--precision fp32|bf16] [-o PROFILE.json]\n"
+    "                         [--rounds R] [--small-batch b] [--precision fp32|bf16] [-o PROFILE.json]\n"
     "Times N training steps (after W untimed ones) of the model on one worker with synthetic\n"
     "data, and writes per top-level layer the median forward and backward time, the output\n"
     "activation bytes and the parameter bytes, for a minibatch of B samples.\n"
@@ -21,6 +21,11 @@ static const char *USAGE =
     "  --rounds R        take the W + N steps R times and keep the fastest round (default 1):\n"
     "                    a machine shared with others has slow spells, and a profile taken\n"
     "                    in one predicts every run too slow\n"
+    "  --small-batch b   also time every layer at b samples, b < B (default B/4, at least 1;\n"
+    "                    0: not): the simulator costs micro-batches from the two batches, as\n"
+    "                    a layer's time has a part that does not shrink with the batch. The\n"
+    "                    profile takes about 1 + b/B times as long, more where layers have\n"
+    "                    a large fixed part\n"
     "  --precision P     fp32 (default) or bf16: the compute precision of convolutions,\n"
     "                    linear layers and attention, as `pipedream train --precision`\n"
     "                    will run them (measured_on then ends in \" bf16\")\n"
@@ -34,6 +39,7 @@ int cmd_profile(int argc, char **argv) {
     }
     const char *model = NULL, *outp = NULL, *v;
     RtProfileOpts o = {.minibatch = 64, .threads = 1, .warmup = 3, .iterations = 20, .rounds = 1};
+    int small = -1;   /* -1: the default, B/4 */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = CLI_OK;
@@ -52,6 +58,9 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "--rounds")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             rc = cli_parse_int(C, a, v, 1, 1000, &o.rounds);
+        } else if (!strcmp(a, "--small-batch")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            rc = cli_parse_int(C, a, v, 0, 65535, &small);
         } else if (!strcmp(a, "--precision")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             if ((o.precision = kern_precision_parse(v)) < 0)
@@ -68,6 +77,10 @@ int cmd_profile(int argc, char **argv) {
         if (rc) return rc;
     }
     if (!model) return cli_usage_error(C, "no MODEL.json given");
+    if (small >= o.minibatch)
+        return cli_usage_error(C, "--small-batch %d must be below --minibatch %d (0: no small batch)", small, o.minibatch);
+    /* the default: a quarter of the minibatch, none for a minibatch of one sample */
+    o.small_batch = small >= 0 ? small : o.minibatch / 4 > 1 ? o.minibatch / 4 : o.minibatch > 1 ? 1 : 0;
     struct utsname un;
     char host[128] = "";
     if (uname(&un) == 0)

@@ -39,6 +39,13 @@ typedef struct ProfileLayer {
      * layers share one arena per thread, so a stage needs, per slot, its layers' largest.
      * All 0 when not measured. */
     double scratch[PROFILE_SCRATCH_SLOTS][2];
+    /* Optional: the same times measured at the profile's small_batch samples instead of
+     * minibatch: forward, backward (with the optimizer step, as bwd_s has it) and, when the
+     * backward's split is measured, its two passes. A layer's time is not proportional to its
+     * batch (a dense layer, a small late convolution has a large part that does not shrink with
+     * it): the simulator draws a straight line through the two measurements to cost units of
+     * other sizes (sim_costs_scale). All 0 when the profile has no small_batch. */
+    double small_fwd_s, small_bwd_s, small_bwd_in_s, small_bwd_w_s;
 } ProfileLayer;
 
 typedef struct Profile {
@@ -51,6 +58,8 @@ typedef struct Profile {
     double input_bytes;       /* bytes of the model input per minibatch (what stage 0 reads) */
     int saved_measured;       /* layers carry saved_bytes (our profiler): the simulator then also
                                * counts a unit's gradient buffers, as the runtime allocates them */
+    int small_batch;          /* optional: the smaller batch, 1 .. minibatch - 1, the layers' small_*
+                               * times were measured at (0: none, as in the authors' profiles) */
     int n_layers;
     ProfileLayer *layers;     /* in a topological order */
     int n_edges;              /* 0 means a chain: layer i feeds layer i+1 */
@@ -75,15 +84,20 @@ int  profile_validate(const Profile *p, Err *err);
 /* For a schedule that steps the optimizer once per m units (m micro-batches per minibatch):
  * each layer's backward keeps 1/m of its step_s (bwd_s and whichever split pass holds it;
  * step_s itself becomes step_s / m), so per-unit costs (the planner's) charge the step once
- * per minibatch. m <= 1 or a profile without step_s: unchanged. */
+ * per minibatch; the small-batch backward times lose the same seconds as the full ones (they
+ * hold the same step). m <= 1 or a profile without step_s: unchanged. */
 void profile_spread_step(Profile *p, int m);
 /* Calibration: multiplies layer l's compute times (forward, backward and its split passes, the
- * optimizer step) by f > 0; sizes stay. */
+ * optimizer step, and the same at the small batch) by f > 0; sizes stay. */
 void profile_scale_layer(Profile *p, int l, double f);
 /* Layer l's backward times with `cut` seconds of its optimizer step taken out: from backward_s
  * and from the split pass that holds the step (the weight pass; the input pass of a layer whose
  * whole backward is its input pass); none below 0. */
 void profile_layer_less_step(const ProfileLayer *l, double cut, double *bwd, double *bwd_in, double *bwd_w);
+/* A copy of layer l with its small-batch times in place of fwd_s, bwd_s, bwd_in_s and bwd_w_s
+ * (step_s stays: the step does not grow with the batch), so that the functions above treat the
+ * small batch as they treat the full one. Meaningful only when the profile has a small_batch. */
+ProfileLayer profile_layer_small(const ProfileLayer *l);
 /* Reads a JSON array of [src, dst] integer pairs (the "edges" of profile and plan files)
  * into a malloc'd array the caller frees; *n receives the count. Fails naming path and the
  * bad edge. Ranges are checked later by the validators. */

@@ -45,11 +45,14 @@ int profile_validate(const Profile *p, Err *err) {
     if (p->n_layers <= 0) return err_set(err, PD_EINVAL, "profile has no layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
-        const double v[8] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s,
-                             l->saved_bytes, l->step_s};
-        static const char *what[8] = {"forward time", "backward time", "activation bytes", "parameter bytes",
-                                      "backward input time", "backward weight time", "saved bytes", "step time"};
-        for (int k = 0; k < 8; k++)
+        const double v[12] = {l->fwd_s, l->bwd_s, l->act_bytes, l->param_bytes, l->bwd_in_s, l->bwd_w_s,
+                              l->saved_bytes, l->step_s, l->small_fwd_s, l->small_bwd_s, l->small_bwd_in_s,
+                              l->small_bwd_w_s};
+        static const char *what[12] = {"forward time", "backward time", "activation bytes", "parameter bytes",
+                                       "backward input time", "backward weight time", "saved bytes", "step time",
+                                       "small-batch forward time", "small-batch backward time",
+                                       "small-batch backward input time", "small-batch backward weight time"};
+        for (int k = 0; k < 12; k++)
             if (!isfinite(v[k]) || v[k] < 0)
                 return err_set(err, PD_EINVAL, "layer %d (\"%s\"): %s %g is negative or not finite", i,
                                l->name, what[k], v[k]);
@@ -61,7 +64,13 @@ int profile_validate(const Profile *p, Err *err) {
         if (l->step_s > l->bwd_s)   /* a part of backward: the simulator subtracts it */
             return err_set(err, PD_EINVAL, "layer %d (\"%s\"): step_s %g exceeds backward_s %g (it is a part of it)", i,
                            l->name, l->step_s, l->bwd_s);
+        if (p->small_batch == 0 && l->small_fwd_s + l->small_bwd_s + l->small_bwd_in_s + l->small_bwd_w_s > 0)
+            return err_set(err, PD_EINVAL, "layer %d (\"%s\"): small-batch times without the profile's small_batch", i,
+                           l->name);
     }
+    if (p->small_batch != 0 && (p->small_batch < 1 || p->small_batch >= p->minibatch))
+        return err_set(err, PD_EINVAL, "small_batch %d is not between 1 and minibatch - 1 (minibatch %d)", p->small_batch,
+                       p->minibatch);
     if (!(p->input_bytes >= 0) || !isfinite(p->input_bytes))
         return err_set(err, PD_EINVAL, "input_bytes %g is negative or not finite", p->input_bytes);
     for (int e = 0; e < p->n_edges; e++) {
@@ -125,6 +134,8 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
     if ((rc = jobj_int(&j, "iterations", 0, 0, 1 << 30, &p->iterations, err))) goto done;
     if ((rc = jobj_int(&j, "rounds", 0, 0, 1 << 20, &p->rounds, err))) goto done;
     if ((rc = jobj_num(&j, "input_bytes", 0, 0, 1e300, &p->input_bytes, err))) goto done;
+    /* below minibatch: profile_validate, once the whole file is read */
+    if ((rc = jobj_int(&j, "small_batch", 0, 1, 1 << 30, &p->small_batch, err))) goto done;
     const cJSON *layers = jobj_get(&j, "layers");
     if (!layers || !cJSON_IsArray(layers)) {
         rc = err_set(err, PD_EINVAL, "%s: key \"layers\": expected an array of layer objects", path);
@@ -172,6 +183,29 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
             (rc = jobj_num(&lj, "backward_weight_s", 0, 0, 1e30, &l->bwd_w_s, err)))
             goto done;
         if ((rc = jobj_num(&lj, "step_s", 0, 0, 1e30, &l->step_s, err))) goto done;
+        /* the small-batch times: forward and backward for every layer when the profile has a
+         * small_batch (none otherwise), and the split passes where the full split is given */
+        int has_sf = jobj_has(&lj, "small_forward_s"), has_sb = jobj_has(&lj, "small_backward_s");
+        int has_sbi = jobj_has(&lj, "small_backward_input_s"), has_sbw = jobj_has(&lj, "small_backward_weight_s");
+        if (p->small_batch ? !(has_sf && has_sb) : (has_sf || has_sb || has_sbi || has_sbw)) {
+            rc = err_set(err, PD_EINVAL,
+                         p->small_batch ? "%s: small_forward_s and small_backward_s missing (the profile has small_batch)"
+                                        : "%s: small-batch times given but the profile has no small_batch",
+                         ctx);
+            goto done;
+        }
+        if (has_sbi != has_sbw || (p->small_batch && has_sbi != has_bi)) {
+            rc = err_set(err, PD_EINVAL,
+                         "%s: give small_backward_input_s and small_backward_weight_s with backward_input_s and "
+                         "backward_weight_s, or none of them",
+                         ctx);
+            goto done;
+        }
+        if ((rc = jobj_num(&lj, "small_forward_s", 0, 0, 1e30, &l->small_fwd_s, err)) ||
+            (rc = jobj_num(&lj, "small_backward_s", 0, 0, 1e30, &l->small_bwd_s, err)) ||
+            (rc = jobj_num(&lj, "small_backward_input_s", 0, 0, 1e30, &l->small_bwd_in_s, err)) ||
+            (rc = jobj_num(&lj, "small_backward_weight_s", 0, 0, 1e30, &l->small_bwd_w_s, err)))
+            goto done;
         const cJSON *sc = jobj_get(&lj, "scratch");   /* [[slot, bytes, bytes at one sample], ...] */
         if (sc) {
             if (!cJSON_IsArray(sc)) {
@@ -214,6 +248,7 @@ int profile_save(const Profile *p, const char *path, Err *err) {
     cJSON_AddItemToObject(root, "iterations", pd_json_num(p->iterations));
     if (p->rounds > 1) cJSON_AddItemToObject(root, "rounds", pd_json_num(p->rounds));
     cJSON_AddItemToObject(root, "input_bytes", pd_json_num(p->input_bytes));
+    if (p->small_batch > 0) cJSON_AddItemToObject(root, "small_batch", pd_json_num(p->small_batch));
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");
     for (int i = 0; i < p->n_layers; i++) {
         const ProfileLayer *l = &p->layers[i];
@@ -230,6 +265,14 @@ int profile_save(const Profile *p, const char *path, Err *err) {
             cJSON_AddItemToObject(o, "backward_weight_s", pd_json_num(l->bwd_w_s));
         }
         if (l->step_s > 0) cJSON_AddItemToObject(o, "step_s", pd_json_num(l->step_s));
+        if (p->small_batch > 0) {
+            cJSON_AddItemToObject(o, "small_forward_s", pd_json_num(l->small_fwd_s));
+            cJSON_AddItemToObject(o, "small_backward_s", pd_json_num(l->small_bwd_s));
+            if (l->bwd_in_s + l->bwd_w_s > 0) {
+                cJSON_AddItemToObject(o, "small_backward_input_s", pd_json_num(l->small_bwd_in_s));
+                cJSON_AddItemToObject(o, "small_backward_weight_s", pd_json_num(l->small_bwd_w_s));
+            }
+        }
         cJSON *sc = NULL;
         for (int k = 0; k < PROFILE_SCRATCH_SLOTS; k++)
             if (l->scratch[k][0] > 0 || l->scratch[k][1] > 0) {
@@ -562,10 +605,17 @@ void profile_layer_less_step(const ProfileLayer *l, double cut, double *bwd, dou
     *bwd_w = l->bwd_w_s > 0 ? less(l->bwd_w_s, cut) : 0;
 }
 
+ProfileLayer profile_layer_small(const ProfileLayer *l) {
+    ProfileLayer s = *l;
+    s.fwd_s = l->small_fwd_s, s.bwd_s = l->small_bwd_s, s.bwd_in_s = l->small_bwd_in_s, s.bwd_w_s = l->small_bwd_w_s;
+    return s;
+}
+
 void profile_scale_layer(Profile *p, int l, double f) {
     PD_ASSERT(l >= 0 && l < p->n_layers && f > 0);
     ProfileLayer *x = &p->layers[l];
     x->fwd_s *= f, x->bwd_s *= f, x->bwd_in_s *= f, x->bwd_w_s *= f, x->step_s *= f;
+    x->small_fwd_s *= f, x->small_bwd_s *= f, x->small_bwd_in_s *= f, x->small_bwd_w_s *= f;
 }
 
 void profile_spread_step(Profile *p, int m) {
@@ -574,6 +624,10 @@ void profile_spread_step(Profile *p, int m) {
         ProfileLayer *l = &p->layers[i];
         double cut = l->step_s * (1.0 - 1.0 / m);
         if (!(cut > 0)) continue;
+        if (p->small_batch > 0) {   /* the small-batch backward holds the same step */
+            ProfileLayer s = profile_layer_small(l);
+            profile_layer_less_step(&s, cut, &l->small_bwd_s, &l->small_bwd_in_s, &l->small_bwd_w_s);
+        }
         profile_layer_less_step(l, cut, &l->bwd_s, &l->bwd_in_s, &l->bwd_w_s);
         l->step_s -= cut;
     }

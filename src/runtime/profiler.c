@@ -176,6 +176,9 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     memset(out, 0, sizeof *out);
     if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0 || o->rounds < 0)
         return err_set(err, PD_EINVAL, "profile: minibatch, iterations and rounds must be >= 1");
+    if (o->small_batch < 0 || (o->small_batch > 0 && o->small_batch >= o->minibatch))
+        return err_set(err, PD_EINVAL, "profile: the small batch %d must be below the minibatch %d (0: none)",
+                       o->small_batch, o->minibatch);
     Model *m = model_load(model_path, err);
     if (!m) return err->code;
     int nl = model_n_layers(m), B = o->minibatch, rc;
@@ -211,24 +214,34 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     /* Rounds: a profile taken in one of the host's slow spells (other tenants: the same build
      * measured 23 and 29 ms per step minutes apart, every layer slower alike) makes every
      * prediction from it too slow; of several rounds the fastest is the machine's own speed.
-     * Two sets of the five per-layer figures (forward, backward, its two passes, the step):
-     * the best round's and the current one's, swapped when the current one is faster. */
-    int rounds = o->rounds > 1 ? o->rounds : 1;
-    double *buf = calloc(10 * (size_t)nl, sizeof(double)), *best = buf, *cur = buf + 5 * (size_t)nl, best_total = 0;
+     * Two sets of the nine per-layer figures (forward, backward, its two passes, the step; the
+     * first four again at the small batch): the best round's and the current one's, swapped
+     * when the current one is faster (by the minibatch's times). The small batch is timed in
+     * the same round as the minibatch and kept with it, so that the two come from one spell. */
+    int rounds = o->rounds > 1 ? o->rounds : 1, b = o->small_batch;
+    double *buf = calloc(18 * (size_t)nl, sizeof(double)), *best = buf, *cur = buf + 9 * (size_t)nl, best_total = 0;
     PD_ASSERT(buf);
     for (int r = 0; r < rounds; r++) {
         double *t = r == 0 ? best : cur;
         rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, t, t + nl, t + 2 * nl,
                              t + 3 * nl, t + 4 * nl);
-        double total = 0;
-        for (int i = 0; i < nl; i++) total += t[i] + t[nl + i];
-        if (rounds > 1) fprintf(stderr, "profile round %d/%d: %.6f ms per step\n", r + 1, rounds, 1e3 * total);
+        if (b > 0)   /* the first b samples; the step's time is the minibatch's (it does not depend on the batch) */
+            rt_time_layers_split(m, w, st, syn.x, syn.y, b, o->warmup, o->iterations, o->progress, t + 5 * nl,
+                                 t + 6 * nl, t + 7 * nl, t + 8 * nl, NULL);
+        double total = 0, small = 0;
+        for (int i = 0; i < nl; i++) total += t[i] + t[nl + i], small += t[5 * nl + i] + t[6 * nl + i];
+        if (rounds > 1 && b > 0)
+            fprintf(stderr, "profile round %d/%d: %.6f ms per step, %.6f ms at %d samples\n", r + 1, rounds, 1e3 * total,
+                    1e3 * small, b);
+        else if (rounds > 1)
+            fprintf(stderr, "profile round %d/%d: %.6f ms per step\n", r + 1, rounds, 1e3 * total);
         if (r == 0 || total < best_total) {
             best_total = total;
             if (r > 0) cur = best, best = t;
         }
     }
     const double *fwd = best, *bwd = best + nl, *bwd_in = best + 2 * nl, *bwd_w = best + 3 * nl, *step = best + 4 * nl;
+    const double *sfwd = best + 5 * nl, *sbwd = best + 6 * nl, *sbwd_in = best + 7 * nl, *sbwd_w = best + 8 * nl;
     /* the profile */
     snprintf(out->model, sizeof out->model, "%s", model_name(m));
     out->minibatch = B;
@@ -255,8 +268,13 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
         /* what the runtime's context holds for it (nnctx_new), so the simulator's memory
          * prediction counts what the runtime allocates */
         L->saved_bytes = (double)model_layer_saved_bytes(m, i, B);
+        if (b > 0) {   /* the same times at the small batch */
+            L->small_fwd_s = sfwd[i], L->small_bwd_s = sbwd[i];
+            L->small_bwd_in_s = sbwd_in[i], L->small_bwd_w_s = sbwd_w[i];
+        }
     }
     out->saved_measured = 1;
+    out->small_batch = b;
     /* the kernels' scratch each layer asks for, at B and at one sample (the ledger counts the
      * stage's arena: RtMem.scratch); the timing's arena is let go first */
     kern_scratch_release();

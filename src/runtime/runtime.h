@@ -274,13 +274,16 @@ typedef struct RtProfileOpts {
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
     int precision;       /* KPREC_* the model runs at (0: float32), as training will */
+    int small_batch;     /* also time every layer at this many samples, 1 .. minibatch - 1, in each
+                          * round after the minibatch (Profile.small_batch); 0: not */
 } RtProfileOpts;
 
 /* Times o->warmup + o->iterations training steps (o->rounds times) of the model (synthetic data, whole model
  * on this thread) and fills *out (caller releases with profile_release): per top-level layer
  * the median forward and backward seconds (backward includes the layer's share of the SGD
  * update, which a stage pays after every backward), output activation bytes and parameter
- * bytes for a minibatch. Returns PD_OK or an error naming the model file. */
+ * bytes for a minibatch; with o->small_batch, the same times at that batch, from the same round.
+ * Returns PD_OK or an error naming the model file. */
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err);
 
 /* The timing rt_profile records (and `pipedream bench --layers` prints): each top-level layer

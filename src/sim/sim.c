@@ -13,6 +13,22 @@
 
 /* ---- costs ------------------------------------------------------------------------ */
 
+/* The part of a time that does not shrink with the batch: the line through (b, tb) and
+ * (B, tB) at batch 0, clamped to [0, tB]. */
+static double fixed_part(double tb, double tB, int b, int B) {
+    double f = tb - (tB - tb) * b / (B - b);
+    return f < 0 ? 0 : f > tB ? tB : f;
+}
+
+/* A layer's forward, backward and split passes as the stage costs count them: the optimizer
+ * step taken out of the backward, half of it for each pass when the split is not measured. */
+static void layer_times(const ProfileLayer *L, double t[4]) {
+    double bwd, bi, bw;
+    profile_layer_less_step(L, L->step_s, &bwd, &bi, &bw);
+    int split = L->bwd_in_s + L->bwd_w_s > 0;
+    t[0] = L->fwd_s, t[1] = bwd, t[2] = split ? bi : bwd / 2, t[3] = split ? bw : bwd / 2;
+}
+
 int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out, Err *err) {
     memset(out, 0, sizeof *out);
     int nl = prof->n_layers;
@@ -44,6 +60,18 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             int split = L->bwd_in_s + L->bwd_w_s > 0;
             c[i].bwd_in_s += split ? bi : bwd / 2;
             c[i].bwd_w_s += split ? bw : bwd / 2;
+            /* the parts that do not shrink with the batch, from the small-batch times */
+            if (prof->small_batch > 0 && prof->small_batch < prof->minibatch) {
+                ProfileLayer Ls = profile_layer_small(L);
+                double tB[4], tb[4];
+                layer_times(L, tB);
+                layer_times(&Ls, tb);
+                int b = prof->small_batch, B = prof->minibatch;
+                c[i].fwd_fixed_s += fixed_part(tb[0], tB[0], b, B);
+                c[i].bwd_fixed_s += fixed_part(tb[1], tB[1], b, B);
+                c[i].bwd_in_fixed_s += fixed_part(tb[2], tB[2], b, B);
+                c[i].bwd_w_fixed_s += fixed_part(tb[3], tB[3], b, B);
+            }
             c[i].param_bytes += prof->layers[l].param_bytes;
             /* graph.txt's Input node "outputs" the model input: counted as in_bytes */
             if (strncmp(prof->layers[l].type, "Input", 5)) c[i].stash_bytes += prof->layers[l].act_bytes;
@@ -110,10 +138,18 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
     return PD_OK;
 }
 
+/* t at f times the batch, its fixed part staying; without one (or at f = 1) exactly t f. */
+static double scale_time(double t, double fixed, double f) {
+    return fixed > 0 && f != 1 ? fixed + (t - fixed) * f : t * f;
+}
+
 void sim_costs_scale(SimCosts *c, double f) {
     for (int i = 0; i < c->n_stages; i++) {
         SimStageCost *s = &c->stage[i];
-        s->fwd_s *= f, s->bwd_s *= f, s->bwd_in_s *= f, s->bwd_w_s *= f;   /* not step_s: per parameter */
+        /* not step_s: per parameter */
+        s->fwd_s = scale_time(s->fwd_s, s->fwd_fixed_s, f), s->bwd_s = scale_time(s->bwd_s, s->bwd_fixed_s, f);
+        s->bwd_in_s = scale_time(s->bwd_in_s, s->bwd_in_fixed_s, f);
+        s->bwd_w_s = scale_time(s->bwd_w_s, s->bwd_w_fixed_s, f);
         s->in_bytes *= f, s->stash_bytes *= f, s->grad_bytes *= f, s->out_bytes *= f;
         s->scratch_bytes = s->scratch_fixed_bytes + (s->scratch_bytes - s->scratch_fixed_bytes) * f;
     }

@@ -8,7 +8,8 @@
  *
  * Model (docs/explanation/schedules.md):
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
- *     profile times (a replica computes a whole unit);
+ *     profile times (a replica computes a whole unit); a unit smaller than the profile's
+ *     minibatch takes each time's fixed part plus the rest in proportion (sim_costs_scale);
  *   - a send is asynchronous: the transfer starts when the send is posted and the
  *     sender's outgoing link is free, one link for all its sends (full duplex: receives do
  *     not take it); links are FIFO resources, so transfers on the
@@ -51,6 +52,13 @@ typedef struct SimStageCost {
      * scratch: per slot the stage's largest, summed over slots; 0 otherwise), and the part of
      * it that does not grow with the unit's batch (sim_costs_scale scales the rest). */
     double scratch_bytes, scratch_fixed_bytes;
+    /* The parts of fwd_s, bwd_s, bwd_in_s and bwd_w_s that do not shrink with the unit's batch
+     * (sim_costs_scale scales only the rest). A layer's time is taken as affine in the batch n,
+     * through its two measurements (profile minibatch B: t_B; small_batch b: t_b):
+     * t(n) = fixed + (t_B - fixed) n / B with fixed = t_b - (t_B - t_b) b / (B - b), clamped to
+     * [0, t_B]; per stage the sum over its layers (the optimizer step taken out of both backward
+     * times first). All 0 when the profile has no small-batch times: times then scale linearly. */
+    double fwd_fixed_s, bwd_fixed_s, bwd_in_fixed_s, bwd_w_fixed_s;
 } SimStageCost;
 
 static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }
@@ -76,9 +84,11 @@ static inline int sim_layer_keeps_grad(const ProfileLayer *L) {
     return L->bwd_in_s + L->bwd_w_s > 0 ? L->bwd_w_s > 0 : L->param_bytes > 0;
 }
 void sim_costs_release(SimCosts *c);
-/* Costs of units of f times the profile's minibatch (micro-batches: f = 1/M): every time and
- * every per-unit byte count scaled by f, parameter bytes unchanged; of the scratch, the part
- * above scratch_fixed_bytes scaled by f. */
+/* Costs of units of f times the profile's minibatch (micro-batches: f = 1/M): of each compute
+ * time (fwd_s, bwd_s, bwd_in_s, bwd_w_s) the part above its fixed part scaled by f,
+ * t(f) = fixed + (t - fixed) f (no fixed part: t f; f = 1 leaves every time exactly as it is);
+ * every per-unit byte count scaled by f, parameter bytes and step_s unchanged; of the scratch,
+ * the part above scratch_fixed_bytes scaled by f. */
 void sim_costs_scale(SimCosts *c, double f);
 
 typedef struct SimOpts {

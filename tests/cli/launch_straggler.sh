@@ -53,7 +53,8 @@ python3 - "$tmp/prof.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
 for l in p["layers"][:3]:
-    for k in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "step_s"):
+    for k in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "step_s", "small_forward_s",
+              "small_backward_s", "small_backward_input_s", "small_backward_weight_s"):
         if k in l: l[k] /= 1000
 json.dump(p, open(sys.argv[1], "w"))
 PY

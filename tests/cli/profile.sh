@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# profile.sh: `pipedream profile`: usage errors, and --rounds: the profile written is the
-# round whose layers sum to the least time (each round's total is printed on stderr).
+# profile.sh: `pipedream profile`: usage errors, --rounds: the profile written is the
+# round whose layers sum to the least time (each round's total is printed on stderr), and
+# --small-batch: the layers' times at a second, smaller batch (default B/4; 0: none).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -27,6 +28,32 @@ assert len(rounds) == 4 and all(r > 0 for r in rounds), rounds
 assert abs(kept - min(rounds)) <= 1e-5 * min(rounds) + 1e-6, (kept, rounds)
 print("kept %.6f of rounds %s" % (kept, rounds))
 PY
+# the small batch: by default a quarter of the minibatch, every layer timed at it too (> 0);
+# --small-batch 0: none written; not below the minibatch: a usage error
+python3 - "$tmp/p.json" <<'PY' || fail "the default small batch"
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["minibatch"] == 8 and p["small_batch"] == 2, p.get("small_batch")
+for l in p["layers"]:
+    assert l["small_forward_s"] > 0 and l["small_backward_s"] > 0, l
+    assert ("small_backward_input_s" in l) == ("backward_input_s" in l), l
+    assert ("small_backward_weight_s" in l) == ("backward_weight_s" in l), l
+assert any(l.get("small_backward_input_s", 0) + l.get("small_backward_weight_s", 0) > 0 for l in p["layers"])
+PY
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 2 --small-batch 3 -o "$tmp/s3.json" >/dev/null 2>&1 ||
+    fail "--small-batch 3"
+grep -q '"small_batch":[[:space:]]*3' "$tmp/s3.json" || fail "--small-batch 3 not recorded"
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 2 --small-batch 0 -o "$tmp/s0.json" >/dev/null 2>&1 ||
+    fail "--small-batch 0"
+grep -q 'small_' "$tmp/s0.json" && fail "--small-batch 0 wrote small-batch times"
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 1 --iterations 2 -o "$tmp/m1.json" >/dev/null 2>&1 || fail "--minibatch 1"
+grep -q 'small_' "$tmp/m1.json" && fail "a minibatch of one wrote small-batch times"
+for bad in 8 9 -1 x; do
+    err=$("$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --small-batch "$bad" -o "$tmp/y.json" 2>&1 >/dev/null); rc=$?
+    [ $rc -eq 2 ] || fail "--small-batch $bad: exit $rc"
+    echo "$err" | grep -q "^pipedream: error: --small-batch" || fail "--small-batch $bad: $err"
+done
+[ ! -e "$tmp/y.json" ] || fail "a profile was written after a --small-batch usage error"
 # one round: no "rounds" key, no round lines
 "$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 2 -o "$tmp/q.json" >/dev/null 2>"$tmp/err2" || fail "profile"
 grep -q '"rounds"' "$tmp/q.json" && fail "one round wrote a rounds key"
