@@ -55,7 +55,7 @@ fi
 : "${OUT:=out/experiment-$MODE}" "${RATES:=1gbit 300mbit 100mbit}" "${TARGET:=0.85}" "${TEST_IMAGES:=2000}"
 : "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}" "${TTA_SEEDS:=1}"
 NAME=${PDC_NAME:-pdexp}
-CORES=${CORES:-$(nproc)} HOST_CPU=${HOST_CPU:-}
+CORES=${CORES:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)} HOST_CPU=${HOST_CPU:-}
 WORKERS=4 MB=64 TRAIN_N=60000
 MODEL=models/vgg16.json
 FMNIST=/usr/share/datasets/fashion-mnist

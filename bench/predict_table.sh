@@ -53,7 +53,7 @@ log "profile models/vgg16.json (minibatch 64, 1 thread)"
 "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
 : >"$OUT/runs.tsv"
 for r in $RATES; do
-    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(nproc)" --straight \
+    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --straight \
         -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     log "cluster: 4 hosts at $r"
     UP=1

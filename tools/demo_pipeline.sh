@@ -42,10 +42,10 @@ echo "== 2. plan for $WORKERS workers (one host: shared memory, ~10 GB/s between
 # The micro-batch kinds step once per minibatch of 64 / UNIT units: the plan charges the
 # optimizer step (the profile's step_s; vgg16's big linear layer's is a third of its backward)
 # once per minibatch, as the run pays it (--units-per-step).
-"$PD" plan "$OUT/vgg16.profile.json" --workers "$WORKERS" --bandwidth 1e10 --cores "$(nproc)" \
+"$PD" plan "$OUT/vgg16.profile.json" --workers "$WORKERS" --bandwidth 1e10 --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
     --units-per-step $((64 / UNIT)) ${PLAN_ARGS---straight} -o "$OUT/vgg16.plan.json"
 echo
-echo "== 3. train with $SCHEDULE over MPI ($WORKERS ranks on $(nproc) cores)"
+echo "== 3. train with $SCHEDULE over MPI ($WORKERS ranks on $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores)"
 mpirun -np "$WORKERS" --oversubscribe --bind-to none "$PD" train models/vgg16.json --plan "$OUT/vgg16.plan.json" \
     --schedule "$SCHEDULE" $MICRO --seed "$SEED" $LEN --minibatch 64 --threads 1 --profile "$OUT/vgg16.profile.json" \
     --svg "$OUT/timeline.svg" --trace "$OUT/trace.json" --curve "$OUT/curve.svg" --metrics "$OUT/metrics.jsonl" \
