@@ -3,15 +3,16 @@
 #
 # vgg16 (models/vgg16.json), Fashion-MNIST, minibatch 64, 4 hosts of tools/cluster.sh sharing this
 # machine's cores, one rank per host, 1 kernel thread per rank. One profile (minibatch 64); at
-# every rate of RATES the straight 4-stage plan for that rate (`plan --straight --cores
-# $(nproc)`); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
+# every rate of RATES the network stack's CPU per byte (`tools/cluster.sh net-cpu`, 2.5 s of
+# stream) and the straight 4-stage plan for that rate (`plan --straight --cores $(nproc)
+# --net-cpu S`); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
 # turns. Each run's summary carries the simulator's prediction for the same plan and profile
 # (`predicted_time_per_unit_ms`) beside what it measured (`time_per_unit_ms`). Prints a table
 # (medians) and writes it with every run's figures to OUT/table.md.
 #
 # usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
-#   STEPS (80), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
+#   STEPS (80), NET_CPU (0: plan without the network's CPU), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,11 +54,18 @@ log "profile models/vgg16.json (minibatch 64, 1 thread)"
 "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
 : >"$OUT/runs.tsv"
 for r in $RATES; do
-    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --straight \
-        -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     log "cluster: 4 hosts at $r"
     UP=1
     tools/cluster.sh up 4 --rate "$r" --name "$NAME" >&2
+    # the network stack's CPU per byte at this rate (NET_CPU=0: leave it out of the plans)
+    if [ "${NET_CPU:-}" = 0 ]; then nc=0
+    else
+        mb=$(awk -v b="$(payload_bps "$r")" 'BEGIN { m = int(b * 2.5 / 1048576); print m < 10 ? 10 : m }')
+        nc=$(tools/cluster.sh net-cpu --name "$NAME" --mb "$mb" | tee -a "$OUT/net-cpu.txt" | tail -1)
+    fi
+    log "$r: network CPU $nc s per byte"
+    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
+        --net-cpu "$nc" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     for rep in $(seq "$REPS"); do
         for k in $KINDS; do
             id=$r-$k-$rep

@@ -6,7 +6,7 @@
  * equations give from the earlier ones (an independent restatement of the model), and
  * weight versions alive stay within the schedule's bound. Broken schedules are reported
  * (deadlock, unmatched send), memory figures match a hand count, the SVG and Chrome
- * trace contain every event. PD_SIM_BIG=1 also times 1024 workers x 1000 minibatches. */
+ * trace contain every event; the network stack's CPU adds to shared cores' load. PD_SIM_BIG=1 also times 1024 workers x 1000 minibatches. */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -294,6 +294,83 @@ static void test_heterogeneous(void **state) {
     sim_costs_release(&c);
     sim_costs_release(&d);
     free_plan(p);
+}
+
+/* Shared cores and the network stack's CPU: 4 equal stages (f + b = 30 ms) on one machine of
+ * 2 cores slow to 2x; with 1 MB crossing each of the 3 boundaries both ways per minibatch and
+ * 1e-8 s of CPU per byte, the machine also spends 60 ms per minibatch moving them, so the
+ * slowdown is (4 x 30 + 60) / (30 x 2) = 3. A replicated stage's all-reduce counts
+ * 2 (r - 1) / r of its parameters per member. The field survives a cluster file. */
+static void test_net_cpu(void **state) {
+    (void)state;
+    Plan *p = make_plan(4, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 40, 1, 0, &s);
+    SimCosts c = uniform_costs(4, 0.01, 0.02);
+    for (int i = 1; i < 4; i++) c.stage[i].in_bytes = 1e6;
+    Cluster cl = {.n_levels = 1, .level = {{4, 1e15, 0}}, .cores_per_machine = 2};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    for (int w = 0; w < 4; w++) assert_near(r.slowdown[w], 2.0, 1e-12);
+    assert_near(r.time_per_minibatch_s, 0.06, 1e-6);
+    sim_result_release(&r);
+    cl.net_cpu_per_byte = 1e-8;
+    run(&s, &c, &cl, &r);
+    for (int w = 0; w < 4; w++) assert_near(r.slowdown[w], 3.0, 1e-9);
+    assert_near(r.time_per_minibatch_s, 0.09, 1e-6);
+    sim_result_release(&r);
+    cl.cores_per_machine = 0;   /* a core per worker: the network's CPU takes none of theirs */
+    run(&s, &c, &cl, &r);
+    for (int w = 0; w < 4; w++) assert_near(r.slowdown[w], 1.0, 0);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+
+    /* one stage on 2 replicas sharing 1 core: compute L per replica, all-reduces of 1 MB */
+    int rep[] = {2};
+    p = make_plan(1, rep);
+    build(p, SCHED_1F1B, 40, 1, 0, &s);
+    c = uniform_costs(1, 0.01, 0.02);
+    c.stage[0].param_bytes = 1e6;
+    Cluster one = {.n_levels = 1, .level = {{2, 1e15, 0}}, .cores_per_machine = 1, .net_cpu_per_byte = 1e-8};
+    int n_ar = 0, n_units = 0;
+    for (int i = 0; i < s.workers[0].n; i++) {
+        n_ar += s.workers[0].ins[i].op == OP_ALLREDUCE;
+        n_units += s.workers[0].ins[i].op == OP_FORWARD;
+    }
+    assert_true(n_ar > 0 && n_units > 0);
+    double L = 0.03 * n_units, N = 1e-8 * 2.0 * (2 - 1) / 2 * 1e6 * n_ar;
+    run(&s, &c, &one, &r);
+    assert_near(r.slowdown[0], (2 * L + 2 * N) / L, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+
+    /* the cluster file: read, written, refused when negative */
+    const char *js = "{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"cores_per_machine\": 2, "
+                     "\"net_cpu_per_byte\": 6.2e-9}";
+    cJSON *o = cJSON_Parse(js);
+    Cluster got;
+    Err err = {0};
+    assert_int_equal(cluster_from_json(o, "c.json", &got, &err), PD_OK);
+    cJSON_Delete(o);
+    assert_near(got.net_cpu_per_byte, 6.2e-9, 0);
+    cJSON *back = cJSON_CreateObject();
+    cluster_to_json(&got, back);   /* as a plan file carries it: written, then read */
+    char *text = cJSON_PrintUnformatted(back);
+    cJSON_Delete(back);
+    back = cJSON_Parse(text);
+    free(text);
+    Cluster again;
+    if (cluster_from_json(back, "back", &again, &err) != PD_OK) fail_msg("%s", err.msg);
+    assert_near(again.net_cpu_per_byte, 6.2e-9, 0);
+    cJSON_Delete(back);
+    o = cJSON_Parse("{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"net_cpu_per_byte\": -1}");
+    assert_int_not_equal(cluster_from_json(o, "c.json", &got, &err), PD_OK);
+    assert_non_null(strstr(err.msg, "net_cpu_per_byte"));
+    cJSON_Delete(o);
 }
 
 /* An independent statement of the model, checked on every instruction: with the times
@@ -858,6 +935,7 @@ int main(void) {
         cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),
         cmocka_unit_test(test_pictures),          cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_net_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,11 @@
 #                                                  GLOO_SOCKET_IFNAME for torch.distributed
 #   tools/cluster.sh exec I CMD [ARGS...]          one command in host I's namespace
 #   tools/cluster.sh status                        hosts, addresses, shaping, mpirun line
+#   tools/cluster.sh net-cpu [--mb 300]              the CPU this machine spends per byte between
+#                                                  two hosts (a TCP stream from host 0 to host 1,
+#                                                  the whole machine's busy time; run it on a
+#                                                  quiet machine): plan --net-cpu takes it.
+#                                                  The last line is the figure alone
 #   tools/cluster.sh mpirun-args                   the mpirun options of `run` but the hostfile,
 #                                                  one line (for pipedream launch --mpirun-args)
 #   tools/cluster.sh down                          remove everything of cluster NAME
@@ -446,6 +451,63 @@ cmd_exec() {
     exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec "$@"' "$ns" "$@"
 }
 
+cmd_net_cpu() {   # net-cpu [--name N] [--mb MB]: CPU seconds per byte of a TCP stream host 0 -> host 1
+    local mb=300
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
+            --mb) [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge 1 ] || usage_err "--mb: megabytes (>= 1)"; mb=$2; shift 2 ;;
+            *) usage_err "net-cpu: unknown argument $1" ;;
+        esac
+    done
+    check_name; need_root_tools
+    hosts | grep -qx 0 && hosts | grep -qx 1 || die "net-cpu needs hosts 0 and 1 (up 2 or more)"
+    command -v python3 >/dev/null || die "net-cpu needs python3"
+    local port=$((47000 + RANDOM % 1000)) dst; dst=$(addr_of 1)
+    # The receiver reads into one buffer and answers one byte when it has everything; the sender
+    # samples /proc/stat (the whole machine) around the stream and that answer.
+    ip netns exec "$(ns_of 1)" python3 -c '
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(30)
+c, _ = s.accept(); c.settimeout(300)
+want, buf, n = int(sys.argv[3]), bytearray(1 << 20), 0
+# polled every millisecond, not woken per packet: as a rank reads when its waits poll MPI
+c.setblocking(False)
+deadline = time.monotonic() + 300
+while n < want:
+    try:
+        k = c.recv_into(buf, min(len(buf), want - n))
+    except BlockingIOError:
+        if time.monotonic() > deadline: sys.exit("net-cpu: the stream stalled")
+        time.sleep(0.001)
+        continue
+    if not k: sys.exit("net-cpu: the stream ended early")
+    n += k
+c.setblocking(True)
+c.sendall(b"k")' "$dst" "$port" "$((mb << 20))" &
+    local rpid=$!
+    sleep 0.5
+    ip netns exec "$(ns_of 0)" python3 -c '
+import os, socket, sys, time
+def cpu():
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return sum(f) - f[3] - f[4], sum(f)   # busy (all but idle and iowait), total; jiffies
+mb, hz, ncpu = int(sys.argv[3]), os.sysconf("SC_CLK_TCK"), os.cpu_count()
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+buf = memoryview(bytearray(1 << 20))
+b0, a0 = cpu(); t0 = time.monotonic()
+for _ in range(mb): s.sendall(buf)
+s.settimeout(300)
+if s.recv(1) != b"k": sys.exit("net-cpu: no answer from the receiver")
+t1 = time.monotonic(); b1, a1 = cpu()
+busy, nbytes = (b1 - b0) / hz, mb << 20
+print(f"net-cpu: {nbytes} bytes in {t1 - t0:.2f} s ({nbytes / (t1 - t0) / 1e6:.1f} MB/s); the machine was "
+      f"{busy:.2f} CPU-seconds busy ({100 * (b1 - b0) / max(1, a1 - a0):.0f}% of {ncpu} cores): {busy / nbytes:.3g} s per byte")
+print(f"{busy / nbytes:.3g}")' "$dst" "$port" "$mb" || { kill "$rpid" 2>/dev/null; die "net-cpu: the stream failed"; }
+    wait "$rpid" || die "net-cpu: the receiver failed"
+}
+
 cmd_mpirun_args() {
     parse_name_only "$@"; load_state; mpi_base
     echo "${MPI_BASE[*]:2}"
@@ -487,6 +549,7 @@ case $cmd in
     exec) cmd_exec "$@" ;;
     status) cmd_status "$@" ;;
     mpirun-args) cmd_mpirun_args "$@" ;;
+    net-cpu) cmd_net_cpu "$@" ;;
     -h|--help|help) help ;;
     *) usage_err "unknown command '$cmd'" ;;
 esac

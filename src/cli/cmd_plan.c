@@ -17,7 +17,7 @@ static void help(FILE *f) {
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
             "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
-            "                      [--cores N] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
+            "                      [--cores N] [--net-cpu S] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
             "                      [--optimizer sgd|adam|adamw] [--exhaustive N] [-o PLAN.json]\n\n"
@@ -43,6 +43,10 @@ static void help(FILE *f) {
             "  --cores N                  cores per machine (a level-0 group of workers); the simulator\n"
             "                             slows compute by workers/cores when more workers share them\n"
             "                             (default: the cluster file's cores_per_machine, else one each)\n"
+            "  --net-cpu S                seconds of CPU a byte moved between workers costs their shared\n"
+            "                             cores (with --cores; hosts emulated on one machine: measure it\n"
+            "                             with tools/cluster.sh net-cpu; default: the cluster file's\n"
+            "                             net_cpu_per_byte, else 0)\n"
             "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
             "                             memory_per_worker; 0 = none)\n"
             "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
@@ -190,6 +194,7 @@ int cmd_plan(int argc, char **argv) {
     const char *profile_path = NULL, *cluster_path = NULL, *out_path = NULL;
     double workers[PD_MAX_LEVELS], bw[PD_MAX_LEVELS];
     int n_workers = 0, n_bw = 0, have_mem = 0, cores = 0, units_per_step = 1;
+    double net_cpu = -1;
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
@@ -220,6 +225,9 @@ int cmd_plan(int argc, char **argv) {
                 return CLI_USAGE;
         } else if (!strcmp(a, "--cores")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &cores))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--net-cpu")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 0, 1, &net_cpu))
                 return CLI_USAGE;
         } else if (!strcmp(a, "--memory-limit")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 0, 1e300, &o.memory_limit))
@@ -320,6 +328,7 @@ int cmd_plan(int argc, char **argv) {
         if (cluster_load(cluster_path, &cl, &err)) return cli_fail(&err);
         if (!have_mem) o.memory_limit = cl.memory_per_worker;
         if (cores) cl.cores_per_machine = cores;
+        if (net_cpu >= 0) cl.net_cpu_per_byte = net_cpu;
     } else {
         if (!n_workers) return cli_usage_error("plan", "give --cluster FILE or --workers N1[,N2,...]");
         if (n_bw == 0 && n_workers == 1) bw[n_bw++] = 1e9;
@@ -330,6 +339,7 @@ int cmd_plan(int argc, char **argv) {
         for (int l = 0; l < n_workers; l++) cl.level[l] = (ClusterLevel){(int)workers[l], bw[l], 0};
         cl.memory_per_worker = o.memory_limit;
         cl.cores_per_machine = cores;
+        cl.net_cpu_per_byte = net_cpu > 0 ? net_cpu : 0;
         if (cluster_check(&cl, &err)) return cli_fail(&err);
     }
     Profile prof;

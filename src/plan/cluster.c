@@ -87,6 +87,7 @@ void cluster_to_json(const Cluster *cl, cJSON *clj) {
     }
     cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(cl->memory_per_worker));
     if (cl->cores_per_machine > 0) cJSON_AddItemToObject(clj, "cores_per_machine", pd_json_num(cl->cores_per_machine));
+    if (cl->net_cpu_per_byte > 0) cJSON_AddItemToObject(clj, "net_cpu_per_byte", pd_json_num(cl->net_cpu_per_byte));
     if (cl->n_hosts > 0) {
         cJSON *hs = cJSON_AddArrayToObject(clj, "hosts");
         for (int h = 0; h < cl->n_hosts; h++) {
@@ -130,6 +131,7 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     out->n_levels = l;
     if ((rc = jobj_num(&j, "memory_per_worker", 0, 0, 1e300, &out->memory_per_worker, err))) return rc;
     if ((rc = jobj_int(&j, "cores_per_machine", 0, 0, 1 << 20, &out->cores_per_machine, err))) return rc;
+    if ((rc = jobj_num(&j, "net_cpu_per_byte", 0, 0, 1, &out->net_cpu_per_byte, err))) return rc;
     const cJSON *hosts = jobj_get(&j, "hosts");
     if (hosts) {
         if (!cJSON_IsArray(hosts))

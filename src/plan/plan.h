@@ -37,6 +37,12 @@ typedef struct Cluster {
                                  * worker. The simulator slows the compute of the workers a machine
                                  * runs by max(1, k / cores), k the workers on it weighted by their
                                  * compute (cluster_compute_slowdown) */
+    double net_cpu_per_byte;    /* seconds of CPU a byte moved between workers costs the cores of
+                                 * its machines (both ends together: half on the sender's machine,
+                                 * half on the receiver's), counted with the compute when workers
+                                 * share cores (cores_per_machine); 0 = the network costs no CPU.
+                                 * Hosts emulated on one machine (tools/cluster.sh) pay their
+                                 * network stack on the cores they compute on */
     /* A heterogeneous cluster: host[r] describes worker r (r < n_hosts); the others, and every
      * worker when n_hosts is 0, are as the levels say. A message from a to b moves at the
      * least of the level's bandwidth and a's and b's own (cluster_link_bandwidth); a worker's
@@ -52,7 +58,7 @@ double cluster_link_bandwidth(const Cluster *cl, int a, int b);
 double cluster_worker_speed(const Cluster *cl, int r);
 /* 1 if some worker differs from the levels' description. */
 int    cluster_heterogeneous(const Cluster *cl);
-/* Adds cl's keys (levels, memory_per_worker, cores_per_machine, hosts) to the JSON object o. */
+/* Adds cl's keys (levels, memory_per_worker, cores_per_machine, net_cpu_per_byte, hosts) to the JSON object o. */
 void   cluster_to_json(const Cluster *cl, struct cJSON *o);
 
 /* The factor by which the compute of rank r slows when the ranks of its machine share its

@@ -627,6 +627,29 @@ void sim_result_release(SimResult *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* The CPU the network stack spends on worker w's messages (Cluster.net_cpu_per_byte x bytes),
+ * added to net[]: half of every send on w, half on its receiver; an all-reduce moves
+ * 2 (r - 1) / r of the stage's parameters out of each member and as much in. */
+static void net_cpu(const Engine *e, int w, double *net) {
+    const Schedule *s = e->s;
+    const SchedWorker *sw = &s->workers[w];
+    const double k = e->o->cluster->net_cpu_per_byte;
+    for (int i = 0; i < sw->n; i++) {
+        const Instr *in = &sw->ins[i];
+        int stage = sched_instr_stage(sw, in);
+        if (in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD) {
+            int bnd = in->op == OP_SEND_ACT ? stage + 1 : stage;
+            if (bnd < 0 || bnd >= s->n_stages || in->peer < 0 || in->peer >= s->n_ranks) continue;
+            double bytes = e->c->stage[bnd].in_bytes * (e->o->wire_factor > 0 ? e->o->wire_factor : 1);
+            net[w] += 0.5 * k * bytes;
+            net[in->peer] += 0.5 * k * bytes;
+        } else if (in->op == OP_ALLREDUCE && stage >= 0 && stage < s->n_stages) {
+            int r = s->stages[stage].replicas;
+            if (r > 1) net[w] += k * 2.0 * (r - 1) / r * e->c->stage[stage].param_bytes;
+        }
+    }
+}
+
 int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *out, Err *err) {
     memset(out, 0, sizeof *out);
     if (c->n_stages != s->n_stages)
@@ -672,20 +695,25 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
          * worker's compute over the run relative to the machine's busiest (in a pipeline's
          * steady state every worker computes its share once per bottleneck period), so an idle
          * rank costs nothing and a light stage little (docs/explanation/simulator.md, "Cores"). */
-        double *load = calloc((size_t)W + 1, sizeof(double));
-        PD_ASSERT(load);
+        double *load = calloc((size_t)W + 1, sizeof(double)), *net = calloc((size_t)W + 1, sizeof(double));
+        PD_ASSERT(load && net);
         for (int w = 0; w < W; w++)
             for (int i = 0; i < s->workers[w].n; i++) load[w] += compute_s(&e, &s->workers[w], i);
+        /* the network stack's CPU (Cluster.net_cpu_per_byte): half of a transfer's on each end */
+        if (o->cluster->net_cpu_per_byte > 0) {
+            for (int w = 0; w < W; w++) net_cpu(&e, w, net);
+        }
         int per = o->cluster->level[0].workers;
         for (int m0 = 0; m0 < W; m0 += per) {
             double top = 0;
             for (int q = m0; q < m0 + per && q < W; q++) top = load[q] > top ? load[q] : top;
-            for (int q = m0; q < m0 + per && q < W; q++) load[q] = top > 0 ? load[q] / top : 0;
+            for (int q = m0; q < m0 + per && q < W; q++) load[q] = top > 0 ? (load[q] + net[q]) / top : 0;
         }
         for (int w = 0; w < W; w++)
             e.ws[w].slow = r->slowdown[w] = cluster_compute_slowdown(o->cluster, w, load, W) /
                                             cluster_worker_speed(o->cluster, w);
         free(load);
+        free(net);
     } else {
         for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = 1.0 / cluster_worker_speed(o->cluster, w);
     }
