@@ -627,26 +627,23 @@ void sim_result_release(SimResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* The CPU the network stack spends on worker w's messages (Cluster.net_cpu_per_byte x bytes),
- * added to net[]: half of every send on w, half on its receiver; an all-reduce moves
- * 2 (r - 1) / r of the stage's parameters out of each member and as much in. */
+/* The CPU the network stack spends on worker w's messages between stages
+ * (Cluster.net_cpu_per_byte x bytes), added to net[]: half of every send on w, half on its
+ * receiver. All-reduces are left out: they block their workers and their link bounds them, so
+ * their network CPU falls while their machine's compute waits (counted, it predicted `dp` at
+ * 300 Mbit/s on the emulated cluster 1.8 times too slow). */
 static void net_cpu(const Engine *e, int w, double *net) {
     const Schedule *s = e->s;
     const SchedWorker *sw = &s->workers[w];
     const double k = e->o->cluster->net_cpu_per_byte;
     for (int i = 0; i < sw->n; i++) {
         const Instr *in = &sw->ins[i];
-        int stage = sched_instr_stage(sw, in);
-        if (in->op == OP_SEND_ACT || in->op == OP_SEND_GRAD) {
-            int bnd = in->op == OP_SEND_ACT ? stage + 1 : stage;
-            if (bnd < 0 || bnd >= s->n_stages || in->peer < 0 || in->peer >= s->n_ranks) continue;
-            double bytes = e->c->stage[bnd].in_bytes * (e->o->wire_factor > 0 ? e->o->wire_factor : 1);
-            net[w] += 0.5 * k * bytes;
-            net[in->peer] += 0.5 * k * bytes;
-        } else if (in->op == OP_ALLREDUCE && stage >= 0 && stage < s->n_stages) {
-            int r = s->stages[stage].replicas;
-            if (r > 1) net[w] += k * 2.0 * (r - 1) / r * e->c->stage[stage].param_bytes;
-        }
+        if (in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) continue;
+        int bnd = in->op == OP_SEND_ACT ? sched_instr_stage(sw, in) + 1 : sched_instr_stage(sw, in);
+        if (bnd < 0 || bnd >= s->n_stages || in->peer < 0 || in->peer >= s->n_ranks) continue;
+        double bytes = e->c->stage[bnd].in_bytes * (e->o->wire_factor > 0 ? e->o->wire_factor : 1);
+        net[w] += 0.5 * k * bytes;
+        net[in->peer] += 0.5 * k * bytes;
     }
 }
 
