@@ -43,7 +43,7 @@ STATE_ROOT=/run/pipedream-cluster
 TAG=pipedream-cluster
 
 die() { echo "$PROG: error: $*" >&2; exit 1; }
-usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | down   (--help)" >&2; exit 2; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | net-cpu [--mb MB] | mpirun-args | down   (--help)" >&2; exit 2; }
 cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
 CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
 q() { "$@" >/dev/null 2>&1; }

@@ -3,7 +3,8 @@
 #  - at 20mbit each direction of each host's link carries its shaped rate, both directions at
 #    once (full duplex: egress shaping), and so does the ingress alone (bridge -> host); where
 #    the kernel has sch_netem, --delay 5ms makes a 10 ms round trip between the hosts;
-#  - `up` again with another rate reshapes in place (idempotent reconcile), then a 1f1b run
+#  - `up` again with another rate reshapes in place (idempotent reconcile); `net-cpu` streams
+#    20 MB from host 0 to host 1 and reports a positive CPU cost per byte; then a 1f1b run
 #    of lenet5 on 2 stages across the 2 hosts (Open MPI over TCP on the bridge; the byte
 #    counters of the shaped links see its activations) ends with weights bitwise equal to
 #    the same run on this host over shared memory;
@@ -152,6 +153,14 @@ bash "$CL" up 2 --rate 200mbit --name "$NAME" >/dev/null 2>"$tmp/err" || fail "u
 ip netns exec "$NAME-h0" tc qdisc show dev "$NAME-eth" | grep -q "rate 200Mbit" || fail "not reshaped: $(ip netns exec "$NAME-h0" tc qdisc show dev "$NAME-eth")"
 bash "$CL" status --name "$NAME" | grep -q "2 host(s), each link 200mbit" || fail "status: $(bash "$CL" status --name "$NAME")"
 echo "ok: reshaped to 200mbit in place"
+
+# --- net-cpu: the whole stream arrives, the figure is a positive number of seconds per byte ---
+bash "$CL" net-cpu --name "$NAME" --mb 20 >"$tmp/nc" 2>"$tmp/err" || fail "net-cpu: $(cat "$tmp/err")"
+grep -q "^net-cpu: 20971520 bytes in" "$tmp/nc" || fail "net-cpu report: $(cat "$tmp/nc")"
+python3 -c "import sys; v = float(sys.argv[1]); sys.exit(0 if 0 < v < 1e-5 else 1)" "$(tail -1 "$tmp/nc")" \
+    || fail "net-cpu figure: $(cat "$tmp/nc")"
+bash "$CL" net-cpu --name "$NAME" --mb 0 >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "net-cpu --mb 0: exit 2 expected"
+echo "ok: net-cpu $(tail -1 "$tmp/nc") s per byte"
 
 # A small test set (512 images) keeps the evaluation pass, which crosses the link too, short.
 mkdir "$tmp/data"
