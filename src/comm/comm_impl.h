@@ -110,7 +110,7 @@ typedef struct CommOps {
     /* Waiting without spinning: events(c) is a counter that changes whenever something may
      * have completed on c (threads: a message delivered to it, abort, an endpoint closed;
      * MPI: always 0). idle(c, mark, t0, deadline) returns at once if events(c) != mark, else
-     * after something happened or a short nap (MPI: spin, (yield,) or nap depending on how long
+     * after something happened or a short nap (MPI: spin, yield (PD_COMM_YIELD_US) or nap by how long
      * since t0), or at the absolute deadline (0 = none). */
     uint64_t (*events)(Comm *c);
     void (*idle)(Comm *c, uint64_t mark, double t0, double deadline);

@@ -230,11 +230,11 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
                                  t + 6 * nl, t + 7 * nl, t + 8 * nl, NULL);
         double total = 0, small = 0;
         for (int i = 0; i < nl; i++) total += t[i] + t[nl + i], small += t[5 * nl + i] + t[6 * nl + i];
-        if (rounds > 1 && b > 0)
-            fprintf(stderr, "profile round %d/%d: %.6f ms per step, %.6f ms at %d samples\n", r + 1, rounds, 1e3 * total,
-                    1e3 * small, b);
-        else if (rounds > 1)
-            fprintf(stderr, "profile round %d/%d: %.6f ms per step\n", r + 1, rounds, 1e3 * total);
+        if (rounds > 1) {
+            fprintf(stderr, "profile round %d/%d: %.6f ms per step", r + 1, rounds, 1e3 * total);
+            if (b > 0) fprintf(stderr, ", %.6f ms at %d samples", 1e3 * small, b);
+            fputc('\n', stderr);
+        }
         if (r == 0 || total < best_total) {
             best_total = total;
             if (r > 0) cur = best, best = t;

@@ -51,20 +51,17 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             /* the optimizer step (our profiles measure it; 0 otherwise) is a part of backward_s and
              * of whichever split pass holds it: charged at the step instruction instead, once
              * per step however many units the step follows */
-            double bwd, bi, bw;
-            profile_layer_less_step(L, L->step_s, &bwd, &bi, &bw);
-            c[i].fwd_s += L->fwd_s;
-            c[i].bwd_s += bwd;
+            double tB[4];
+            layer_times(L, tB);
+            c[i].fwd_s += tB[0];
+            c[i].bwd_s += tB[1];
             c[i].step_s += L->step_s;
-            /* the split backward; a layer without it counts half of its backward for each */
-            int split = L->bwd_in_s + L->bwd_w_s > 0;
-            c[i].bwd_in_s += split ? bi : bwd / 2;
-            c[i].bwd_w_s += split ? bw : bwd / 2;
+            c[i].bwd_in_s += tB[2];
+            c[i].bwd_w_s += tB[3];
             /* the parts that do not shrink with the batch, from the small-batch times */
             if (prof->small_batch > 0 && prof->small_batch < prof->minibatch) {
                 ProfileLayer Ls = profile_layer_small(L);
-                double tB[4], tb[4];
-                layer_times(L, tB);
+                double tb[4];
                 layer_times(&Ls, tb);
                 int b = prof->small_batch, B = prof->minibatch;
                 c[i].fwd_fixed_s += fixed_part(tb[0], tB[0], b, B);
@@ -323,6 +320,13 @@ static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
 }
 
 /* Advances worker w until it finishes or blocks. Returns PD_OK or an error (mismatch). */
+/* Bytes on the wire of a message across boundary bnd (the stage an activation feeds, the stage a
+ * gradient leaves): the boundary's activation bytes, times the wire format's factor. */
+static double send_bytes(const Engine *e, int bnd) {
+    double bytes = bnd >= 0 && bnd < e->s->n_stages ? e->c->stage[bnd].in_bytes : 0;
+    return e->o->wire_factor > 0 ? bytes * e->o->wire_factor : bytes;
+}
+
 static int run_worker(Engine *e, int rank) {
     const Schedule *s = e->s;
     const SchedWorker *sw = &s->workers[rank];
@@ -356,8 +360,7 @@ static int run_worker(Engine *e, int rank) {
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: send to bad peer %d", rank, i, peer);
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
-            double bytes = bnd >= 0 && bnd < s->n_stages ? e->c->stage[bnd].in_bytes : 0;
-            if (e->o->wire_factor > 0) bytes *= e->o->wire_factor;
+            double bytes = send_bytes(e, bnd);
             /* the worker's one outgoing link: a middle stage's activations forward and gradients
              * backward take turns on it, as on the emulated cluster's per-host shaped links */
             double t0 = w->clock > w->link_free ? w->clock : w->link_free;
@@ -638,10 +641,8 @@ static void net_cpu(const Engine *e, int w, double *net) {
     const double k = e->o->cluster->net_cpu_per_byte;
     for (int i = 0; i < sw->n; i++) {
         const Instr *in = &sw->ins[i];
-        if (in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) continue;
-        int bnd = in->op == OP_SEND_ACT ? sched_instr_stage(sw, in) + 1 : sched_instr_stage(sw, in);
-        if (bnd < 0 || bnd >= s->n_stages || in->peer < 0 || in->peer >= s->n_ranks) continue;
-        double bytes = e->c->stage[bnd].in_bytes * (e->o->wire_factor > 0 ? e->o->wire_factor : 1);
+        if ((in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) || in->peer < 0 || in->peer >= s->n_ranks) continue;
+        double bytes = send_bytes(e, sched_instr_stage(sw, in) + (in->op == OP_SEND_ACT));
         net[w] += 0.5 * k * bytes;
         net[in->peer] += 0.5 * k * bytes;
     }
@@ -697,9 +698,8 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         for (int w = 0; w < W; w++)
             for (int i = 0; i < s->workers[w].n; i++) load[w] += compute_s(&e, &s->workers[w], i);
         /* the network stack's CPU (Cluster.net_cpu_per_byte): half of a transfer's on each end */
-        if (o->cluster->net_cpu_per_byte > 0) {
+        if (o->cluster->net_cpu_per_byte > 0)
             for (int w = 0; w < W; w++) net_cpu(&e, w, net);
-        }
         int per = o->cluster->level[0].workers;
         for (int m0 = 0; m0 < W; m0 += per) {
             double top = 0;
