@@ -15,7 +15,13 @@ fail() { echo "FAIL: $*"; exit 1; }
 ckpts() { (cd "$1" && ls ckpt-*.safetensors 2>/dev/null | sed 's/ckpt-0*\([0-9][0-9]*\).safetensors/\1/' | tr '\n' ' '); }
 A="$SRC/models/lenet5.json --minibatch 16 --timeout 60"
 
-for mode in "" "--workers 2"; do
+# Two workers on a plan of their own: without --plan, train plans from a quick profile of its own,
+# whose timing may pick another plan for the resumed run (one stage on 2 replicas, not 2 stages).
+"$PD" profile "$SRC/models/lenet5.json" --minibatch 16 --iterations 3 -o "$tmp/prof.json" >/dev/null 2>"$tmp/err" ||
+    fail "profile: $(tail -3 "$tmp/err")"
+"$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e9 --straight --no-simulate -o "$tmp/plan2.json" >/dev/null 2>"$tmp/err" ||
+    fail "plan: $(tail -3 "$tmp/err")"
+for mode in "" "--workers 2 --plan $tmp/plan2.json"; do
     d="$tmp/ad${mode:+2}"
     "$PD" train $A $mode --steps 8 --optimizer adam --lr 0.001 --checkpoint-every 4 --checkpoint-dir "$d" \
         >"$tmp/first" 2>"$tmp/err" || fail "adam run $mode: $(tail -3 "$tmp/err")"
