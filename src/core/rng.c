@@ -3,6 +3,10 @@
 #include "core.h"
 
 #include <math.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -28,6 +32,59 @@ void rng_philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     out[1] = c1;
     out[2] = c2;
     out[3] = c3;
+}
+
+#if defined(__AVX512F__)
+/* The high 32 bits of a * m in every 32-bit lane (m < 2^32 the same in all lanes). */
+static inline __m512i mulhi_epu32(__m512i a, __m512i m) {
+    __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(a, m), 32);   // lanes 0, 2, ...: hi in the low half
+    __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);    // lanes 1, 3, ...: hi in the high half
+    return _mm512_mask_mov_epi32(even, 0xAAAA, odd);
+}
+
+/* Sixteen consecutive blocks from counter (lo, hi), block b in lane b; out as rng_blocks. */
+static void philox16(const uint32_t key[2], uint64_t block, uint32_t c2, uint32_t c3, uint32_t *out) {
+    const __m512i m0 = _mm512_set1_epi32((int)PHILOX_M0), m1 = _mm512_set1_epi32((int)PHILOX_M1);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i lo = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)block), lane);
+    /* the carry into the high word where the low word wrapped within the sixteen */
+    __mmask16 wrap = _mm512_cmplt_epu32_mask(lo, lane);
+    __m512i hi = _mm512_mask_add_epi32(_mm512_set1_epi32((int)(uint32_t)(block >> 32)), wrap,
+                                       _mm512_set1_epi32((int)(uint32_t)(block >> 32)), _mm512_set1_epi32(1));
+    __m512i c0 = lo, c1 = hi, x2 = _mm512_set1_epi32((int)c2), x3 = _mm512_set1_epi32((int)c3);
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        __m512i hi0 = mulhi_epu32(c0, m0), lo0 = _mm512_mullo_epi32(c0, m0);
+        __m512i hi1 = mulhi_epu32(x2, m1), lo1 = _mm512_mullo_epi32(x2, m1);
+        c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32((int)k0));
+        c1 = lo1;
+        x2 = _mm512_xor_si512(_mm512_xor_si512(hi0, x3), _mm512_set1_epi32((int)k1));
+        x3 = lo0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    /* 4 x 16 -> 16 x 4: within each 128-bit lane j, u_q holds block 4 j + q's four words */
+    __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpacklo_epi32(x2, x3);
+    __m512i t2 = _mm512_unpackhi_epi32(c0, c1), t3 = _mm512_unpackhi_epi32(x2, x3);
+    __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1), _mm512_unpacklo_epi64(t2, t3),
+                    _mm512_unpackhi_epi64(t2, t3)};
+    uint32_t tmp[4][16];
+    for (int q = 0; q < 4; q++) _mm512_storeu_si512((void *)tmp[q], u[q]);
+    for (int j = 0; j < 4; j++)
+        for (int q = 0; q < 4; q++) memcpy(out + 16 * j + 4 * q, &tmp[q][4 * j], 16);
+}
+#endif
+
+void rng_blocks(const Rng *r, uint64_t block, size_t nblk, uint32_t *out) {
+    size_t b = 0;
+#if defined(__AVX512F__)
+    for (; b + 16 <= nblk; b += 16) philox16(r->key, block + b, r->ctr[2], r->ctr[3], out + 4 * b);
+#endif
+    for (; b < nblk; b++) {
+        uint64_t k = block + b;
+        uint32_t ctr[4] = {(uint32_t)k, (uint32_t)(k >> 32), r->ctr[2], r->ctr[3]};
+        rng_philox(ctr, r->key, out + 4 * b);
+    }
 }
 
 /* splitmix64 finaliser: mixes (seed, stream) into one 64-bit Philox key. */

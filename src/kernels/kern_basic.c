@@ -32,6 +32,9 @@
 #endif
 #include <cblas.h>
 #include <dlfcn.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
@@ -470,23 +473,42 @@ typedef struct DropJob {
     uint8_t *mask;
     const uint8_t *cmask;
     float p, scale;
+    uint32_t keep_min;
     uint64_t seed, stream, substream;
 } DropJob;
 
-/* Element i's uniform is word i % 4 of Philox block i / 4 of the stream: a chunk starting at
- * a multiple of 4 positions its own copy of the stream there (rng.c's counter layout). */
+/* Element i is kept iff its uniform, (word >> 8) / 2^24 with word i % 4 of Philox block i / 4
+ * of the stream, is >= p: as integers, iff word >> 8 >= keep_min = ceil(p 2^24) (exact: p
+ * has 24 significant bits). The words come 64 at a time (rng_blocks); a chunk starts at a
+ * multiple of 64 (kern_parallel_for's alignment below). The selects write x * scale or +0.0,
+ * so the vector and scalar paths agree bitwise. */
 static void drop_fwd_r(void *p, size_t b, size_t e) {
     const DropJob *j = p;
     Rng r;
     rng_init(&r, j->seed, j->stream, j->substream);
-    const uint64_t blk = b / 4;
-    r.ctr[0] = (uint32_t)blk;
-    r.ctr[1] = (uint32_t)(blk >> 32);
     uint8_t *restrict m = j->mask;
     const float *restrict x = j->x;
     float *restrict y = j->y;
-    for (size_t i = b; i < e; i++) m[i] = rng_uniform(&r) >= j->p;   // the RNG is the cost here
-    for (size_t i = b; i < e; i++) y[i] = m[i] ? x[i] * j->scale : 0.0f;
+    const uint32_t keep_min = j->keep_min;
+    uint32_t words[64];
+    for (size_t i0 = b; i0 < e; i0 += 64) {
+        size_t len = e - i0 < 64 ? e - i0 : 64, i = 0;
+        rng_blocks(&r, i0 / 4, (len + 3) / 4, words);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+        const __m512i kmin = _mm512_set1_epi32((int)keep_min);
+        const __m512 sc = _mm512_set1_ps(j->scale);
+        for (; i + 16 <= len; i += 16) {
+            __m512i w = _mm512_srli_epi32(_mm512_loadu_si512((const void *)(words + i)), 8);
+            __mmask16 keep = _mm512_cmpge_epu32_mask(w, kmin);
+            _mm_storeu_si128((__m128i *)(void *)(m + i0 + i), _mm_maskz_set1_epi8(keep, 1));
+            _mm512_storeu_ps(y + i0 + i, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(x + i0 + i), sc));
+        }
+#endif
+        for (; i < len; i++) {
+            m[i0 + i] = (words[i] >> 8) >= keep_min;
+            y[i0 + i] = m[i0 + i] ? x[i0 + i] * j->scale : 0.0f;
+        }
+    }
 }
 
 static void drop_bwd_r(void *p, size_t b, size_t e) {   // x = dy, y = dx
@@ -494,13 +516,24 @@ static void drop_bwd_r(void *p, size_t b, size_t e) {   // x = dy, y = dx
     const float *restrict g = j->x;
     const uint8_t *restrict m = j->cmask;
     float *restrict d = j->y;
-    for (size_t i = b; i < e; i++) d[i] += m[i] ? g[i] * j->scale : 0.0f;
+    size_t i = b;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m512 sc = _mm512_set1_ps(j->scale);
+    for (; i + 16 <= e; i += 16) {
+        __mmask16 keep = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)(const void *)(m + i)),
+                                            _mm_set1_epi8(-1));
+        __m512 t = _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(g + i), sc);
+        _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), t));
+    }
+#endif
+    for (; i < e; i++) d[i] += m[i] ? g[i] * j->scale : 0.0f;
 }
 
 void kern_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t count, float p, uint64_t seed, uint64_t stream,
                       uint64_t substream) {
-    DropJob j = {.x = x, .y = y, .mask = mask, .p = p, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f, .seed = seed,
-                 .stream = stream, .substream = substream};
+    DropJob j = {.x = x, .y = y, .mask = mask, .p = p, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f,
+                 .keep_min = (uint32_t)ceil((double)p * 16777216.0), .seed = seed, .stream = stream,
+                 .substream = substream};
     kern_parallel_for(count, KB_GRAIN / 8, 64, drop_fwd_r, &j);
 }
 
