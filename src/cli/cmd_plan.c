@@ -17,7 +17,8 @@ static void help(FILE *f) {
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
             "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
-            "                      [--cores N] [--net-cpu S] [--exhaustive N] [--explain] [--no-simulate] [-o PLAN.json]\n"
+            "                      [--cores N] [--net-cpu S] [--exhaustive N] [--explain] [--no-simulate] [--pick K]\n"
+            "                      [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
             "                      [--optimizer sgd|adam|adamw] [--exhaustive N] [-o PLAN.json]\n\n"
@@ -36,6 +37,8 @@ static void help(FILE *f) {
             "                             (compute, all-reduce, transfers, bubble), the runner-up's and the\n"
             "                             planner's own plan's, and the memory\n"
             "  --no-simulate              write the dynamic program's plan without simulating candidates\n"
+            "  --pick K                   write the K-th candidate of the printed list (1 = the\n"
+            "                             choice) instead of the choice: to measure the runners-up\n"
             "  --units-per-step M         the schedule steps once per M units (M micro-batches per\n"
             "                             minibatch: gpipe, 1f1b-flush, 2bw, zb): the profile's optimizer\n"
             "                             step (step_s) counts once per M units, not in each (default 1);\n"
@@ -146,7 +149,7 @@ static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, 
  * units_per_step units (the partitioner's view); the simulator runs the profile as measured with
  * that many micro-batches per step. Releases prof. */
 static int simulate_choice(const char *profile_path, Profile *prof, int units_per_step, const Cluster *cl,
-                           const PlanOpts *o, int exhaustive, int explain, const char *out_path) {
+                           const PlanOpts *o, int exhaustive, int explain, int pick, const char *out_path) {
     Err err = {0};
     Profile raw, *sim_prof = prof;
     if (units_per_step > 1) {
@@ -162,8 +165,12 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
     if (plan_choose(prof, sim_prof, cl, &co, &r, &err)) {
         err_prefix(&err, "%s", profile_path);
         rc = cli_fail(&err);
+    } else if (pick > r.n) {
+        rc = cli_usage_error("plan", "--pick %d: only %d candidates were simulated", pick, r.n);
+        plan_choose_release(&r);
     } else {
-        const ChooseCand *c = &r.c[r.chosen];
+        if (pick) r.picked = pick - 1;
+        const ChooseCand *c = &r.c[pick ? pick - 1 : r.chosen];
         Plan *p = c->plan;   /* owned by r: annotate, print, write */
         p->opts.memory_limit = o->memory_limit;   /* the limit the choice was held to */
         if (c->score.unit_s < 1e300) {
@@ -175,6 +182,9 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
         plan_print(p, stdout);
         printf("\n");
         plan_choose_print(&r, 5, explain, sim_prof, cl, co.opt_state_factor, stdout);
+        if (pick && pick - 1 != r.chosen)
+            printf("picked: candidate %d (%s), %.1f%% slower than the choice (simulated)\n", pick, c->source,
+                   100 * (c->score.unit_s / r.c[r.chosen].score.unit_s - 1));
         if (out_path) {
             if (plan_save(p, out_path, &err)) rc = cli_fail(&err);
             else printf("wrote %s\n", out_path);
@@ -200,7 +210,7 @@ int cmd_plan(int argc, char **argv) {
     o.cost_model = COST_OURS;
     SearchOpts so;
     memset(&so, 0, sizeof so);
-    int choose = 0, search_flags = 0, show_all = 0, explain = 0, no_sim = 0;
+    int choose = 0, search_flags = 0, show_all = 0, explain = 0, no_sim = 0, pick = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--cluster")) {
@@ -216,6 +226,9 @@ int cmd_plan(int argc, char **argv) {
             explain = 1;
         } else if (!strcmp(a, "--no-simulate")) {
             no_sim = 1;
+        } else if (!strcmp(a, "--pick")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 30, &pick))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--allow-idle")) {
             o.allow_idle = 1;
         } else if (!strcmp(a, "--overlap-allreduce")) {
@@ -317,6 +330,9 @@ int cmd_plan(int argc, char **argv) {
     if (explain && !choose && (no_sim || o.cost_model != COST_OURS || o.chunks || o.allow_idle))
         return cli_usage_error("plan", "--explain needs the simulator's choice (not with --no-simulate, --cost-model "
                                "pipedream, --chunks or --allow-idle)");
+    if (pick && (choose || no_sim || o.cost_model != COST_OURS || o.chunks || o.allow_idle))
+        return cli_usage_error("plan", "--pick takes a candidate of the simulator's list (not with --choose-schedule, "
+                               "--no-simulate, --cost-model pipedream, --chunks or --allow-idle)");
     if (choose && (o.cost_model != COST_OURS || o.straight || o.allow_idle || o.chunks))
         return cli_usage_error("plan", "--choose-schedule searches our cost model's plans itself (no --cost-model "
                                "pipedream, --straight, --allow-idle or --chunks)");
@@ -347,7 +363,7 @@ int cmd_plan(int argc, char **argv) {
     profile_spread_step(&prof, units_per_step);
     if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
     if (!no_sim && o.cost_model == COST_OURS && !o.chunks && !o.allow_idle)
-        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, out_path);
+        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, pick, out_path);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {
         err_prefix(&err, "%s", profile_path);

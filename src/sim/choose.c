@@ -204,6 +204,7 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
         if (cs.c[i].score.part == 0) out->planner = i;
     out->none_fit = !cs.c[0].score.fits;
     out->chosen = out->none_fit ? out->planner : 0;
+    out->picked = -1;
     out->n = cs.n;
     out->c = cs.c;
     out->kind = kind;
@@ -282,12 +283,12 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
     fprintf(f, "\n  %-5s %-30s %12s %10s %9s  %-24s %s\n", "", "source", "ms/minibatch", "samples/s", "peak GB", "shape",
             "layers per stage");
     for (int i = 0; i < r->n; i++) {
-        if (i >= top && i != r->planner && i != r->chosen) continue;
+        if (i >= top && i != r->planner && i != r->chosen && i != r->picked) continue;
         const ChooseCand *c = &r->c[i];
         char sh[96], ly[160], mark[16];
         plan_search_shape(c->plan, sh, sizeof sh);
         layers_per_stage(c->plan, ly, sizeof ly);
-        snprintf(mark, sizeof mark, "%s%d", i == r->chosen ? "*" : " ", i + 1);
+        snprintf(mark, sizeof mark, "%s%d", i == r->chosen ? "*" : i == r->picked ? ">" : " ", i + 1);
         if (c->score.unit_s >= 1e300) {
             fprintf(f, "  %-5s %-30s %12s %10s %9s  %-24s %s\n", mark, c->source, "-", "-", "-", sh, ly);
             continue;
@@ -297,7 +298,8 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
         fprintf(f, "  %-5s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3, sps,
                 c->score.peak_bytes / 1e9, sh, ly, c->score.fits ? "" : "  over the limit");
     }
-    if (r->n > top) fprintf(f, "  (%d more)\n", r->n - top - (r->planner >= top));
+    if (r->n > top)
+        fprintf(f, "  (%d more)\n", r->n - top - (r->planner >= top) - (r->picked >= top && r->picked != r->planner));
     const ChooseCand *w = &r->c[r->chosen], *mine = &r->c[r->planner];
     if (r->none_fit) {
         fprintf(f, "choice: the planner's own plan: no candidate's simulated peak fits %.4g GB\n", r->memory_limit / 1e9);

@@ -39,6 +39,7 @@ typedef struct ChooseResult {
     ChooseCand *c;             /* fitting first, then fastest first (ties: the partitioner's proposals in their
                                 * order, then the enumerated by less memory) */
     int chosen;                /* index of the plan to write: 0, or the planner's when nothing fits */
+    int picked;                /* a candidate the caller writes instead (`plan --pick`), listed and marked '>'; -1 none */
     int planner;               /* index of the partitioner's own plan */
     int none_fit;              /* no candidate's simulated peak fits the limit */
     int n_enumerated;          /* plans enumerated (0: the model has too many) */

@@ -88,6 +88,7 @@ expect_usage "--explain needs" "$OURS" --workers 4 --explain --no-simulate
 expect_usage "--explain and --no-simulate go with" "$OURS" --workers 4 --choose-schedule --explain
 "$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --explain -o "$tmp/ours.json" >"$tmp/out" 2>"$tmp/err" ||
     fail "plan --explain: $(cat "$tmp/err")"
+cp "$tmp/out" "$tmp/out.explain"
 for w in "candidates simulated (1f1b): " "faster than the planner's own plan" "simulated (1f1b): " "why (per minibatch" "runner-up (" \
     "the planner's own plan ("; do
     grep -qF "$w" "$tmp/out" || fail "plan --explain lacks '$w': $(cat "$tmp/out")"
@@ -102,4 +103,15 @@ grep -q "candidates" "$tmp/out" && fail "--no-simulate printed candidates"
 flat "$tmp/raw.json" | grep -qF '"simulated"' && fail "--no-simulate recorded a simulated figure"
 reps=$(flat "$tmp/raw.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
 [ "$reps" = "2 1 1 " ] || fail "ours --no-simulate: replicas '$reps', want the partitioner's 2 1 1"
+# --pick K writes the K-th listed candidate: the partitioner's own row, as --no-simulate wrote it
+k=$(awk '$2 == "planner" && $1 ~ /^[0-9]+$/ { print $1 }' "$tmp/out.explain")
+[ -n "$k" ] || fail "no planner row in: $(cat "$tmp/out.explain")"
+"$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --pick "$k" -o "$tmp/pick.json" >"$tmp/out" 2>"$tmp/err" ||
+    fail "--pick $k: $(cat "$tmp/err")"
+grep -qE "^  >$k +planner " "$tmp/out" || fail "--pick $k: the row is not marked: $(cat "$tmp/out")"
+grep -qF "picked: candidate $k (planner), " "$tmp/out" || fail "--pick $k: no picked line: $(cat "$tmp/out")"
+reps=$(flat "$tmp/pick.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
+[ "$reps" = "2 1 1 " ] || fail "--pick $k: replicas '$reps', want the partitioner's 2 1 1"
+expect_usage "only" "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --pick 100000000
+expect_usage "--pick takes a candidate" "$OURS" --workers 4 --pick 2 --no-simulate
 echo "plan.sh: all passed"

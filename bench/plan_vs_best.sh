@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# bench/plan_vs_best.sh: is the planner's plan the one to run? Measured against the alternatives.
+#
+# vgg16 (models/vgg16.json), Fashion-MNIST, minibatch 64, 4 hosts of tools/cluster.sh sharing this
+# machine's cores, one rank per host, 1 kernel thread per rank. One profile (minibatch 64); at every
+# rate of RATES, with the network stack's CPU per byte measured there (`tools/cluster.sh net-cpu`;
+# NET_CPU=0 leaves it out), five plans from `pipedream plan --workers 4 --bandwidth B --cores
+# $(nproc) --net-cpu S`:
+#   choice    the plan it writes (candidate 1 of its list)
+#   straight  the same with --straight (one worker per stage)
+#   dp        data parallelism (`train --schedule dp`: every worker the whole model)
+#   other-a   the dynamic program's own plan, when it is not the choice, else candidate 2 (--pick)
+#   other-b   the next listed candidate not yet taken (--pick)
+# Each trains STEPS minibatches under 1f1b (dp under dp), REPS times, the plans taking turns.
+# Prints per rate the median samples/s of each plan, its prediction, and the choice over the best
+# (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary.
+#
+# usage: bench/plan_vs_best.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
+#   Environment: RATES ("1gbit 300mbit 100mbit"), REPS (3), STEPS (80), NET_CPU (measured),
+#   PDC_NAME (cluster name, default pdbest). ~25 min with the defaults on 2 cores.
+# The cluster is taken down on every exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=out/plan-vs-best PD=build/pipedream
+while [ $# -gt 0 ]; do
+    case $1 in
+        --out) OUT=$2; shift 2 ;;
+        --pd) PD=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "plan_vs_best.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
+    esac
+done
+: "${RATES:=1gbit 300mbit 100mbit}" "${REPS:=3}" "${STEPS:=80}"
+NAME=${PDC_NAME:-pdbest}
+[ -x "$PD" ] || { echo "plan_vs_best.sh: $PD not found (cmake --build build)" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "plan_vs_best.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+FMNIST=/usr/share/datasets/fashion-mnist
+mkdir -p "$OUT/raw" "$OUT/data" "$OUT/plans"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    ln -sf "$FMNIST/$f" "$OUT/data/$f"
+done
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+UP=0
+cleanup() { if [ $UP = 1 ]; then tools/cluster.sh down --name "$NAME" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# tc rate -> TCP payload bytes/s (1448 payload bytes per 1514-byte frame), as bench/experiment.sh
+payload_bps() {
+    local v=${1%bit} m=1
+    case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
+    awk -v v="$v" -v m="$m" 'BEGIN { printf "%.6g", v * m / 8 * 1448 / 1514 }'
+}
+
+PROF=$OUT/prof.json
+log "profile models/vgg16.json (minibatch 64, 1 thread)"
+"$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
+: >"$OUT/runs.tsv"
+for r in $RATES; do
+    log "cluster: 4 hosts at $r"
+    UP=1
+    tools/cluster.sh up 4 --rate "$r" --name "$NAME" >&2
+    if [ "${NET_CPU:-}" = 0 ]; then nc=0
+    else
+        mb=$(awk -v b="$(payload_bps "$r")" 'BEGIN { m = int(b * 2.5 / 1048576); print m < 10 ? 10 : m }')
+        nc=$(tools/cluster.sh net-cpu --name "$NAME" --mb "$mb" | tee -a "$OUT/net-cpu.txt" | tail -1)
+    fi
+    log "$r: network CPU $nc s per byte"
+    P=("$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$CORES" --net-cpu "$nc")
+    "$PD" plan "${P[@]}" -o "$OUT/plans/choice-$r.json" >"$OUT/plans/choice-$r.txt"
+    "$PD" plan "${P[@]}" --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
+    # the other two: rows of the printed list (number, source), the choice is row 1
+    mapfile -t rows < <(awk '$1 ~ /^[*]?[0-9]+$/ && NF >= 4 { n = $1; sub(/^[*]/, "", n); print n, $2 }' \
+        "$OUT/plans/choice-$r.txt")
+    a=""; b=""
+    for row in "${rows[@]}"; do
+        set -- $row
+        [ "$1" = 1 ] && continue
+        if [ "$2" = planner ]; then a=$1; fi
+    done
+    for row in "${rows[@]}"; do
+        set -- $row
+        [ "$1" = 1 ] || [ "$1" = "$a" ] && continue
+        if [ -z "$a" ]; then a=$1; elif [ -z "$b" ]; then b=$1; fi
+    done
+    "$PD" plan "${P[@]}" --pick "$a" -o "$OUT/plans/other-a-$r.json" >"$OUT/plans/other-a-$r.txt"
+    "$PD" plan "${P[@]}" --pick "$b" -o "$OUT/plans/other-b-$r.json" >"$OUT/plans/other-b-$r.txt"
+    log "$r: choice $(grep -m1 '^  [*]1 ' "$OUT/plans/choice-$r.txt" | awk '{print $2, $NF}'); others: candidates $a and $b"
+    for rep in $(seq "$REPS"); do
+        for plan in choice straight dp other-a other-b; do
+            id=$r-$plan-$rep kind=1f1b pf=$plan
+            if [ $plan = dp ]; then kind=dp pf=straight; fi
+            rc=0
+            timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+                --plan "$OUT/plans/$pf-$r.json" --schedule "$kind" --steps "$STEPS" --minibatch 64 --threads 1 \
+                --profile "$PROF" --data "$OUT/data" >"$OUT/raw/$id.json" 2>"$OUT/raw/$id.err" || rc=$?
+            if [ $rc != 0 ]; then log "$id: rc $rc ($(tail -1 "$OUT/raw/$id.err" | cut -c1-160))"; continue; fi
+            python3 - "$OUT/raw/$id.json" "$r" "$plan" "$rep" >>"$OUT/runs.tsv" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+pred = d.get("predicted_time_per_unit_ms")
+print("\t".join([sys.argv[2], sys.argv[3], sys.argv[4], "%.1f" % d["samples_per_s"], "%.3f" % d["time_per_unit_ms"],
+                 "%.3f" % pred if pred else "-", str(d["unit_batch"])]))
+PY
+            log "$id: $(tail -1 "$OUT/runs.tsv" | cut -f4-)"
+        done
+    done
+    tools/cluster.sh down --name "$NAME" >&2
+    UP=0
+done
+
+python3 - "$OUT/runs.tsv" "$RATES" <<'PY' | tee "$OUT/table.md"
+import statistics as st, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+plans = ["choice", "straight", "dp", "other-a", "other-b"]
+print("| link | plan | samples/s (runs) | median | predicted samples/s | of the best |")
+print("| --- | --- | --- | ---: | ---: | ---: |")
+for r in sys.argv[2].split():
+    med = {}
+    for k in plans:
+        mine = [x for x in rows if x[0] == r and x[1] == k]
+        if mine:
+            med[k] = st.median(float(x[3]) for x in mine)
+    best = max(med.values()) if med else 0
+    for k in plans:
+        mine = [x for x in rows if x[0] == r and x[1] == k]
+        if not mine:
+            print(f"| {r} | {k} | (no run finished) | | | |")
+            continue
+        pr = [float(x[5]) for x in mine if x[5] != "-"]
+        ps = "%.1f" % (int(mine[0][6]) * 1e3 / st.median(pr)) if pr else "-"
+        print(f"| {r} | {k} | {', '.join(x[3] for x in mine)} | {med[k]:.1f} | {ps} | {med[k] / best:.3f} |")
+    if "choice" in med and best:
+        print(f"| {r} | **choice / best** | | | | **{med['choice'] / best:.3f}** |")
+PY
