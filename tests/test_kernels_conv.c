@@ -151,7 +151,14 @@ static void test_conv_auto_choice(void **state) {
     assert_int_equal(kern_conv2d_init(&cv, 4, 16, 16, 16, 32, 3, 3, 1, 1, 1, 1, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
     kern_conv2d_release(&cv);
+    /* thin 1x1: oneDNN where both channel counts block by 16 (a chain stays nChw16c), else im2col */
     assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 32, 1, 1, 2, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 8, 32, 32, 16, 1, 1, 2, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 24, 1, 1, 1, 0, 0, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
     kern_conv2d_release(&cv);
 }

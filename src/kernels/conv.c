@@ -27,8 +27,12 @@
  * oneDNN with its blocked layouts wins by ~2x wherever there are >= 6 input channels and
  * a spatial kernel (the reorders to/from NCHW included); im2col wins for one input
  * channel (oneDNN's blocked layouts pad C = 1 to 16) and for thin 1x1 convolutions (where
- * the reorders dominate). Plain-layout oneDNN never wins by enough to keep. So
- * conv_pick: im2col if c == 1 or (1x1 kernel and c < 32), else oneDNN (any layouts).
+ * the reorders dominate). Plain-layout oneDNN never wins by enough to keep. But the table
+ * times each shape alone, from and to NCHW: inside a chain of nChw16c layers (a residual
+ * stage, nn_plan_layouts) an im2col 1x1 shortcut forces its block's input to NCHW, two
+ * reorders each way per step, which cost more than it saves (resnet20, 1 thread: step 113 ->
+ * 106 ms fp32, 81 -> 74 ms bf16 with oneDNN's 16->32 1x1). So conv_pick: im2col if c == 1,
+ * or for a 1x1 kernel with c < 32 whose c or k is not a multiple of 16; else oneDNN.
  * PyTorch 1.13 (F.conv2d [+ relu] fwd+bwd, 1 thread, same machine, one noisy run), ms:
  * lenet 1->6 48.4, lenet 6->16 1.8, vgg 16->16 @32 66.7, vgg 32->32 @16 6.5, vgg 64->64 @8
  * 6.1, vgg 128->128 @2 1.8, resnet 16->16 @32 37.5, resnet 1x1 16->32 s2 36.1, resnet
@@ -64,7 +68,7 @@ typedef struct ConvImpl {
 
 /* The measured choice (see the table at the top of this file). */
 static int conv_pick(const KConv *cv) {
-    if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32)) return KCONV_IM2COL;
+    if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32 && (cv->c % 16 || cv->k % 16))) return KCONV_IM2COL;
     return KCONV_DNNL;
 }
 
