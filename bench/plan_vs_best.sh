@@ -73,8 +73,8 @@ for r in $RATES; do
     "$PD" plan "${P[@]}" -o "$OUT/plans/choice-$r.json" >"$OUT/plans/choice-$r.txt"
     "$PD" plan "${P[@]}" --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
     # the other two: rows of the printed list (number, source), the choice is row 1
-    mapfile -t rows < <(awk '$1 ~ /^[*]?[0-9]+$/ && NF >= 4 { n = $1; sub(/^[*]/, "", n); print n, $2 }' \
-        "$OUT/plans/choice-$r.txt")
+    mapfile -t rows < <(awk '/^candidates simulated/ { c = 1 } c && $1 ~ /^[*]?[0-9]+$/ && NF >= 4 {
+        n = $1; sub(/^[*]/, "", n); print n, $2 }' "$OUT/plans/choice-$r.txt")
     a=""; b=""
     for row in "${rows[@]}"; do
         set -- $row
