@@ -283,8 +283,32 @@ static void test_maxpool_blocked(void **state) {
         }
 }
 
+/* Global average pooling from nChw16c: bitwise the plain kernels (sums in the same order), with
+ * the gradient added to what dx held. */
+static void test_gap_blocked(void **state) {
+    (void)state;
+    const int shapes[][3] = {{2, 32, 64}, {3, 16, 49}, {1, 48, 1}};   // n c hw
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2];
+        const size_t nx = (size_t)n * c * hw, ny = (size_t)n * c;
+        float *x = tk_rand(nx, 7300 + si, -1, 1), *dy = tk_rand(ny, 7400 + si, -1, 1);
+        float *y = pd_alloc_f32(ny), *by = pd_alloc_f32(ny), *dx = tk_rand(nx, 7500 + si, -1, 1);
+        float *bx = to_blk(x, n, c, hw), *bdx = to_blk(dx, n, c, hw);
+        kern_gap_fwd(x, y, n, c, hw);
+        kern_gap_bwd(dy, dx, n, c, hw);
+        kern_gap_fwd_blk(bx, by, n, c, hw);
+        kern_gap_bwd_blk(dy, bdx, n, c, hw);
+        float *gdx = from_blk(bdx, n, c, hw);
+        assert_memory_equal(by, y, sizeof(float) * ny);
+        assert_memory_equal(gdx, dx, sizeof(float) * nx);
+        void *all[] = {x, dy, y, by, dx, bx, bdx, gdx};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gap_blocked),
         cmocka_unit_test(test_conv_odd_shapes),
         cmocka_unit_test(test_conv_model_shapes),
         cmocka_unit_test(test_conv_bad_shapes),

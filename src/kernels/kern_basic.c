@@ -466,6 +466,44 @@ void kern_gap_bwd(const float *dy, float *dx, int n, int c, int hw) {
     kern_parallel_for((size_t)n * c, plane_grain((size_t)hw), 1, gap_bwd_r, &j);
 }
 
+/* nChw16c: x (n, c/16, hw, 16). Each channel's sum runs over the positions in order, as the
+ * plain kernel's, so the results are bitwise the same; the 16 channels of a block side by side. */
+static void gap_fwd_blk_r(void *p, size_t b0, size_t b1) {
+    const GapJob *j = p;
+    const float inv = 1.0f / (float)j->hw;
+    for (size_t q = b0; q < b1; q++) {   // q = sample * (c/16) + block
+        const float *restrict xp = j->x + q * (size_t)j->hw * 16;
+        float s[16] = {0};
+        for (int i = 0; i < j->hw; i++)
+            for (int k = 0; k < 16; k++) s[k] += xp[(size_t)i * 16 + k];
+        for (int k = 0; k < 16; k++) j->y[q * 16 + k] = s[k] * inv;
+    }
+}
+
+static void gap_bwd_blk_r(void *p, size_t b0, size_t b1) {   // x = dy (n, c), y = dx blocked
+    const GapJob *j = p;
+    const float inv = 1.0f / (float)j->hw;
+    for (size_t q = b0; q < b1; q++) {
+        float g[16];
+        for (int k = 0; k < 16; k++) g[k] = j->x[q * 16 + k] * inv;
+        float *restrict d = j->y + q * (size_t)j->hw * 16;
+        for (int i = 0; i < j->hw; i++)
+            for (int k = 0; k < 16; k++) d[(size_t)i * 16 + k] += g[k];
+    }
+}
+
+void kern_gap_fwd_blk(const float *x, float *y, int n, int c, int hw) {
+    PD_ASSERTF(c % 16 == 0, "gap (nChw16c): %d channels", c);
+    GapJob j = {x, y, hw};
+    kern_parallel_for((size_t)n * (c / 16), plane_grain((size_t)hw * 16), 1, gap_fwd_blk_r, &j);
+}
+
+void kern_gap_bwd_blk(const float *dy, float *dx, int n, int c, int hw) {
+    PD_ASSERTF(c % 16 == 0, "gap (nChw16c): %d channels", c);
+    GapJob j = {dy, dx, hw};
+    kern_parallel_for((size_t)n * (c / 16), plane_grain((size_t)hw * 16), 1, gap_bwd_blk_r, &j);
+}
+
 /* ---- dropout ------------------------------------------------------------------------- */
 typedef struct DropJob {
     const float *x;

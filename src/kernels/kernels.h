@@ -145,6 +145,10 @@ void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int
 /* ---- global average pool: (N,C,H,W) -> (N,C) ---------------------------------------------- */
 void kern_gap_fwd(const float *x, float *y, int n, int c, int hw);
 void kern_gap_bwd(const float *dy, float *dx, int n, int c, int hw);
+/* The same with x and dx in nChw16c (c a multiple of 16), y and dy plain (n, c): bitwise the
+ * plain kernels' results. */
+void kern_gap_fwd_blk(const float *x, float *y, int n, int c, int hw);
+void kern_gap_bwd_blk(const float *dy, float *dx, int n, int c, int hw);
 void kern_gap_fwd_ref(const float *x, float *y, int n, int c, int hw);
 void kern_gap_bwd_ref(const float *dy, float *dx, int n, int c, int hw);
 
