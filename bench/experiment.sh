@@ -63,19 +63,13 @@ PY=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 RAW=$OUT/raw
 mkdir -p "$RAW" "$OUT/plans" "$OUT/data"
-log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
 if [ "$ONLY" = plot ]; then exec "$PY" bench/experiment_plot.py "$OUT"; fi
 [ -x "$PD" ] || { echo "experiment.sh: $PD not found; build it: cmake -S . -B build-exp -DCMAKE_BUILD_TYPE=Release && cmake --build build-exp --target pipedream" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "experiment.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
 
-# Link rate (tc notation) -> TCP payload bytes/s: 1448 payload bytes per 1514-byte frame
-# (95.6%, measured: docs/reference/cluster-sh.md). The plans and the simulator get this figure.
-payload_bps() {
-    local v=${1%bit} m=1
-    case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
-    awk -v v="$v" -v m="$m" 'BEGIN { printf "%.6g", v * m / 8 * 1448 / 1514 }'
-}
+# payload_bps: link rate (tc notation) -> TCP payload bytes/s, the figure the plans get
+. bench/lib/emulated.sh
 rate_bits() { local v=${1%bit} m=1
     case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
     awk -v v="$v" -v m="$m" 'BEGIN { printf "%d", v * m }'; }

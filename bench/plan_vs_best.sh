@@ -33,41 +33,15 @@ while [ $# -gt 0 ]; do
 done
 : "${RATES:=1gbit 300mbit 100mbit}" "${REPS:=3}" "${STEPS:=80}"
 NAME=${PDC_NAME:-pdbest}
-[ -x "$PD" ] || { echo "plan_vs_best.sh: $PD not found (cmake --build build)" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "plan_vs_best.sh: needs root (tools/cluster.sh)" >&2; exit 2; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+. bench/lib/emulated.sh
+emu_setup plan_vs_best.sh
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-FMNIST=/usr/share/datasets/fashion-mnist
-mkdir -p "$OUT/raw" "$OUT/data" "$OUT/plans"
-for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
-    ln -sf "$FMNIST/$f" "$OUT/data/$f"
-done
-log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
-UP=0
-cleanup() { if [ $UP = 1 ]; then tools/cluster.sh down --name "$NAME" >/dev/null 2>&1 || true; fi; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# tc rate -> TCP payload bytes/s (1448 payload bytes per 1514-byte frame), as bench/experiment.sh
-payload_bps() {
-    local v=${1%bit} m=1
-    case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
-    awk -v v="$v" -v m="$m" 'BEGIN { printf "%.6g", v * m / 8 * 1448 / 1514 }'
-}
-
-PROF=$OUT/prof.json
-log "profile models/vgg16.json (minibatch 64, 1 thread)"
-"$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
+mkdir -p "$OUT/plans"
+emu_profile
 : >"$OUT/runs.tsv"
 for r in $RATES; do
-    log "cluster: 4 hosts at $r"
-    UP=1
-    tools/cluster.sh up 4 --rate "$r" --name "$NAME" >&2
-    if [ "${NET_CPU:-}" = 0 ]; then nc=0
-    else
-        mb=$(awk -v b="$(payload_bps "$r")" 'BEGIN { m = int(b * 2.5 / 1048576); print m < 10 ? 10 : m }')
-        nc=$(tools/cluster.sh net-cpu --name "$NAME" --mb "$mb" | tee -a "$OUT/net-cpu.txt" | tail -1)
-    fi
+    emu_up "$r"
+    nc=$(emu_net_cpu "$r")
     log "$r: network CPU $nc s per byte"
     P=("$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$CORES" --net-cpu "$nc")
     "$PD" plan "${P[@]}" -o "$OUT/plans/choice-$r.json" >"$OUT/plans/choice-$r.txt"
@@ -108,8 +82,7 @@ PY
             log "$id: $(tail -1 "$OUT/runs.tsv" | cut -f4-)"
         done
     done
-    tools/cluster.sh down --name "$NAME" >&2
-    UP=0
+    emu_down
 done
 
 python3 - "$OUT/runs.tsv" "$RATES" <<'PY' | tee "$OUT/table.md"

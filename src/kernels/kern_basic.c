@@ -510,7 +510,7 @@ typedef struct DropJob {
     float *y;
     uint8_t *mask;
     const uint8_t *cmask;
-    float p, scale;
+    float scale;
     uint32_t keep_min;
     uint64_t seed, stream, substream;
 } DropJob;
@@ -569,7 +569,7 @@ static void drop_bwd_r(void *p, size_t b, size_t e) {   // x = dy, y = dx
 
 void kern_dropout_fwd(const float *x, float *y, uint8_t *mask, size_t count, float p, uint64_t seed, uint64_t stream,
                       uint64_t substream) {
-    DropJob j = {.x = x, .y = y, .mask = mask, .p = p, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f,
+    DropJob j = {.x = x, .y = y, .mask = mask, .scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f,
                  .keep_min = (uint32_t)ceil((double)p * 16777216.0), .seed = seed, .stream = stream,
                  .substream = substream};
     kern_parallel_for(count, KB_GRAIN / 8, 64, drop_fwd_r, &j);

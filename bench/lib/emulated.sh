@@ -1,0 +1,49 @@
+# emulated.sh: sourced by the bench scripts that train vgg16 on 4 hosts of tools/cluster.sh.
+#
+#   payload_bps RATE       tc rate (100mbit, 1gbit, ...) -> TCP payload bytes/s: 1448 payload
+#                          bytes per 1514-byte frame (95.6%, docs/reference/cluster-sh.md); the
+#                          figure the plans and the simulator get
+#   emu_setup SCRIPT       checks $PD and root, exports the thread and Open MPI variables, links
+#                          Fashion-MNIST into $OUT/data, defines log, and takes the cluster $NAME
+#                          down on every exit (after emu_up)
+#   emu_up RATE / emu_down the 4 hosts at RATE
+#   emu_net_cpu RATE       the network stack's CPU per byte at RATE (tools/cluster.sh net-cpu, 2.5 s
+#                          of stream, appended to $OUT/net-cpu.txt); 0 when NET_CPU=0
+#   emu_profile            vgg16 at minibatch 64, 1 thread, into $OUT/prof.json (sets PROF)
+
+payload_bps() {
+    local v=${1%bit} m=1
+    case $v in *k) v=${v%k}; m=1000 ;; *m) v=${v%m}; m=1000000 ;; *g) v=${v%g}; m=1000000000 ;; esac
+    awk -v v="$v" -v m="$m" 'BEGIN { printf "%.6g", v * m / 8 * 1448 / 1514 }'
+}
+
+emu_setup() {
+    local script=$1 f
+    [ -x "$PD" ] || { echo "$script: $PD not found (cmake --build build)" >&2; exit 2; }
+    [ "$(id -u)" = 0 ] || { echo "$script: needs root (tools/cluster.sh)" >&2; exit 2; }
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+    mkdir -p "$OUT/raw" "$OUT/data"
+    for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+        ln -sf "/usr/share/datasets/fashion-mnist/$f" "$OUT/data/$f"
+    done
+    EMU_UP=0
+    trap emu_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+emu_cleanup() { if [ "${EMU_UP:-0}" = 1 ]; then tools/cluster.sh down --name "$NAME" >/dev/null 2>&1 || true; fi; }
+emu_up() { log "cluster: 4 hosts at $1"; EMU_UP=1; tools/cluster.sh up 4 --rate "$1" --name "$NAME" >&2; }
+emu_down() { tools/cluster.sh down --name "$NAME" >&2; EMU_UP=0; }
+
+emu_net_cpu() {
+    if [ "${NET_CPU:-}" = 0 ]; then echo 0; return; fi
+    local mb
+    mb=$(awk -v b="$(payload_bps "$1")" 'BEGIN { m = int(b * 2.5 / 1048576); print m < 10 ? 10 : m }')
+    tools/cluster.sh net-cpu --name "$NAME" --mb "$mb" | tee -a "$OUT/net-cpu.txt" | tail -1
+}
+
+emu_profile() {
+    PROF=$OUT/prof.json
+    log "profile models/vgg16.json (minibatch 64, 1 thread)"
+    "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
+}
