@@ -215,6 +215,37 @@ static void test_bandwidth_bound(void **state) {
     free_plan(p);
 }
 
+/* Two replicas of stage 0 finish their first forward at the same moment and send to stage 1:
+ * each has its own outgoing link, but stage 1 has one incoming link, so the second transfer
+ * waits for the first (the lower rank first, on a tie). */
+static void test_incoming_link(void **state) {
+    (void)state;
+    int rep[2] = {2, 1};
+    Plan *p = make_plan(2, rep);
+    Schedule s;
+    build(p, SCHED_1F1B, 8, 1, 0, &s);
+    SimCosts c = uniform_costs(2, 0.1, 0.1);
+    c.stage[1].in_bytes = 1e6;
+    Cluster cl = {.n_levels = 1, .level = {{3, 1e6, 0}}};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    double start[2] = {-1, -1}, end[2] = {-1, -1};
+    for (int w = 0; w < 2; w++)
+        for (int i = 0; i < s.workers[w].n; i++)
+            if (s.workers[w].ins[i].op == OP_SEND_ACT) {
+                start[w] = r.start[w][i], end[w] = r.end[w][i];
+                break;
+            }
+    assert_near(start[0], 0.1, 1e-12);
+    assert_near(end[0], 1.1, 1e-12);
+    assert_near(start[1], 1.1, 1e-12);   /* not 0.1: stage 1's incoming link is busy */
+    assert_near(end[1], 2.1, 1e-12);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
 /* A heterogeneous cluster: a host's own link caps every message to or from it, a host's speed
  * divides its compute, and both survive the cluster and plan files. */
 static void test_heterogeneous(void **state) {
@@ -393,8 +424,64 @@ static double xfer(const Cluster *cl, int a, int b, double bytes) {
                      sched_kind_name(s->kind), w, i, sched_op_name((InstrOp)in->op), in->mb, a, b, __VA_ARGS__); \
     } while (0)
 
+/* A transfer into one worker: they share its one incoming link. */
+typedef struct InXfer {
+    double start, end, ready;   /* ready: when the sender reached the send */
+    int w, i;
+} InXfer;
+
+static int cmp_in_xfer(const void *pa, const void *pb) {
+    const InXfer *a = pa, *b = pb;
+    return a->start < b->start ? -1 : a->start > b->start ? 1 : 0;
+}
+
+/* in_prev[w][i]: for send i of worker w, the end of the transfer into the same receiver that
+ * used the receiver's incoming link just before it (0: none); and the transfers take the link
+ * in the order their senders reached them. */
+static double **incoming_link(const Schedule *s, const SimCosts *c, const Cluster *cl, const SimResult *r) {
+    int W = s->n_ranks;
+    double **prev = calloc((size_t)W, sizeof(double *));
+    InXfer **in = calloc((size_t)W, sizeof(InXfer *));
+    int *n_in = calloc((size_t)W, sizeof(int));
+    size_t total = 0;
+    for (int w = 0; w < W; w++) total += (size_t)s->workers[w].n;
+    for (int w = 0; w < W; w++) {
+        prev[w] = calloc((size_t)s->workers[w].n + 1, sizeof(double));
+        in[w] = malloc((total + 1) * sizeof(InXfer));
+    }
+    for (int w = 0; w < W; w++) {
+        double t = 0;
+        for (int i = 0; i < s->workers[w].n; i++) {
+            const Instr *x = &s->workers[w].ins[i];
+            int st = sched_instr_stage(&s->workers[w], x);
+            if (x->op == OP_SEND_ACT || x->op == OP_SEND_GRAD) {
+                double bytes = x->op == OP_SEND_ACT ? c->stage[st + 1].in_bytes : c->stage[st].in_bytes;
+                if (xfer(cl, w, x->peer, bytes) > 0)
+                    in[x->peer][n_in[x->peer]++] = (InXfer){r->start[w][i], r->end[w][i], t, w, i};
+                continue;
+            }
+            t = r->end[w][i];
+        }
+    }
+    for (int q = 0; q < W; q++) {
+        qsort(in[q], (size_t)n_in[q], sizeof(InXfer), cmp_in_xfer);
+        for (int k = 1; k < n_in[q]; k++) {
+            const InXfer *a = &in[q][k - 1], *b = &in[q][k];
+            if (b->ready < a->ready - 1e-9 * (1 + fabs(a->ready)))
+                fail_msg("worker %d's incoming link: worker %d's send (instruction %d, ready at %.12g) went before worker %d's "
+                         "(instruction %d, ready at %.12g)", q, a->w, a->i, a->ready, b->w, b->i, b->ready);
+            prev[b->w][b->i] = a->end;
+        }
+        free(in[q]);
+    }
+    free(in);
+    free(n_in);
+    return prev;
+}
+
 static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl, const SimResult *r) {
     int U = s->n_units, W = s->n_ranks;
+    double **in_prev = incoming_link(s, c, cl, r);
     size_t na = (size_t)U * (size_t)(s->n_stages + 1) * 2;
     double *arrive = malloc(na * sizeof(double));
     for (size_t i = 0; i < na; i++) arrive[i] = -1;
@@ -443,8 +530,9 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
             case OP_SEND_ACT:
             case OP_SEND_GRAD: {
                 double bytes = in->op == OP_SEND_ACT ? c->stage[st + 1].in_bytes : c->stage[st].in_bytes;
-                /* every send of the worker queues at its one outgoing link */
-                double want = fmax(t, link), d = xfer(cl, w, in->peer, bytes);
+                /* every send of the worker queues at its one outgoing link, and at the
+                 * receiver's one incoming link */
+                double want = fmax(fmax(t, link), in_prev[w][i]), d = xfer(cl, w, in->peer, bytes);
                 CHECK_T(fabs(a - want) <= tol && fabs(b - a - d) <= tol, "want %.12g + %.12g", want, d);
                 link = b;
                 continue;   /* the worker does not wait for a send */
@@ -481,8 +569,9 @@ static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl,
             t = b;
         }
     }
-    for (int w = 0; w < W; w++) free(ar_at[w]);
+    for (int w = 0; w < W; w++) free(ar_at[w]), free(in_prev[w]);
     free(ar_at);
+    free(in_prev);
     free(arrive);
 }
 
@@ -924,7 +1013,7 @@ static void test_scale(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
-        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound),
+        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
         cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
         cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),

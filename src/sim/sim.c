@@ -179,6 +179,7 @@ typedef struct WState {
     double busy;
     double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
     double link_free;   /* when its outgoing link is free: one for all its sends (sim.h) */
+    double in_free;     /* when its incoming link is free: one for all it receives */
 } WState;
 
 typedef struct Group {   /* all-reduce state of one stage */
@@ -197,9 +198,39 @@ typedef struct Engine {
     Group *groups;
     Msg *tab;
     size_t tab_mask, n_live;
-    int *stack, n_stack;
+    int *heap, n_heap;  /* the workers ready to run, a min-heap by (clock, rank) */
     Err *err;
 } Engine;
+
+/* The ready workers run in the order of their clocks, so that transfers claim the links in the
+ * order they start (a receiver's link is shared by every sender to it). */
+static int ready_before(const Engine *e, int a, int b) {
+    double ca = e->ws[a].clock, cb = e->ws[b].clock;
+    return ca < cb || (ca == cb && a < b);
+}
+
+static void ready_push(Engine *e, int w) {
+    int i = e->n_heap++;
+    while (i > 0 && ready_before(e, w, e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = w;
+}
+
+static int ready_pop(Engine *e) {
+    int top = e->heap[0], last = e->heap[--e->n_heap], i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= e->n_heap) break;
+        if (c + 1 < e->n_heap && ready_before(e, e->heap[c + 1], e->heap[c])) c++;
+        if (!ready_before(e, e->heap[c], last)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    if (e->n_heap) e->heap[i] = last;
+    return top;
+}
 
 static uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
@@ -333,6 +364,10 @@ static int run_worker(Engine *e, int rank) {
     WState *w = &e->ws[rank];
     double *st = e->r->start[rank], *en = e->r->end[rank];
     while (w->pc < sw->n) {
+        if (e->n_heap && ready_before(e, e->heap[0], rank)) {   /* another worker is earlier */
+            ready_push(e, rank);
+            return PD_OK;
+        }
         const Instr *in = &sw->ins[w->pc];
         int i = w->pc;
         if (in->chunk < 0 || in->chunk >= (sw->n_chunks > 0 ? sw->n_chunks : 1))
@@ -362,10 +397,18 @@ static int run_worker(Engine *e, int rank) {
             int bnd = act ? stage + 1 : stage;
             double bytes = send_bytes(e, bnd);
             /* the worker's one outgoing link: a middle stage's activations forward and gradients
-             * backward take turns on it, as on the emulated cluster's per-host shaped links */
+             * backward take turns on it; and the receiver's one incoming link: a middle stage
+             * receives activations and gradients through it, a stage after a replicated one
+             * every replica's activations (as on the emulated cluster's per-host shaped links,
+             * or any full-duplex NIC). Workers run in clock order, so links are claimed in the
+             * order transfers start. */
             double t0 = w->clock > w->link_free ? w->clock : w->link_free;
-            double t1 = t0 + link_time(e, rank, peer, bytes);
+            WState *rw = &e->ws[peer];
+            double dt = link_time(e, rank, peer, bytes);
+            if (dt > 0 && rw->in_free > t0) t0 = rw->in_free;
+            double t1 = t0 + dt;
             w->link_free = t1;
+            if (dt > 0) rw->in_free = t1;
             st[i] = t0;
             en[i] = t1;
             Msg *m = msg_find(e, act, rank, peer, in->mb, bnd, 1);
@@ -377,7 +420,7 @@ static int run_worker(Engine *e, int rank) {
             m->arrive = t1;
             m->sender_ins = i;
             e->r->n_messages++;
-            if (waiter >= 0) e->stack[e->n_stack++] = waiter;
+            if (waiter >= 0) ready_push(e, waiter);
             break;
         }
         case OP_RECV_ACT:
@@ -429,7 +472,7 @@ static int run_worker(Engine *e, int rank) {
                     PD_ASSERT(pw->blocked == 2);
                     pw->blocked = 0;
                     pw->pc++;
-                    e->stack[e->n_stack++] = peer;
+                    ready_push(e, peer);
                 }
             }
             gr->arrived = 0;
@@ -682,11 +725,11 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         r->end[w] = r->times_ + n_ins + off;
     }
     Engine e = {s, c, o, r, calloc((size_t)W, sizeof(WState)), calloc((size_t)s->n_stages, sizeof(Group)), NULL, 0, 0,
-                malloc((size_t)W * 2 * sizeof(int) + sizeof(int)), 0, err};
+                malloc((size_t)W * sizeof(int) + sizeof(int)), 0, err};
     size_t cap = 1024;
     e.tab = calloc(cap, sizeof(Msg));
     e.tab_mask = cap - 1;
-    PD_ASSERT(e.ws && e.groups && e.tab && e.stack);
+    PD_ASSERT(e.ws && e.groups && e.tab && e.heap);
     for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
     if (o->cluster && o->cluster->cores_per_machine > 0 && o->cluster->n_levels > 0) {
         /* Workers that compute share their machine's cores. How many contend on average: each
@@ -714,13 +757,9 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     } else {
         for (int w = 0; w < W; w++) e.ws[w].slow = r->slowdown[w] = 1.0 / cluster_worker_speed(o->cluster, w);
     }
-    for (int w = W - 1; w >= 0; w--) e.stack[e.n_stack++] = w;
+    for (int w = 0; w < W; w++) ready_push(&e, w);
     int rc = PD_OK;
-    while (e.n_stack && !rc) {
-        int w = e.stack[--e.n_stack];
-        if (e.ws[w].blocked == 2) continue;   /* woken only by the last all-reduce arrival */
-        rc = run_worker(&e, w);
-    }
+    while (e.n_heap && !rc) rc = run_worker(&e, ready_pop(&e));
     if (!rc)
         for (int w = 0; w < W; w++)
             if (e.ws[w].pc < s->workers[w].n) {
@@ -749,7 +788,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     free(e.ws);
     free(e.groups);
     free(e.tab);
-    free(e.stack);
+    free(e.heap);
     if (rc) sim_result_release(r);
     return rc;
 }

@@ -10,10 +10,12 @@
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
  *     profile times (a replica computes a whole unit); a unit smaller than the profile's
  *     minibatch takes each time's fixed part plus the rest in proportion (sim_costs_scale);
- *   - a send is asynchronous: the transfer starts when the send is posted and the
- *     sender's outgoing link is free, one link for all its sends (full duplex: receives do
- *     not take it); links are FIFO resources, so transfers on the
- *     same link serialise; it takes latency + bytes / bandwidth of the cluster level
+ *   - a send is asynchronous: the transfer starts when the send is posted, the sender's
+ *     outgoing link is free (one link for all its sends) and the receiver's incoming link
+ *     is free (one link for all it receives; full duplex: a worker's sends and receives do
+ *     not contend); links are FIFO resources taken in the order the senders reach their
+ *     sends (workers run in the order of their clocks), so transfers on the same link
+ *     serialise; it takes latency + bytes / bandwidth of the cluster level
  *     joining the two ranks (cluster_link_level); a receive blocks until its message
  *     has arrived. So compute and communication overlap;
  *   - an all-reduce starts when the last replica arrives and takes the ring time
