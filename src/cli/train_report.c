@@ -111,6 +111,8 @@ char *train_stage_json(const RtTrainSummary *s, int i) {
     num(o, "measured_ms_per_unit", g->measured_ms);
     num(o, "predicted_ms_per_unit", g->predicted_ms);
     num(o, "busy", g->busy);
+    /* of measured_ms_per_unit, the time its thread was on a CPU (null with --threads other than 1) */
+    num(o, "cpu_ms_per_unit", g->cpu_ms);
     num(o, "versions", g->versions);
     /* the staleness its units crossed: updates between the version read and their own */
     num(o, "staleness_mean", g->delay_mean);
@@ -226,13 +228,17 @@ static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
 }
 
 int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
-    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %8s %12s %12s %15s\n", "stage", "replicas", "measured F+B ms/unit",
-            "predicted F+B ms/unit", "busy %", "versions", "alloc MB", "predicted MB", "staleness avg/max");
-    for (int i = 0; i < s->stages; i++)
-        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %8d %12.2f %12.2f %11.2f/%-3d\n", i, s->stage[i].replicas,
-                s->stage[i].measured_ms, s->stage[i].predicted_ms, 100 * s->stage[i].busy, s->stage[i].versions,
-                (double)s->stage[i].mem.total / 1e6, s->stage[i].predicted_bytes / 1e6, s->stage[i].delay_mean,
-                s->stage[i].delay_max);
+    /* on CPU: the part of the stage's compute time its thread ran (the rest it waited for a core) */
+    fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %9s %8s %12s %12s %15s\n", "stage", "replicas", "measured F+B ms/unit",
+            "predicted F+B ms/unit", "busy %", "on CPU %", "versions", "alloc MB", "predicted MB", "staleness avg/max");
+    for (int i = 0; i < s->stages; i++) {
+        const RtStageSummary *g = &s->stage[i];
+        char cpu[16] = "-";
+        if (isfinite(g->cpu_ms) && g->measured_ms > 0) snprintf(cpu, sizeof cpu, "%.1f", 100 * g->cpu_ms / g->measured_ms);
+        fprintf(stderr, "%-6d %-9d %22.3f %22.3f %8.1f %9s %8d %12.2f %12.2f %11.2f/%-3d\n", i, g->replicas, g->measured_ms,
+                g->predicted_ms, 100 * g->busy, cpu, g->versions, (double)g->mem.total / 1e6, g->predicted_bytes / 1e6,
+                g->delay_mean, g->delay_max);
+    }
     fprintf(stderr, "staleness compensation: %s\n", s->staleness);
     fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", s->time_per_unit_ms,
             s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "no profile given");

@@ -117,6 +117,7 @@ enum {
 
 /* ---- clock and logging ----------------------------------------------------------- */
 double pd_now(void);           /* monotonic seconds */
+double pd_thread_cpu(void);    /* CPU seconds the calling thread has run (0 where unknown) */
 typedef enum LogLevel { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG } LogLevel;
 void pd_log_set_level(LogLevel l);
 void pd_log(LogLevel l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

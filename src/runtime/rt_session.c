@@ -169,10 +169,12 @@ static int check_ckpt_dir(const char *dir, Err *err) {
 static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off) {
     acc->rank = seg->rank, acc->stage = seg->stage, acc->replica = seg->replica;
     acc->wall_s += seg->wall_s, acc->compute_s += seg->compute_s, acc->wait_s += seg->wait_s;
+    acc->compute_cpu_s += seg->compute_cpu_s;
     acc->n_fwd += seg->n_fwd, acc->n_bwd += seg->n_bwd;
     acc->n_chunks = seg->n_chunks;
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
-        acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c];
+        acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c],
+        acc->chunk_cpu_s[c] += seg->chunk_cpu_s[c];
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
     if (seg->units_done) acc->last_loss = seg->last_loss;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
@@ -817,6 +819,7 @@ typedef struct Wire {
     double grad_norm_sum, grad_norm_max;             /* gradient clipping */
     int64_t n_norms, n_clipped;
     double bytes_sent;
+    double compute_cpu_s, chunk_cpu_s[RT_MAX_CHUNKS];
 } Wire;
 
 char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
@@ -825,9 +828,11 @@ char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
               a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
               a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
-              a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent};
+              a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent,
+              a->compute_cpu_s, {0}};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
-        x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c];
+        x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c],
+        x.chunk_cpu_s[c] = a->chunk_cpu_s[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     *n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(*n);
@@ -862,10 +867,10 @@ int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err
                           .pid = y.pid, .n_delayed = (int)y.n_delayed, .delay_sum = (long)y.delay_sum,
                           .delay_max = (int)y.delay_max, .grad_norm_sum = y.grad_norm_sum,
                           .grad_norm_max = y.grad_norm_max, .n_norms = (int)y.n_norms, .n_clipped = (int)y.n_clipped,
-                          .bytes_sent = y.bytes_sent};
+                          .bytes_sent = y.bytes_sent, .compute_cpu_s = y.compute_cpu_s};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
-        o->chunk_compute_s[c] = y.chunk_compute_s[c];
+        o->chunk_compute_s[c] = y.chunk_compute_s[c], o->chunk_cpu_s[c] = y.chunk_cpu_s[c];
     const char *p = (const char *)buf + sizeof y;
     if (y.n_events) {
         o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
@@ -972,7 +977,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     for (int i = 0; i < s->n_stages; i++) {
         RtStageSummary *g = &out->stage[i];
         const SchedStage *st = &s->stages[i];
-        double comp = 0;
+        double comp = 0, cpu = 0;
         int nf = 0;
         g->replicas = st->replicas;
         g->predicted_ms = NAN;
@@ -985,6 +990,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
             const RtWorkerResult *r = &res[st->ranks[j]];
             double cs = r->n_chunks > 1 ? r->chunk_compute_s[ci] : r->compute_s;
             comp += cs;
+            cpu += r->n_chunks > 1 ? r->chunk_cpu_s[ci] : r->compute_cpu_s;
             nf += r->n_chunks > 1 ? r->chunk_fwd[ci] : r->n_fwd;
             if (r->max_versions > g->versions) g->versions = r->max_versions;
             if (r->delay_max > g->delay_max) g->delay_max = r->delay_max;
@@ -992,6 +998,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
             g->busy += wall > 0 ? cs / wall / st->replicas : 0;
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
+        /* the thread's CPU clock sees only its own thread: with kernel threads it says nothing */
+        g->cpu_ms = nf && cpu > 0 && sp->threads == 1 && s->kind != SCHED_ASP ? 1e3 * cpu / nf : NAN;
         g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
         g->mem = res[st->ranks[0]].mem;
         g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = g->predicted_scratch_bytes = NAN;

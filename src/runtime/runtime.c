@@ -756,7 +756,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
     while (w->pc < sw->n) {
         const Instr *in = &sw->ins[w->pc];
         Worker *x = chunk_of(w, in);
-        double t0 = pd_now(), c0 = t0;
+        double t0 = pd_now(), c0 = t0, q0 = pd_thread_cpu();
         int rc = PD_OK, computes = 0;
         Slot *sl;
         switch ((InstrOp)in->op) {
@@ -833,6 +833,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
                 if (rc) break;
                 if (!ready) return RT_BLOCKED;
                 c0 = pd_now();
+                q0 = pd_thread_cpu();
             }
             for (int c = 0; c < w->n_chunk; c++) {   /* ties inside a stage: one summed gradient */
                 Worker *y = rt_chunk(w, c);
@@ -841,11 +842,13 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             if (w->cfg->opt.clip_norm > 0.0f && (rc = clip_gradients(w, err))) break;
             for (int c = 0; c < w->n_chunk; c++) {
                 Worker *y = rt_chunk(w, c);
-                double s0 = pd_now();
+                double s0 = pd_now(), u0 = pd_thread_cpu();
                 vstore_step(y, in->version, w->pc);
                 w->res->chunk_compute_s[c] += pd_now() - s0;
+                w->res->chunk_cpu_s[c] += pd_thread_cpu() - u0;
             }
             w->res->compute_s += pd_now() - c0;
+            w->res->compute_cpu_s += pd_thread_cpu() - q0;
             break;
         case OP_FLUSH:
             for (int c = 0; c < w->n_chunk; c++) {
@@ -859,9 +862,11 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             rc = err_set(err, PD_EINVAL, "the runtime does not execute %s instructions", sched_op_name((InstrOp)in->op));
         }
         if (computes) {
-            double dt = pd_now() - c0;
+            double dt = pd_now() - c0, dq = pd_thread_cpu() - q0;
             w->res->compute_s += dt;
             w->res->chunk_compute_s[in->chunk] += dt;
+            w->res->compute_cpu_s += dq;
+            w->res->chunk_cpu_s[in->chunk] += dq;
         }
         if (rc) {
             char t[64];

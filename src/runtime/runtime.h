@@ -184,6 +184,9 @@ typedef struct RtWorkerResult {
     /* timing */
     double wall_s;           /* from start to the end of the instruction list */
     double compute_s;        /* in forward/backward/step */
+    double compute_cpu_s;    /* ... of which the calling thread was on a CPU (its CPU clock; the
+                              * kernels' other threads, --threads > 1, not counted) */
+    double chunk_cpu_s[RT_MAX_CHUNKS];         /* compute_cpu_s by chunk */
     double wait_s;           /* blocked in receives and all-reduces */
     double grad_norm_sum, grad_norm_max;   /* gradient clipping: the global norms before clipping */
     int n_norms, n_clipped;  /* ... how many steps, and how many of them clipped */
@@ -381,6 +384,8 @@ typedef struct RtStageSummary {
     double measured_ms;          /* mean forward+backward compute per unit over replicas */
     double predicted_ms;         /* the simulator's (NAN without a profile) */
     double busy;                 /* compute / wall, mean over replicas */
+    double cpu_ms;               /* of measured_ms, the time its thread was on a CPU (NAN: not
+                                  * measured, or kernels on several threads) */
     int versions;                /* most weight versions alive at a replica */
     uint32_t weights_crc;        /* CRC-32 of replica 0's final weights */
     RtMem mem;                   /* what replica 0 allocated, by category (the memory ledger) */

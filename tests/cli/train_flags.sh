@@ -157,7 +157,14 @@ PY
         [ "$(key "$m" clip clipped_steps)" = 6 ] || fail "$m: clipped_steps $(key "$m" clip clipped_steps), want 6"
         if [ "$m" != one ]; then errs "$m" clipasync "stages update at different times" -- --clip-grad-norm 1; fi ;;
     --seed) ok "$m" seed -- --seed 2; differs "$m" seed ;;
-    --threads) ok "$m" threads -- --threads 2; want "$m" threads threads 2 ;;
+    --threads) ok "$m" threads -- --threads 2 --metrics "$tmp/$m.th.jsonl"; want "$m" threads threads 2
+        # the thread's CPU clock does not see the kernels' other threads: no on-CPU figure
+        python3 - "$tmp/$m.th.jsonl" <<'PY' || fail "$m: --threads 2: a stage reports its CPU time"
+import json, sys
+st = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"stage"')]
+assert st and all(x["cpu_ms_per_unit"] is None for x in st), st
+PY
+        ;;
     --precision)   # fp32 is the default bitwise; bf16 changes the weights (lenet5's conv2 and linears)
         ok "$m" fp32 -- --precision fp32; same "$m" fp32 plain; want "$m" fp32 precision '"fp32"'
         ok "$m" bf16 -- --precision bf16; differs "$m" bf16; want "$m" bf16 precision '"bf16"'
@@ -212,7 +219,16 @@ ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
     --metrics)
         [ "$(metric_lines "$tmp/$m.m.jsonl" model)" = 1 ] && [ "$(metric_lines "$tmp/$m.m.jsonl" stage)" = "$W" ] ||
             fail "$m: --metrics: $(cat "$tmp/$m.m.jsonl")"
-        [ "$(head -1 "$tmp/$m.m.jsonl")" = "$(tail -1 "$tmp/$m.base.out")" ] || fail "$m: metrics' summary differs" ;;
+        [ "$(head -1 "$tmp/$m.m.jsonl")" = "$(tail -1 "$tmp/$m.base.out")" ] || fail "$m: metrics' summary differs"
+        # one kernel thread: each stage's CPU time within its compute time (clock granularity aside)
+        python3 - "$tmp/$m.m.jsonl" <<'PY' || fail "$m: --metrics: cpu_ms_per_unit"
+import json, sys
+st = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"stage"')]
+for x in st:
+    c, w = x["cpu_ms_per_unit"], x["measured_ms_per_unit"]
+    assert c is not None and 0 < c <= w * 1.01 + 0.01, x
+PY
+        grep -q "on CPU %" "$tmp/$m.base.err" || fail "$m: no on-CPU column: $(cat "$tmp/$m.base.err")" ;;
     --log-every)
         [ "$(metric_lines "$tmp/$m.m.jsonl" step)" = 3 ] || fail "$m: --log-every 2: $(cat "$tmp/$m.m.jsonl")" ;;
     --profile)
