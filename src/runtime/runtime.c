@@ -358,8 +358,9 @@ static Slot *slot_claim(Slot *f, int u) {
 }
 
 /* The slot of unit u, claiming a free one if u has none: preferably one whose sends have
- * completed, else the first free one after waiting for its sends. NULL if none is free. */
-static Slot *slot_for(Worker *w, int u, Err *err, int *rc) {
+ * completed, else (may_wait) the first free one after waiting for its sends. NULL if none is
+ * free, or none is ready and !may_wait. */
+static Slot *slot_for(Worker *w, int u, int may_wait, Err *err, int *rc) {
     *rc = PD_OK;
     Slot *sl = slot_find(w, u);
     if (sl) return sl;
@@ -371,7 +372,7 @@ static Slot *slot_for(Worker *w, int u, Err *err, int *rc) {
         if (*rc) return NULL;
         if (!busy) busy = f;
     }
-    if (!busy) return NULL;
+    if (!busy || !may_wait) return NULL;
     if ((*rc = slot_drain(w, busy, err)) != PD_OK) return NULL;
     return slot_claim(busy, u);
 }
@@ -442,12 +443,14 @@ static int keeps_activations(const Worker *w, int pc) {
 }
 
 /* Posts the receives of instruction `in` if not posted yet (returns PD_OK if it cannot:
- * no free slot, it will be posted when executed). */
-static int post_recv(Worker *w, const Instr *in, Err *err) {
+ * no free slot, it will be posted when executed). Ahead of its instruction it never waits: a
+ * slot whose sends are still on the wire (a slow link) is not drained for it, since the rank
+ * would stop there with the next instruction's input already in. */
+static int post_recv(Worker *w, const Instr *in, int ahead, Err *err) {
     int rc;
     const Schedule *s = w->s;
     if (in->op == OP_RECV_ACT) {
-        Slot *sl = slot_for(w, in->mb, err, &rc);
+        Slot *sl = slot_for(w, in->mb, !ahead, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
             rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), wire_shape(w, w->in_shape),
@@ -532,7 +535,7 @@ void rt_progress(Worker *w, int u, int last, float loss) {
 
 static int do_forward(Worker *w, const Instr *in, Err *err) {
     int rc;
-    Slot *sl = slot_for(w, in->mb, err, &rc);
+    Slot *sl = slot_for(w, in->mb, 1, err, &rc);
     if (!sl) return rc ? rc : err_set(err, PD_EINVAL, "rank %d: no free slot for unit %d", w->rank, in->mb);
     if (w->is_input && (rc = load_unit(w, sl, in->mb, err))) return rc;
     if (w->is_last && !w->is_input)
@@ -761,7 +764,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         Slot *sl;
         switch ((InstrOp)in->op) {
         case OP_RECV_ACT:
-            if ((rc = post_recv(x, in, err))) break;
+            if ((rc = post_recv(x, in, 0, err))) break;
             sl = slot_find(x, in->mb);
             if (!sl) {
                 if (!blocking) return RT_BLOCKED;
@@ -774,7 +777,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             wire_in(x, sl->w_act_in, slot_in(x, sl), x->in_shape, &sl->act_in);
             break;
         case OP_RECV_GRAD:
-            if ((rc = post_recv(x, in, err))) break;
+            if ((rc = post_recv(x, in, 0, err))) break;
             sl = slot_find(x, in->mb);
             PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", w->rank, in->mb);
             if ((rc = await(x, &sl->r_grad, &sl->grad_ready, blocking, err))) break;
@@ -877,17 +880,21 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         trace_add(w, in, t0, pd_now());
         for (int c = 0; c < w->n_chunk; c++) vstore_collect(rt_chunk(w, c), w->pc);
         w->pc++;
-        /* Post the receives of the next few instructions ahead, so they overlap compute. */
+        /* Post the receives of the next few instructions ahead, so they overlap compute. Units
+         * take slots in the order of their receives: one that gets none now stops the posting,
+         * or a later unit could take the slot it will need. */
         for (int k = w->pc, seen = 0; k < sw->n && seen < 4; k++) {
             const Instr *nx = &sw->ins[k];
             if (nx->op != OP_RECV_ACT && nx->op != OP_RECV_GRAD) continue;
             seen++;
-            if ((rc = post_recv(rt_chunk(w, nx->chunk), nx, err))) {
+            Worker *y = rt_chunk(w, nx->chunk);
+            if ((rc = post_recv(y, nx, 1, err))) {
                 char t[64];
                 err_prefix(err, "rank %d (stage %d), posting instruction %d (%s) ahead", w->rank,
                            sched_instr_stage(sw, nx), k, sched_instr_str(nx, 1, t, sizeof t));
                 return RT_ERR;
             }
+            if (nx->op == OP_RECV_ACT && !slot_find(y, nx->mb)) break;
         }
     }
     return RT_DONE;
