@@ -16,6 +16,7 @@ static void help(FILE *f) {
             "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
             "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
             "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam|adamw] [--wire bf16]\n"
+            "                          [--unit-batch N]\n"
             "                          [--svg FILE] [--comm]\n"
             "                          [--trace FILE.json] [--dump] [--json]\n\n"
             "Executes the schedule of PLAN (written by `pipedream plan`) in a discrete-event\n"
@@ -40,6 +41,9 @@ static void help(FILE *f) {
             "  --optimizer KIND     state size for memory: sgd (momentum, default), adam or adamw\n"
             "  --wire fp32|bf16     activations and gradients between stages as fp32 (default) or bf16\n"
             "                       (train --wire: half the bytes on every link)\n"
+            "  --unit-batch N       samples per unit (train --minibatch N / micro-batches): the profile's\n"
+            "                       times and bytes scaled to it, as train predicts (default: the\n"
+            "                       profile's minibatch)\n"
             "  --svg FILE           timeline picture; --comm also draws sends and all-reduces\n"
             "  --trace FILE.json    Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev)\n"
             "  --dump               print each worker's forward/backward order (F0 F1 B0 ...)\n"
@@ -55,7 +59,7 @@ int cmd_simulate(int argc, char **argv) {
     SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
     int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
-    int wire_bf16 = 0;
+    int wire_bf16 = 0, unit_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--profile")) {
@@ -92,6 +96,9 @@ int cmd_simulate(int argc, char **argv) {
             if (!strcmp(v, "fp32")) wire_bf16 = 0;
             else if (!strcmp(v, "bf16")) wire_bf16 = 1;
             else return cli_usage_error("simulate", "--wire: unknown \"%s\" (fp32, bf16)", v);
+        } else if (!strcmp(a, "--unit-batch")) {
+            if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 1, 1 << 24, &unit_batch))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--svg")) {
             if (!(svg_path = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
         } else if (!strcmp(a, "--trace")) {
@@ -171,7 +178,14 @@ int cmd_simulate(int argc, char **argv) {
     if (!so.n_minibatches) so.n_minibatches = sched_splits_minibatch(so.kind, so.n_micro) ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;
-    SimOpts o = {.cluster = &cl, .opt_state_factor = opt_factor, .samples_per_unit = prof.minibatch,
+    if (unit_batch && unit_batch != prof.minibatch) {
+        if (prof.minibatch <= 0) {
+            err_set(&err, PD_EINVAL, "%s: --unit-batch needs a profile that says its minibatch", profile_path);
+            goto fail;
+        }
+        sim_costs_scale(&costs, (double)unit_batch / prof.minibatch);
+    }
+    SimOpts o = {.cluster = &cl, .opt_state_factor = opt_factor, .samples_per_unit = unit_batch ? unit_batch : prof.minibatch,
                  .wire_factor = wire_bf16 ? 0.5 : 1.0};
     if (sim_run(&s, &costs, &o, &r, &err)) {
         err_prefix(&err, "%s (%s)", plan_path, sched_kind_name(so.kind));

@@ -1,10 +1,11 @@
 /* sim.c: the discrete-event simulator (see sim.h for the model), its metrics (time per
  * minibatch, busy/bubble fractions, memory, weight versions) and deadlock reports, and
- * per-stage costs from a profile. Workers run as far as they can; a worker blocked on a
- * receive or an all-reduce is woken by the send or the last arrival it waits for. Since
- * a worker's one outgoing link carries only its own sends, in program order, every
- * transfer's times are fixed when it is posted, so the order in which workers are advanced does not
- * change any time: the result is exact and deterministic. Drawing is in timeline.c. */
+ * per-stage costs from a profile. Events run in time order: the worker with the earliest clock
+ * runs its next instruction, unless a transfer finishes first. A worker blocked on a receive or
+ * an all-reduce is woken by the message's arrival or the last arrival it waits for. Transfers
+ * share the links fairly, so a transfer's end is known only when the transfers that share its
+ * links are; ties go to the transfer, then to the lower rank, so the result is exact and
+ * deterministic. Drawing is in timeline.c. */
 #include "sim.h"
 
 #include <math.h>
@@ -160,7 +161,9 @@ void sim_costs_release(SimCosts *c) {
 
 /* ---- engine ----------------------------------------------------------------------- */
 
-enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED };
+/* WAITED: a receiver waits, nothing sent; IN_FLIGHT: sent, its transfer under way (waiter: the
+ * blocked receiver or -1); POSTED: arrived at `arrive`. */
+enum { MSG_EMPTY = 0, MSG_POSTED, MSG_WAITED, MSG_IN_FLIGHT };
 
 typedef struct Msg {
     uint64_t key;     /* kind << 40 | src << 20 | dst */
@@ -178,8 +181,6 @@ typedef struct WState {
     double clock;
     double busy;
     double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
-    double link_free;   /* when its outgoing link is free: one for all its sends (sim.h) */
-    double in_free;     /* when its incoming link is free: one for all it receives */
 } WState;
 
 typedef struct Group {   /* all-reduce state of one stage */
@@ -188,6 +189,45 @@ typedef struct Group {   /* all-reduce state of one stage */
     double tmax;
     double cost;
 } Group;
+
+/* ---- links: transfers share them fairly ------------------------------------------ */
+
+/* The transfers between one ordered pair of workers: one connection (as MPI's over TCP), which
+ * sends its messages one after the other. Each worker has one outgoing and one incoming link
+ * (resources w and W + w). A connection from a to b occupies a's outgoing link for c_out
+ * seconds and b's incoming link for c_in seconds per byte (1 / the rate each end could give it
+ * alone), and the rates of the connections with messages in flight are max-min fair (as TCP
+ * flows share a bottleneck): every connection gets the same rate, except where a link it does
+ * not fill leaves it more. Rates change only when a connection starts or runs out of
+ * messages, and only for the connections joined to it through shared links (its component). */
+typedef struct FlowMsg {
+    double bytes;
+    int kind, mb, bnd, ins;   /* the message, and its send instruction */
+} FlowMsg;
+
+typedef struct Flow {
+    double rem;            /* bytes of the head message left at t_last */
+    double rate;           /* bytes / s since t_last */
+    double t_last, finish; /* finish: of the head message, t_last + rem / rate */
+    double c_out, c_in;    /* seconds of each end's link per byte */
+    double latency;        /* added after a message's last byte leaves: its arrival */
+    double x;              /* scratch: the rate being filled */
+    int src, dst;
+    FlowMsg *q;            /* the messages queued, q[q_head] in flight */
+    int q_head, q_n, q_cap;
+    int version;           /* heap entries of an older version are stale */
+    int live, frozen, seen;
+} Flow;
+
+typedef struct FlowEv {
+    double t;
+    int id, version;
+} FlowEv;
+
+typedef struct LinkSet {   /* the transfers in flight on one link */
+    int *ids, n, cap;
+    int seen;
+} LinkSet;
 
 typedef struct Engine {
     const Schedule *s;
@@ -200,6 +240,14 @@ typedef struct Engine {
     size_t tab_mask, n_live;
     int *heap, n_heap;  /* the workers ready to run, a min-heap by (clock, rank) */
     Err *err;
+    /* transfers in flight */
+    Flow *fl;
+    int n_fl, cap_fl, *free_fl, n_free, cap_free;
+    FlowEv *fh;         /* their finish times, a min-heap (stale entries skipped) */
+    int n_fh, cap_fh;
+    LinkSet *links;     /* 2 W: outgoing links, then incoming */
+    int epoch;          /* marks a component's links and transfers as seen */
+    int *comp, cap_comp, *lq, cap_lq;
 } Engine;
 
 /* The ready workers run in the order of their clocks, so that transfers claim the links in the
@@ -305,12 +353,225 @@ static void msg_remove(Engine *e, Msg *m) {
     e->n_live--;
 }
 
-static double link_time(const Engine *e, int a, int b, double bytes) {
+static void *grow(void *p, int *cap, int need, size_t size) {
+    if (need <= *cap) return p;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    p = realloc(p, (size_t)c * size);
+    PD_ASSERT(p);
+    *cap = c;
+    return p;
+}
+
+static int fh_before(const FlowEv *a, const FlowEv *b) { return a->t < b->t || (a->t == b->t && a->id < b->id); }
+
+static void fh_push(Engine *e, FlowEv v) {
+    e->fh = grow(e->fh, &e->cap_fh, e->n_fh + 1, sizeof(FlowEv));
+    int i = e->n_fh++;
+    while (i > 0 && fh_before(&v, &e->fh[(i - 1) / 2])) {
+        e->fh[i] = e->fh[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->fh[i] = v;
+}
+
+static void fh_pop(Engine *e) {
+    FlowEv last = e->fh[--e->n_fh];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= e->n_fh) break;
+        if (c + 1 < e->n_fh && fh_before(&e->fh[c + 1], &e->fh[c])) c++;
+        if (!fh_before(&e->fh[c], &last)) break;
+        e->fh[i] = e->fh[c];
+        i = c;
+    }
+    if (e->n_fh) e->fh[i] = last;
+}
+
+/* The next transfer to finish (its id, its time in *t), or -1 (*t infinite) when none is in flight. */
+static int flow_next(Engine *e, double *t) {
+    while (e->n_fh) {
+        const FlowEv *v = &e->fh[0];
+        const Flow *f = &e->fl[v->id];
+        if (f->live && f->version == v->version) {
+            *t = v->t;
+            return v->id;
+        }
+        fh_pop(e);
+    }
+    *t = INFINITY;
+    return -1;
+}
+
+static void link_add(LinkSet *l, int id) {
+    l->ids = grow(l->ids, &l->cap, l->n + 1, sizeof(int));
+    l->ids[l->n++] = id;
+}
+
+static void link_del(LinkSet *l, int id) {
+    for (int k = 0; k < l->n; k++)
+        if (l->ids[k] == id) {
+            memmove(l->ids + k, l->ids + k + 1, (size_t)(l->n - k - 1) * sizeof(int));
+            l->n--;
+            return;
+        }
+    PD_ASSERT(0);
+}
+
+/* Re-shares the links of the component joined (through shared links) to links l0 and l1 at
+ * time now: every transfer in it is brought to now at its old rate, then given its max-min
+ * fair rate by progressive filling (raise every unfrozen rate together until some link is
+ * full; freeze the transfers on it; repeat), and a new finish. */
+static void flow_reshare(Engine *e, double now, int l0, int l1) {
+    int ep = ++e->epoch, nf = 0, nl = 0;
+    e->lq = grow(e->lq, &e->cap_lq, 2, sizeof(int));
+    e->links[l0].seen = ep;
+    e->lq[nl++] = l0;
+    if (e->links[l1].seen != ep) e->links[l1].seen = ep, e->lq[nl++] = l1;
+    for (int q = 0; q < nl; q++) {
+        const LinkSet *L = &e->links[e->lq[q]];
+        for (int k = 0; k < L->n; k++) {
+            Flow *f = &e->fl[L->ids[k]];
+            if (f->seen == ep) continue;
+            f->seen = ep;
+            e->comp = grow(e->comp, &e->cap_comp, nf + 1, sizeof(int));
+            e->comp[nf++] = L->ids[k];
+            int ends[2] = {f->src, e->s->n_ranks + f->dst};
+            for (int j = 0; j < 2; j++)
+                if (e->links[ends[j]].seen != ep) {
+                    e->lq = grow(e->lq, &e->cap_lq, nl + 1, sizeof(int));
+                    e->links[ends[j]].seen = ep;
+                    e->lq[nl++] = ends[j];
+                }
+        }
+    }
+    for (int k = 0; k < nf; k++) {
+        Flow *f = &e->fl[e->comp[k]];
+        f->rem -= f->rate * (now - f->t_last);
+        if (f->rem < 0) f->rem = 0;
+        f->t_last = now;
+        f->x = 0;
+        f->frozen = 0;
+    }
+    int left = nf;
+    while (left > 0) {
+        /* the smallest raise that fills a link: (1 - used) / (cost of its unfrozen transfers) */
+        double step = INFINITY;
+        for (int q = 0; q < nl; q++) {
+            int l = e->lq[q], out = l < e->s->n_ranks;
+            const LinkSet *L = &e->links[l];
+            double used = 0, grow_c = 0;
+            for (int k = 0; k < L->n; k++) {
+                const Flow *f = &e->fl[L->ids[k]];
+                double c = out ? f->c_out : f->c_in;
+                used += f->x * c;
+                if (!f->frozen) grow_c += c;
+            }
+            if (grow_c > 0) {
+                double d = (1 - used) / grow_c;
+                if (d < step) step = d;
+            }
+        }
+        PD_ASSERT(isfinite(step));
+        if (step < 0) step = 0;
+        for (int k = 0; k < nf; k++)
+            if (!e->fl[e->comp[k]].frozen) e->fl[e->comp[k]].x += step;
+        /* freeze the transfers on every link now full */
+        for (int q = 0; q < nl; q++) {
+            int l = e->lq[q], out = l < e->s->n_ranks;
+            const LinkSet *L = &e->links[l];
+            double used = 0;
+            int any = 0;
+            for (int k = 0; k < L->n; k++) {
+                const Flow *f = &e->fl[L->ids[k]];
+                used += f->x * (out ? f->c_out : f->c_in);
+                any |= !f->frozen;
+            }
+            if (!any || used < 1 - 1e-12) continue;
+            for (int k = 0; k < L->n; k++) {
+                Flow *f = &e->fl[L->ids[k]];
+                if (!f->frozen) f->frozen = 1, left--;
+            }
+        }
+    }
+    for (int k = 0; k < nf; k++) {
+        Flow *f = &e->fl[e->comp[k]];
+        f->rate = f->x;
+        f->finish = now + f->rem / f->rate;
+        f->version++;
+        fh_push(e, (FlowEv){f->finish, e->comp[k], f->version});
+    }
+}
+
+/* The rate worker r's end of a link of bandwidth bw gives: bw, capped by the worker's own link. */
+static double end_rate(const Cluster *cl, int r, double bw) {
+    double own = r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
+    return own < bw ? own : bw;
+}
+
+/* A message of `bytes` from a to b sent at now by instruction ins of a: queued on the pair's
+ * connection, which starts (and the links are re-shared) unless it is already sending. */
+static void flow_start(Engine *e, double now, int a, int b, double bytes, int kind, int mb, int bnd, int ins) {
     const Cluster *cl = e->o->cluster;
-    if (!cl || cl->n_levels == 0 || bytes <= 0) return 0;
+    FlowMsg msg = {bytes, kind, mb, bnd, ins};
+    const LinkSet *out = &e->links[a];
+    for (int k = 0; k < out->n; k++) {
+        Flow *f = &e->fl[out->ids[k]];
+        if (f->dst != b) continue;
+        f->q = grow(f->q, &f->q_cap, f->q_n + 1, sizeof(FlowMsg));
+        f->q[f->q_n++] = msg;
+        return;
+    }
+    int id;
+    if (e->n_free) id = e->free_fl[--e->n_free];
+    else {
+        e->fl = grow(e->fl, &e->cap_fl, e->n_fl + 1, sizeof(Flow));
+        id = e->n_fl++;
+        e->fl[id] = (Flow){0};
+    }
+    Flow *f = &e->fl[id];
     int lv = cluster_link_level(cl, a, b);
-    if (lv < 0) return 0;
-    return cl->level[lv].latency + bytes / cluster_link_bandwidth(cl, a, b);
+    double bw = cl->level[lv].bandwidth;
+    *f = (Flow){.rem = bytes, .t_last = now, .latency = cl->level[lv].latency, .c_out = 1 / end_rate(cl, a, bw),
+                .c_in = 1 / end_rate(cl, b, bw), .src = a, .dst = b, .q = f->q, .q_cap = f->q_cap, .version = f->version,
+                .live = 1};
+    f->q = grow(f->q, &f->q_cap, 1, sizeof(FlowMsg));
+    f->q[f->q_n++] = msg;
+    link_add(&e->links[a], id);
+    link_add(&e->links[e->s->n_ranks + b], id);
+    flow_reshare(e, now, a, e->s->n_ranks + b);
+}
+
+/* The head message of connection id finishes at t: it arrives latency later (the receiver
+ * waiting for it is woken) and its send instruction's end is set. The connection goes on with
+ * its next message at the same rate, or ends, and its links are re-shared. */
+static void flow_finish(Engine *e, int id, double t) {
+    Flow *f = &e->fl[id];
+    fh_pop(e);
+    const FlowMsg *g = &f->q[f->q_head++];
+    double arrive = t + f->latency;
+    e->r->end[f->src][g->ins] = arrive;
+    Msg *m = msg_find(e, g->kind, f->src, f->dst, g->mb, g->bnd, 0);
+    PD_ASSERT(m && m->state == MSG_IN_FLIGHT);
+    m->state = MSG_POSTED;
+    m->arrive = arrive;
+    if (m->waiter >= 0) ready_push(e, m->waiter);
+    if (f->q_head < f->q_n) {
+        f->rem = f->q[f->q_head].bytes;
+        f->t_last = t;
+        f->finish = t + f->rem / f->rate;
+        f->version++;
+        fh_push(e, (FlowEv){f->finish, id, f->version});
+        return;
+    }
+    f->live = 0;
+    f->q_head = f->q_n = 0;
+    link_del(&e->links[f->src], id);
+    link_del(&e->links[e->s->n_ranks + f->dst], id);
+    e->free_fl = grow(e->free_fl, &e->cap_free, e->n_free + 1, sizeof(int));
+    e->free_fl[e->n_free++] = id;
+    flow_reshare(e, t, f->src, e->s->n_ranks + f->dst);
 }
 
 static double allreduce_cost(const Engine *e, int st) {
@@ -364,7 +625,9 @@ static int run_worker(Engine *e, int rank) {
     WState *w = &e->ws[rank];
     double *st = e->r->start[rank], *en = e->r->end[rank];
     while (w->pc < sw->n) {
-        if (e->n_heap && ready_before(e, e->heap[0], rank)) {   /* another worker is earlier */
+        double tf;
+        if ((e->n_heap && ready_before(e, e->heap[0], rank)) ||   /* another worker is earlier, */
+            (flow_next(e, &tf) >= 0 && tf <= w->clock)) {        /* or a transfer ends first */
             ready_push(e, rank);
             return PD_OK;
         }
@@ -396,30 +659,27 @@ static int run_worker(Engine *e, int rank) {
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
             double bytes = send_bytes(e, bnd);
-            /* the worker's one outgoing link: a middle stage's activations forward and gradients
-             * backward take turns on it; and the receiver's one incoming link: a middle stage
-             * receives activations and gradients through it, a stage after a replicated one
-             * every replica's activations (as on the emulated cluster's per-host shaped links,
-             * or any full-duplex NIC). Workers run in clock order, so links are claimed in the
-             * order transfers start. */
-            double t0 = w->clock > w->link_free ? w->clock : w->link_free;
-            WState *rw = &e->ws[peer];
-            double dt = link_time(e, rank, peer, bytes);
-            if (dt > 0 && rw->in_free > t0) t0 = rw->in_free;
-            double t1 = t0 + dt;
-            w->link_free = t1;
-            if (dt > 0) rw->in_free = t1;
-            st[i] = t0;
-            en[i] = t1;
+            /* the transfer starts now and shares the sender's outgoing and the receiver's
+             * incoming link with the others in flight (flow_start); without a cluster or
+             * bytes it arrives at once */
             Msg *m = msg_find(e, act, rank, peer, in->mb, bnd, 1);
-            if (m->state == MSG_POSTED)
+            if (m->state == MSG_POSTED || m->state == MSG_IN_FLIGHT)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d to %d sent twice", rank, i,
                                act ? "activation" : "gradient", in->mb, peer);
             int waiter = m->state == MSG_WAITED ? m->waiter : -1;
-            m->state = MSG_POSTED;
-            m->arrive = t1;
             m->sender_ins = i;
             e->r->n_messages++;
+            st[i] = w->clock;
+            const Cluster *cl = e->o->cluster;
+            if (cl && cl->n_levels > 0 && bytes > 0) {
+                m->state = MSG_IN_FLIGHT;
+                m->waiter = waiter;
+                en[i] = INFINITY;   /* set when it arrives (flow_finish) */
+                flow_start(e, w->clock, rank, peer, bytes, act, in->mb, bnd, i);
+                break;
+            }
+            m->state = MSG_POSTED;
+            m->arrive = en[i] = w->clock;
             if (waiter >= 0) ready_push(e, waiter);
             break;
         }
@@ -429,9 +689,9 @@ static int run_worker(Engine *e, int rank) {
             if (in->peer < 0 || in->peer >= s->n_ranks)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: receive from bad peer %d", rank, i, in->peer);
             Msg *m = msg_find(e, act, in->peer, rank, in->mb, act ? stage : stage + 1, 1);
-            if (m->state != MSG_POSTED) {   /* not sent yet (a second receive of one message waits forever) */
+            if (m->state != MSG_POSTED) {   /* not arrived yet (a second receive of one message waits forever) */
                 if (!w->blocked) st[i] = w->clock;
-                m->state = MSG_WAITED;
+                if (m->state != MSG_IN_FLIGHT) m->state = MSG_WAITED;
                 m->waiter = rank;
                 w->blocked = 1;
                 return PD_OK;
@@ -724,12 +984,14 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         r->start[w] = r->times_ + off;
         r->end[w] = r->times_ + n_ins + off;
     }
-    Engine e = {s, c, o, r, calloc((size_t)W, sizeof(WState)), calloc((size_t)s->n_stages, sizeof(Group)), NULL, 0, 0,
-                malloc((size_t)W * sizeof(int) + sizeof(int)), 0, err};
+    Engine e = {.s = s, .c = c, .o = o, .r = r, .ws = calloc((size_t)W, sizeof(WState)),
+                .groups = calloc((size_t)s->n_stages, sizeof(Group)), .heap = malloc((size_t)W * sizeof(int) + sizeof(int)),
+                .err = err};
     size_t cap = 1024;
     e.tab = calloc(cap, sizeof(Msg));
     e.tab_mask = cap - 1;
-    PD_ASSERT(e.ws && e.groups && e.tab && e.heap);
+    e.links = calloc(2 * (size_t)W + 1, sizeof(LinkSet));
+    PD_ASSERT(e.ws && e.groups && e.tab && e.heap && e.links);
     for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
     if (o->cluster && o->cluster->cores_per_machine > 0 && o->cluster->n_levels > 0) {
         /* Workers that compute share their machine's cores. How many contend on average: each
@@ -759,7 +1021,14 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     }
     for (int w = 0; w < W; w++) ready_push(&e, w);
     int rc = PD_OK;
-    while (e.n_heap && !rc) rc = run_worker(&e, ready_pop(&e));
+    for (;;) {   /* the earliest event next: a worker's next instruction, or a transfer's end */
+        double tf;
+        int f = flow_next(&e, &tf);
+        if (e.n_heap && (f < 0 || e.ws[e.heap[0]].clock < tf)) {
+            if ((rc = run_worker(&e, ready_pop(&e)))) break;
+        } else if (f >= 0) flow_finish(&e, f, tf);
+        else break;
+    }
     if (!rc)
         for (int w = 0; w < W; w++)
             if (e.ws[w].pc < s->workers[w].n) {
@@ -789,6 +1058,10 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     free(e.groups);
     free(e.tab);
     free(e.heap);
+    for (int l = 0; l < 2 * W; l++) free(e.links[l].ids);
+    free(e.links);
+    for (int k = 0; k < e.n_fl; k++) free(e.fl[k].q);
+    free(e.fl), free(e.free_fl), free(e.fh), free(e.comp), free(e.lq);
     if (rc) sim_result_release(r);
     return rc;
 }

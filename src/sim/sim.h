@@ -10,14 +10,15 @@
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
  *     profile times (a replica computes a whole unit); a unit smaller than the profile's
  *     minibatch takes each time's fixed part plus the rest in proportion (sim_costs_scale);
- *   - a send is asynchronous: the transfer starts when the send is posted, the sender's
- *     outgoing link is free (one link for all its sends) and the receiver's incoming link
- *     is free (one link for all it receives; full duplex: a worker's sends and receives do
- *     not contend); links are FIFO resources taken in the order the senders reach their
- *     sends (workers run in the order of their clocks), so transfers on the same link
- *     serialise; it takes latency + bytes / bandwidth of the cluster level
- *     joining the two ranks (cluster_link_level); a receive blocks until its message
- *     has arrived. So compute and communication overlap;
+ *   - a send is asynchronous: the message is posted when the worker reaches it; messages
+ *     between one ordered pair of workers go one after the other (one connection); each
+ *     worker has one outgoing and one incoming link (full duplex), and the connections with a
+ *     message under way share them max-min fairly, as TCP flows do: a connection from a to b
+ *     moves at most at the bandwidth of the cluster level joining them (cluster_link_level),
+ *     capped by a's and b's own links (Cluster.host), and a link's rate is divided equally
+ *     among its connections except where one is held lower elsewhere. A message arrives the
+ *     level's latency after its last byte leaves (the latency does not hold the link); a
+ *     receive blocks until it has arrived. So compute and communication overlap;
  *   - an all-reduce starts when the last replica arrives and takes the ring time
  *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
  *     it blocks its workers (no link contention with point-to-point transfers);

@@ -117,4 +117,25 @@ for x, y in zip(ba, bb):   # every worker's compute slowed by the same factor
     assert abs(x - slow * y) <= 5e-5 * y, (x, y, slow)   # busy fractions are printed to 6 digits
 assert ta > tb, (ta, tb)
 PY
+# --unit-batch: units of N samples as train runs them. Our profile (minibatch 32, with small-batch
+# times): 32 changes nothing; 8 takes less time per unit but more than a quarter (each time's
+# fixed part stays); a profile without a minibatch (graph.txt) is refused.
+OURS=$SRC/tests/data/profiles/lenet5_mb32.json
+"$PD" plan "$OURS" --workers 2 --bandwidth 1e7 --straight -o "$tmp/pl32.json" >/dev/null 2>"$tmp/err" || fail "plan lenet5: $(cat "$tmp/err")"
+for u in 0 32 8; do
+    extra=""; [ $u -gt 0 ] && extra="--unit-batch $u"
+    "$PD" simulate "$tmp/pl32.json" --profile "$OURS" $extra --json >"$tmp/u$u.json" 2>"$tmp/err" || fail "--unit-batch $u: $(cat "$tmp/err")"
+done
+python3 - "$tmp/u0.json" "$tmp/u32.json" "$tmp/u8.json" <<'PY' || fail "--unit-batch"
+import json, sys
+d0, d32, d8 = (json.load(open(f)) for f in sys.argv[1:])
+t0, t32, t8 = (d["time_per_minibatch_s"] for d in (d0, d32, d8))
+assert t0 == t32, (t0, t32)
+assert t32 / 4 < t8 < t32, (t8, t32)
+assert abs(d8["samples_per_s"] - 8 / t8) <= 1e-3 * d8["samples_per_s"], d8["samples_per_s"]
+print("lenet5 on 2 workers: %.6g s per unit of 32, %.6g of 8" % (t32, t8))
+PY
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --unit-batch 16 >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "--unit-batch with graph.txt: want exit 1"
+grep -q "unit-batch needs a profile" "$tmp/err" || fail "--unit-batch with graph.txt: $(cat "$tmp/err")"
 echo OK
