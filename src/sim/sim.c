@@ -177,10 +177,15 @@ typedef struct Msg {
 
 typedef struct WState {
     int pc;
-    int blocked;        /* 0 running/done, 1 on recv, 2 on all-reduce */
+    int blocked;        /* 0 running/done, 1 on recv, 2 on all-reduce, 3 computing on shared cores */
     double clock;
     double busy;
     double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
+    /* shared cores (Engine.shared): the compute instruction under way, `work` seconds at full
+     * speed, `rem` of them left at job_t, progressing at job_rate (1: a core of its own) */
+    double work, rem, job_t, job_rate;
+    double job_work_total;   /* the work of all its compute instructions */
+    int job_version;
 } WState;
 
 typedef struct Group {   /* all-reduce state of one stage */
@@ -248,6 +253,13 @@ typedef struct Engine {
     LinkSet *links;     /* 2 W: outgoing links, then incoming */
     int epoch;          /* marks a component's links and transfers as seen */
     int *comp, cap_comp, *lq, cap_lq;
+    /* Shared cores: the workers of a machine (a level-0 group of `per`) computing at once share
+     * its `cores` equally, each at most one (processor sharing, as the kernel's scheduler
+     * shares them); 0: every worker computes at its own speed (ws.slow). */
+    int shared, per;
+    double cores;
+    FlowEv *jh;         /* the computing workers' finish times (id: the worker), a min-heap */
+    int n_jh, cap_jh;
 } Engine;
 
 /* The ready workers run in the order of their clocks, so that transfers claim the links in the
@@ -365,28 +377,97 @@ static void *grow(void *p, int *cap, int need, size_t size) {
 
 static int fh_before(const FlowEv *a, const FlowEv *b) { return a->t < b->t || (a->t == b->t && a->id < b->id); }
 
-static void fh_push(Engine *e, FlowEv v) {
-    e->fh = grow(e->fh, &e->cap_fh, e->n_fh + 1, sizeof(FlowEv));
-    int i = e->n_fh++;
-    while (i > 0 && fh_before(&v, &e->fh[(i - 1) / 2])) {
-        e->fh[i] = e->fh[(i - 1) / 2];
+static void ev_push(FlowEv **h, int *n, int *cap, FlowEv v) {
+    *h = grow(*h, cap, *n + 1, sizeof(FlowEv));
+    FlowEv *a = *h;
+    int i = (*n)++;
+    while (i > 0 && fh_before(&v, &a[(i - 1) / 2])) {
+        a[i] = a[(i - 1) / 2];
         i = (i - 1) / 2;
     }
-    e->fh[i] = v;
+    a[i] = v;
 }
 
-static void fh_pop(Engine *e) {
-    FlowEv last = e->fh[--e->n_fh];
+static void ev_pop(FlowEv *a, int *n) {
+    FlowEv last = a[--*n];
     int i = 0;
     for (;;) {
         int c = 2 * i + 1;
-        if (c >= e->n_fh) break;
-        if (c + 1 < e->n_fh && fh_before(&e->fh[c + 1], &e->fh[c])) c++;
-        if (!fh_before(&e->fh[c], &last)) break;
-        e->fh[i] = e->fh[c];
+        if (c >= *n) break;
+        if (c + 1 < *n && fh_before(&a[c + 1], &a[c])) c++;
+        if (!fh_before(&a[c], &last)) break;
+        a[i] = a[c];
         i = c;
     }
-    if (e->n_fh) e->fh[i] = last;
+    if (*n) a[i] = last;
+}
+
+static void fh_push(Engine *e, FlowEv v) { ev_push(&e->fh, &e->n_fh, &e->cap_fh, v); }
+static void fh_pop(Engine *e) { ev_pop(e->fh, &e->n_fh); }
+
+/* ---- shared cores ----------------------------------------------------------------- */
+
+/* The next computing worker to finish (*t its time), or -1 (*t infinite). */
+static int job_next(Engine *e, double *t) {
+    while (e->n_jh) {
+        const FlowEv *v = &e->jh[0];
+        const WState *w = &e->ws[v->id];
+        if (w->blocked == 3 && w->job_version == v->version) {
+            *t = v->t;
+            return v->id;
+        }
+        ev_pop(e->jh, &e->n_jh);
+    }
+    *t = INFINITY;
+    return -1;
+}
+
+/* Re-shares machine m's cores at time now among its computing workers. */
+static void job_reshare(Engine *e, double now, int m) {
+    int W = e->s->n_ranks, n = 0;
+    for (int q = m * e->per; q < (m + 1) * e->per && q < W; q++) {
+        WState *w = &e->ws[q];
+        if (w->blocked != 3) continue;
+        w->rem -= w->job_rate * (now - w->job_t);
+        if (w->rem < 0) w->rem = 0;
+        w->job_t = now;
+        n++;
+    }
+    double rate = n > e->cores ? e->cores / n : 1.0;
+    for (int q = m * e->per; q < (m + 1) * e->per && q < W; q++) {
+        WState *w = &e->ws[q];
+        if (w->blocked != 3) continue;
+        w->job_rate = rate;
+        w->job_version++;
+        ev_push(&e->jh, &e->n_jh, &e->cap_jh, (FlowEv){now + w->rem / rate, q, w->job_version});
+    }
+}
+
+/* Worker q's compute instruction of `work` seconds at full speed starts at its clock. */
+static void job_start(Engine *e, int q, double work) {
+    WState *w = &e->ws[q];
+    w->blocked = 3;
+    w->work = w->rem = work;
+    w->job_t = w->clock;
+    w->job_rate = 0;
+    job_reshare(e, w->clock, q / e->per);
+}
+
+/* Worker q's compute ends at t: its instruction is done (a step adds SimOpts.step_s), it runs
+ * on, and its machine's cores are re-shared. */
+static void job_finish(Engine *e, int q, double t) {
+    WState *w = &e->ws[q];
+    ev_pop(e->jh, &e->n_jh);
+    int i = w->pc;
+    w->blocked = 0;
+    w->clock = t;
+    w->busy += t - e->r->start[q][i];
+    if (e->s->workers[q].ins[i].op == OP_STEP) w->clock += e->o->step_s;
+    e->r->end[q][i] = w->clock;
+    e->r->slowdown[q] += t - e->r->start[q][i];   /* over the work, at the end of sim_run */
+    w->pc++;
+    job_reshare(e, t, q / e->per);
+    ready_push(e, q);
 }
 
 /* The next transfer to finish (its id, its time in *t), or -1 (*t infinite) when none is in flight. */
@@ -625,9 +706,10 @@ static int run_worker(Engine *e, int rank) {
     WState *w = &e->ws[rank];
     double *st = e->r->start[rank], *en = e->r->end[rank];
     while (w->pc < sw->n) {
-        double tf;
+        double tf, tj;
         if ((e->n_heap && ready_before(e, e->heap[0], rank)) ||   /* another worker is earlier, */
-            (flow_next(e, &tf) >= 0 && tf <= w->clock)) {        /* or a transfer ends first */
+            (flow_next(e, &tf) >= 0 && tf <= w->clock) ||        /* or a transfer ends first, */
+            (job_next(e, &tj) >= 0 && tj <= w->clock)) {         /* or another's compute */
             ready_push(e, rank);
             return PD_OK;
         }
@@ -645,6 +727,11 @@ static int run_worker(Engine *e, int rank) {
         case OP_BACKWARD_W: {
             double d = compute_s(e, sw, i) * w->slow;
             st[i] = w->clock;
+            if (e->shared && d > 0) {   /* ends when its share of the cores has done it (job_finish) */
+                w->job_work_total += d;
+                job_start(e, rank, d);
+                return PD_OK;
+            }
             w->clock += d;
             w->busy += d;
             en[i] = w->clock;
@@ -742,6 +829,11 @@ static int run_worker(Engine *e, int rank) {
         case OP_STEP: {
             double d = compute_s(e, sw, i) * w->slow;
             st[i] = w->clock;
+            if (e->shared && d > 0) {
+                w->job_work_total += d;
+                job_start(e, rank, d);
+                return PD_OK;
+            }
             w->clock += d + e->o->step_s;
             w->busy += d;
             en[i] = w->clock;
@@ -994,26 +1086,23 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     PD_ASSERT(e.ws && e.groups && e.tab && e.heap && e.links);
     for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
     if (o->cluster && o->cluster->cores_per_machine > 0 && o->cluster->n_levels > 0) {
-        /* Workers that compute share their machine's cores. How many contend on average: each
-         * worker's compute over the run relative to the machine's busiest (in a pipeline's
-         * steady state every worker computes its share once per bottleneck period), so an idle
-         * rank costs nothing and a light stage little (docs/explanation/simulator.md, "Cores"). */
+        /* Workers that compute share their machine's cores as they compute (job_reshare): when
+         * more compute at once than it has cores, each runs at cores / n of its speed
+         * (docs/explanation/simulator.md, "Cores"). The network stack's CPU
+         * (Cluster.net_cpu_per_byte, half of a transfer's on each end) rides on the compute of
+         * the worker it serves: its compute instructions take (1 + its network CPU / its compute)
+         * times as long on a core. */
         double *load = calloc((size_t)W + 1, sizeof(double)), *net = calloc((size_t)W + 1, sizeof(double));
         PD_ASSERT(load && net);
         for (int w = 0; w < W; w++)
             for (int i = 0; i < s->workers[w].n; i++) load[w] += compute_s(&e, &s->workers[w], i);
-        /* the network stack's CPU (Cluster.net_cpu_per_byte): half of a transfer's on each end */
         if (o->cluster->net_cpu_per_byte > 0)
             for (int w = 0; w < W; w++) net_cpu(&e, w, net);
-        int per = o->cluster->level[0].workers;
-        for (int m0 = 0; m0 < W; m0 += per) {
-            double top = 0;
-            for (int q = m0; q < m0 + per && q < W; q++) top = load[q] > top ? load[q] : top;
-            for (int q = m0; q < m0 + per && q < W; q++) load[q] = top > 0 ? (load[q] + net[q]) / top : 0;
+        e.shared = 1, e.per = o->cluster->level[0].workers, e.cores = o->cluster->cores_per_machine;
+        for (int w = 0; w < W; w++) {
+            e.ws[w].slow = (load[w] > 0 ? 1 + net[w] / load[w] : 1) / cluster_worker_speed(o->cluster, w);
+            r->slowdown[w] = 0;   /* summed in job_finish */
         }
-        for (int w = 0; w < W; w++)
-            e.ws[w].slow = r->slowdown[w] = cluster_compute_slowdown(o->cluster, w, load, W) /
-                                            cluster_worker_speed(o->cluster, w);
         free(load);
         free(net);
     } else {
@@ -1021,12 +1110,13 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     }
     for (int w = 0; w < W; w++) ready_push(&e, w);
     int rc = PD_OK;
-    for (;;) {   /* the earliest event next: a worker's next instruction, or a transfer's end */
-        double tf;
-        int f = flow_next(&e, &tf);
-        if (e.n_heap && (f < 0 || e.ws[e.heap[0]].clock < tf)) {
+    for (;;) {   /* the earliest event next: a worker's next instruction, a transfer's or a compute's end */
+        double tf, tj;
+        int f = flow_next(&e, &tf), j = job_next(&e, &tj);
+        if (e.n_heap && (f < 0 || e.ws[e.heap[0]].clock < tf) && (j < 0 || e.ws[e.heap[0]].clock < tj)) {
             if ((rc = run_worker(&e, ready_pop(&e)))) break;
-        } else if (f >= 0) flow_finish(&e, f, tf);
+        } else if (j >= 0 && (f < 0 || tj < tf || (tj == tf))) job_finish(&e, j, tj);
+        else if (f >= 0) flow_finish(&e, f, tf);
         else break;
     }
     if (!rc)
@@ -1053,6 +1143,9 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
             sched_analysis_release(&an);
         }
     }
+    if (!rc && e.shared)   /* the slowdown each worker's compute met: its wall time over its work */
+        for (int w = 0; w < W; w++)
+            r->slowdown[w] = e.ws[w].job_work_total > 0 ? r->slowdown[w] * e.ws[w].slow / e.ws[w].job_work_total : e.ws[w].slow;
     if (!rc) metrics(&e);
     free(e.ws);
     free(e.groups);
@@ -1061,7 +1154,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     for (int l = 0; l < 2 * W; l++) free(e.links[l].ids);
     free(e.links);
     for (int k = 0; k < e.n_fl; k++) free(e.fl[k].q);
-    free(e.fl), free(e.free_fl), free(e.fh), free(e.comp), free(e.lq);
+    free(e.fl), free(e.free_fl), free(e.fh), free(e.comp), free(e.lq), free(e.jh);
     if (rc) sim_result_release(r);
     return rc;
 }

@@ -10,6 +10,10 @@
  *   - a worker runs its list in order; forward/backward of a unit take the stage's
  *     profile times (a replica computes a whole unit); a unit smaller than the profile's
  *     minibatch takes each time's fixed part plus the rest in proportion (sim_costs_scale);
+ *     where a machine's workers share its cores (Cluster.cores_per_machine), the workers
+ *     computing at once each run at min(1, cores / how many) of their speed (processor
+ *     sharing), and each worker's compute carries its network stack's CPU
+ *     (Cluster.net_cpu_per_byte: half of each message's on each end);
  *   - a send is asynchronous: the message is posted when the worker reaches it; messages
  *     between one ordered pair of workers go one after the other (one connection); each
  *     worker has one outgoing and one incoming link (full duplex), and the connections with a
@@ -135,8 +139,9 @@ typedef struct SimResult {
     double samples_per_s;          /* 0 if samples_per_unit unknown */
     double bubble_fraction;        /* 1 - mean busy fraction of active workers */
     double *busy_fraction;         /* per rank: compute time / makespan */
-    double *slowdown;              /* per rank: factor its compute was slowed by, sharing its
-                                    * machine's cores (cluster_compute_slowdown; 1: a core of its own) */
+    double *slowdown;              /* per rank: its compute's time over the run against its profile
+                                    * time (sharing its machine's cores, its network CPU, its host's
+                                    * speed; 1: a core of its own) */
     SimMem *mem;                   /* per rank */
     int *max_inflight;             /* per rank: most units between forward and backward ((unit, chunk) pairs) */
     int *worker_versions;          /* per rank: most weight versions alive at once (0: idle) */
