@@ -5,14 +5,14 @@
 # machine's cores, one rank per host, 1 kernel thread per rank. One profile (minibatch 64); at
 # every rate of RATES the network stack's CPU per byte (`tools/cluster.sh net-cpu`, 2.5 s of
 # stream) and the straight 4-stage plan for that rate (`plan --straight --cores $(nproc)
-# --net-cpu S`); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
+# --net-cpu S --core-efficiency E`, E measured once by bench/core_efficiency.sh); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
 # turns. Each run's summary carries the simulator's prediction for the same plan and profile
 # (`predicted_time_per_unit_ms`) beside what it measured (`time_per_unit_ms`). Prints a table
 # (medians) and writes it with every run's figures to OUT/table.md.
 #
 # usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
-#   STEPS (80), NET_CPU (0: plan without the network's CPU), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
+#   STEPS (80), NET_CPU (0: plan without the network's CPU), CORE_EFF (E instead of measuring it), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,13 +31,16 @@ NAME=${PDC_NAME:-pdpred}
 . bench/lib/emulated.sh
 emu_setup predict_table.sh
 emu_profile
+# each core's speed while both compute (bench/core_efficiency.sh; CORE_EFF= to give it)
+CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
+log "core efficiency $CE"
 : >"$OUT/runs.tsv"
 for r in $RATES; do
     emu_up "$r"
     nc=$(emu_net_cpu "$r")   # the network stack's CPU per byte (NET_CPU=0: left out of the plans)
     log "$r: network CPU $nc s per byte"
     "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
-        --net-cpu "$nc" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+        --net-cpu "$nc" --core-efficiency "$CE" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     for rep in $(seq "$REPS"); do
         for k in $KINDS; do
             id=$r-$k-$rep

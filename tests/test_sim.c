@@ -369,6 +369,14 @@ static void test_net_cpu(void **state) {
     assert_true(r.slowdown[1] > r.slowdown[0] && r.slowdown[2] > r.slowdown[3]);
     check_times(&s, &c, &cl, &r);
     sim_result_release(&r);
+    /* cores oversubscribed deliver 0.8 of their speed: (120 + 60) ms / (2 x 0.8) */
+    cl.core_efficiency = 0.8;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, 0.1125, 1e-9);
+    check_times(&s, &c, &cl, &r);
+    sim_result_release(&r);
+    assert_near(cluster_compute_slowdown(&cl, 0, NULL, 4), 2 / 0.8, 1e-12);   /* the planner's estimate too */
+    cl.core_efficiency = 0;
     cl.cores_per_machine = 0;   /* a core per worker: the network's CPU takes none of theirs */
     run(&s, &c, &cl, &r);
     for (int w = 0; w < 4; w++) assert_near(r.slowdown[w], 1.0, 0);
@@ -394,7 +402,7 @@ static void test_net_cpu(void **state) {
 
     /* the cluster file: read, written, refused when negative */
     const char *js = "{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"cores_per_machine\": 2, "
-                     "\"net_cpu_per_byte\": 6.2e-9}";
+                     "\"net_cpu_per_byte\": 6.2e-9, \"core_efficiency\": 0.9}";
     cJSON *o = cJSON_Parse(js);
     Cluster got;
     Err err = {0};
@@ -410,10 +418,15 @@ static void test_net_cpu(void **state) {
     Cluster again;
     if (cluster_from_json(back, "back", &again, &err) != PD_OK) fail_msg("%s", err.msg);
     assert_near(again.net_cpu_per_byte, 6.2e-9, 0);
+    assert_near(again.core_efficiency, 0.9, 0);
     cJSON_Delete(back);
     o = cJSON_Parse("{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"net_cpu_per_byte\": -1}");
     assert_int_not_equal(cluster_from_json(o, "c.json", &got, &err), PD_OK);
     assert_non_null(strstr(err.msg, "net_cpu_per_byte"));
+    cJSON_Delete(o);
+    o = cJSON_Parse("{\"levels\": [{\"workers\": 4, \"bandwidth\": 1e8}], \"core_efficiency\": 1.5}");
+    assert_int_not_equal(cluster_from_json(o, "c.json", &got, &err), PD_OK);
+    assert_non_null(strstr(err.msg, "core_efficiency"));
     cJSON_Delete(o);
 }
 
@@ -625,7 +638,10 @@ static void shared_cores(const Schedule *s, const SimCosts *c, const Cluster *cl
                     }
             double dt = k + 1 < ne ? ev[k + 1].t - ev[k].t : 0;
             if (dt <= 0 || na == 0) continue;
-            double rate = na > cl->cores_per_machine ? (double)cl->cores_per_machine / na : 1;
+            /* every core busy: each at E of its speed; fewer busy: in proportion from 1 for one */
+            double E = cl->core_efficiency > 0 ? cl->core_efficiency : 1, C = cl->cores_per_machine;
+            double busy = C > 1 ? fmin(1, (na - 1) / (C - 1)) : (na > 1);
+            double rate = (na > C ? C / na : 1) * (1 - (1 - E) * busy);
             for (int q = 0; q < na; q++) got[act[q]] += rate * dt;
         }
         for (int k = 0; k < n; k++)
@@ -754,6 +770,7 @@ static void test_random_plans(void **state) {
         if (trial % 3 == 2) {   /* machines of a few cores shared by their workers, the network stack's CPU on them */
             cl.cores_per_machine = 1 + (int)rng_below(&rng, 3);
             cl.net_cpu_per_byte = rng_below(&rng, 2) ? 0 : 1e-7 * rng_uniform_f64(&rng);
+            cl.core_efficiency = rng_below(&rng, 2) ? 0 : 0.5 + 0.5 * rng_uniform_f64(&rng);
         }
         if (trial % 3 == 1) {   /* some workers with links of their own, slower or faster than the levels' */
             cl.n_hosts = p->n_workers < PD_MAX_HOSTS ? p->n_workers : PD_MAX_HOSTS;

@@ -7,7 +7,7 @@
 #   out/curve.svg.
 # $1: the pipedream binary. Override with EPOCHS=, STEPS= (instead of epochs), WORKERS=,
 # SCHEDULE= (default 1f1b), MICROBATCHES= (default 4 for 1f1b and the micro-batch kinds; 1 with
-# 1f1b is PipeDream's one step per minibatch), SEED= (default 1).
+# 1f1b is PipeDream's one step per minibatch), SEED= (default 1), CORE_EFF= (instead of measuring it).
 # Why micro-batches for 1f1b: with one step per minibatch of 64, stage 0's gradients cross up
 # to 3 updates, and with this recipe (torchvision's VGG init, SGD lr 0.01, momentum 0.9) the
 # loss leaves its plateau at 2.30 abruptly enough that training falls far behind a flushed
@@ -38,12 +38,16 @@ echo
 # On links this fast the planner prefers data parallelism for this small vgg16 (its weights are
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of
 # $WORKERS stages, which is what this demo shows. PLAN_ARGS= lets the planner choose.
+# The ranks share this machine's cores; each core computes slower while both do (shared caches
+# and memory, the kernel switching between ranks): measured here, and the simulator counts it.
+CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --minibatch "$UNIT" --pairs 1 2>/dev/null)}
+echo "each core's speed while all compute, against one alone: $CE (bench/core_efficiency.sh)"
 echo "== 2. plan for $WORKERS workers (one host: shared memory, ~10 GB/s between ranks)"
 # The micro-batch kinds step once per minibatch of 64 / UNIT units: the plan charges the
 # optimizer step (the profile's step_s; vgg16's big linear layer's is a third of its backward)
 # once per minibatch, as the run pays it (--units-per-step).
 "$PD" plan "$OUT/vgg16.profile.json" --workers "$WORKERS" --bandwidth 1e10 --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
-    --units-per-step $((64 / UNIT)) ${PLAN_ARGS---straight} -o "$OUT/vgg16.plan.json"
+    --core-efficiency "$CE" --units-per-step $((64 / UNIT)) ${PLAN_ARGS---straight} -o "$OUT/vgg16.plan.json"
 echo
 echo "== 3. train with $SCHEDULE over MPI ($WORKERS ranks on $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores)"
 mpirun -np "$WORKERS" --oversubscribe --bind-to none "$PD" train models/vgg16.json --plan "$OUT/vgg16.plan.json" \

@@ -17,7 +17,7 @@ static void help(FILE *f) {
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
             "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
-            "                      [--cores N] [--net-cpu S] [--exhaustive N] [--explain] [--no-simulate] [--pick K]\n"
+            "                      [--cores N] [--net-cpu S] [--core-efficiency E] [--exhaustive N] [--explain] [--no-simulate] [--pick K]\n"
             "                      [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
             "                      [--microbatches X1,X2,...] [--max-chunks V] [--recompute yes|no|both]\n"
@@ -50,6 +50,10 @@ static void help(FILE *f) {
             "                             cores (with --cores; hosts emulated on one machine: measure it\n"
             "                             with tools/cluster.sh net-cpu; default: the cluster file's\n"
             "                             net_cpu_per_byte, else 0)\n"
+            "  --core-efficiency E        each core's speed while every core of a machine computes,\n"
+            "                             relative to one computing alone, in (0, 1] (with --cores;\n"
+            "                             measure it with bench/core_efficiency.sh; default: the\n"
+            "                             cluster file's core_efficiency, else 1)\n"
             "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
             "                             memory_per_worker; 0 = none)\n"
             "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
@@ -204,7 +208,7 @@ int cmd_plan(int argc, char **argv) {
     const char *profile_path = NULL, *cluster_path = NULL, *out_path = NULL;
     double workers[PD_MAX_LEVELS], bw[PD_MAX_LEVELS];
     int n_workers = 0, n_bw = 0, have_mem = 0, cores = 0, units_per_step = 1;
-    double net_cpu = -1;
+    double net_cpu = -1, core_eff = -1;
     PlanOpts o;
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
@@ -238,6 +242,9 @@ int cmd_plan(int argc, char **argv) {
                 return CLI_USAGE;
         } else if (!strcmp(a, "--cores")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &cores))
+                return CLI_USAGE;
+        } else if (!strcmp(a, "--core-efficiency")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 1e-3, 1, &core_eff))
                 return CLI_USAGE;
         } else if (!strcmp(a, "--net-cpu")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_double("plan", a, v, 0, 1, &net_cpu))
@@ -345,6 +352,7 @@ int cmd_plan(int argc, char **argv) {
         if (!have_mem) o.memory_limit = cl.memory_per_worker;
         if (cores) cl.cores_per_machine = cores;
         if (net_cpu >= 0) cl.net_cpu_per_byte = net_cpu;
+        if (core_eff > 0) cl.core_efficiency = core_eff;
     } else {
         if (!n_workers) return cli_usage_error("plan", "give --cluster FILE or --workers N1[,N2,...]");
         if (n_bw == 0 && n_workers == 1) bw[n_bw++] = 1e9;
@@ -356,6 +364,7 @@ int cmd_plan(int argc, char **argv) {
         cl.memory_per_worker = o.memory_limit;
         cl.cores_per_machine = cores;
         cl.net_cpu_per_byte = net_cpu > 0 ? net_cpu : 0;
+        cl.core_efficiency = core_eff > 0 ? core_eff : 0;
         if (cluster_check(&cl, &err)) return cli_fail(&err);
     }
     Profile prof;

@@ -40,6 +40,9 @@ int cluster_check(const Cluster *cl, Err *err) {
     if (!(cl->memory_per_worker >= 0) || !isfinite(cl->memory_per_worker))
         return err_set(err, PD_EINVAL, "memory_per_worker must be >= 0 bytes (0 = unlimited), got %g",
                        cl->memory_per_worker);
+    if (!(cl->core_efficiency >= 0 && cl->core_efficiency <= 1))
+        return err_set(err, PD_EINVAL, "core_efficiency must be in (0, 1] (0: 1, as alone), got %g",
+                       cl->core_efficiency);
     if (cl->n_hosts < 0 || cl->n_hosts > PD_MAX_HOSTS || cl->n_hosts > total)
         return err_set(err, PD_EINVAL, "hosts: %d given, at most %d and at most the cluster's %ld workers", cl->n_hosts,
                        PD_MAX_HOSTS, total);
@@ -66,6 +69,13 @@ double cluster_link_bandwidth(const Cluster *cl, int a, int b) {
     return bw;
 }
 
+double cluster_core_efficiency(const Cluster *cl, double n) {
+    double e = cl && cl->core_efficiency > 0 ? cl->core_efficiency : 1.0;
+    if (e >= 1 || n <= 1 || !cl || cl->cores_per_machine <= 0) return 1.0;
+    double c = cl->cores_per_machine, f = c > 1 ? (n - 1) / (c - 1) : 1.0;
+    return 1 - (1 - e) * (f < 1 ? f : 1);
+}
+
 double cluster_worker_speed(const Cluster *cl, int r) {
     return cl && r >= 0 && r < cl->n_hosts && cl->host[r].speed > 0 ? cl->host[r].speed : 1.0;
 }
@@ -88,6 +98,8 @@ void cluster_to_json(const Cluster *cl, cJSON *clj) {
     cJSON_AddItemToObject(clj, "memory_per_worker", pd_json_num(cl->memory_per_worker));
     if (cl->cores_per_machine > 0) cJSON_AddItemToObject(clj, "cores_per_machine", pd_json_num(cl->cores_per_machine));
     if (cl->net_cpu_per_byte > 0) cJSON_AddItemToObject(clj, "net_cpu_per_byte", pd_json_num(cl->net_cpu_per_byte));
+    if (cl->core_efficiency > 0 && cl->core_efficiency < 1)
+        cJSON_AddItemToObject(clj, "core_efficiency", pd_json_num(cl->core_efficiency));
     if (cl->n_hosts > 0) {
         cJSON *hs = cJSON_AddArrayToObject(clj, "hosts");
         for (int h = 0; h < cl->n_hosts; h++) {
@@ -132,6 +144,7 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     if ((rc = jobj_num(&j, "memory_per_worker", 0, 0, 1e300, &out->memory_per_worker, err))) return rc;
     if ((rc = jobj_int(&j, "cores_per_machine", 0, 0, 1 << 20, &out->cores_per_machine, err))) return rc;
     if ((rc = jobj_num(&j, "net_cpu_per_byte", 0, 0, 1, &out->net_cpu_per_byte, err))) return rc;
+    if ((rc = jobj_num(&j, "core_efficiency", 0, 0, 1, &out->core_efficiency, err))) return rc;
     const cJSON *hosts = jobj_get(&j, "hosts");
     if (hosts) {
         if (!cJSON_IsArray(hosts))
@@ -175,5 +188,5 @@ double cluster_compute_slowdown(const Cluster *cl, int r, const double *load, in
     int per = cl->level[0].workers, m = r / per;
     double k = 0;
     for (int q = m * per; q < (m + 1) * per && q < n_ranks; q++) k += load ? load[q] : 1.0;
-    return k > cl->cores_per_machine ? k / cl->cores_per_machine : 1.0;
+    return (k > cl->cores_per_machine ? k / cl->cores_per_machine : 1.0) / cluster_core_efficiency(cl, k);
 }

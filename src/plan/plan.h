@@ -43,6 +43,11 @@ typedef struct Cluster {
                                  * share cores (cores_per_machine); 0 = the network costs no CPU.
                                  * Hosts emulated on one machine (tools/cluster.sh) pay their
                                  * network stack on the cores they compute on */
+    /* Each core's speed, relative to one core computing alone, while every core of the machine
+     * computes (caches and memory shared; with more workers than cores, also the kernel's time
+     * slicing between them): 0 or 1: as alone. bench/core_efficiency.sh measures it. The
+     * simulator scales the shares of a machine's cores by it (cluster_core_efficiency). */
+    double core_efficiency;
     /* A heterogeneous cluster: host[r] describes worker r (r < n_hosts); the others, and every
      * worker when n_hosts is 0, are as the levels say. A message from a to b moves at the
      * least of the level's bandwidth and a's and b's own (cluster_link_bandwidth); a worker's
@@ -54,15 +59,20 @@ typedef struct Cluster {
 /* The rate a message from worker a to worker b moves at: the joining level's bandwidth, capped
  * by either worker's own link. a == b: the level 0 bandwidth (not used for transfers). */
 double cluster_link_bandwidth(const Cluster *cl, int a, int b);
+/* The speed of each of a machine's cores, relative to one computing alone, while n of its workers
+ * compute: 1 for one, core_efficiency (E) once every core is busy (n >= cores), in
+ * between in proportion, 1 - (1 - E) (n - 1) / (cores - 1); 1 without cores_per_machine or E. */
+double cluster_core_efficiency(const Cluster *cl, double n);
 /* Worker r's compute speed relative to the profile (1 unless host[r].speed says otherwise). */
 double cluster_worker_speed(const Cluster *cl, int r);
 /* 1 if some worker differs from the levels' description. */
 int    cluster_heterogeneous(const Cluster *cl);
-/* Adds cl's keys (levels, memory_per_worker, cores_per_machine, net_cpu_per_byte, hosts) to the JSON object o. */
+/* Adds cl's keys (levels, memory_per_worker, cores_per_machine, net_cpu_per_byte, core_efficiency,
+ * hosts) to the JSON object o. */
 void   cluster_to_json(const Cluster *cl, struct cJSON *o);
 
 /* The factor by which the compute of rank r slows when the ranks of its machine share its
- * cores: max(1, k / cores), k the sum of their load over the machine (1 without
+ * cores: max(1, k / cores / core_efficiency) (1 when k <= cores), k the sum of their load over the machine (1 without
  * cores_per_machine). load[q] in [0, 1]: the part of the time the machine's busiest worker
  * computes that rank q computes too (0: idle), i.e. how many workers contend on average;
  * NULL: every rank below n_ranks computes all the time. */

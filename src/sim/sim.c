@@ -433,7 +433,7 @@ static void job_reshare(Engine *e, double now, int m) {
         w->job_t = now;
         n++;
     }
-    double rate = n > e->cores ? e->cores / n : 1.0;
+    double rate = (n > e->cores ? e->cores / n : 1.0) * cluster_core_efficiency(e->o->cluster, n);
     for (int q = m * e->per; q < (m + 1) * e->per && q < W; q++) {
         WState *w = &e->ws[q];
         if (w->blocked != 3) continue;

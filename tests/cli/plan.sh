@@ -114,4 +114,16 @@ reps=$(flat "$tmp/pick.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr
 [ "$reps" = "2 1 1 " ] || fail "--pick $k: replicas '$reps', want the partitioner's 2 1 1"
 expect_usage "only" "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --pick 100000000
 expect_usage "--pick takes a candidate" "$OURS" --workers 4 --pick 2 --no-simulate
+# --core-efficiency E goes into the plan's cluster; with 2 cores shared by 4 workers the plan's
+# simulated time rises (each core slower while both compute); outside (0, 1]: a usage error
+"$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --straight -o "$tmp/ce1.json" >"$tmp/ce1.out" 2>"$tmp/err" ||
+    fail "--cores 2: $(cat "$tmp/err")"
+"$PD" plan "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --core-efficiency 0.8 --straight -o "$tmp/ce.json" >"$tmp/ce.out" 2>"$tmp/err" ||
+    fail "--core-efficiency 0.8: $(cat "$tmp/err")"
+flat "$tmp/ce.json" | grep -q '"core_efficiency":0.8' || fail "--core-efficiency: not in the plan's cluster"
+t1=$(grep -m1 -o '^simulated (1f1b): [0-9.]*' "$tmp/ce1.out" | grep -o '[0-9.]*$')
+t2=$(grep -m1 -o '^simulated (1f1b): [0-9.]*' "$tmp/ce.out" | grep -o '[0-9.]*$')
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert a < b <= a / 0.8 * 1.000001, (a, b)" "$t1" "$t2" ||
+    fail "--core-efficiency 0.8: simulated $t2 ms against $t1 without"
+expect_usage "core-efficiency" "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --core-efficiency 1.5
 echo "plan.sh: all passed"
