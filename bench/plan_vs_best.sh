@@ -5,7 +5,7 @@
 # machine's cores, one rank per host, 1 kernel thread per rank. One profile (minibatch 64); at every
 # rate of RATES, with the network stack's CPU per byte measured there (`tools/cluster.sh net-cpu`;
 # NET_CPU=0 leaves it out), five plans from `pipedream plan --workers 4 --bandwidth B --cores
-# $(nproc) --net-cpu S`:
+# $(nproc) --net-cpu S --core-efficiency E` (E measured once, bench/core_efficiency.sh):
 #   choice    the plan it writes (candidate 1 of its list)
 #   straight  the same with --straight (one worker per stage)
 #   dp        data parallelism (`train --schedule dp`: every worker the whole model)
@@ -16,7 +16,7 @@
 # (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary.
 #
 # usage: bench/plan_vs_best.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
-#   Environment: RATES ("1gbit 300mbit 100mbit"), REPS (3), STEPS (80), NET_CPU (measured),
+#   Environment: RATES ("1gbit 300mbit 100mbit"), REPS (3), STEPS (80), NET_CPU (measured), CORE_EFF (measured),
 #   PDC_NAME (cluster name, default pdbest). ~25 min with the defaults on 2 cores.
 # The cluster is taken down on every exit.
 set -euo pipefail
@@ -38,12 +38,15 @@ emu_setup plan_vs_best.sh
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 mkdir -p "$OUT/plans"
 emu_profile
+# each core's speed while both compute (bench/core_efficiency.sh; CORE_EFF= to give it)
+CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
+log "core efficiency $CE"
 : >"$OUT/runs.tsv"
 for r in $RATES; do
     emu_up "$r"
     nc=$(emu_net_cpu "$r")
     log "$r: network CPU $nc s per byte"
-    P=("$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$CORES" --net-cpu "$nc")
+    P=("$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$CORES" --net-cpu "$nc" --core-efficiency "$CE")
     "$PD" plan "${P[@]}" -o "$OUT/plans/choice-$r.json" >"$OUT/plans/choice-$r.txt"
     "$PD" plan "${P[@]}" --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
     # the other two: rows of the printed list (number, source), the choice is row 1
