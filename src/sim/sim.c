@@ -181,9 +181,9 @@ typedef struct WState {
     double clock;
     double busy;
     double slow;        /* compute slowdown: workers sharing the machine's cores (Cluster) */
-    /* shared cores (Engine.shared): the compute instruction under way, `work` seconds at full
-     * speed, `rem` of them left at job_t, progressing at job_rate (1: a core of its own) */
-    double work, rem, job_t, job_rate;
+    /* shared cores (Engine.shared): of the compute instruction under way, `rem` seconds of work
+     * (at full speed) left at job_t, progressing at job_rate (1: a core of its own) */
+    double rem, job_t, job_rate;
     double job_work_total;   /* the work of all its compute instructions */
     int job_version;
 } WState;
@@ -447,7 +447,7 @@ static void job_reshare(Engine *e, double now, int m) {
 static void job_start(Engine *e, int q, double work) {
     WState *w = &e->ws[q];
     w->blocked = 3;
-    w->work = w->rem = work;
+    w->rem = work;
     w->job_t = w->clock;
     w->job_rate = 0;
     job_reshare(e, w->clock, q / e->per);
