@@ -489,6 +489,19 @@ static int cmp_xev(const void *pa, const void *pb) {
     return x->add - y->add;   /* ends before starts */
 }
 
+/* One step of a sweep over events sorted by cmp_xev: ev[e] enters or leaves the active set
+ * act[0..*na); returns the time until the next event (0 after the last). */
+static double sweep_step(const XEv *ev, int ne, int e, int *act, int *na) {
+    if (ev[e].add) act[(*na)++] = ev[e].k;
+    else
+        for (int k = 0; k < *na; k++)
+            if (act[k] == ev[e].k) {
+                act[k] = act[--*na];
+                break;
+            }
+    return e + 1 < ne ? ev[e + 1].t - ev[e].t : 0;
+}
+
 /* Max-min fair rates of the n transfers act[] by progressive filling (x[k]: bytes/s). */
 static void fair_rates(const Xfer *xf, const int *act, int n, int W, double *x, double *used, double *growc, int *frozen) {
     for (int k = 0; k < n; k++) x[k] = 0, frozen[k] = 0;
@@ -543,14 +556,7 @@ static void fair_links(const Schedule *s, const SimCosts *c, const Cluster *cl, 
     double *x = malloc(((size_t)n + 1) * sizeof(double)), *used = malloc(2 * (size_t)W * sizeof(double)),
            *growc = malloc(2 * (size_t)W * sizeof(double));
     for (int e = 0; e < 2 * n; e++) {
-        if (ev[e].add) act[na++] = ev[e].k;
-        else
-            for (int k = 0; k < na; k++)
-                if (act[k] == ev[e].k) {
-                    act[k] = act[--na];
-                    break;
-                }
-        double dt = e + 1 < 2 * n ? ev[e + 1].t - ev[e].t : 0;
+        double dt = sweep_step(ev, 2 * n, e, act, &na);
         if (dt <= 0 || na == 0) continue;
         fair_rates(xf, act, na, W, x, used, growc, frozen);
         for (int k = 0; k < na; k++) xf[act[k]].got += x[k] * dt;
@@ -629,14 +635,7 @@ static void shared_cores(const Schedule *s, const SimCosts *c, const Cluster *cl
             }
         qsort(ev, (size_t)ne, sizeof(XEv), cmp_xev);
         for (int k = 0; k < ne; k++) {
-            if (ev[k].add) act[na++] = ev[k].k;
-            else
-                for (int q = 0; q < na; q++)
-                    if (act[q] == ev[k].k) {
-                        act[q] = act[--na];
-                        break;
-                    }
-            double dt = k + 1 < ne ? ev[k + 1].t - ev[k].t : 0;
+            double dt = sweep_step(ev, ne, k, act, &na);
             if (dt <= 0 || na == 0) continue;
             /* every core busy: each at E of its speed; fewer busy: in proportion from 1 for one */
             double E = cl->core_efficiency > 0 ? cl->core_efficiency : 1, C = cl->cores_per_machine;

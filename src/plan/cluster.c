@@ -57,13 +57,13 @@ int cluster_check(const Cluster *cl, Err *err) {
     return PD_OK;
 }
 
-static double own_bandwidth(const Cluster *cl, int r) {
+double cluster_own_bandwidth(const Cluster *cl, int r) {
     return r >= 0 && r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
 }
 
 double cluster_link_bandwidth(const Cluster *cl, int a, int b) {
     int lv = cluster_link_level(cl, a, b);
-    double bw = cl->level[lv < 0 ? 0 : lv].bandwidth, x = own_bandwidth(cl, a), y = own_bandwidth(cl, b);
+    double bw = cl->level[lv < 0 ? 0 : lv].bandwidth, x = cluster_own_bandwidth(cl, a), y = cluster_own_bandwidth(cl, b);
     if (x < bw) bw = x;
     if (y < bw) bw = y;
     return bw;

@@ -170,7 +170,7 @@ typedef struct Msg {
     int32_t mb;
     int32_t bnd;      /* the boundary crossed: the stage the activation feeds / the gradient leaves */
     int32_t state;
-    int32_t waiter;   /* MSG_WAITED: the blocked rank */
+    int32_t waiter;   /* MSG_WAITED, MSG_IN_FLIGHT: the blocked rank (-1: none yet) */
     int32_t sender_ins;
     double arrive;
 } Msg;
@@ -213,7 +213,7 @@ typedef struct FlowMsg {
 typedef struct Flow {
     double rem;            /* bytes of the head message left at t_last */
     double rate;           /* bytes / s since t_last */
-    double t_last, finish; /* finish: of the head message, t_last + rem / rate */
+    double t_last;
     double c_out, c_in;    /* seconds of each end's link per byte */
     double latency;        /* added after a message's last byte leaves: its arrival */
     double x;              /* scratch: the rate being filled */
@@ -232,6 +232,7 @@ typedef struct FlowEv {
 typedef struct LinkSet {   /* the transfers in flight on one link */
     int *ids, n, cap;
     int seen;
+    double used, growc;   /* flow_reshare's scratch: the link's share taken, its unfrozen transfers' cost */
 } LinkSet;
 
 typedef struct Engine {
@@ -262,8 +263,8 @@ typedef struct Engine {
     int n_jh, cap_jh;
 } Engine;
 
-/* The ready workers run in the order of their clocks, so that transfers claim the links in the
- * order they start (a receiver's link is shared by every sender to it). */
+/* The ready workers run in the order of their clocks, so that events happen in time order: a
+ * transfer or a computation is shared with those under way when it starts. */
 static int ready_before(const Engine *e, int a, int b) {
     double ca = e->ws[a].clock, cb = e->ws[b].clock;
     return ca < cb || (ca == cb && a < b);
@@ -464,7 +465,6 @@ static void job_finish(Engine *e, int q, double t) {
     w->busy += t - e->r->start[q][i];
     if (e->s->workers[q].ins[i].op == OP_STEP) w->clock += e->o->step_s;
     e->r->end[q][i] = w->clock;
-    e->r->slowdown[q] += t - e->r->start[q][i];   /* over the work, at the end of sim_run */
     w->pc++;
     job_reshare(e, t, q / e->per);
     ready_push(e, q);
@@ -541,18 +541,15 @@ static void flow_reshare(Engine *e, double now, int l0, int l1) {
         double step = INFINITY;
         for (int q = 0; q < nl; q++) {
             int l = e->lq[q], out = l < e->s->n_ranks;
-            const LinkSet *L = &e->links[l];
-            double used = 0, grow_c = 0;
+            LinkSet *L = &e->links[l];
+            L->used = L->growc = 0;
             for (int k = 0; k < L->n; k++) {
                 const Flow *f = &e->fl[L->ids[k]];
                 double c = out ? f->c_out : f->c_in;
-                used += f->x * c;
-                if (!f->frozen) grow_c += c;
+                L->used += f->x * c;
+                if (!f->frozen) L->growc += c;
             }
-            if (grow_c > 0) {
-                double d = (1 - used) / grow_c;
-                if (d < step) step = d;
-            }
+            if (L->growc > 0 && (1 - L->used) / L->growc < step) step = (1 - L->used) / L->growc;
         }
         PD_ASSERT(isfinite(step));
         if (step < 0) step = 0;
@@ -560,16 +557,8 @@ static void flow_reshare(Engine *e, double now, int l0, int l1) {
             if (!e->fl[e->comp[k]].frozen) e->fl[e->comp[k]].x += step;
         /* freeze the transfers on every link now full */
         for (int q = 0; q < nl; q++) {
-            int l = e->lq[q], out = l < e->s->n_ranks;
-            const LinkSet *L = &e->links[l];
-            double used = 0;
-            int any = 0;
-            for (int k = 0; k < L->n; k++) {
-                const Flow *f = &e->fl[L->ids[k]];
-                used += f->x * (out ? f->c_out : f->c_in);
-                any |= !f->frozen;
-            }
-            if (!any || used < 1 - 1e-12) continue;
+            const LinkSet *L = &e->links[e->lq[q]];
+            if (L->growc <= 0 || L->used + step * L->growc < 1 - 1e-12) continue;
             for (int k = 0; k < L->n; k++) {
                 Flow *f = &e->fl[L->ids[k]];
                 if (!f->frozen) f->frozen = 1, left--;
@@ -579,16 +568,9 @@ static void flow_reshare(Engine *e, double now, int l0, int l1) {
     for (int k = 0; k < nf; k++) {
         Flow *f = &e->fl[e->comp[k]];
         f->rate = f->x;
-        f->finish = now + f->rem / f->rate;
         f->version++;
-        fh_push(e, (FlowEv){f->finish, e->comp[k], f->version});
+        fh_push(e, (FlowEv){now + f->rem / f->rate, e->comp[k], f->version});
     }
-}
-
-/* The rate worker r's end of a link of bandwidth bw gives: bw, capped by the worker's own link. */
-static double end_rate(const Cluster *cl, int r, double bw) {
-    double own = r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
-    return own < bw ? own : bw;
 }
 
 /* A message of `bytes` from a to b sent at now by instruction ins of a: queued on the pair's
@@ -614,8 +596,8 @@ static void flow_start(Engine *e, double now, int a, int b, double bytes, int ki
     Flow *f = &e->fl[id];
     int lv = cluster_link_level(cl, a, b);
     double bw = cl->level[lv].bandwidth;
-    *f = (Flow){.rem = bytes, .t_last = now, .latency = cl->level[lv].latency, .c_out = 1 / end_rate(cl, a, bw),
-                .c_in = 1 / end_rate(cl, b, bw), .src = a, .dst = b, .q = f->q, .q_cap = f->q_cap, .version = f->version,
+    *f = (Flow){.rem = bytes, .t_last = now, .latency = cl->level[lv].latency, .c_out = 1 / fmin(bw, cluster_own_bandwidth(cl, a)),
+                .c_in = 1 / fmin(bw, cluster_own_bandwidth(cl, b)), .src = a, .dst = b, .q = f->q, .q_cap = f->q_cap, .version = f->version,
                 .live = 1};
     f->q = grow(f->q, &f->q_cap, 1, sizeof(FlowMsg));
     f->q[f->q_n++] = msg;
@@ -641,9 +623,8 @@ static void flow_finish(Engine *e, int id, double t) {
     if (f->q_head < f->q_n) {
         f->rem = f->q[f->q_head].bytes;
         f->t_last = t;
-        f->finish = t + f->rem / f->rate;
         f->version++;
-        fh_push(e, (FlowEv){f->finish, id, f->version});
+        fh_push(e, (FlowEv){t + f->rem / f->rate, id, f->version});
         return;
     }
     f->live = 0;
@@ -1101,7 +1082,6 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
         e.shared = 1, e.per = o->cluster->level[0].workers, e.cores = o->cluster->cores_per_machine;
         for (int w = 0; w < W; w++) {
             e.ws[w].slow = (load[w] > 0 ? 1 + net[w] / load[w] : 1) / cluster_worker_speed(o->cluster, w);
-            r->slowdown[w] = 0;   /* summed in job_finish */
         }
         free(load);
         free(net);
@@ -1145,7 +1125,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     }
     if (!rc && e.shared)   /* the slowdown each worker's compute met: its wall time over its work */
         for (int w = 0; w < W; w++)
-            r->slowdown[w] = e.ws[w].job_work_total > 0 ? r->slowdown[w] * e.ws[w].slow / e.ws[w].job_work_total : e.ws[w].slow;
+            r->slowdown[w] = e.ws[w].job_work_total > 0 ? e.ws[w].busy * e.ws[w].slow / e.ws[w].job_work_total : e.ws[w].slow;
     if (!rc) metrics(&e);
     free(e.ws);
     free(e.groups);
