@@ -347,6 +347,11 @@ static void test_summary_prediction(void **state) {
         if (usable) {
             assert_string_equal(out.predicted_note, "same plan and profile");
             assert_true(isfinite(out.predicted_time_per_unit_ms));
+            /* measured is the run's wall over its units, so the prediction is the simulated run's:
+             * 4 minibatches on the bottleneck stage (9 ms each) plus stage 0's first forward
+             * (2 ms) and last backward (4 ms) at least, against 9 ms per unit in steady state */
+            assert_true(out.predicted_steady_ms >= 9.0 - 1e-9);
+            assert_true(out.predicted_time_per_unit_ms >= (4 * 9.0 + 2.0 + 4.0) / 4 - 1e-9);
         } else {
             assert_non_null(strstr(out.predicted_note, "simulator: "));
             assert_non_null(strstr(out.predicted_note, "the profile has 3 layers"));

@@ -53,6 +53,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "samples_per_cpu_s", s->samples_per_cpu_s);
     num(o, "time_per_unit_ms", s->time_per_unit_ms);
     num(o, "predicted_time_per_unit_ms", s->predicted_time_per_unit_ms);
+    num(o, "predicted_steady_time_per_unit_ms", s->predicted_steady_ms);
     num(o, "overhead_pct", s->overhead_pct);
     num(o, "wall_s", s->wall_s);
     num(o, "data_mean", s->data_mean);
@@ -240,8 +241,10 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
                 g->delay_mean, g->delay_max);
     }
     fprintf(stderr, "staleness compensation: %s\n", s->staleness);
-    fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s)\n", s->time_per_unit_ms,
-            s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "no profile given");
+    char steady[64] = "";
+    if (isfinite(s->predicted_steady_ms)) snprintf(steady, sizeof steady, "; steady state %.3f ms", s->predicted_steady_ms);
+    fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s%s)\n", s->time_per_unit_ms,
+            s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "no profile given", steady);
     char *line = train_summary_json(s);
     puts(line);
     fflush(stdout);

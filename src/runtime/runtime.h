@@ -416,7 +416,12 @@ typedef struct RtTrainSummary {
     double final_loss;           /* mean loss of the last minibatch (NAN if none) */
     double mean_loss;            /* mean over the run's units */
     double test_accuracy;        /* NAN without a test set */
-    double samples_per_s, time_per_unit_ms, predicted_time_per_unit_ms, overhead_pct, wall_s;
+    double samples_per_s, time_per_unit_ms, overhead_pct, wall_s;
+    double predicted_time_per_unit_ms;   /* the simulator's run of the same units, fill and drain
+                                          * included, over its units: what time_per_unit_ms
+                                          * (the run's wall time over its units) should be */
+    double predicted_steady_ms;          /* the simulator's steady state per unit (sim.h's
+                                          * time_per_unit_s): the figure a long run approaches */
     uint64_t resumed_from;       /* minibatches done by the checkpoint resumed from (0: fresh) */
     int checkpoints;             /* written by this run */
     char last_checkpoint[4096];  /* path of the newest agreed checkpoint, "" if none */
