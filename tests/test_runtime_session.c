@@ -278,7 +278,7 @@ static void test_session_target(void **state) {
 static void test_result_pack(void **state) {
     (void)state;
     RtWorkerResult a = {.rank = 3, .stage = 1, .replica = 1, .n_chunks = 2, .n_params = 77, .n_state = 5,
-                        .params_crc = 0xdeadbeef, .max_versions = 3, .loss_sum = 12.5, .last_loss = 2.25,
+                        .params_crc = 0xdeadbeef, .max_versions = 3, .loss_sum = 12.5, .last_loss = 2.25, .last_mb = 41, .last_n = 3,
                         .units_done = 9, .test_correct = 40, .test_total = 100, .test_loss_sum = 123.25,
                         .wall_s = 1.5, .compute_s = 1.25, .wait_s = 0.125, .n_fwd = 9, .n_bwd = 9,
                         .asp_applied = 4, .asp_staleness_mean = 1.5, .asp_staleness_max = 3, .asp_pulls = 2,
@@ -300,6 +300,7 @@ static void test_result_pack(void **state) {
     assert_int_equal(b.n_params, 77);
     assert_int_equal(b.params_crc, 0xdeadbeef);
     assert_true(b.loss_sum == 12.5 && b.last_loss == 2.25 && b.test_loss_sum == 123.25);
+    assert_true(b.last_mb == 41 && b.last_n == 3);
     assert_true(b.test_correct == 40 && b.test_total == 100 && b.units_done == 9);
     assert_true(b.wall_s == 1.5 && b.compute_s == 1.25 && b.wait_s == 0.125 && b.cpu_s == 2.5 && b.pid == 4242);
     assert_true(b.asp_applied == 4 && b.asp_staleness_max == 3 && b.asp_pull_ms_max == 0.75);
@@ -404,6 +405,37 @@ static void test_session_one_worker(void **state) {
     rmdir_all(dir);
 }
 
+/* The final loss is the last minibatch's, whose micro-batches a replicated last stage's replicas
+ * share (2 of 4 each): as one worker's, from the first minibatch on (before, each replica
+ * averaged its last 4 units, which spanned two minibatches, and reported 0 after one). */
+static void test_final_loss_replicas(void **state) {
+    (void)state;
+    int b[3] = {0, 2, 5}, r[2] = {1, 2};
+    TPlan tp;
+    tplan_c(&tp, 2, b, r);
+    for (int steps = 1; steps <= 3; steps += 2) {
+        RtTrainSpec one = spec(mlp_path, NULL, SCHED_1F1B_FLUSH, 4, steps), rep = one;
+        rep.plan = &tp.p;
+        RtTrainSummary a, c;
+        run(&one, &a);
+        run(&rep, &c);
+        assert_int_equal(c.workers, 3);
+        /* the one worker's: the mean of its last 4 units' losses, from its loss history */
+        const RtWorkerResult *w0 = &a.res[0];
+        double sum = 0;
+        int n = 0;
+        for (int k = 0; k < w0->n_hist; k++)
+            if (w0->hist[3 * k] >= 4 * (steps - 1)) sum += w0->hist[3 * k + 1], n++;
+        assert_int_equal(n, 4);
+        if (fabs(a.final_loss - sum / n) > 1e-6 * fabs(a.final_loss))
+            fail_msg("%d steps: final loss %.9g, the last minibatch's units %.9g", steps, a.final_loss, sum / n);
+        if (fabs(c.final_loss - a.final_loss) > 1e-5 * fabs(a.final_loss))
+            fail_msg("%d steps: final loss %.9g with replicas, %.9g one worker", steps, c.final_loss, a.final_loss);
+        rt_train_summary_release(&a);
+        rt_train_summary_release(&c);
+    }
+}
+
 /* An Adam checkpoint resumed with SGD: an error naming both (before, Adam's first moment became
  * SGD's momentum); hyper-parameters recorded and their changes named. */
 static void test_ckpt_optimizer(void **state) {
@@ -484,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_result_pack),
         cmocka_unit_test(test_summary_prediction),
         cmocka_unit_test(test_session_one_worker),
+        cmocka_unit_test(test_final_loss_replicas),
         cmocka_unit_test(test_ckpt_optimizer),
         cmocka_unit_test(test_ckpt_path),
     };

@@ -322,7 +322,7 @@ static int forward(Asp *a, int u, int i, Err *err) {
     float *h = &r->hist[3 * r->n_hist++];
     h[0] = (float)u, h[1] = loss, h[2] = (float)correct / (float)B;
     r->units_done++;
-    r->last_loss = loss;
+    rt_last_loss_add(r, (int64_t)(w->cfg->unit_base + (uint64_t)u), loss);
     r->n_fwd++;
     double t1 = pd_now();
     r->compute_s += t1 - t0;

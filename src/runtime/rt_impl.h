@@ -98,8 +98,7 @@ typedef struct Worker {
     int has_sampler;
     int pc;
     double t_start;
-    double mb_loss_sum;
-    int mb_loss_n, events_cap;
+    int events_cap;
     double last_progress;
 } Worker;
 
@@ -115,6 +114,9 @@ static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
 /* The progress line on stderr (RtConfig.progress) after unit u of w's list, whose loss was
  * loss; last: w computes no later unit of the list (that line is always written). */
 void rt_progress(Worker *w, int u, int last, float loss);
+/* Counts a unit's loss toward the newest minibatch's (RtWorkerResult.last_loss): a newer
+ * minibatch mb starts the sum again. */
+void rt_last_loss_add(RtWorkerResult *r, int64_t mb, double loss);
 
 /* Chunk c of the rank w leads (w itself when the rank runs one stage; c < w->n_chunk). */
 static inline Worker *rt_chunk(Worker *w, int c) { return w->chunk ? w->chunk[c] : w; }

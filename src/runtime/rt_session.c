@@ -176,7 +176,8 @@ static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base
         acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c],
         acc->chunk_cpu_s[c] += seg->chunk_cpu_s[c];
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
-    if (seg->units_done) acc->last_loss = seg->last_loss;
+    if (seg->last_n && (!acc->last_n || seg->last_mb > acc->last_mb))
+        acc->last_loss = seg->last_loss, acc->last_mb = seg->last_mb, acc->last_n = seg->last_n;
     if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
     acc->n_delayed += seg->n_delayed, acc->delay_sum += seg->delay_sum;
     acc->bytes_sent += seg->bytes_sent;
@@ -820,6 +821,7 @@ typedef struct Wire {
     int64_t n_norms, n_clipped;
     double bytes_sent;
     double compute_cpu_s, chunk_cpu_s[RT_MAX_CHUNKS];
+    int64_t last_mb, last_n;
 } Wire;
 
 char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
@@ -829,7 +831,7 @@ char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
               a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
               a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent,
-              a->compute_cpu_s, {0}};
+              a->compute_cpu_s, {0}, a->last_mb, a->last_n};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c],
         x.chunk_cpu_s[c] = a->chunk_cpu_s[c];
@@ -867,7 +869,8 @@ int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err
                           .pid = y.pid, .n_delayed = (int)y.n_delayed, .delay_sum = (long)y.delay_sum,
                           .delay_max = (int)y.delay_max, .grad_norm_sum = y.grad_norm_sum,
                           .grad_norm_max = y.grad_norm_max, .n_norms = (int)y.n_norms, .n_clipped = (int)y.n_clipped,
-                          .bytes_sent = y.bytes_sent, .compute_cpu_s = y.compute_cpu_s};
+                          .bytes_sent = y.bytes_sent, .compute_cpu_s = y.compute_cpu_s,
+                          .last_mb = y.last_mb, .last_n = (int)y.last_n};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
         o->chunk_compute_s[c] = y.chunk_compute_s[c], o->chunk_cpu_s[c] = y.chunk_cpu_s[c];
@@ -907,6 +910,12 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     long correct = 0, total = 0;
     int units = 0, n_last = 0;
     const SchedStage *lst = &s->stages[s->n_stages - 1];
+    /* the final loss: the run's last minibatch, whose units the last stage's replicas share */
+    int64_t last_mb = -1;
+    for (int j = 0; j < lst->replicas; j++) {
+        const RtWorkerResult *q = &res[lst->ranks[j]];
+        if (q->last_n > 0 && q->last_mb > last_mb) last_mb = q->last_mb;
+    }
     for (int r = 0; r < s->n_ranks; r++) {
         if (res[r].wall_s > wall) wall = res[r].wall_s;
         int runs_last = 0;   /* a replica of the last stage (interleaved: its last chunk) */
@@ -914,8 +923,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         if (runs_last) {
             loss_sum += res[r].loss_sum;
             units += res[r].units_done;
-            last_loss += res[r].last_loss;
-            n_last++;
+            if (res[r].last_n > 0 && res[r].last_mb == last_mb) last_loss += res[r].last_loss, n_last += res[r].last_n;
         }
         correct += res[r].test_correct;
         total += res[r].test_total;

@@ -565,18 +565,17 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
         h[0] = (float)in->mb, h[1] = loss, h[2] = (float)correct / (float)rows;
         w->res->units_done++;
         if (w->cfg->progress && w->sw->replica == 0) rt_progress(w, in->mb, in->mb + 1 >= w->s->n_units, loss);
-        w->mb_loss_sum += loss;
-        w->mb_loss_n++;
-        if (w->mb_loss_n == w->s->n_micro) {
-            w->res->last_loss = w->mb_loss_sum / w->mb_loss_n;
-            w->mb_loss_sum = 0;
-            w->mb_loss_n = 0;
-        }
+        rt_last_loss_add(w->res, (int64_t)((w->cfg->unit_base + (uint64_t)in->mb) / (unsigned)w->s->n_micro), loss);
         sl->grad_ready = 1;
         if (drop) ctx_return(w, sl);
     }
     w->res->n_fwd++;
     return PD_OK;
+}
+
+void rt_last_loss_add(RtWorkerResult *r, int64_t mb, double loss) {
+    if (r->last_n == 0 || mb > r->last_mb) r->last_mb = mb, r->last_loss = 0, r->last_n = 0;
+    if (mb == r->last_mb) r->last_loss += loss, r->last_n++;
 }
 
 /* Recompute: unit mb's forward again from its kept input, with its forward's version and
@@ -1269,8 +1268,6 @@ static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *
     w->res = res;
     w->pc = 0;
     w->events_cap = 0;
-    w->mb_loss_sum = 0;
-    w->mb_loss_n = 0;
     w->t_start = pd_now();
     if (w->stage < 0) return PD_OK;
     for (int k = 0; k < w->n_slots; k++)

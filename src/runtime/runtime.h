@@ -175,7 +175,11 @@ typedef struct RtWorkerResult {
     int delay_max;
     /* last stage only (zero elsewhere): */
     double loss_sum;         /* sum of unit losses (unscaled) */
-    double last_loss;        /* the mean loss of the last minibatch seen */
+    double last_loss;        /* the sum of its units' losses of minibatch last_mb (the newest it
+                              * computed the loss of; with replicas, part of that minibatch's
+                              * units), over last_n units */
+    int64_t last_mb;         /* its global minibatch index (meaningful when last_n > 0) */
+    int last_n;
     int units_done;
     long test_correct, test_total;
     double test_loss_sum;    /* sum over test samples of their loss (evaluation) */
