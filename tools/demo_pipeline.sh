@@ -39,8 +39,9 @@ echo
 # 1/16 of the real one's); PLAN_ARGS=--straight (the default here) asks for a pipeline of
 # $WORKERS stages, which is what this demo shows. PLAN_ARGS= lets the planner choose.
 # The ranks share this machine's cores; each core computes slower while both do (shared caches
-# and memory, the kernel switching between ranks): measured here, and the simulator counts it.
-CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --minibatch "$UNIT" --pairs 1 2>/dev/null)}
+# and memory, the kernel switching between ranks): measured here (the median of 3 rounds; one
+# round can meet a slow spell on a shared machine), and the simulator counts it.
+CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --minibatch "$UNIT" --pairs 3 2>/dev/null)}
 echo "each core's speed while all compute, against one alone: $CE (bench/core_efficiency.sh)"
 echo "== 2. plan for $WORKERS workers (one host: shared memory, ~10 GB/s between ranks)"
 # The micro-batch kinds step once per minibatch of 64 / UNIT units: the plan charges the

@@ -243,8 +243,12 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
     fprintf(stderr, "staleness compensation: %s\n", s->staleness);
     char steady[64] = "";
     if (isfinite(s->predicted_steady_ms)) snprintf(steady, sizeof steady, "; steady state %.3f ms", s->predicted_steady_ms);
-    fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s%s)\n", s->time_per_unit_ms,
-            s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "no profile given", steady);
+    if (isfinite(s->predicted_time_per_unit_ms))
+        fprintf(stderr, "time per unit: measured %.3f ms, simulator %.3f ms (%s%s)\n", s->time_per_unit_ms,
+                s->predicted_time_per_unit_ms, s->predicted_note[0] ? s->predicted_note : "same plan and profile", steady);
+    else   /* no profile, or the simulator's error */
+        fprintf(stderr, "time per unit: measured %.3f ms; no prediction (%s)\n", s->time_per_unit_ms,
+                s->predicted_note[0] ? s->predicted_note : "no profile given");
     char *line = train_summary_json(s);
     puts(line);
     fflush(stdout);
