@@ -228,6 +228,36 @@ static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
     return rc;
 }
 
+/* Where a run more than 15% off its prediction went: the stage whose compute is furthest from
+ * its prediction, and how much of that compute its thread was on a CPU; or, every stage within
+ * 15%, the waiting between them. */
+static void explain_miss(const RtTrainSummary *s) {
+    double m = s->time_per_unit_ms, p = s->predicted_time_per_unit_ms;
+    if (!(isfinite(p) && p > 0 && m > 0) || fabs(log(m / p)) <= log(1.15)) return;
+    int worst = -1;
+    double off = 0;
+    for (int i = 0; i < s->stages; i++) {
+        const RtStageSummary *g = &s->stage[i];
+        if (g->measured_ms > 0 && g->predicted_ms > 0 && fabs(log(g->measured_ms / g->predicted_ms)) > off)
+            off = fabs(log(g->measured_ms / g->predicted_ms)), worst = i;
+    }
+    fprintf(stderr, "off the prediction by %+.0f%%: ", 100 * (m / p - 1));
+    if (worst < 0 || off <= log(1.15)) {
+        fprintf(stderr, "every stage computed within 15%% of its prediction; the rest is waiting between them "
+                        "(links, or stages held up by each other: --svg draws both)\n");
+        return;
+    }
+    const RtStageSummary *g = &s->stage[worst];
+    fprintf(stderr, "furthest, stage %d computed %.4g ms per unit against %.4g predicted (%+.0f%%)", worst,
+            g->measured_ms, g->predicted_ms, 100 * (g->measured_ms / g->predicted_ms - 1));
+    if (isfinite(g->cpu_ms) && g->measured_ms > 0) {
+        double on = g->cpu_ms / g->measured_ms;
+        fprintf(stderr, ", on a CPU %.0f%% of that time%s", 100 * on,
+                on < 0.85 ? " (the rest, other processes had its core)" : "");
+    }
+    fputc('\n', stderr);
+}
+
 int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
     /* on CPU: the part of the stage's compute time its thread ran (the rest it waited for a core) */
     fprintf(stderr, "\n%-6s %-9s %22s %22s %8s %9s %8s %12s %12s %15s\n", "stage", "replicas", "measured F+B ms/unit",
@@ -249,6 +279,7 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
     else   /* no profile, or the simulator's error */
         fprintf(stderr, "time per unit: measured %.3f ms; no prediction (%s)\n", s->time_per_unit_ms,
                 s->predicted_note[0] ? s->predicted_note : "no profile given");
+    explain_miss(s);
     char *line = train_summary_json(s);
     puts(line);
     fflush(stdout);

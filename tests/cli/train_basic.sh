@@ -60,6 +60,26 @@ grep -q "no profile given" "$tmp/err" && fail "an unusable profile reported as n
 grep -q "simulator: .*the profile has 3 layers" "$tmp/err" || fail "the simulator's error is not named: $(cat "$tmp/err")"
 grep -q '"predicted_time_per_unit_ms":null' "$tmp/out" || fail "a prediction from an unusable profile: $(cat "$tmp/out")"
 
+# a run far off its prediction says where: a profile claiming a 1000th of every time
+"$PD" profile $SRC/models/lenet5.json --minibatch 64 --iterations 3 -o "$tmp/prof.json" >/dev/null 2>&1 || fail "profile"
+python3 - "$tmp/prof.json" "$tmp/fast.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for l in d["layers"]:
+    for k in list(l):
+        if k.endswith("_s") and l[k]:
+            l[k] /= 1000
+json.dump(d, open(sys.argv[2], "w"))
+PY
+"$PD" train $SRC/models/lenet5.json --workers 2 --steps 10 --profile "$tmp/fast.json" >"$tmp/out" 2>"$tmp/err" ||
+    fail "a profile far too fast: exit $?: $(tail -3 "$tmp/err")"
+grep -q "^off the prediction by +[0-9]*%: furthest, stage [01] computed .* predicted (+[0-9]*%), on a CPU" "$tmp/err" ||
+    fail "a run far off its prediction does not say where: $(tail -4 "$tmp/err")"
+"$PD" train $SRC/models/lenet5.json --steps 2 >"$tmp/out" 2>"$tmp/err" || fail "one worker: exit $?"
+grep -q "^time per unit: measured [0-9.]* ms; no prediction (no profile given)$" "$tmp/err" ||
+    fail "one worker without --profile: $(tail -2 "$tmp/err")"
+grep -q "off the prediction" "$tmp/err" && fail "no prediction, yet off it: $(tail -3 "$tmp/err")"
+
 "$PD" train "$tmp/missing.json" >"$tmp/out" 2>"$tmp/err"
 [ $? -eq 1 ] || fail "missing model: want exit 1"
 grep -q "missing.json" "$tmp/err" || fail "missing model: $(cat "$tmp/err")"
