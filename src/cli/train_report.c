@@ -228,33 +228,41 @@ static int write_curve(const RtTrainSummary *s, const char *path, Err *err) {
     return rc;
 }
 
-/* Where a run more than 15% off its prediction went: the stage whose compute is furthest from
- * its prediction, and how much of that compute its thread was on a CPU; or, every stage within
- * 15%, the waiting between them. */
+/* Where a run more than 15% off its prediction went: the stage whose compute is furthest off in
+ * the same direction, and how much of that compute its thread was on a CPU; or, no stage's
+ * compute that far off, the waiting between stages (and the ranks' share of a CPU, where other
+ * processes had the cores). */
 static void explain_miss(const RtTrainSummary *s) {
     double m = s->time_per_unit_ms, p = s->predicted_time_per_unit_ms;
     if (!(isfinite(p) && p > 0 && m > 0) || fabs(log(m / p)) <= log(1.15)) return;
-    int worst = -1;
-    double off = 0;
+    int slower = m > p, worst = -1;
+    double off = log(1.15), cpu_lo = INFINITY, cpu_hi = -INFINITY;
     for (int i = 0; i < s->stages; i++) {
         const RtStageSummary *g = &s->stage[i];
-        if (g->measured_ms > 0 && g->predicted_ms > 0 && fabs(log(g->measured_ms / g->predicted_ms)) > off)
-            off = fabs(log(g->measured_ms / g->predicted_ms)), worst = i;
+        if (!(g->measured_ms > 0)) continue;
+        if (isfinite(g->cpu_ms)) {
+            double on = g->cpu_ms / g->measured_ms;
+            cpu_lo = on < cpu_lo ? on : cpu_lo, cpu_hi = on > cpu_hi ? on : cpu_hi;
+        }
+        double d = g->predicted_ms > 0 ? log(g->measured_ms / g->predicted_ms) * (slower ? 1 : -1) : 0;
+        if (d > off) off = d, worst = i;
     }
     fprintf(stderr, "off the prediction by %+.0f%%: ", 100 * (m / p - 1));
-    if (worst < 0 || off <= log(1.15)) {
-        fprintf(stderr, "every stage computed within 15%% of its prediction; the rest is waiting between them "
-                        "(links, or stages held up by each other: --svg draws both)\n");
+    if (worst >= 0) {
+        const RtStageSummary *g = &s->stage[worst];
+        fprintf(stderr, "furthest, stage %d computed %.4g ms per unit against %.4g predicted (%+.0f%%)", worst,
+                g->measured_ms, g->predicted_ms, 100 * (g->measured_ms / g->predicted_ms - 1));
+        if (isfinite(g->cpu_ms))
+            fprintf(stderr, ", on a CPU %.0f%% of that time%s", 100 * g->cpu_ms / g->measured_ms,
+                    g->cpu_ms < 0.85 * g->measured_ms ? " (the rest, other processes had its core)" : "");
+        fputc('\n', stderr);
         return;
     }
-    const RtStageSummary *g = &s->stage[worst];
-    fprintf(stderr, "furthest, stage %d computed %.4g ms per unit against %.4g predicted (%+.0f%%)", worst,
-            g->measured_ms, g->predicted_ms, 100 * (g->measured_ms / g->predicted_ms - 1));
-    if (isfinite(g->cpu_ms) && g->measured_ms > 0) {
-        double on = g->cpu_ms / g->measured_ms;
-        fprintf(stderr, ", on a CPU %.0f%% of that time%s", 100 * on,
-                on < 0.85 ? " (the rest, other processes had its core)" : "");
-    }
+    fprintf(stderr, "no stage computed more than 15%% %s its prediction; the difference is in the waiting between "
+                    "stages (--svg draws it)", slower ? "over" : "under");
+    if (slower && isfinite(cpu_lo) && cpu_lo < 0.85)
+        fprintf(stderr, ", and the ranks were on a CPU only %.0f-%.0f%% of their compute time (other processes had "
+                        "the cores)", 100 * cpu_lo, 100 * cpu_hi);
     fputc('\n', stderr);
 }
 
