@@ -20,18 +20,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=out/hetero-margin PD=build/pipedream
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$2; shift 2 ;;
-        --pd) PD=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "hetero_margin.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
-    esac
-done
+. bench/lib/emulated.sh
+emu_args out/hetero-margin "$@"
 : "${FAST:=1gbit}" "${SLOW:=10mbit}" "${REPS:=3}" "${STEPS_STRAIGHT:=16}" "${STEPS_PLAN:=200}"
 NAME=${PDC_NAME:-pdhet}
-. bench/lib/emulated.sh
 emu_setup hetero_margin.sh
 # the test set cut to 512 images (idx files: a 16- or 8-byte header, then the records)
 rm -f "$OUT/data/t10k-images-idx3-ubyte.gz" "$OUT/data/t10k-labels-idx1-ubyte.gz"

@@ -22,18 +22,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=out/plan-vs-best PD=build/pipedream
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$2; shift 2 ;;
-        --pd) PD=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "plan_vs_best.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
-    esac
-done
+. bench/lib/emulated.sh
+emu_args out/plan-vs-best "$@"
 : "${RATES:=1gbit 300mbit 100mbit}" "${REPS:=3}" "${STEPS:=80}"
 NAME=${PDC_NAME:-pdbest}
-. bench/lib/emulated.sh
 emu_setup plan_vs_best.sh
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 mkdir -p "$OUT/plans"

@@ -17,18 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=out/predict-table PD=build/pipedream
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$2; shift 2 ;;
-        --pd) PD=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "predict_table.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
-    esac
-done
+. bench/lib/emulated.sh
+emu_args out/predict-table "$@"
 : "${RATES:=1gbit 300mbit 100mbit}" "${KINDS:=dp 1f1b-flush 1f1b zb-h1}" "${REPS:=3}" "${STEPS:=80}"
 NAME=${PDC_NAME:-pdpred}
-. bench/lib/emulated.sh
 emu_setup predict_table.sh
 emu_profile
 # each core's speed while both compute (bench/core_efficiency.sh; CORE_EFF= to give it)

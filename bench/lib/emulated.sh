@@ -1,5 +1,8 @@
 # emulated.sh: sourced by the bench scripts that train vgg16 on 4 hosts of tools/cluster.sh.
 #
+#   emu_args OUT_DEFAULT "$@"   the scripts' own options: --out DIR (sets OUT, default OUT_DEFAULT),
+#                          --pd BINARY (sets PD, default build/pipedream), --help (the script's
+#                          header comment)
 #   payload_bps RATE       tc rate (100mbit, 1gbit, ...) -> TCP payload bytes/s: 1448 payload
 #                          bytes per 1514-byte frame (95.6%, docs/reference/cluster-sh.md); the
 #                          figure the plans and the simulator get
@@ -10,6 +13,19 @@
 #   emu_net_cpu RATE       the network stack's CPU per byte at RATE (tools/cluster.sh net-cpu, 2.5 s
 #                          of stream, appended to $OUT/net-cpu.txt); 0 when NET_CPU=0
 #   emu_profile            vgg16 at minibatch 64, 1 thread, into $OUT/prof.json (sets PROF)
+
+emu_args() {
+    OUT=$1 PD=build/pipedream
+    shift
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --out) OUT=$2; shift 2 ;;
+            --pd) PD=$2; shift 2 ;;
+            -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+            *) echo "$(basename "$0"): unknown argument $1 (--help)" >&2; exit 2 ;;
+        esac
+    done
+}
 
 payload_bps() {
     local v=${1%bit} m=1

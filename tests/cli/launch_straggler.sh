@@ -3,8 +3,9 @@
 # emulated cluster of 3 hosts at 1 Gbit/s (tools/cluster.sh), lenet5 on a small IDX set, one
 # stage per host (--straight). The straggler is made by the profile: it says layers 0-5 (the
 # first stage's) take a 1000th of their time, so the first stage's host computes far longer per
-# unit than its plan predicts (hundreds of times), at every checkpoint (a host slowed mid-run by another job on its CPU is not made
-# here: on a small shared machine such a slowdown is too uneven to test on):
+# unit than its plan predicts (hundreds of times), at every checkpoint (a host slowed mid-run by
+# another job on its CPU is not made here: on a small shared machine such a slowdown is too
+# uneven to test on):
 #  1. with --no-replan, the run finishes its 240 minibatches (exit 0, summary steps) on its
 #     first plan; the job's progress file
 #     (train --progress-file) has a line per checkpoint (12) with every rank's figures and
