@@ -131,7 +131,7 @@ static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
         float *pre_b = tk_rand(out, tag + 8, -1, 1);
         float *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, out);
         float *rdx = pd_alloc_f32(nx), *rdw = pd_alloc_f32(nw), *rdb = pd_alloc_f32(out);
-        kern_linear_bwd_k(&kb, n, x, w, dy, dx, dw, bias ? db : NULL);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx, dw, bias ? db : NULL, 0);
         kern_linear_bwd_ref(x, w, dy, rdx, rdw, bias ? rdb : NULL, n, in, out);
         tk_sub(dx, pre_x, nx);   // += onto the prefilled buffers
         tk_sub(dw, pre_w, nw);
@@ -141,15 +141,15 @@ static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
         if (bias) assert_int_equal(tu_compare("linear db (float32 sums)", db, rdb, out, 1e-4, 1e-5), 0);
         /* dx and dw alone give the same as together */
         float *dx1 = pd_alloc_f32(nx), *dw1 = pd_alloc_f32(nw), *dx2 = pd_alloc_f32(nx), *dw2 = pd_alloc_f32(nw);
-        kern_linear_bwd_k(&kb, n, x, w, dy, dx1, dw1, NULL);
-        kern_linear_bwd_k(&kb, n, x, w, dy, dx2, NULL, NULL);
-        kern_linear_bwd_k(&kb, n, x, w, dy, NULL, dw2, NULL);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx1, dw1, NULL, 0);
+        kern_linear_bwd_k(&kb, n, x, w, dy, dx2, NULL, NULL, 0);
+        kern_linear_bwd_k(&kb, n, x, w, dy, NULL, dw2, NULL, 0);
         assert_memory_equal(dx1, dx2, nx * sizeof(float));
         assert_memory_equal(dw1, dw2, nw * sizeof(float));
         if (bias) {   // with db (dy converted in the same pass as it is summed), and db alone
             float *dx3 = pd_alloc_f32(nx), *dw3 = pd_alloc_f32(nw), *db3 = pd_alloc_f32(out), *db4 = pd_alloc_f32(out);
-            kern_linear_bwd_k(&kb, n, x, w, dy, dx3, dw3, db3);
-            kern_linear_bwd_k(&kb, n, x, w, dy, NULL, NULL, db4);
+            kern_linear_bwd_k(&kb, n, x, w, dy, dx3, dw3, db3, 0);
+            kern_linear_bwd_k(&kb, n, x, w, dy, NULL, NULL, db4, 0);
             assert_memory_equal(dx3, dx1, nx * sizeof(float));
             assert_memory_equal(dw3, dw1, nw * sizeof(float));
             assert_memory_equal(db3, db4, out * sizeof(float));
@@ -159,11 +159,30 @@ static void check_linear(int n_max, int in, int out, int bias, uint64_t tag) {
         /* float32 descriptor backward: bitwise the plain kernel */
         float *fdx = pd_alloc_f32(nx), *fdw = pd_alloc_f32(nw), *fdb = pd_alloc_f32(out);
         float *pdx = pd_alloc_f32(nx), *pdw = pd_alloc_f32(nw), *pdb = pd_alloc_f32(out);
-        kern_linear_bwd_k(&kf, n, x, w, dy, fdx, fdw, fdb);
+        kern_linear_bwd_k(&kf, n, x, w, dy, fdx, fdw, fdb, 0);
         kern_linear_bwd(x, w, dy, pdx, pdw, pdb, n, in, out);
         assert_memory_equal(fdx, pdx, nx * sizeof(float));
         assert_memory_equal(fdw, pdw, nw * sizeof(float));
         assert_memory_equal(fdb, pdb, out * sizeof(float));
+        /* KSET_*: written over whatever was there, the same numbers as added onto zeros (dx1,
+         * dw1 above; fdx, fdw, fdb); garbage left behind would show. Both descriptors. */
+        for (int set = 1; set <= (KSET_DX | KSET_DW); set++) {
+            KLinear *kk[2] = {&kb, &kf};
+            for (int d = 0; d < 2; d++) {
+                float *sx = tk_rand(nx, tag + 9, 1e6, 2e6), *sw = tk_rand(nw, tag + 10, 1e6, 2e6);
+                float *sb = tk_rand(out, tag + 11, 1e6, 2e6);
+                float *zx = pd_alloc_f32(nx), *zw = pd_alloc_f32(nw), *zb = pd_alloc_f32(out);   /* zeros */
+                if (!(set & KSET_DX)) memcpy(sx, zx, nx * sizeof(float));
+                if (!(set & KSET_DW)) memcpy(sw, zw, nw * sizeof(float)), memcpy(sb, zb, out * sizeof(float));
+                kern_linear_bwd_k(kk[d], n, x, w, dy, sx, sw, bias ? sb : NULL, set);
+                kern_linear_bwd_k(kk[d], n, x, w, dy, zx, zw, bias ? zb : NULL, 0);
+                assert_int_equal(tu_compare("linear dx (set)", sx, zx, nx, 0, 0), 0);
+                assert_int_equal(tu_compare("linear dw (set)", sw, zw, nw, 0, 0), 0);
+                if (bias) assert_int_equal(tu_compare("linear db (set)", sb, zb, out, 0, 0), 0);
+                float *tmp[] = {sx, sw, sb, zx, zw, zb};
+                for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) pd_free(tmp[i]);
+            }
+        }
         float *all[] = {x, w, b, dy, y, yr, yf, yp, pre_x, pre_w, pre_b, dx, dw, db, rdx, rdw, rdb,
                         dx1, dw1, dx2, dw2, fdx, fdw, fdb, pdx, pdw, pdb};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);

@@ -5,7 +5,9 @@
  * that do not (batchnorm, lstm, attention, block, residual, dropout, pool): whole ranges with
  * and without an input gradient, and ranges starting inside the model. Also: the data pass
  * leaves the weight gradient of splitting layers alone (it is all in the weight pass), the
- * weight pass changes it, and the weight pass calls its hook once per layer, descending. */
+ * weight pass changes it, and the weight pass calls its hook once per layer, descending. And
+ * a discarded gradient buffer (model_grads_discard) is written, not added to, by the next
+ * backward, whole or split, and zeroed by model_grads_settle. */
 #include "testutil.h"
 
 #include <stdlib.h>
@@ -149,6 +151,35 @@ static void check_range(const Net *net, Model *m, int first, int last, int want_
         fail_msg("%s: the weight gradient of BI + BW differs from backward's", what);
     }
     if (split_params && !memcmp(dwb, dw0, np * sizeof(float))) fail_msg("%s: no gradient at all", what);
+
+    /* model_grads_discard: the next backward writes the gradient over what was there (here
+     * values no gradient has), whole or split, the numbers of a backward onto zeros; the one
+     * after adds again; model_grads_settle zeroes what no backward wrote. */
+    float *dwz = pd_alloc_f32(np + 1), *dwg = pd_alloc_f32(np + 1);
+    model_backward(m, c, w, dy, NULL, dwz);   /* onto zeros */
+    for (int split = 0; split < 2; split++) {
+        for (size_t k = 0; k < np; k++) dwg[k] = 1e30f;
+        model_grads_discard(m, first, last);
+        if (split) {
+            model_backward_b(m, c, w, dy, NULL, dwg, keep);
+            model_backward_w(m, c, w, dy, keep, dwg, NULL, NULL);
+        } else {
+            model_backward(m, c, w, dy, NULL, dwg);
+        }
+        if (tu_compare(what, dwg, dwz, np, 0, 0)) fail_msg("%s: a discarded gradient was added to (split %d)", what, split);
+    }
+    memcpy(dwa, dwz, np * sizeof(float));
+    model_backward(m, c, w, dy, NULL, dwa);   /* twice onto zeros */
+    model_backward(m, c, w, dy, NULL, dwg);   /* after the written one: adds */
+    if (tu_compare(what, dwg, dwa, np, 0, 0)) fail_msg("%s: the backward after a discard did not add", what);
+    for (size_t k = 0; k < np; k++) dwg[k] = 1e30f;
+    model_grads_discard(m, first, last);
+    model_grads_settle(m, first, last, dwg);
+    for (size_t k = 0; k < np; k++)
+        if (dwg[k] != 0.0f) fail_msg("%s: settle left parameter %zu's gradient at %g", what, k, (double)dwg[k]);
+    model_backward(m, c, w, dy, NULL, dwg);   /* settled: adds onto the zeros */
+    if (tu_compare(what, dwg, dwz, np, 0, 0)) fail_msg("%s: the backward after settle did not add", what);
+    pd_free(dwz), pd_free(dwg);
     print_message("%s: %zu parameters, %zu floats kept from BI to BW: bitwise equal\n", what, np, nk);
     nnctx_free(c);
     pd_free(w), pd_free(state), pd_free(x), pd_free(dy), pd_free(dw0), pd_free(dwa), pd_free(dwb);

@@ -196,13 +196,16 @@ typedef struct BiasJob {
     const float *dy;
     float *db;
     int n, out;
+    int set;   /* db is written, not added to */
 } BiasJob;
 
-static void bias_cols(void *p, size_t b, size_t e) {   // db[o] += sum_i dy[i, o], o in [b, e)
+static void bias_cols(void *p, size_t b, size_t e) {   // db[o] (+)= sum_i dy[i, o], o in [b, e)
     const BiasJob *j = p;
-    for (int i = 0; i < j->n; i++) {
+    float *restrict d = j->db;
+    if (j->set)   // the first row assigns: the same additions as onto zeros
+        for (size_t o = b; o < e; o++) d[o] = 0.0f + j->dy[o];
+    for (int i = j->set ? 1 : 0; i < j->n; i++) {
         const float *restrict g = j->dy + (size_t)i * j->out;
-        float *restrict d = j->db;
         for (size_t o = b; o < e; o++) d[o] += g[o];
     }
 }
@@ -217,17 +220,26 @@ void kern_linear_fwd(const float *x, const float *w, const float *b, float *y, i
     kern_sgemm('N', 'T', n, out, in, 1.0f, x, in, w, in, beta, y, out);
 }
 
-void kern_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
-                     int in, int out) {
-    if (n == 0) return;
-    if (dx)   // dx (N,I) += dy (N,O) W (O,I)
-        kern_sgemm('N', 'N', n, in, out, 1.0f, dy, out, w, in, 1.0f, dx, in);
-    if (dw)   // dW (O,I) += dy^T x
-        kern_sgemm('T', 'N', out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+void kern_linear_bwd_set(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
+                         int in, int out, int set) {
+    if (n == 0) {
+        if (dw && (set & KSET_DW)) memset(dw, 0, (size_t)out * in * sizeof(float));
+        if (db && (set & KSET_DW)) memset(db, 0, (size_t)out * sizeof(float));
+        return;
+    }
+    if (dx)   // dx (N,I) (+)= dy (N,O) W (O,I)
+        kern_sgemm('N', 'N', n, in, out, 1.0f, dy, out, w, in, set & KSET_DX ? 0.0f : 1.0f, dx, in);
+    if (dw)   // dW (O,I) (+)= dy^T x
+        kern_sgemm('T', 'N', out, in, n, 1.0f, dy, out, x, in, set & KSET_DW ? 0.0f : 1.0f, dw, in);
     if (db) {
-        BiasJob j = {dy, db, n, out};
+        BiasJob j = {dy, db, n, out, (set & KSET_DW) != 0};
         kern_parallel_for((size_t)out, KB_GRAIN / (n > 0 ? (size_t)n : 1) + 1, 16, bias_cols, &j);
     }
+}
+
+void kern_linear_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, int n,
+                     int in, int out) {
+    kern_linear_bwd_set(x, w, dy, dx, dw, db, n, in, out, 0);
 }
 
 /* ---- relu and the other element-wise passes ---------------------------------------------- */

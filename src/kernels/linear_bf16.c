@@ -1,9 +1,10 @@
 /* linear_bf16.c: the precision switch's small helpers (names, float32 -> bfloat16 rounding)
- * and the linear descriptor (KLinear): float32 calls the plain kernels, bf16 runs three oneDNN
+ * and the linear descriptor (KLinear): float32 calls the plain kernels, bf16 runs oneDNN
  * matmul primitives (C API) on bf16 copies of the operands:
  *   forward        y (M, O)   = xb (M, I) · Wb^T (I, O) + b      (W^T: a strided view of W)
  *   backward data  dx (M, I) += dyb (M, O) · Wb (O, I)           (sum post-op)
  *   backward w     dW (O, I) += dyb^T (O, M) · xb (M, I)         (dy^T: a strided view)
+ * and the two backward ones again writing (=, no post-op) for KSET_*,
  * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop (the
  * same pass that makes dy's bf16 copy, when one is needed).
  * The bf16 copies (x, W, dy) and the primitives' scratchpad live in the calling thread's
@@ -68,13 +69,16 @@ void kern_relu_mask_bf16(const float *y, const float *dy, uint16_t *g, size_t co
 }
 
 /* ---- the linear descriptor ---------------------------------------------------------------- */
-enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_COUNT };
+/* The backward products twice: adding into dx / dW (a sum post-op) and writing them (KSET_*),
+ * which skips reading the float32 output: a separate primitive, as the post-op is fixed at
+ * creation. */
+enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_BWD_D_SET, LM_BWD_W_SET, LM_COUNT };
 
 typedef struct LinSlot {
     int m;   /* rows these are for; 0 = empty */
     dnnl_primitive_t p[LM_COUNT];
     dnnl_memory_t src[LM_COUNT], wei[LM_COUNT], dst[LM_COUNT], sp[LM_COUNT], bias;
-    size_t sp_bytes;   /* the largest of the three scratchpads */
+    size_t sp_bytes;   /* the largest of the scratchpads */
 } LinSlot;
 
 typedef struct LinDnnl {
@@ -125,7 +129,9 @@ static int slot_init(LinDnnl *l, LinSlot *s, int m, int in, int out, int has_bia
         mat(&dx, m, in, dnnl_f32, 0) || mat(&dyt, out, m, dnnl_bf16, 1) || mat(&dw, out, in, dnnl_f32, 0))
         return err_set(err, PD_EINVAL, "linear (oneDNN bf16): memory descriptors rejected");
     const struct { const dnnl_memory_desc_t *s, *w, *b, *d; int acc; } spec[LM_COUNT] = {
-        [LM_FWD] = {&x, &wt, has_bias ? &bias : NULL, &y, 0}, [LM_BWD_D] = {&dy, &w, NULL, &dx, 1}, [LM_BWD_W] = {&dyt, &x, NULL, &dw, 1}};
+        [LM_FWD] = {&x, &wt, has_bias ? &bias : NULL, &y, 0}, [LM_BWD_D] = {&dy, &w, NULL, &dx, 1},
+        [LM_BWD_W] = {&dyt, &x, NULL, &dw, 1}, [LM_BWD_D_SET] = {&dy, &w, NULL, &dx, 0},
+        [LM_BWD_W_SET] = {&dyt, &x, NULL, &dw, 0}};
     for (int i = 0; i < LM_COUNT && !rc; i++) {
         dnnl_primitive_attr_t attr = NULL;
         dnnl_post_ops_t po = NULL;
@@ -269,14 +275,16 @@ void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const 
 typedef struct BiasJob {
     const float *dy;
     float *db;
-    int n, out;
+    int n, out, set;   /* set: db is written, not added to */
 } BiasJob;
 
-static void bias_r(void *p, size_t b, size_t e) {   // db[o] += sum_i dy[i, o], o in [b, e)
+static void bias_r(void *p, size_t b, size_t e) {   // db[o] (+)= sum_i dy[i, o], o in [b, e)
     const BiasJob *j = p;
-    for (int i = 0; i < j->n; i++) {
+    float *restrict d = j->db;
+    if (j->set)   // the first row assigns: the same additions as onto zeros
+        for (size_t o = b; o < e; o++) d[o] = 0.0f + j->dy[o];
+    for (int i = j->set ? 1 : 0; i < j->n; i++) {
         const float *restrict g = j->dy + (size_t)i * j->out;
-        float *restrict d = j->db;
         for (size_t o = b; o < e; o++) d[o] += g[o];
     }
 }
@@ -287,31 +295,39 @@ typedef struct BiasCvtJob {
     const float *dy;
     uint16_t *dyb;
     float *db;
-    int n, out;
+    int n, out, set;
 } BiasCvtJob;
 
 static void bias_cvt_r(void *p, size_t b, size_t e) {
     const BiasCvtJob *j = p;
+    float *restrict d = j->db;
     for (int i = 0; i < j->n; i++) {
         const float *restrict g = j->dy + (size_t)i * j->out;
         pd_bf16_pack(g + b, j->dyb + (size_t)i * j->out + b, e - b);
-        float *restrict d = j->db;
-        for (size_t o = b; o < e; o++) d[o] += g[o];
+        if (i == 0 && j->set)
+            for (size_t o = b; o < e; o++) d[o] = 0.0f + g[o];
+        else
+            for (size_t o = b; o < e; o++) d[o] += g[o];
     }
 }
 
 void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
-                       float *db) {
+                       float *db, int set) {
     PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
     if (k->prec == KPREC_FP32) {
-        kern_linear_bwd(x, w, dy, dx, dw, db, n, k->in, k->out);
+        kern_linear_bwd_set(x, w, dy, dx, dw, db, n, k->in, k->out, set);
         return;
     }
-    if (n == 0) return;
+    const int set_w = (set & KSET_DW) != 0;
+    if (n == 0) {   /* nothing to add; what is to be written is zero */
+        if (dw && set_w) memset(dw, 0, (size_t)k->out * k->in * sizeof(float));
+        if (db && set_w) memset(db, 0, (size_t)k->out * sizeof(float));
+        return;
+    }
     LinSlot *s = slot_for(k, n);
     Arena a = arena(k, n, s);
     if ((dx || dw) && db) {
-        BiasCvtJob j = {dy, a.dy, db, n, k->out};
+        BiasCvtJob j = {dy, a.dy, db, n, k->out, set_w};
         kern_parallel_for((size_t)k->out, 32768 / (size_t)n + 1, 16, bias_cvt_r, &j);
         db = NULL;   // summed
     } else if (dx || dw) {
@@ -319,14 +335,14 @@ void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const 
     }
     if (dx) {
         kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
-        mm(k->impl, s, LM_BWD_D, a.dy, a.w, NULL, dx, a.sp);
+        mm(k->impl, s, set & KSET_DX ? LM_BWD_D_SET : LM_BWD_D, a.dy, a.w, NULL, dx, a.sp);
     }
     if (dw) {
         kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
-        mm(k->impl, s, LM_BWD_W, a.dy, a.x, NULL, dw, a.sp);
+        mm(k->impl, s, set_w ? LM_BWD_W_SET : LM_BWD_W, a.dy, a.x, NULL, dw, a.sp);
     }
     if (db) {
-        BiasJob j = {dy, db, n, k->out};
+        BiasJob j = {dy, db, n, k->out, set_w};
         kern_parallel_for((size_t)k->out, 32768 / (size_t)n + 1, 16, bias_r, &j);
     }
 }

@@ -37,19 +37,19 @@ static void dense_forward(Layer *l, const NnRun *r, const float *w, float *state
 
 static void dense_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                            const void *saved, const float *dy, float *dx, float *dw) {
-    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
+    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
 }
 
 /* The split backward: kern_linear_bwd's dx GEMM, then its dW GEMM and db sums (independent
  * of each other, so the halves are bitwise the whole). */
 static void dense_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                 const void *saved, const float *dy, float *dx) {
-    if (dx) kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, NULL, NULL);
+    if (dx) kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, NULL, NULL, l->set);
 }
 
 static void dense_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
-    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
+    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
 }
 
 const LayerOps LAYER_DENSE = {
@@ -60,5 +60,6 @@ const LayerOps LAYER_DENSE = {
     .forward = dense_forward,
     .backward = dense_backward,
     .backward_data = dense_backward_data,
+    .sets = KSET_DX | KSET_DW,
     .backward_weights = dense_backward_weights,
 };

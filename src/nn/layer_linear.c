@@ -53,7 +53,7 @@ static void linear_backward(Layer *l, const NnRun *r, const float *w, const floa
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
 }
 
 /* The split backward: the same masking and the same GEMMs as linear_backward, one half each
@@ -67,7 +67,7 @@ static void linear_backward_data(Layer *l, const NnRun *r, const float *w, const
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, NULL, NULL);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, dx, NULL, NULL, l->set);
 }
 
 static void linear_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
@@ -77,7 +77,7 @@ static void linear_backward_weights(Layer *l, const NnRun *r, const float *w, co
         kern_relu_mask(y, dy, l->scratch, cnt);
         dy = l->scratch;
     }
-    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL);
+    kern_linear_bwd_k(&l->lin[0], r->n, x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
 }
 
 const LayerOps LAYER_LINEAR = {
@@ -88,5 +88,6 @@ const LayerOps LAYER_LINEAR = {
     .forward = linear_forward,
     .backward = linear_backward,
     .backward_data = linear_backward_data,
+    .sets = KSET_DX | KSET_DW,
     .backward_weights = linear_backward_weights,
 };

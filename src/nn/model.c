@@ -668,6 +668,37 @@ void model_backward(Model *m, NnCtx *c, const float *w, const float *dy, float *
  * (mlp: one of its three big GEMMs) and the parameter-free layers before it do nothing. */
 static int wants_dx(const Model *m, int f, int i, const float *dx) { return dx || m->poff[i] > m->poff[f]; }
 
+void model_grads_discard(Model *m, int first, int last) {
+    check_range(m, first, last);
+    for (int i = first; i < last; i++) m->layers[i].dw_discarded = m->layers[i].n_params > 0;
+}
+
+void model_grads_settle(Model *m, int first, int last, float *dw) {
+    check_range(m, first, last);
+    for (int i = first; i < last; i++)
+        if (m->layers[i].dw_discarded) {
+            memset(dw + (m->poff[i] - m->poff[first]), 0, (m->poff[i + 1] - m->poff[i]) * sizeof(float));
+            m->layers[i].dw_discarded = 0;
+        }
+}
+
+/* Before layer i's backward into dx (the input gradient, NULL: none) and dw (its part of the
+ * gradient buffer, NULL: not this call): tells the layer what to write rather than add to
+ * (l->set), zeroing what it cannot write itself. own_dx: dx is model.c's buffer, whose old
+ * contents are not wanted (the caller's dx is added to). */
+static void prepare_backward(const Model *m, Layer *l, int i, float *dx, int own_dx, float *dw, int n) {
+    l->set = 0;
+    if (dx && own_dx) {
+        if (l->ops->sets & KSET_DX) l->set |= KSET_DX;
+        else memset(dx, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
+    }
+    if (dw && l->dw_discarded) {
+        if (l->ops->sets & KSET_DW) l->set |= KSET_DW;
+        else memset(dw, 0, (m->poff[i + 1] - m->poff[i]) * sizeof(float));
+        l->dw_discarded = 0;
+    }
+}
+
 void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, float *dx, float *dw,
                          NnLayerDone done, void *arg) {
     PD_ASSERT(c->m == m && c->have_fwd);
@@ -685,11 +716,11 @@ void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, fl
         if (i > f && need) {
             dxi = m->gbuf[i & 1];
             PD_ASSERT(dxi != g);
-            memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
         }
+        float *dwi = dw + (m->poff[i] - m->poff[f]);
+        prepare_backward(m, l, i, dxi, i > f, dwi, n);
         l->lay = c->lay[i - f];
-        l->ops->backward(l, &c->run, w + (m->poff[i] - m->poff[f]), xi, c->y[i - f], c->saved[i - f], g, dxi,
-                         dw + (m->poff[i] - m->poff[f]));
+        l->ops->backward(l, &c->run, w + (m->poff[i] - m->poff[f]), xi, c->y[i - f], c->saved[i - f], g, dxi, dwi);
         if (done) done(arg, i);
         g = dxi;
     }
@@ -735,13 +766,14 @@ void model_backward_b(Model *m, NnCtx *c, const float *w, const float *dy, float
         if (i > f && need) {
             dxi = splits(&m->layers[i - 1]) ? keep + keep_off(m, f, i - 1, c->n_max) : m->gbuf[i & 1];
             PD_ASSERT(dxi != g);
-            memset(dxi, 0, (size_t)n * nn_numel(l->in) * sizeof(float));
         }
+        float *dwi = splits(l) ? NULL : dw + (m->poff[i] - m->poff[f]);
+        prepare_backward(m, l, i, dxi, i > f, dwi, n);
         l->lay = c->lay[i - f];
         if (splits(l))
             l->ops->backward_data(l, &c->run, wi, xi, c->y[i - f], c->saved[i - f], g, dxi);
         else
-            l->ops->backward(l, &c->run, wi, xi, c->y[i - f], c->saved[i - f], g, dxi, dw + (m->poff[i] - m->poff[f]));
+            l->ops->backward(l, &c->run, wi, xi, c->y[i - f], c->saved[i - f], g, dxi, dwi);
         g = dxi;
     }
 }
@@ -754,9 +786,11 @@ void model_backward_w(Model *m, NnCtx *c, const float *w, const float *dy, const
         Layer *l = &m->layers[i];
         if (splits(l)) {
             const float *g = i == c->last - 1 ? dy : keep + keep_off(m, f, i, c->n_max);
+            float *dwi = dw + (m->poff[i] - m->poff[f]);
+            prepare_backward(m, l, i, NULL, 0, dwi, c->run.n);
             l->lay = c->lay[i - f];
             l->ops->backward_weights(l, &c->run, w + (m->poff[i] - m->poff[f]), i == f ? c->in : c->y[i - 1 - f],
-                                     c->y[i - f], c->saved[i - f], g, dw + (m->poff[i] - m->poff[f]));
+                                     c->y[i - f], c->saved[i - f], g, dwi);
         }
         if (done) done(arg, i);
     }

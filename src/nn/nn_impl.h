@@ -82,6 +82,9 @@ typedef struct LayerOps {
      * the producer can write it so and the consumer read it so, and tells each call in
      * l->lay; the range's input and output stay plain. */
     int (*layouts)(const Layer *l);
+    /* KSET_* (kernels.h): what its backward can write rather than add to, told per call in
+     * l->set. For the others model.c zeroes the buffer first. */
+    int sets;
 } LayerOps;
 /* The layouts l takes (its ops' layouts once built, else 0). */
 int nn_layer_layouts(const Layer *l);
@@ -114,6 +117,11 @@ struct Layer {
     int built_n;            /* n_max it was built for; 0 = not built */
     int lay;                /* this call's layouts (KCONV_X_BLK16: x, dx; KCONV_Y_BLK16: y, dy),
                                set by model.c before each forward/backward; 0: plain */
+    int set;                /* this backward call's KSET_*: dx and/or dw (with the bias) are
+                               to be written, not added to (only bits of ops->sets), set by
+                               model.c before each backward */
+    int dw_discarded;       /* its part of the gradient buffer holds nothing wanted
+                               (model_grads_discard): the next backward writes it */
     int prec;               /* compute precision of its matrix products (KPREC_*), set by
                                model_set_precision before build; build passes it on */
 

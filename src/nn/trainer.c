@@ -64,7 +64,7 @@ float trainer_step(Trainer *t, const float *x, const int32_t *labels, int n, uin
     int rows = n * t->positions;
     memset(t->dlogits, 0, (size_t)rows * t->classes * sizeof(float));
     float loss = kern_xent_fwd_bwd(logits, labels, t->dlogits, rows, t->classes, 1.0f, correct);
-    memset(t->dw, 0, t->n_params * sizeof(float));
+    model_grads_discard(t->m, 0, model_n_layers(t->m));   /* the backward writes dw */
     model_backward(t->m, t->ctx, t->w, t->dlogits, NULL, t->dw);
     model_tie_fold(t->m, 0, model_n_layers(t->m), t->dw);   /* tied weights: one summed gradient */
     if (t->opt.c.clip_norm > 0.0f) {   /* one worker: the whole model's gradient, a tied tensor once */

@@ -335,7 +335,7 @@ static int backward(Asp *a, int u, int i, Err *err) {
     Worker *w = a->w;
     Slot *sl = &w->slots[0];
     double t0 = pd_now();
-    if (w->np) memset(w->dw, 0, w->np * sizeof(float));
+    if (w->np) model_grads_discard(w->m, w->first, w->last);   /* the backward writes dw */
     model_backward(w->m, sl->ctx, a->wl, sl->dy, NULL, w->dw);
     w->res->n_bwd++;
     if (w->cfg->nan_check == RT_NAN_ALL)

@@ -152,7 +152,7 @@ static void vstore_step(Worker *w, int to, int pc) {
     if (w->np) optim_step(&w->opt, w->vbuf[dst], w->dw);
     w->vver[dst] = to;
     w->newest = to;
-    if (w->np) memset(w->dw, 0, w->np * sizeof(float));
+    if (w->np) model_grads_discard(w->m, w->first, w->last);   /* the next backward writes it */
 }
 
 /* ---- staleness compensation ------------------------------------------------------------- */
@@ -815,6 +815,7 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             if (!x->split) slot_free(sl);
             break;
         case OP_ALLREDUCE:
+            if (x->np) model_grads_settle(x->m, x->first, x->last, x->dw);   /* read whole from here */
             if (!x->group) return RT_AT_AR;
             if (x->np) {
                 double a0 = pd_now();
@@ -827,6 +828,10 @@ int rt_exec(Worker *w, int blocking, Err *err) {
             computes = 1;
             break;
         case OP_STEP:   /* every chunk: they share the list's versions */
+            for (int c = 0; c < w->n_chunk; c++) {   /* the gradients are read whole from here */
+                Worker *y = rt_chunk(w, c);
+                if (y->np) model_grads_settle(y->m, y->first, y->last, y->dw);
+            }
             if (w->n_xtie) {   /* tied parameters split over stages: the other owner's gradient first */
                 double a0 = pd_now();
                 int ready = 0;
