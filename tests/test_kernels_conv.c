@@ -184,7 +184,9 @@ static float *from_blk(const float *b, int n, int c, int hw) {
 
 /* The blocked layouts give bitwise the plain call's results, reordered: forward, and
  * backward onto prefilled gradients (whole, dx only, dW only), at n_max and at a smaller n
- * (the lazily created primitives must keep n_max's layouts). */
+ * (the lazily created primitives must keep n_max's layouts); oneDNN's (x and y) and im2col's
+ * (y only, k a multiple of 16). And kern_conv2d_bwd_set: dx, and dW with db, written over
+ * what they held, the numbers of a backward onto zeros, in every layout. */
 static void test_conv_blocked_layouts(void **state) {
     (void)state;
     static const ConvCase cases[] = {
@@ -194,18 +196,27 @@ static void test_conv_blocked_layouts(void **state) {
         {2, 2, 16, 4, 4, 16, 3, 3, 1, 1, 1, 0, 0},
         {3, 1, 32, 6, 6, 16, 3, 3, 2, 1, 0, 1, 0},   // relu without bias: bf16 masks dy straight to bf16
     };
+    static const ConvCase im2col_cases[] = {
+        {3, 2, 1, 7, 5, 16, 3, 3, 1, 1, 1, 1, 0},    // vgg16's first layer, small
+        {3, 3, 1, 6, 6, 32, 3, 3, 2, 1, 0, 1, 0},    // two blocks, stride 2, relu without bias
+        {2, 1, 8, 4, 4, 16, 1, 1, 1, 0, 1, 0, 0},    // 1x1 on x itself (no col)
+        {4, 4, 1, 3, 3, 16, 2, 2, 1, 0, 1, 0, 0},    // several samples per GEMM
+    };
+    const size_t n_dnnl = sizeof cases / sizeof *cases, n_im = sizeof im2col_cases / sizeof *im2col_cases;
     /* both precisions: bf16 takes float32 nChw16c too, converted element-wise where the plain
      * call reorders (both round to nearest even), so the results are bitwise the same as well */
-    for (size_t ci = 0; ci < 2 * sizeof cases / sizeof *cases; ci++) {
-        const ConvCase *t = &cases[ci % (sizeof cases / sizeof *cases)];
-        const int prec = ci < sizeof cases / sizeof *cases ? KPREC_FP32 : KPREC_BF16;
+    for (size_t ci = 0; ci < 2 * n_dnnl + n_im; ci++) {
+        const int im = ci >= 2 * n_dnnl;
+        const ConvCase *t = im ? &im2col_cases[ci - 2 * n_dnnl] : &cases[ci % n_dnnl];
+        const int prec = !im && ci >= n_dnnl ? KPREC_BF16 : KPREC_FP32;
         KConv cv;
         Err err = {0};
-        assert_int_equal(kern_conv2d_init_prec(&cv, KCONV_DNNL, prec, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s,
-                                               t->stride, t->pad, t->bias, t->relu, &err),
+        assert_int_equal(kern_conv2d_init_prec(&cv, im ? KCONV_IM2COL : KCONV_DNNL, prec, t->n_max, t->c, t->h, t->w,
+                                               t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu, &err),
                          PD_OK);
         assert_int_equal(cv.prec, prec);
-        assert_int_equal(kern_conv2d_layouts(&cv), KCONV_X_BLK16 | KCONV_Y_BLK16);
+        const int layouts = kern_conv2d_layouts(&cv);
+        assert_int_equal(layouts, im ? KCONV_Y_BLK16 : KCONV_X_BLK16 | KCONV_Y_BLK16);
         const int ns[2] = {t->n_max, t->n};
         for (int pass = 0; pass < 2; pass++) {
             const int n = ns[pass], xhw = t->h * t->w, yhw = cv.oh * cv.ow;
@@ -217,7 +228,8 @@ static void test_conv_blocked_layouts(void **state) {
             float *y = pd_alloc_f32(ny), *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, t->k);
             kern_conv2d_fwd(&cv, n, x, w, b, y);
             kern_conv2d_bwd(&cv, n, x, w, y, dy, dx, dw, db);
-            for (int lay = 1; lay <= 3; lay++) {
+            for (int lay = 0; lay <= 3; lay++) {
+                if (lay & ~layouts) continue;
                 const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
                 float *lx = xb ? to_blk(x, n, t->c, xhw) : tk_copy(x, nx);
                 float *ldy = yb ? to_blk(dy, n, t->k, yhw) : tk_copy(dy, ny);
@@ -238,7 +250,31 @@ static void test_conv_blocked_layouts(void **state) {
                 kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, NULL, ldw2, NULL);
                 assert_memory_equal(ldx2, ldx, sizeof(float) * nx);
                 assert_memory_equal(ldw2, dw, sizeof(float) * nw);
-                float *all[] = {lx, ldy, lpre, ly, ldx, ldw, ldb, gy, gdx, ldx2, ldw2};
+                /* dx written: over values no gradient has, whole and split */
+                float *ldx0 = pd_alloc_f32(nx), *ldx3 = tk_rand(nx, tag + 9, 1e6, 2e6), *ldx4 = tk_copy(ldx3, nx);
+                float *ldw3 = tk_copy(pre_w, nw);
+                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx0, NULL, NULL);   /* onto zeros */
+                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx3, ldw3, NULL);
+                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx4, NULL, NULL);
+                assert_int_equal(tu_compare("conv dx (set)", ldx3, ldx0, nx, 0, 0), 0);
+                assert_int_equal(tu_compare("conv dx (set, alone)", ldx4, ldx0, nx, 0, 0), 0);
+                assert_memory_equal(ldw3, dw, sizeof(float) * nw);   /* dW still added to */
+                /* dW and db written (KSET_DW), with and without dx, against onto zeros */
+                float *ldw0 = pd_alloc_f32(nw), *ldb0 = pd_alloc_f32(t->k);
+                float *ldw5 = tk_rand(nw, tag + 10, 1e6, 2e6), *ldb5 = tk_rand(t->k, tag + 11, 1e6, 2e6);
+                float *ldw6 = tk_copy(ldw5, nw), *ldb6 = tk_copy(ldb5, t->k), *ldx5 = tk_copy(ldx3, nx);
+                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, NULL, ldw0, ldb0);
+                kern_conv2d_bwd_set(&cv, n, lay, KSET_DW, lx, w, ly, ldy, NULL, ldw5, ldb5);
+                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX | KSET_DW, lx, w, ly, ldy, ldx5, ldw6, ldb6);
+                assert_int_equal(tu_compare("conv dw (set)", ldw5, ldw0, nw, 0, 0), 0);
+                assert_int_equal(tu_compare("conv dw (set, with dx)", ldw6, ldw0, nw, 0, 0), 0);
+                assert_int_equal(tu_compare("conv dx (set, with dw)", ldx5, ldx0, nx, 0, 0), 0);
+                if (t->bias) {
+                    assert_int_equal(tu_compare("conv db (set)", ldb5, ldb0, t->k, 0, 0), 0);
+                    assert_int_equal(tu_compare("conv db (set, with dx)", ldb6, ldb0, t->k, 0, 0), 0);
+                }
+                float *all[] = {lx, ldy, lpre, ly, ldx, ldw, ldb, gy, gdx, ldx2, ldw2, ldx0, ldx3, ldx4, ldw3,
+                                ldw0, ldb0, ldw5, ldb5, ldw6, ldb6, ldx5};
                 for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
             }
             float *all[] = {x, w, b, dy, pre_x, pre_w, pre_b, y, dx, dw, db};
@@ -246,10 +282,10 @@ static void test_conv_blocked_layouts(void **state) {
         }
         kern_conv2d_release(&cv);
     }
-    /* im2col takes plain layouts only */
+    /* im2col: no blocked output where k does not block by 16 */
     KConv cv;
     Err err = {0};
-    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 16, 4, 4, 16, 3, 3, 1, 1, 1, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 1, 4, 4, 24, 3, 3, 1, 1, 1, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_layouts(&cv), 0);
     kern_conv2d_release(&cv);
 }

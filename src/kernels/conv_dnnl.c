@@ -40,6 +40,7 @@ typedef struct Port {
     dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
     dnnl_memory_t prim;         /* the primitive's layout; == user when no reorder is needed */
     dnnl_primitive_t reorder;   /* user -> prim (inputs) or prim -> user (outputs) */
+    dnnl_primitive_t reorder_set;   /* an accumulated output's reorder writing (=, no sum) */
     size_t bytes;               /* size of prim when it differs from user */
     int cvt;                    /* prim is bf16: a caller's blocked float32 buffer is converted
                                  * element-wise (kern_f32_to_bf16) rather than used in place */
@@ -85,11 +86,13 @@ static void port_free(Port *p) {
     if (p->prim && p->prim != p->user) dnnl_memory_destroy(p->prim);
     if (p->user) dnnl_memory_destroy(p->user);
     if (p->reorder) dnnl_primitive_destroy(p->reorder);
+    if (p->reorder_set) dnnl_primitive_destroy(p->reorder_set);
     memset(p, 0, sizeof *p);
 }
 
-/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum). prim's
- * storage is placed in the call's scratch by the call (fwd_plan, bwd_plan) and bound then. */
+/* dir: 0 input, 1 output (=), 2 output accumulated (+=, always via reorder with sum; and
+ * reorder_set without it, for a call that writes the output: KSET_*). prim's storage is placed
+ * in the call's scratch by the call (fwd_plan, bwd_plan) and bound then. */
 static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_md, const dnnl_memory_desc_t *want,
                      int dir, Err *err) {
     int rc = PD_OK;
@@ -113,6 +116,12 @@ static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_
     if (dir == 0) CK(dnnl_reorder_primitive_desc_create(&rpd, user_md, eng, want, eng, attr));
     else CK(dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, attr));
     CK(dnnl_primitive_create(&p->reorder, rpd));
+    if (dir == 2) {
+        dnnl_primitive_desc_destroy(rpd);
+        rpd = NULL;
+        CK(dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, NULL));
+        CK(dnnl_primitive_create(&p->reorder_set, rpd));
+    }
 done:
     if (rpd) dnnl_primitive_desc_destroy(rpd);
     if (po) dnnl_post_ops_destroy(po);
@@ -399,9 +408,14 @@ void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     RUN(dnnl_stream_wait(d->st));
 }
 
-void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
-                   const float *dy, float *dx, float *dw, float *db) {
-    if (n == 0) return;
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const float *w,
+                   const float *y, const float *dy, float *dx, float *dw, float *db) {
+    const size_t nx = (size_t)n * cv->c * cv->h * cv->w;
+    if (n == 0) {   /* nothing to add; what is to be written is zero */
+        if (dw && (wr & KSET_DW)) memset(dw, 0, (size_t)cv->k * cv->c * cv->r * cv->s * sizeof(float));
+        if (db && cv->has_bias && (wr & KSET_DW)) memset(db, 0, (size_t)cv->k * sizeof(float));
+        return;
+    }
     Prims *p = prims_for(d, cv, n);
     PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
     if (!cv->has_bias) db = NULL;
@@ -420,8 +434,9 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     }
     set(p->sp_data, base + bp.sp);
     set(p->sp_w, base + bp.sp);
+    const int dx_direct = dx && xb && (wr & KSET_DX);   /* diff_src written in place: dx's layout */
     if (dx) {
-        set(p->d_dsrc.prim, base + bp.dsrc);
+        set(p->d_dsrc.prim, dx_direct ? (void *)dx : base + bp.dsrc);
         dnnl_memory_t ddst = p->d_ddst.prim;
         if (mask16) {
             kern_relu_mask_bf16(y, dy, (uint16_t *)(base + bp.ddst), ny);
@@ -434,12 +449,14 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
                                 {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_data}};
         RUN(dnnl_primitive_execute(p->bwd_data, d->st, 4, a));
-        if (xb) {   // dx is in diff_src's layout: += element-wise
+        if (dx_direct) {   // written
+        } else if (xb) {   // dx is in diff_src's layout: += element-wise
             RUN(dnnl_stream_wait(d->st));
-            kern_accumulate(dx, (const float *)(base + bp.dsrc), (size_t)n * cv->c * cv->h * cv->w);
+            kern_accumulate(dx, (const float *)(base + bp.dsrc), nx);
         } else {
             set(p->d_dsrc.user, dx);
-            run_reorder(d->st, p->d_dsrc.reorder, p->d_dsrc.prim, p->d_dsrc.user);   // dx += (sum post-op)
+            run_reorder(d->st, wr & KSET_DX ? p->d_dsrc.reorder_set : p->d_dsrc.reorder, p->d_dsrc.prim,
+                        p->d_dsrc.user);   // dx = or += (sum post-op)
         }
     }
     if (dw || db) {
@@ -463,10 +480,13 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
         RUN(dnnl_primitive_execute(p->bwd_w, d->st, cv->has_bias ? 5 : 4, a));
         if (dw) {
             set(p->w_dwei.user, dw);
-            run_reorder(d->st, p->w_dwei.reorder, p->w_dwei.prim, p->w_dwei.user);   // dw +=
+            run_reorder(d->st, wr & KSET_DW ? p->w_dwei.reorder_set : p->w_dwei.reorder, p->w_dwei.prim,
+                        p->w_dwei.user);   // dw = or +=
         }
     }
     RUN(dnnl_stream_wait(d->st));
-    if (db)
+    if (db && (wr & KSET_DW))
+        for (int k = 0; k < cv->k; k++) db[k] = 0.0f + d->dbias[k];   // as onto zeros
+    else if (db)
         for (int k = 0; k < cv->k; k++) db[k] += d->dbias[k];
 }

@@ -17,7 +17,8 @@ int  conv_dnnl_layouts(const ConvDnnl *d);
 /* lay: the layouts of this call's x, dx (KCONV_X_BLK16) and y, dy (KCONV_Y_BLK16); 0 = plain. */
 void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *b,
                    float *y);
-void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
-                   const float *dy, float *dx, float *dw, float *db);
+/* wr: KSET_DX, dx is written (kernels.h, kern_conv2d_bwd_set). */
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const float *w,
+                   const float *y, const float *dy, float *dx, float *dw, float *db);
 
 #endif

@@ -122,11 +122,16 @@ void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const flo
  * channel counts that are multiples of 16 qualify. Consecutive layers that keep their
  * activations so skip the reorders a plain call makes around every primitive; results are
  * bitwise those of the plain call, reordered. kern_conv2d_layouts says which of the two
- * the descriptor takes (0 for im2col, or where oneDNN chose other layouts). */
+ * the descriptor takes (im2col: y, dy where k is a multiple of 16, x never; oneDNN: both, or
+ * none where it chose other layouts). */
 enum { KCONV_X_BLK16 = 1, KCONV_Y_BLK16 = 2 };
 int  kern_conv2d_layouts(const KConv *cv);
 void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
+                         const float *dy, float *dx, float *dw, float *db);
+/* The same writing rather than adding to dx (set has KSET_DX: with dx blocked, oneDNN's
+ * backward-data writes it in place) and dW, db (KSET_DW); their old contents are not read. */
+void kern_conv2d_bwd_set(KConv *cv, int n, int lay, int set, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);
 void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,

@@ -50,7 +50,7 @@ static void conv_forward(Layer *l, const NnRun *r, const float *w, float *state,
 static void conv_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                           const void *saved, const float *dy, float *dx, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, dx, dw, db);
+    kern_conv2d_bwd_set(&l->conv, r->n, l->lay, l->set, x, w, y, dy, dx, dw, db);
 }
 
 /* The split backward: kern_conv2d_bwd computes dx (oneDNN's backward-data primitive, or W^T g
@@ -59,17 +59,17 @@ static void conv_backward(Layer *l, const NnRun *r, const float *w, const float 
  * applied in both (from y, still in the context). */
 static void conv_backward_data(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                const void *saved, const float *dy, float *dx) {
-    if (dx) kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, dx, NULL, NULL);
+    if (dx) kern_conv2d_bwd_set(&l->conv, r->n, l->lay, l->set, x, w, y, dy, dx, NULL, NULL);
 }
 
 static void conv_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd_lay(&l->conv, r->n, l->lay, x, w, y, dy, NULL, dw, db);
+    kern_conv2d_bwd_set(&l->conv, r->n, l->lay, l->set, x, w, y, dy, NULL, dw, db);
 }
 
 /* oneDNN's blocked layouts where its primitives use them (kern_conv2d_layouts): vgg16's and
- * resnet20's 16..128-channel convolutions; im2col ones stay plain. */
+ * resnet20's 16..128-channel convolutions; an im2col one's output where it has 16k channels. */
 static int conv_layouts(const Layer *l) {
     const int k = kern_conv2d_layouts(&l->conv);
     return (k & KCONV_X_BLK16 ? NN_BLK_IN : 0) | (k & KCONV_Y_BLK16 ? NN_BLK_OUT : 0);
@@ -85,4 +85,5 @@ const LayerOps LAYER_CONV2D = {
     .backward_data = conv_backward_data,
     .backward_weights = conv_backward_weights,
     .layouts = conv_layouts,
+    .sets = KSET_DX | KSET_DW,
 };
