@@ -138,7 +138,7 @@ static void check_pool(int n, int ch, int h, int w, int k, int s) {
     assert_memory_equal(am, c.am, ny * 4);
     for (size_t i = 0; i < ny; i++) assert_true(c.am[i] >= 0 && c.am[i] < h * w);
     float *pre = tk_rand(nx, 22, -1, 1), *dx = tk_copy(pre, nx), *rdx = tk_copy(pre, nx);
-    kern_maxpool_bwd(c.r, am, dx, n, ch, h, w, k, s);
+    kern_maxpool_bwd(c.r, am, dx, n, ch, h, w, k, s, 0);
     kern_maxpool_bwd_ref(c.r, c.am, rdx, n, ch, h, w, k, s);
     assert_int_equal(tu_compare("maxpool bwd", dx, rdx, nx, 1e-6, 1e-6), 0);
     tk_sub(rdx, pre, nx);

@@ -291,7 +291,7 @@ static void test_conv_blocked_layouts(void **state) {
 }
 
 /* Max pooling on nChw16c: the plain kernel's values and gradients, reordered (ties too: a
- * plane of repeated values). */
+ * plane of repeated values); backward writing dx (KSET_DX) as onto zeros, in both layouts. */
 static void test_maxpool_blocked(void **state) {
     (void)state;
     const int shapes[][5] = {{2, 32, 8, 6, 2}, {3, 16, 7, 7, 3}, {1, 16, 4, 4, 2}};   // n c h w k (stride k, then 1)
@@ -308,13 +308,22 @@ static void test_maxpool_blocked(void **state) {
             float *bx = to_blk(x, n, c, h * w), *bdy = to_blk(dy, n, c, oh * ow), *bdx = to_blk(dx, n, c, h * w);
             float *by = pd_alloc_f32(ny);
             kern_maxpool_fwd(x, y, am, n, c, h, w, k, stride);
-            kern_maxpool_bwd(dy, am, dx, n, c, h, w, k, stride);
+            kern_maxpool_bwd(dy, am, dx, n, c, h, w, k, stride, 0);
             kern_maxpool_fwd_blk16(bx, by, bam, n, c, h, w, k, stride);
-            kern_maxpool_bwd_blk16(bdy, bam, bdx, n, c, h, w, k, stride);
+            kern_maxpool_bwd_blk16(bdy, bam, bdx, n, c, h, w, k, stride, 0);
             float *gy = from_blk(by, n, c, oh * ow), *gdx = from_blk(bdx, n, c, h * w);
             assert_memory_equal(gy, y, sizeof(float) * ny);
             assert_memory_equal(gdx, dx, sizeof(float) * nx);
-            void *all[] = {x, dy, y, dx, am, bam, bx, bdy, bdx, by, gy, gdx};
+            /* set: dx written over values no gradient has, the numbers of onto zeros, both layouts */
+            float *z = pd_alloc_f32(nx), *bz = pd_alloc_f32(nx);
+            float *g1 = tk_rand(nx, 7300 + si, 1e6, 2e6), *g2 = tk_rand(nx, 7400 + si, 1e6, 2e6);
+            kern_maxpool_bwd(dy, am, z, n, c, h, w, k, stride, 0);
+            kern_maxpool_bwd(dy, am, g1, n, c, h, w, k, stride, KSET_DX);
+            kern_maxpool_bwd_blk16(bdy, bam, bz, n, c, h, w, k, stride, 0);
+            kern_maxpool_bwd_blk16(bdy, bam, g2, n, c, h, w, k, stride, KSET_DX);
+            assert_memory_equal(g1, z, sizeof(float) * nx);
+            assert_memory_equal(g2, bz, sizeof(float) * nx);
+            void *all[] = {x, dy, y, dx, am, bam, bx, bdy, bdx, by, gy, gdx, z, bz, g1, g2};
             for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
         }
 }

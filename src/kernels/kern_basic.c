@@ -310,6 +310,7 @@ typedef struct PoolJob {
     int32_t *am;
     const int32_t *cam;
     int h, w, k, stride, oh, ow;
+    int set;   /* backward: each plane of dx zeroed just before its gradients go in */
 } PoolJob;
 
 static void pool_fwd_r(void *p, size_t p0, size_t p1) {   // planes [p0, p1)
@@ -362,6 +363,7 @@ static void pool_bwd_r(void *p, size_t p0, size_t p1) {
         const float *g = j->dy + q * o;
         const int32_t *a = j->cam + q * o;
         float *d = j->dx + q * hw;
+        if (j->set) memset(d, 0, hw * sizeof(float));   /* in cache for the scatter */
         for (size_t i = 0; i < o; i++) d[a[i]] += g[i];
     }
 }
@@ -375,9 +377,9 @@ void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, i
 }
 
 void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                      int stride) {
+                      int stride, int set) {
     PoolJob j = {.dy = dy, .dx = dx, .cam = argmax, .h = h, .w = w, .k = k, .stride = stride,
-                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1, .set = set};
     kern_parallel_for((size_t)n * c, plane_grain((size_t)h * w), 1, pool_bwd_r, &j);
 }
 
@@ -420,6 +422,7 @@ static void pool_bwd_blk_r(void *p, size_t p0, size_t p1) {
         const float *g = j->dy + q * o * 16;
         const int32_t *a = j->cam + q * o * 16;
         float *d = j->dx + q * hw * 16;
+        if (j->set) memset(d, 0, hw * 16 * sizeof(float));
         for (size_t i = 0; i < o * 16; i++) d[(size_t)a[i] * 16 + (i & 15)] += g[i];
     }
 }
@@ -433,10 +436,10 @@ void kern_maxpool_fwd_blk16(const float *x, float *y, int32_t *argmax, int n, in
 }
 
 void kern_maxpool_bwd_blk16(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                            int stride) {
+                            int stride, int set) {
     PD_ASSERTF(c % 16 == 0, "maxpool (nChw16c): %d channels", c);
     PoolJob j = {.dy = dy, .dx = dx, .cam = argmax, .h = h, .w = w, .k = k, .stride = stride,
-                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1};
+                 .oh = (h - k) / stride + 1, .ow = (w - k) / stride + 1, .set = set};
     kern_parallel_for((size_t)n * (c / 16), plane_grain((size_t)h * w * 16), 1, pool_bwd_blk_r, &j);
 }
 

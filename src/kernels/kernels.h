@@ -139,16 +139,17 @@ void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w,
 
 /* ---- max pool (k×k window, stride, no padding) ----------------------------------------- */
 /* argmax: (N,C,OH,OW) int32, the flat index within the (H,W) plane of each maximum; saved
- * by forward for backward. oh = (h - k)/stride + 1. */
+ * by forward for backward. oh = (h - k)/stride + 1. Backward adds into dx, or with set
+ * (KSET_DX) writes it (each plane zeroed just before its gradients go in). */
 void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride);
 void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                      int stride);
+                      int stride, int set);
 /* The same on nChw16c activations (c a multiple of 16, see KCONV_X_BLK16): argmax holds, per
  * output element (in y's layout), the flat index within the (H, W) plane of its maximum. */
 void kern_maxpool_fwd_blk16(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
                             int stride);
 void kern_maxpool_bwd_blk16(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                            int stride);
+                            int stride, int set);
 void kern_maxpool_fwd_ref(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
                           int stride);
 void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,

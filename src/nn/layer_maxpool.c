@@ -28,8 +28,9 @@ static void pool_forward(Layer *l, const NnRun *r, const float *w, float *state,
 static void pool_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                           const void *saved, const float *dy, float *dx, float *dw) {
     if (!dx) return;
-    if (l->lay & KCONV_X_BLK16) kern_maxpool_bwd_blk16(dy, saved, dx, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
-    else kern_maxpool_bwd(dy, saved, dx, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    const int c = l->in.d[0], h = l->in.d[1], wd = l->in.d[2], set = l->set & KSET_DX;
+    if (l->lay & KCONV_X_BLK16) kern_maxpool_bwd_blk16(dy, saved, dx, r->n, c, h, wd, l->k, l->stride, set);
+    else kern_maxpool_bwd(dy, saved, dx, r->n, c, h, wd, l->k, l->stride, set);
 }
 
 /* Channel-wise: pools nChw16c in place of NCHW when its channels come in blocks of 16. */
@@ -41,5 +42,6 @@ const LayerOps LAYER_MAXPOOL = {
     .saved_bytes = pool_saved,
     .forward = pool_forward,
     .backward = pool_backward,
+    .sets = KSET_DX,
     .layouts = pool_layouts,
 };
