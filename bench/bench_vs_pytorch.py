@@ -235,6 +235,8 @@ def write_result(md, t0, load0):
         return
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M', time.gmtime(t0)) + '-bench-vs-pytorch.md')
+    if os.path.exists(path):   # a run started in the same minute: keep both
+        path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M%S', time.gmtime(t0)) + '-bench-vs-pytorch.md')
     sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
     cpu = sh("sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1") or 'unknown CPU'
     head = ['# bench-vs-pytorch', '',

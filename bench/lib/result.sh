@@ -16,6 +16,7 @@ result_start() {
     [ -n "$dir" ] || return 0
     mkdir -p "$dir"
     RESULT=$dir/$(date -u +%Y-%m-%d-%H%M)-$name.md
+    [ ! -e "$RESULT" ] || RESULT=$dir/$(date -u +%Y-%m-%d-%H%M%S)-$name.md   # same minute: keep both
     RESULT_NAME=$name
     RESULT_CMD="bench/$(basename "$0")${*:+ $*}"
     RESULT_T0=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
