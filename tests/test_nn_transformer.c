@@ -199,9 +199,12 @@ static void test_kernels_vs_ref(void **st) {
             kern_gelu_fwd(x, y1, c, ta);
             kern_gelu_fwd_ref(x, y2, c, ta);
             bad += tu_compare("gelu y", y1, y2, c, 1e-5, 1e-6);
-            kern_gelu_bwd(x, dy, dx1, c, ta);
+            kern_gelu_bwd(x, dy, dx1, c, ta, 0);
             kern_gelu_bwd_ref(x, dy, dx2, c, ta);
             bad += tu_compare("gelu dx", dx1, dx2, c, 1e-5, 1e-6);
+            for (size_t i = 0; i < c; i++) dx2[i] = 1e30f;   /* set: written over, as onto zeros */
+            kern_gelu_bwd(x, dy, dx2, c, ta, KSET_DX);
+            bad += tu_compare("gelu dx (set)", dx2, dx1, c, 0, 0);
         }
         /* embed: 37 rows as (n 1, t 37) over a vocabulary of 5 (repeated ids accumulate) */
         float tok[37], w[5 * 128], pos[37 * 128];

@@ -321,7 +321,8 @@ void kern_layernorm_bwd_ref(const float *x, const float *g, const float *saved, 
 /* ---- GELU, elementwise: tanh_approx 1 = PyTorch's approximate="tanh", 0 = exact (erf) ---- */
 void kern_gelu_fwd(const float *x, float *y, size_t count, int tanh_approx);
 /* dx += dy * gelu'(x); x is the forward INPUT. */
-void kern_gelu_bwd(const float *x, const float *dy, float *dx, size_t count, int tanh_approx);
+void kern_gelu_bwd(const float *x, const float *dy, float *dx, size_t count, int tanh_approx,
+                   int set);   /* set (KSET_DX): dx written, not added to */
 void kern_gelu_fwd_ref(const float *x, float *y, size_t count, int tanh_approx);
 void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count, int tanh_approx);
 

@@ -220,23 +220,29 @@ void kern_gelu_fwd(const float *restrict x, float *restrict y, size_t count, int
     }
 }
 
+/* d gelu(v) / dv, both forms */
+static inline float gelu_grad_tanh(float v) {
+    float v2 = v * v, u = GELU_C * (v + GELU_A * v2 * v);
+    float s = 1.0f / (1.0f + expf_vec(-2.0f * u));   // sigmoid(2u) = (1 + tanh u) / 2
+    float du = GELU_C * (1.0f + 3.0f * GELU_A * v2);
+    return s + v * 2.0f * s * (1.0f - s) * du;
+}
+static inline float gelu_grad_erf(float v) {
+    float cdf = 0.5f * (1.0f + erff(v * 0.7071067811865476f));
+    float pdf = 0.3989422804014327f * expf(-0.5f * v * v);
+    return cdf + v * pdf;
+}
+
 void kern_gelu_bwd(const float *restrict x, const float *restrict dy, float *restrict dx, size_t count,
-                   int tanh_approx) {
-    if (tanh_approx) {
-        for (size_t i = 0; i < count; i++) {
-            float v = x[i], v2 = v * v, u = GELU_C * (v + GELU_A * v2 * v);
-            float s = 1.0f / (1.0f + expf_vec(-2.0f * u));   // sigmoid(2u) = (1 + tanh u) / 2
-            float du = GELU_C * (1.0f + 3.0f * GELU_A * v2);
-            dx[i] += dy[i] * (s + v * 2.0f * s * (1.0f - s) * du);
-        }
-    } else {
-        for (size_t i = 0; i < count; i++) {
-            float v = x[i];
-            float cdf = 0.5f * (1.0f + erff(v * 0.7071067811865476f));
-            float pdf = 0.3989422804014327f * expf(-0.5f * v * v);
-            dx[i] += dy[i] * (cdf + v * pdf);
-        }
-    }
+                   int tanh_approx, int set) {
+    if (tanh_approx && set)   /* set: written as onto zeros, dx not read */
+        for (size_t i = 0; i < count; i++) dx[i] = 0.0f + dy[i] * gelu_grad_tanh(x[i]);
+    else if (tanh_approx)
+        for (size_t i = 0; i < count; i++) dx[i] += dy[i] * gelu_grad_tanh(x[i]);
+    else if (set)
+        for (size_t i = 0; i < count; i++) dx[i] = 0.0f + dy[i] * gelu_grad_erf(x[i]);
+    else
+        for (size_t i = 0; i < count; i++) dx[i] += dy[i] * gelu_grad_erf(x[i]);
 }
 
 /* ---- causal multi-head self-attention ----------------------------------------------------------- */

@@ -94,11 +94,10 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     float *qkv, *att, *p;
     parts(l, saved, n, &qkv, &att, &p);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
-    memset(datt, 0, (size_t)n * per_sample(l, 1) * sizeof(float));
-    kern_linear_bwd_k(&l->lin[1], n * t, att, wp, dy, datt, dwp, dbp, 0);
+    kern_linear_bwd_k(&l->lin[1], n * t, att, wp, dy, datt, dwp, dbp, KSET_DX);   /* datt written */
     memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
     kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
-    kern_linear_bwd_k(&l->lin[0], n * t, x, wqkv, dqkv, dx, dwqkv, dbqkv, 0);
+    kern_linear_bwd_k(&l->lin[0], n * t, x, wqkv, dqkv, dx, dwqkv, dbqkv, l->set & KSET_DX);
 }
 
 const LayerOps LAYER_ATTENTION = {
@@ -107,6 +106,7 @@ const LayerOps LAYER_ATTENTION = {
     .build = attention_build,
     .release = attention_release,
     .saved_bytes = attention_saved,
+    .sets = KSET_DX,
     .forward = attention_forward,
     .backward = attention_backward,
 };

@@ -23,7 +23,7 @@ static void gelu_forward(Layer *l, const NnRun *r, const float *w, float *state,
 
 static void gelu_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y, const void *saved,
                           const float *dy, float *dx, float *dw) {
-    if (dx) kern_gelu_bwd(x, dy, dx, (size_t)r->n * shape_numel(l->in), l->k);
+    if (dx) kern_gelu_bwd(x, dy, dx, (size_t)r->n * shape_numel(l->in), l->k, l->set & KSET_DX);
 }
 
 const LayerOps LAYER_GELU = {
@@ -31,4 +31,5 @@ const LayerOps LAYER_GELU = {
     .parse = gelu_parse,
     .forward = gelu_forward,
     .backward = gelu_backward,
+    .sets = KSET_DX,
 };
