@@ -37,15 +37,8 @@
 # to bench/results/ (bench/lib/result.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="" PD=build/pipedream
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$2; shift 2 ;;
-        --pd) PD=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench/elastic.sh: unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+. bench/lib/emulated.sh
+emu_args "" "$@"
 STEPS=${STEPS:-600} RECIPE=${RECIPE:---optimizer adam --lr 3e-4 --lr-schedule cosine} TIMEOUT=${TIMEOUT:-5} PROBE=${PROBE:-5} GRACE=${GRACE:-3} READD_AT=${READD_AT:-250}
 export PDC_NAME=${PDC_NAME:-pdel}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -19,15 +19,8 @@
 # is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="" PD=build/pipedream
-while [ $# -gt 0 ]; do
-    case $1 in
-        --out) OUT=$2; shift 2 ;;
-        --pd) PD=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench/replan.sh: unknown argument $1" >&2; exit 2 ;;
-    esac
-done
+. bench/lib/emulated.sh
+emu_args "" "$@"
 RUNS=${RUNS:-3} STEPS=${STEPS:-400} SLOW_AT=${SLOW_AT:-150} SLOW_RATE=${SLOW_RATE:-10mbit} FACTOR=${FACTOR:-3}
 export PDC_NAME=${PDC_NAME:-pdrp}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
