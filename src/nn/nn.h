@@ -159,8 +159,8 @@ void model_backward_hook(Model *m, NnCtx *c, const float *w, const float *dy, fl
 /* Says that the gradient buffer's part for layers [first, last) holds nothing wanted, as if
  * zeroed: the next backward of each of those layers (model_backward*, whichever buffer it is
  * given) writes its gradient there instead of adding to it, which spares zeroing it and the
- * kernels reading it (vgg16's 2048 x 2048 linear layer at bf16: its weight gradient in 1.3 ms
- * instead of 3-4). Later backwards add, as usual. Same numbers as zeroing the buffer, up to
+ * kernels reading it (vgg16's 2048 x 2048 linear layer at bf16: its weight gradient in about
+ * 40% of the time, bench/matmul_sum.c). Later backwards add, as usual. Same numbers as zeroing the buffer, up to
  * the sign of zeros. */
 void model_grads_discard(Model *m, int first, int last);
 /* Zeroes the parts of dw (the range's layout) of layers [first, last) still discarded, before
