@@ -272,25 +272,9 @@ void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const 
     mm(k->impl, s, LM_FWD, a.x, a.w, b, y, a.sp);
 }
 
-typedef struct BiasJob {
-    const float *dy;
-    float *db;
-    int n, out, set;   /* set: db is written, not added to */
-} BiasJob;
-
-static void bias_r(void *p, size_t b, size_t e) {   // db[o] (+)= sum_i dy[i, o], o in [b, e)
-    const BiasJob *j = p;
-    float *restrict d = j->db;
-    if (j->set)   // the first row assigns: the same additions as onto zeros
-        for (size_t o = b; o < e; o++) d[o] = 0.0f + j->dy[o];
-    for (int i = j->set ? 1 : 0; i < j->n; i++) {
-        const float *restrict g = j->dy + (size_t)i * j->out;
-        for (size_t o = b; o < e; o++) d[o] += g[o];
-    }
-}
-
 /* The same sums with dy's bf16 copy made on the way (one pass over dy instead of two): row by
- * row, the columns [b, e) converted, then added (db's additions in bias_r's order). */
+ * row, the columns [b, e) converted, then added (db's additions in the plain kernel's order:
+ * kern_linear_bwd_set's bias sums). */
 typedef struct BiasCvtJob {
     const float *dy;
     uint16_t *dyb;
@@ -341,8 +325,5 @@ void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const 
         kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
         mm(k->impl, s, set_w ? LM_BWD_W_SET : LM_BWD_W, a.dy, a.x, NULL, dw, a.sp);
     }
-    if (db) {
-        BiasJob j = {dy, db, n, k->out, set_w};
-        kern_parallel_for((size_t)k->out, 32768 / (size_t)n + 1, 16, bias_r, &j);
-    }
+    if (db) kern_linear_bwd_set(x, w, dy, NULL, NULL, db, n, k->in, k->out, set);   /* the bias sums alone */
 }
