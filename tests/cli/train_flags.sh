@@ -220,13 +220,15 @@ ckpt-0000000006.safetensors" ] || fail "$m: checkpoints: $(ls "$tmp/$m.ck")"
         [ "$(metric_lines "$tmp/$m.m.jsonl" model)" = 1 ] && [ "$(metric_lines "$tmp/$m.m.jsonl" stage)" = "$W" ] ||
             fail "$m: --metrics: $(cat "$tmp/$m.m.jsonl")"
         [ "$(head -1 "$tmp/$m.m.jsonl")" = "$(tail -1 "$tmp/$m.base.out")" ] || fail "$m: metrics' summary differs"
-        # one kernel thread: each stage's CPU time within its compute time (clock granularity aside)
+        # one kernel thread: each stage's CPU time within its compute time, give or take the two
+        # clocks' disagreement over sub-millisecond intervals on a busy VM (up to 5% seen); the
+        # CPU time of both workers, or in other units, would be far off
         python3 - "$tmp/$m.m.jsonl" <<'PY' || fail "$m: --metrics: cpu_ms_per_unit"
 import json, sys
 st = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"stage"')]
 for x in st:
     c, w = x["cpu_ms_per_unit"], x["measured_ms_per_unit"]
-    assert c is not None and 0 < c <= w * 1.01 + 0.01, x
+    assert c is not None and 0 < c <= w * 1.1 + 0.01, x
 PY
         grep -q "on CPU %" "$tmp/$m.base.err" || fail "$m: no on-CPU column: $(cat "$tmp/$m.base.err")" ;;
     --log-every)
