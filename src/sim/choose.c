@@ -7,6 +7,7 @@
 
 typedef struct Cands {
     ChooseCand *c;
+    uint64_t *key;   /* plan_partition_hash of each, for add (valid until the candidates are sorted) */
     int n, cap;
 } Cands;
 
@@ -15,8 +16,10 @@ static void push(Cands *cs, Plan *p, const char *source, int enumerated) {
     if (cs->n == cs->cap) {
         cs->cap = cs->cap ? 2 * cs->cap : 16;
         cs->c = realloc(cs->c, (size_t)cs->cap * sizeof *cs->c);
-        PD_ASSERT(cs->c);
+        cs->key = realloc(cs->key, (size_t)cs->cap * sizeof *cs->key);
+        PD_ASSERT(cs->c && cs->key);
     }
+    cs->key[cs->n] = plan_partition_hash(p);
     ChooseCand *c = &cs->c[cs->n++];
     memset(c, 0, sizeof *c);
     c->plan = p;
@@ -27,8 +30,9 @@ static void push(Cands *cs, Plan *p, const char *source, int enumerated) {
 /* Adds p (taking it) unless it is NULL or a partition already proposed. */
 static void add(Cands *cs, Plan *p, const char *source) {
     if (!p) return;
+    uint64_t k = plan_partition_hash(p);
     for (int i = 0; i < cs->n; i++)
-        if (plan_same_partition(cs->c[i].plan, p)) {
+        if (cs->key[i] == k && plan_same_partition(cs->c[i].plan, p)) {
             plan_free(p);
             return;
         }
@@ -205,6 +209,7 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
     out->none_fit = !cs.c[0].score.fits;
     out->chosen = out->none_fit ? out->planner : 0;
     out->picked = -1;
+    free(cs.key);
     out->n = cs.n;
     out->c = cs.c;
     out->kind = kind;

@@ -127,23 +127,43 @@ int plan_same_partition(const Plan *a, const Plan *b) {
     return 1;
 }
 
+/* FNV-1a over the stage count, chunks, and each stage's replicas and layers. */
+uint64_t plan_partition_hash(const Plan *p) {
+    uint64_t h = 1469598103934665603ull;
+#define MIX(v) (h = (h ^ (uint64_t)(uint32_t)(v)) * 1099511628211ull)
+    MIX(p->n_stages);
+    MIX(p->chunks);
+    for (int i = 0; i < p->n_stages; i++) {
+        const PlanStage *x = &p->stages[i];
+        MIX(x->n_layers);
+        MIX(x->replicas);
+        for (int l = 0; l < x->n_layers; l++) MIX(x->layers[l]);
+    }
+#undef MIX
+    return h;
+}
+
 typedef struct Parts {
     Plan **p;
+    uint64_t *key;   /* plan_partition_hash of each */
     int n, cap;
 } Parts;
 
 static void parts_add(Parts *ps, Plan *p) {
     if (!p) return;
+    uint64_t k = plan_partition_hash(p);
     for (int i = 0; i < ps->n; i++)
-        if (plan_same_partition(ps->p[i], p)) {
+        if (ps->key[i] == k && plan_same_partition(ps->p[i], p)) {
             plan_free(p);
             return;
         }
     if (ps->n == ps->cap) {
         ps->cap = ps->cap ? 2 * ps->cap : 16;
         ps->p = realloc(ps->p, (size_t)ps->cap * sizeof *ps->p);
-        PD_ASSERT(ps->p);
+        ps->key = realloc(ps->key, (size_t)ps->cap * sizeof *ps->key);
+        PD_ASSERT(ps->p && ps->key);
     }
+    ps->key[ps->n] = k;
     ps->p[ps->n++] = p;
 }
 
@@ -269,6 +289,7 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
     }
     out->parts = ps.p;
     out->n_parts = ps.n;
+    free(ps.key);
     out->exhaustive = exhaustive;
     out->memory_limit = o->memory_limit;
     /* 2. every applicable (kind, micro-batches, recompute) on every partition */

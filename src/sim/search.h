@@ -69,6 +69,9 @@ void plan_search_print(const SearchResult *r, FILE *f);
 void plan_search_print_all(const SearchResult *r, FILE *f);
 /* Same stages, layers and replicas (and chunks): the same partition. */
 int  plan_same_partition(const Plan *a, const Plan *b);
+/* A hash of what plan_same_partition compares: equal partitions hash alike, so a list of
+ * thousands deduplicates by comparing hashes first. */
+uint64_t plan_partition_hash(const Plan *p);
 /* "4 stages (replicas 2+1+1)" or "8 stages, 2 per worker" into buf. */
 void plan_search_shape(const Plan *p, char *buf, size_t n);
 
