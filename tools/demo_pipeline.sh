@@ -27,12 +27,13 @@ LEN="--epochs ${EPOCHS:-1}"
 
 # The profile is taken at the size the stages will compute: a micro-batch (64 / 4 for the
 # micro-batch schedules), since per-sample times do not scale linearly with the batch.
-# 10 rounds of 20 iterations (medians), the fastest round kept: this VM's single-core speed
-# comes in spells (the host's other tenants: the same profile at 23 and at 29 ms per step a
-# minute apart), and a prediction inherits whatever speed the profile saw.
+# 10 rounds of 20 iterations (medians), the median round kept: this VM's single-core speed
+# comes in spells (the host's other tenants: the same profile at 19 and at 28 ms per step a
+# minute apart), and a prediction inherits whatever speed the profile saw; the run meets the
+# typical speed.
 case "$SCHEDULE" in 1f1b|gpipe|1f1b-flush|2bw|zb-h1|zb-h2) M=${MICROBATCHES:-4} ;; *) M=1 ;; esac
 UNIT=$((64 / M)) MICRO="--microbatches $M"
-echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread, the fastest of 10 rounds)"
+echo "== 1. profile vgg16 (minibatch $UNIT, 1 thread, the median of 10 rounds)"
 "$PD" profile models/vgg16.json --minibatch "$UNIT" --threads 1 --iterations 20 --rounds 10 -o "$OUT/vgg16.profile.json"
 echo
 # On links this fast the planner prefers data parallelism for this small vgg16 (its weights are

@@ -10,7 +10,8 @@
 
 static const char *USAGE =
     "usage: pipedream profile MODEL.json [--minibatch B] [--threads T] [--iterations N] [--warmup W]\n"
-    "                         [--rounds R] [--small-batch b] [--precision fp32|bf16] [-o PROFILE.json]\n"
+    "                         [--rounds R] [--keep median|fastest] [--small-batch b]\n"
+    "                         [--precision fp32|bf16] [-o PROFILE.json]\n"
     "Times N training steps (after W untimed ones) of the model on one worker with synthetic\n"
     "data, and writes per top-level layer the median forward and backward time, the output\n"
     "activation bytes and the parameter bytes, for a minibatch of B samples.\n"
@@ -18,9 +19,11 @@ static const char *USAGE =
     "  --threads T       kernel threads (default 1)\n"
     "  --iterations N    timed steps (default 20)\n"
     "  --warmup W        untimed steps first (default 3)\n"
-    "  --rounds R        take the W + N steps R times and keep the fastest round (default 1):\n"
-    "                    a machine shared with others has slow spells, and a profile taken\n"
-    "                    in one predicts every run too slow\n"
+    "  --rounds R        take the W + N steps R times and keep one round whole (default 1):\n"
+    "                    a machine shared with others changes speed, and a prediction\n"
+    "                    inherits the speed its profile saw\n"
+    "  --keep K          which round: median (default; the machine's typical speed, what a\n"
+    "                    run meets) or fastest (its speed when nothing slows it)\n"
     "  --small-batch b   also time every layer at b samples, b < B (default B/4, at least 1;\n"
     "                    0: not): the simulator costs micro-batches from the two batches, as\n"
     "                    a layer's time has a part that does not shrink with the batch. The\n"
@@ -58,6 +61,11 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "--rounds")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             rc = cli_parse_int(C, a, v, 1, 1000, &o.rounds);
+        } else if (!strcmp(a, "--keep")) {
+            if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
+            if (!strcmp(v, "fastest")) o.keep_fastest = 1;
+            else if (!strcmp(v, "median")) o.keep_fastest = 0;
+            else return cli_usage_error(C, "--keep expects median or fastest, got \"%s\"", v);
         } else if (!strcmp(a, "--small-batch")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
             rc = cli_parse_int(C, a, v, 0, 65535, &small);

@@ -54,7 +54,8 @@ typedef struct Profile {
     char source[64];          /* "pipedream-profile" or "graph.txt" */
     char measured_on[128];    /* free text: host/CPU, when known */
     int threads, iterations;  /* how it was measured (0: unknown) */
-    int rounds;               /* rounds of `iterations` the profiler took, keeping the fastest (0: unknown) */
+    int rounds;               /* rounds of `iterations` the profiler took, keeping one (0: unknown) */
+    char round_kept[8];       /* which, with rounds > 1: "median" or "fastest" ("": not recorded) */
     double input_bytes;       /* bytes of the model input per minibatch (what stage 0 reads) */
     int saved_measured;       /* layers carry saved_bytes (our profiler): the simulator then also
                                * counts a unit's gradient buffers, as the runtime allocates them */

@@ -133,6 +133,13 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
     if ((rc = jobj_int(&j, "threads", 0, 0, 1 << 20, &p->threads, err))) goto done;
     if ((rc = jobj_int(&j, "iterations", 0, 0, 1 << 30, &p->iterations, err))) goto done;
     if ((rc = jobj_int(&j, "rounds", 0, 0, 1 << 20, &p->rounds, err))) goto done;
+    s = "";
+    if ((rc = jobj_str(&j, "round_kept", 0, &s, err))) goto done;
+    if (*s && strcmp(s, "median") && strcmp(s, "fastest")) {
+        rc = err_set(err, PD_EINVAL, "%s: \"round_kept\" is \"%s\", expected \"median\" or \"fastest\"", path, s);
+        goto done;
+    }
+    snprintf(p->round_kept, sizeof p->round_kept, "%s", s);
     if ((rc = jobj_num(&j, "input_bytes", 0, 0, 1e300, &p->input_bytes, err))) goto done;
     /* below minibatch: profile_validate, once the whole file is read */
     if ((rc = jobj_int(&j, "small_batch", 0, 1, 1 << 30, &p->small_batch, err))) goto done;
@@ -247,6 +254,7 @@ int profile_save(const Profile *p, const char *path, Err *err) {
     cJSON_AddItemToObject(root, "threads", pd_json_num(p->threads));
     cJSON_AddItemToObject(root, "iterations", pd_json_num(p->iterations));
     if (p->rounds > 1) cJSON_AddItemToObject(root, "rounds", pd_json_num(p->rounds));
+    if (p->rounds > 1 && p->round_kept[0]) cJSON_AddStringToObject(root, "round_kept", p->round_kept);
     cJSON_AddItemToObject(root, "input_bytes", pd_json_num(p->input_bytes));
     if (p->small_batch > 0) cJSON_AddItemToObject(root, "small_batch", pd_json_num(p->small_batch));
     cJSON *layers = cJSON_AddArrayToObject(root, "layers");

@@ -276,8 +276,11 @@ typedef struct RtProfileOpts {
     int warmup;          /* untimed steps first */
     int iterations;      /* timed steps; the median is recorded */
     int rounds;          /* repeat warmup + iterations this many times (0 or 1: once) and keep
-                          * the round whose layers sum to the least time: the machine's speed
-                          * when nothing else slows it (this VM's comes in spells: docs/reference/formats.md) */
+                          * one round whole, by the sum of its layers' times: the median
+                          * round (the machine's typical speed, which a run meets), or with
+                          * keep_fastest the fastest (its speed when nothing slows it; this
+                          * VM's comes in spells: docs/reference/formats.md) */
+    int keep_fastest;
     int progress;        /* a progress line on stderr */
     const char *measured_on;   /* free text for the profile (host, CPU); may be NULL */
     int precision;       /* KPREC_* the model runs at (0: float32), as training will */

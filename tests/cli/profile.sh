@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # profile.sh: `pipedream profile`: usage errors, --rounds: the profile written is the
-# round whose layers sum to the least time (each round's total is printed on stderr), and
+# median round by the sum of its layers' times (each round's total is printed on stderr; 4
+# rounds: the lower middle), or with --keep fastest the round of the least time, and
 # --small-batch: the layers' times at a second, smaller batch (default B/4; 0: none).
 set -u
 PD=${PD:-build/pipedream}
@@ -15,19 +16,29 @@ for bad in 0 x -2; do
     echo "$err" | grep -q "^pipedream: error: --rounds" || fail "--rounds $bad: $err"
 done
 [ ! -e "$tmp/x.json" ] || fail "a profile was written after a usage error"
-"$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 3 --warmup 1 --rounds 4 -o "$tmp/p.json" \
-    >/dev/null 2>"$tmp/err" || fail "profile: $(tail -2 "$tmp/err")"
-[ "$(grep -c '^profile round [1-4]/4: ' "$tmp/err")" -eq 4 ] || fail "not 4 round lines: $(cat "$tmp/err")"
-python3 - "$tmp/p.json" "$tmp/err" <<'PY' || fail "the profile is not the fastest round"
+for keep in median fastest; do   # median: the default
+    flag=""; [ $keep = fastest ] && flag="--keep fastest"
+    "$PD" profile "$SRC/models/lenet5.json" --minibatch 8 --iterations 3 --warmup 1 --rounds 4 $flag \
+        -o "$tmp/p.$keep.json" >/dev/null 2>"$tmp/err.$keep" || fail "profile: $(tail -2 "$tmp/err.$keep")"
+    [ "$(grep -c '^profile round [1-4]/4: ' "$tmp/err.$keep")" -eq 4 ] || fail "not 4 round lines: $(cat "$tmp/err.$keep")"
+    python3 - "$tmp/p.$keep.json" "$tmp/err.$keep" $keep <<'PY' || fail "the profile is not the $keep round"
 import json, re, sys
 p = json.load(open(sys.argv[1]))
-assert p["rounds"] == 4 and p["iterations"] == 3, (p.get("rounds"), p["iterations"])
+assert p["rounds"] == 4 and p["iterations"] == 3 and p["round_kept"] == sys.argv[3], (p.get("rounds"), p["iterations"])
 kept = 1e3 * sum(l["forward_s"] + l["backward_s"] for l in p["layers"])
 rounds = [float(m) for m in re.findall(r"^profile round \d+/4: ([0-9.]+) ms", open(sys.argv[2]).read(), re.M)]
 assert len(rounds) == 4 and all(r > 0 for r in rounds), rounds
-assert abs(kept - min(rounds)) <= 1e-5 * min(rounds) + 1e-6, (kept, rounds)
-print("kept %.6f of rounds %s" % (kept, rounds))
+want = sorted(rounds)[1] if sys.argv[3] == "median" else min(rounds)
+assert abs(kept - want) <= 1e-5 * want + 1e-6, (kept, rounds)
+print("%s: kept %.6f of rounds %s" % (sys.argv[3], kept, rounds))
 PY
+done
+err=$("$PD" profile "$SRC/models/lenet5.json" --keep slowest -o "$tmp/x.json" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && echo "$err" | grep -q "^pipedream: error: --keep expects median or fastest" || fail "--keep slowest: $rc $err"
+cp "$tmp/p.median.json" "$tmp/p.json"
+sed 's/"round_kept":[^,]*,/"round_kept": "slowest",/' "$tmp/p.json" >"$tmp/bad.json"
+err=$("$PD" plan "$tmp/bad.json" --workers 2 -o "$tmp/x.plan.json" 2>&1 >/dev/null) && fail "a profile with round_kept \"slowest\" was read"
+echo "$err" | grep -q 'round_kept.*expected "median" or "fastest"' || fail "round_kept slowest: $err"
 # the small batch: by default a quarter of the minibatch, every layer timed at it too (> 0);
 # --small-batch 0: none written; not below the minibatch: a usage error
 python3 - "$tmp/p.json" <<'PY' || fail "the default small batch"
