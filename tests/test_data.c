@@ -115,10 +115,34 @@ static void check_small_set(const Dataset *d) {
     assert_int_equal(d->h, R);
     assert_int_equal(d->w, C);
     assert_int_equal(d->n_classes, 10);
-    for (int i = 0; i < N * R * C; i++) assert_true(fabs(d->x[i] - g_pix[i] / 255.0) < 1e-7);
-    assert_true(d->x[0] == 0.0f);
-    assert_true(d->x[7] == 1.0f);
+    assert_non_null(d->pix);   /* kept as bytes */
+    assert_null(d->x);
+    for (int i = 0; i < N * R * C; i++) assert_true(data_value(d, (size_t)i) == (float)g_pix[i] / 255.0f);
+    assert_true(data_value(d, 0) == 0.0f);
+    assert_true(data_value(d, 7) == 1.0f);
     for (int i = 0; i < N; i++) assert_int_equal(d->y[i], g_lab[i]);
+    /* a minibatch in a given order: each element is its byte / 255 (the float x = b / 255.0f
+     * held before bytes were kept), and after data_normalize (x - mean) * (1 / std) of that,
+     * bit for bit */
+    size_t numel = (size_t)R * C;
+    uint32_t order[N];
+    for (int i = 0; i < N; i++) order[i] = (uint32_t)(N - 1 - i);
+    float *x = malloc((size_t)N * numel * sizeof(float));
+    int32_t y[N];
+    Dataset e = *d;   /* a shallow copy to normalise: its own table, the same bytes */
+    data_normalize(&e, 0.3f, 0.7f);
+    for (int pass = 0; pass < 2; pass++) {
+        data_batch(pass ? &e : d, order, 0, N, x, y);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(y[i], g_lab[N - 1 - i]);
+            for (size_t j = 0; j < numel; j++) {
+                float v = (float)g_pix[(size_t)(N - 1 - i) * numel + j] / 255.0f;
+                if (pass) v = (v - 0.3f) * (1.0f / 0.7f);
+                assert_memory_equal(&x[(size_t)i * numel + j], &v, sizeof v);
+            }
+        }
+    }
+    free(x);
 }
 
 /* ---- IDX ------------------------------------------------------------------------- */
@@ -579,9 +603,10 @@ static void test_fashion_mnist(void **state) {
         float lo = 1, hi = 0;
         double sum = 0;
         for (size_t i = 0; i < d.n * 784; i++) {
-            lo = d.x[i] < lo ? d.x[i] : lo;
-            hi = d.x[i] > hi ? d.x[i] : hi;
-            sum += d.x[i];
+            float v = data_value(&d, i);
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            sum += v;
         }
         assert_true(lo == 0.0f && hi == 1.0f);
         /* torchvision's FashionMNIST mean after ToTensor is 0.2860 (train) */
@@ -641,9 +666,9 @@ static void test_splits(void **state) {
     double m, s;
     data_stats(&d.train, &m, &s);
     assert_true(d.mean == m && d.std == s && s > 0);
-    float x0 = d.test.x[7];
+    float x0 = data_value(&d.test, 7);
     assert_int_equal(data_splits_standardise(&d, m, s, &err), PD_OK);
-    assert_float_equal(d.test.x[7], (x0 - (float)m) * (1.0f / (float)s), 1e-6);
+    assert_float_equal(data_value(&d.test, 7), (x0 - (float)m) * (1.0f / (float)s), 1e-6);
     data_splits_release(&d);
     /* only the test split: no statistics */
     assert_int_equal(data_splits_open(t.path, NULL, &fit, 0, &d, &err), PD_OK);

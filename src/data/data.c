@@ -12,6 +12,7 @@ size_t data_sample_numel(const Dataset *d) { return (size_t)d->c * (size_t)d->h 
 void data_release(Dataset *d) {
     if (!d) return;
     pd_free(d->x);
+    pd_free(d->pix);
     pd_free(d->y);
     memset(d, 0, sizeof *d);
 }
@@ -105,7 +106,13 @@ void data_batch(const Dataset *d, const uint32_t *order, size_t first, int count
     for (int i = 0; i < count; i++) {
         size_t s = order ? order[first + (size_t)i] : first + (size_t)i;
         PD_ASSERTF(s < d->n, "order[%zu] = %zu, n = %zu", first + (size_t)i, s, d->n);
-        memcpy(x + (size_t)i * numel, d->x + s * numel, numel * sizeof(float));
+        float *o = x + (size_t)i * numel;
+        if (d->pix) {
+            const uint8_t *p = d->pix + s * numel;
+            for (size_t j = 0; j < numel; j++) o[j] = d->lut[p[j]];
+        } else {
+            memcpy(o, d->x + s * numel, numel * sizeof(float));
+        }
         if (y) {
             size_t t = (size_t)data_targets(d);
             memcpy(y + (size_t)i * t, d->y + s * t, t * sizeof(int32_t));
@@ -189,5 +196,9 @@ void data_normalize(Dataset *d, float mean, float std) {
     PD_ASSERT(std > 0);
     size_t n = d->n * data_sample_numel(d);
     float inv = 1.0f / std;
+    if (d->pix) {   /* every element of byte b held lut[b]: the same operation on each */
+        for (int b = 0; b < 256; b++) d->lut[b] = (d->lut[b] - mean) * inv;
+        return;
+    }
     for (size_t i = 0; i < n; i++) d->x[i] = (d->x[i] - mean) * inv;
 }

@@ -32,7 +32,13 @@ typedef struct Dataset {
     size_t n;            /* samples */
     int c, h, w;         /* sample shape (C, H, W) */
     int n_classes;
-    float *x;            /* (n, c, h, w) in [0, 1], owned (pd_alloc) */
+    float *x;            /* (n, c, h, w) in [0, 1], owned (pd_alloc); NULL where pix holds the samples */
+    /* Images read from bytes (IDX): the bytes themselves and each byte's
+     * value (b / 255 as read, data_normalize's afterwards). A sample's element is
+     * lut[pix[i]], the same float the array x would hold, at a quarter of the memory; only
+     * data_batch, data_value, data_stats and data_normalize read it. */
+    uint8_t *pix;        /* owned (freed by data_release), or NULL */
+    float lut[256];
     int32_t *y;          /* (n, y_len), each in [0, n_classes), owned (pd_alloc) */
     int y_len;           /* targets per sample: 0 or 1 = one class label; T = a sequence's
                           * next-token targets (data_text_dataset) */
@@ -43,6 +49,8 @@ static inline int data_targets(const Dataset *d) { return d->y_len > 1 ? d->y_le
 
 /* Number of floats in one sample: c*h*w. */
 size_t data_sample_numel(const Dataset *d);
+/* Element i of the samples (sample i / numel), whichever storage holds them. */
+static inline float data_value(const Dataset *d, size_t i) { return d->pix ? d->lut[d->pix[i]] : d->x[i]; }
 /* Frees x and y and zeroes *d. A zeroed or NULL d is fine. */
 void data_release(Dataset *d);
 

@@ -9,10 +9,10 @@
 void data_stats(const Dataset *d, double *mean, double *std) {
     size_t n = d->n * data_sample_numel(d);
     double s = 0, q = 0;
-    for (size_t i = 0; i < n; i++) s += d->x[i];
+    for (size_t i = 0; i < n; i++) s += data_value(d, i);
     double m = n ? s / (double)n : 0;
     for (size_t i = 0; i < n; i++) {
-        double e = d->x[i] - m;
+        double e = data_value(d, i) - m;
         q += e * e;
     }
     double sd = n ? sqrt(q / (double)n) : 0;

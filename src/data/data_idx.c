@@ -211,9 +211,10 @@ int data_load_idx(const char *dir, const char *split, Dataset *out, Err *err) {
     out->h = (int)di[1];
     out->w = (int)di[2];
     out->n_classes = 10;
-    out->x = pd_alloc(n * numel * sizeof(float));
+    out->pix = pix;   /* kept as bytes: lut gives each its float */
+    pix = NULL;
+    for (int b = 0; b < 256; b++) out->lut[b] = (float)b / 255.0f;   /* as torchvision ToTensor */
     out->y = pd_alloc(n * sizeof(int32_t));
-    for (size_t i = 0; i < n * numel; i++) out->x[i] = (float)pix[i] / 255.0f;   /* as torchvision ToTensor */
     for (size_t i = 0; i < n; i++) out->y[i] = lab[i];
     rc = PD_OK;
 done:
