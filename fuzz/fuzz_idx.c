@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
         for (size_t i = 0; i < d.n; i++)
             if (d.y[i] < 0 || d.y[i] >= d.n_classes) abort();
         for (size_t i = 0; i < d.n * data_sample_numel(&d); i++)
-            if (!(d.x[i] >= 0.0f && d.x[i] <= 1.0f)) abort();
+            if (!(data_value(&d, i) >= 0.0f && data_value(&d, i) <= 1.0f)) abort();
         data_release(&d);
     }
     return 0;
