@@ -12,7 +12,7 @@
 #   emu_up RATE / emu_down the 4 hosts at RATE
 #   emu_net_cpu RATE       the network stack's CPU per byte at RATE (tools/cluster.sh net-cpu, 2.5 s
 #                          of stream, appended to $OUT/net-cpu.txt); 0 when NET_CPU=0
-#   emu_profile            vgg16 at minibatch 64, 1 thread, into $OUT/prof.json (sets PROF)
+#   emu_profile            vgg16 at minibatch 64, 1 thread, the median of 5 rounds, into $OUT/prof.json (sets PROF)
 
 emu_args() {
     OUT=$1 PD=build/pipedream
@@ -60,6 +60,6 @@ emu_net_cpu() {
 
 emu_profile() {
     PROF=$OUT/prof.json
-    log "profile models/vgg16.json (minibatch 64, 1 thread)"
-    "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 -o "$PROF" >"$OUT/prof.txt" 2>&1
+    log "profile models/vgg16.json (minibatch 64, 1 thread, the median of 5 rounds)"
+    "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 --rounds 5 -o "$PROF" >"$OUT/prof.txt" 2>&1
 }
