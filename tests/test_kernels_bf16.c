@@ -198,6 +198,55 @@ static void test_linear_bf16(void **state) {
     check_linear(9, 33, 10, 0, 300);
 }
 
+/* x's bf16 copy kept from the forward (kern_linear_fwd_kx) is pd_bf16_pack's, and the backward
+ * that reads it gives the plain calls' bits; a kept copy that is not x's changes dW alone (so
+ * it is read); at fp32 none is asked for and any given is ignored. */
+static void test_linear_keep(void **state) {
+    (void)state;
+    const int n = 48, in = 40, out = 24;
+    Err err = {0};
+    KLinear k;
+    assert_int_equal(kern_linear_init(&k, KPREC_BF16, n, in, out, 1, &err), PD_OK);
+    assert_int_equal(kern_linear_keep_bytes(KPREC_BF16, n, in), (size_t)n * in * 2);
+    assert_int_equal(kern_linear_keep_bytes(KPREC_FP32, n, in), 0);
+    size_t nx = (size_t)n * in, nw = (size_t)out * in, ny = (size_t)n * out;
+    float *x = tk_rand(nx, 11, -1, 1), *w = tk_rand(nw, 12, -1, 1), *b = tk_rand(out, 13, -1, 1);
+    float *dy = tk_rand(ny, 14, -1, 1), *y0 = pd_alloc_f32(ny), *y1 = pd_alloc_f32(ny);
+    uint16_t *xb = pd_alloc(nx * 2), *want = pd_alloc(nx * 2);
+    kern_linear_fwd_k(&k, n, x, w, b, y0);
+    kern_linear_fwd_kx(&k, n, x, w, b, y1, xb);
+    pd_bf16_pack(x, want, nx);
+    assert_memory_equal(xb, want, nx * 2);
+    assert_memory_equal(y0, y1, ny * sizeof(float));
+    float *g[2][3];   /* dx, dw, db: plain, kept */
+    for (int v = 0; v < 2; v++) {
+        g[v][0] = tk_rand(nx, 20, -1, 1), g[v][1] = tk_rand(nw, 21, -1, 1), g[v][2] = tk_rand(out, 22, -1, 1);
+        if (v) kern_linear_bwd_kx(&k, n, x, xb, w, dy, g[v][0], g[v][1], g[v][2], 0);
+        else kern_linear_bwd_k(&k, n, x, w, dy, g[v][0], g[v][1], g[v][2], 0);
+    }
+    assert_memory_equal(g[0][0], g[1][0], nx * sizeof(float));
+    assert_memory_equal(g[0][1], g[1][1], nw * sizeof(float));
+    assert_memory_equal(g[0][2], g[1][2], out * sizeof(float));
+    /* another kept copy (x's negative): dW differs, dx does not */
+    for (size_t i = 0; i < nx; i++) xb[i] ^= 0x8000;
+    float *dx2 = tk_rand(nx, 20, -1, 1), *dw2 = tk_rand(nw, 21, -1, 1);
+    kern_linear_bwd_kx(&k, n, x, xb, w, dy, dx2, dw2, NULL, KSET_DX | KSET_DW);
+    kern_linear_bwd_k(&k, n, x, w, dy, g[0][0], g[0][1], NULL, KSET_DX | KSET_DW);
+    assert_memory_equal(dx2, g[0][0], nx * sizeof(float));
+    for (size_t i = 0; i < nw; i++) assert_true(dw2[i] == -g[0][1][i]);
+    kern_linear_release(&k);
+    /* fp32: the kept copy is neither written nor read */
+    assert_int_equal(kern_linear_init(&k, KPREC_FP32, n, in, out, 1, &err), PD_OK);
+    memset(xb, 0xab, nx * 2);
+    kern_linear_fwd_kx(&k, n, x, w, b, y1, xb);
+    for (size_t i = 0; i < nx; i++) assert_int_equal(xb[i], 0xabab);
+    kern_linear_release(&k);
+    float *all[] = {x, w, b, dy, y0, y1, g[0][0], g[0][1], g[0][2], g[1][0], g[1][1], g[1][2], dx2, dw2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    pd_free(xb);
+    pd_free(want);
+}
+
 /* ---- conv2d ---------------------------------------------------------------------------------- */
 static void check_conv(int n_max, int n, int c, int h, int k, int r, int stride, int pad, int bias, int relu,
                        uint64_t tag) {
@@ -334,7 +383,8 @@ static void test_attention_bf16(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_names),   cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_conv_bf16),
+        cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_linear_keep),
+        cmocka_unit_test(test_conv_bf16),
         cmocka_unit_test(test_conv_fp32_unchanged), cmocka_unit_test(test_attention_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

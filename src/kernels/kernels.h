@@ -84,6 +84,14 @@ void kern_linear_release(KLinear *k);
 void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const float *b, float *y);
 void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
                        float *db, int set);   /* set: KSET_* */
+/* The same, with x's bf16 copy kept between them (bf16 only; ignored at fp32 and where NULL):
+ * the forward writes it to xb (n x in), the backward's weight product reads it instead of
+ * converting x again. It is a function of x alone, so the results are bitwise the plain
+ * calls'. kern_linear_keep_bytes: its size for n rows (0 at fp32). */
+size_t kern_linear_keep_bytes(int prec, int n, int in);
+void kern_linear_fwd_kx(KLinear *k, int n, const float *x, const float *w, const float *b, float *y, uint16_t *xb);
+void kern_linear_bwd_kx(KLinear *k, int n, const float *x, const uint16_t *xb, const float *w, const float *dy,
+                        float *dx, float *dw, float *db, int set);
 void kern_linear_bwd_ref(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
                          int n, int in, int out);
 

@@ -257,7 +257,15 @@ static Arena arena(const KLinear *k, int m, const LinSlot *s) {
     return a;
 }
 
+size_t kern_linear_keep_bytes(int prec, int n, int in) {
+    return prec == KPREC_BF16 ? (size_t)n * (size_t)in * sizeof(uint16_t) : 0;
+}
+
 void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const float *b, float *y) {
+    kern_linear_fwd_kx(k, n, x, w, b, y, NULL);
+}
+
+void kern_linear_fwd_kx(KLinear *k, int n, const float *x, const float *w, const float *b, float *y, uint16_t *xb) {
     PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
     if (k->prec == KPREC_FP32) {
         kern_linear_fwd(x, w, b, y, n, k->in, k->out);
@@ -266,6 +274,7 @@ void kern_linear_fwd_k(KLinear *k, int n, const float *x, const float *w, const 
     if (n == 0) return;
     LinSlot *s = slot_for(k, n);
     Arena a = arena(k, n, s);
+    if (xb) a.x = xb;   /* kept for the backward */
     kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
     kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
     PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
@@ -297,6 +306,11 @@ static void bias_cvt_r(void *p, size_t b, size_t e) {
 
 void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const float *dy, float *dx, float *dw,
                        float *db, int set) {
+    kern_linear_bwd_kx(k, n, x, NULL, w, dy, dx, dw, db, set);
+}
+
+void kern_linear_bwd_kx(KLinear *k, int n, const float *x, const uint16_t *xb, const float *w, const float *dy,
+                        float *dx, float *dw, float *db, int set) {
     PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
     if (k->prec == KPREC_FP32) {
         kern_linear_bwd_set(x, w, dy, dx, dw, db, n, k->in, k->out, set);
@@ -322,8 +336,8 @@ void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const 
         mm(k->impl, s, set & KSET_DX ? LM_BWD_D_SET : LM_BWD_D, a.dy, a.w, NULL, dx, a.sp);
     }
     if (dw) {
-        kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
-        mm(k->impl, s, set_w ? LM_BWD_W_SET : LM_BWD_W, a.dy, a.x, NULL, dw, a.sp);
+        if (!xb) kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
+        mm(k->impl, s, set_w ? LM_BWD_W_SET : LM_BWD_W, a.dy, xb ? xb : a.x, NULL, dw, a.sp);
     }
     if (db) kern_linear_bwd_set(x, w, dy, NULL, NULL, db, n, k->in, k->out, set);   /* the bias sums alone */
 }

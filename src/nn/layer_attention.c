@@ -5,7 +5,9 @@
  * (must equal the incoming feature size), "heads" (must divide dim), "causal" (default
  * true), "bias" (default true). Parameters (PyTorch order): qkv.weight (3 dim, dim),
  * qkv.bias (3 dim), proj.weight (dim, dim), proj.bias (dim); init as nn.Linear.
- * Saved per sample: qkv (T, 3 dim), att (T, dim), probabilities (heads, T, T). */
+ * Saved per sample: qkv (T, 3 dim), att (T, dim), probabilities (heads, T, T); at bf16 also the
+ * bf16 copies of the two projections' inputs, x and att (kern_linear_fwd_kx), so that their
+ * weight gradients do not convert them again. */
 #include "nn_impl.h"
 
 #include <string.h>
@@ -39,18 +41,27 @@ static size_t per_sample(const Layer *l, int which) {   // 0: qkv, 1: att, 2: pr
     return which == 0 ? t * 3 * d : which == 1 ? t * d : (size_t)l->k * t * t;
 }
 
-static size_t attention_saved(const Layer *l, int n) {
-    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
-           (size_t)n * per_sample(l, 2) * sizeof(float);
+static size_t keep_bytes(const Layer *l, int n) {   // one projection input's bf16 copy (0 at fp32)
+    return nn_align(kern_linear_keep_bytes(l->prec, n * l->in.d[0], l->cin));
 }
 
-static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p) {
+static size_t attention_saved(const Layer *l, int n) {
+    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
+           nn_align((size_t)n * per_sample(l, 2) * sizeof(float)) + 2 * keep_bytes(l, n);
+}
+
+/* xb[0], xb[1]: the bf16 copies of x and att (NULL at fp32). */
+static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p, uint16_t **xb) {
     char *s = (char *)saved;
     *qkv = (float *)s;
     s += nn_align((size_t)n * per_sample(l, 0) * sizeof(float));
     *att = (float *)s;
     s += nn_align((size_t)n * per_sample(l, 1) * sizeof(float));
     *p = (float *)s;
+    s += nn_align((size_t)n * per_sample(l, 2) * sizeof(float));
+    size_t kb = keep_bytes(l, n);
+    xb[0] = kb ? (uint16_t *)s : NULL;
+    xb[1] = kb ? (uint16_t *)(s + kb) : NULL;
 }
 
 static int attention_build(Layer *l, int n_max, Err *err) {
@@ -78,10 +89,11 @@ static void attention_forward(Layer *l, const NnRun *r, const float *w, float *s
     const float *wqkv = w, *bqkv = l->bias ? w + (size_t)3 * d * d : NULL;
     const float *wp = w + (size_t)3 * d * d + (l->bias ? 3 * d : 0), *bp = l->bias ? wp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
-    parts(l, saved, n, &qkv, &att, &p);
-    kern_linear_fwd_k(&l->lin[0], n * t, x, wqkv, bqkv, qkv);
+    uint16_t *xb[2];
+    parts(l, saved, n, &qkv, &att, &p, xb);
+    kern_linear_fwd_kx(&l->lin[0], n * t, x, wqkv, bqkv, qkv, xb[0]);
     kern_attention_fwd(&l->attn, n, qkv, att, p);
-    kern_linear_fwd_k(&l->lin[1], n * t, att, wp, bp, y);
+    kern_linear_fwd_kx(&l->lin[1], n * t, att, wp, bp, y, xb[1]);
 }
 
 static void attention_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
@@ -92,12 +104,13 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     float *dwqkv = dw, *dbqkv = l->bias ? dw + (size_t)3 * d * d : NULL;
     float *dwp = dw + (size_t)3 * d * d + boff, *dbp = l->bias ? dwp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
-    parts(l, saved, n, &qkv, &att, &p);
+    uint16_t *xb[2];
+    parts(l, saved, n, &qkv, &att, &p, xb);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
-    kern_linear_bwd_k(&l->lin[1], n * t, att, wp, dy, datt, dwp, dbp, KSET_DX);   /* datt written */
+    kern_linear_bwd_kx(&l->lin[1], n * t, att, xb[1], wp, dy, datt, dwp, dbp, KSET_DX);   /* datt written */
     memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
     kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
-    kern_linear_bwd_k(&l->lin[0], n * t, x, wqkv, dqkv, dx, dwqkv, dbqkv, l->set & KSET_DX);
+    kern_linear_bwd_kx(&l->lin[0], n * t, x, xb[0], wqkv, dqkv, dx, dwqkv, dbqkv, l->set & KSET_DX);
 }
 
 const LayerOps LAYER_ATTENTION = {

@@ -30,14 +30,20 @@ static int dense_build(Layer *l, int n_max, Err *err) {
 
 static void dense_release(Layer *l) { kern_linear_release(&l->lin[0]); }
 
+/* Saved state at bf16: x's bf16 copy, made by the forward's product and read by the weight
+ * gradient's, which would otherwise convert x again (a transformer's MLP: its input is the
+ * largest operand these products convert). None at fp32. */
+static size_t dense_saved(const Layer *l, int n_max) { return kern_linear_keep_bytes(l->prec, rows(l, n_max), l->cin); }
+
 static void dense_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                           void *saved) {
-    kern_linear_fwd_k(&l->lin[0], rows(l, r->n), x, w, l->bias ? w + (size_t)l->cout * l->cin : NULL, y);
+    kern_linear_fwd_kx(&l->lin[0], rows(l, r->n), x, w, l->bias ? w + (size_t)l->cout * l->cin : NULL, y, saved);
 }
 
 static void dense_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                            const void *saved, const float *dy, float *dx, float *dw) {
-    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
+    kern_linear_bwd_kx(&l->lin[0], rows(l, r->n), x, saved, w, dy, dx, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL,
+                       l->set);
 }
 
 /* The split backward: kern_linear_bwd's dx GEMM, then its dW GEMM and db sums (independent
@@ -49,7 +55,8 @@ static void dense_backward_data(Layer *l, const NnRun *r, const float *w, const 
 
 static void dense_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
-    kern_linear_bwd_k(&l->lin[0], rows(l, r->n), x, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL, l->set);
+    kern_linear_bwd_kx(&l->lin[0], rows(l, r->n), x, saved, w, dy, NULL, dw, l->bias ? dw + (size_t)l->cout * l->cin : NULL,
+                       l->set);
 }
 
 const LayerOps LAYER_DENSE = {
@@ -57,6 +64,7 @@ const LayerOps LAYER_DENSE = {
     .parse = dense_parse,
     .build = dense_build,
     .release = dense_release,
+    .saved_bytes = dense_saved,
     .forward = dense_forward,
     .backward = dense_backward,
     .backward_data = dense_backward_data,
