@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # zb_pairs.sh: zb-h1 against 1f1b-flush on 2 MPI ranks x 2 straight stages of vgg16, the
 # measurement quoted in docs/explanation/schedules.md. Profiles at 8 samples per micro-batch (the
-# fastest of 5 rounds), plans 2 straight stages, then for each M in MICRO ("2 4") runs PAIRS
+# median of 5 rounds), plans 2 straight stages, then for each M in MICRO ("2 4") runs PAIRS
 # (8) pairs of the two kinds, order alternating, STEPS (24) minibatches of 8 x M samples each,
 # and prints per M: medians of ms per minibatch measured and predicted, the predicted gain,
 # the median (quartiles) of the per-pair ratios zb-h1 / 1f1b-flush, how many pairs zb-h1 won,
