@@ -51,7 +51,7 @@ static inline int data_targets(const Dataset *d) { return d->y_len > 1 ? d->y_le
 size_t data_sample_numel(const Dataset *d);
 /* Element i of the samples (sample i / numel), whichever storage holds them. */
 static inline float data_value(const Dataset *d, size_t i) { return d->pix ? d->lut[d->pix[i]] : d->x[i]; }
-/* Frees x and y and zeroes *d. A zeroed or NULL d is fine. */
+/* Frees x (or pix) and y and zeroes *d. A zeroed or NULL d is fine. */
 void data_release(Dataset *d);
 
 /* Reads MNIST-format IDX files from dir (NULL = DATA_DEFAULT_IDX_DIR): split "train" reads
