@@ -348,11 +348,10 @@ static void check_attention(int n_max, int n, int t, int heads, int hd, int caus
     kern_attention_fwd_ref(qkv, yr, pr, n, t, heads, hd, causal);
     check_bf16("attention y", y, yr, ny);
     check_bf16("attention p", p, pr, np);
-    float *pre = tk_rand(nq, tag + 4, -1, 1), *dq = tk_copy(pre, nq), *dqr = pd_alloc_f32(nq);
+    float *pre = tk_rand(nq, tag + 4, -1, 1), *dq = tk_copy(pre, nq), *dqr = pd_alloc_f32(nq);   // overwritten
     float *scr = pd_alloc_f32((size_t)t * t);
     kern_attention_bwd(&a, n, qkv, pr, dy, dq);   // both from the reference probabilities
     kern_attention_bwd_ref(qkv, pr, dy, dqr, scr, n, t, heads, hd, causal);
-    tk_sub(dq, pre, nq);
     check_bf16("attention dqkv", dq, dqr, nq);
     /* float32 precision: bitwise kern_attention_init's descriptor */
     KAttn g;

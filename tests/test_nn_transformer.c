@@ -135,7 +135,7 @@ static void test_kernels_vs_ref(void **st) {
                       *sc = pd_alloc_f32((size_t)t * t);
                 fill(qkv, nq, &r, 2.0f);
                 fill(dy, ny, &r, 1.0f);
-                fill(g1, nq, &r, 1.0f);   // accumulate onto the same values
+                fill(g1, nq, &r, 1.0f);   // garbage that both must overwrite
                 memcpy(g2, g1, nq * sizeof(float));
                 KAttn ka;
                 Err err = {0};

@@ -339,7 +339,7 @@ void kern_gelu_bwd_ref(const float *x, const float *dy, float *dx, size_t count,
 /* qkv (N, T, 3D), each row [q | k | v], D = heads * hd, head h in columns h*hd .. h*hd+hd of
  * each part (PyTorch: qkv.view(N, T, 3, H, hd)). y (N, T, D) = concat over heads of
  * softmax(q k^T / sqrt(hd) [+ causal mask]) v. p (N, H, T, T): the probabilities, saved for
- * backward (masked entries 0). Backward: dqkv (N, T, 3D) +=. The descriptor holds the
+ * backward (masked entries 0). Backward writes dqkv (N, T, 3D). The descriptor holds the
  * shapes and backward scratch for up to n_max samples. */
 typedef struct KAttn {
     int n_max, t, heads, hd, causal, algo;

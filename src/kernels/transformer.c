@@ -373,11 +373,11 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
         }
 }
 
-/* dQ += scale dS K, dK += scale dS^T Q for one (sample, head); q points at its q columns. */
+/* dQ = scale dS K, dK = scale dS^T Q for one (sample, head); q points at its q columns. */
 static void attn_dqk(const float *q, const float *ds, float *dq, int t, int d, int hd, float scale) {
     const int ld = 3 * d;
-    gemm('N', 'N', t, hd, t, scale, ds, t, q + d, ld, 1.0f, dq, ld);
-    gemm('T', 'N', t, hd, t, scale, ds, t, q, ld, 1.0f, dq + d, ld);
+    gemm('N', 'N', t, hd, t, scale, ds, t, q + d, ld, 0.0f, dq, ld);
+    gemm('T', 'N', t, hd, t, scale, ds, t, q, ld, 0.0f, dq + d, ld);
 }
 
 void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv) {
@@ -399,7 +399,7 @@ void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const
         tf_dnnl_attn_mm(im->mm, TF_MM_DK, n, b.p, b.qkv, dqkv + d);
         return;
     }
-    if (a->algo == KTF_DNNL) {   // dP = dY V^T, dV += P^T dY, dS = softmax'(dP), dQ, dK
+    if (a->algo == KTF_DNNL) {   // dP = dY V^T, dV = P^T dY, dS = softmax'(dP), dQ, dK
         tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, dy, qkv + 2 * d, im->ds);
         tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, p, dy, dqkv + 2 * d);
         tf_dnnl_softmax_bwd(im->softmax, n * heads * t, p, im->ds, im->ds);
@@ -409,12 +409,12 @@ void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const
     }
     float *ds = im->ds;
     for (int i = 0; i < n; i++)
-        for (int h = 0; h < heads; h++) {   // dP = dO V^T, dV += P^T dO; dS = P (dP - rowsum(P dP))
+        for (int h = 0; h < heads; h++) {   // dP = dO V^T, dV = P^T dO; dS = P (dP - rowsum(P dP))
             const size_t off = (size_t)i * t * ld + (size_t)h * hd;
             const float *v = qkv + off + 2 * d, *ph = p + ((size_t)i * heads + h) * t * t,
                         *go = dy + (size_t)i * t * d + (size_t)h * hd;
             gemm('N', 'T', t, t, hd, 1.0f, go, d, v, ld, 0.0f, ds, t);
-            gemm('T', 'N', t, hd, t, 1.0f, ph, t, go, d, 1.0f, dqkv + off + 2 * d, ld);
+            gemm('T', 'N', t, hd, t, 1.0f, ph, t, go, d, 0.0f, dqkv + off + 2 * d, ld);
             for (int r = 0; r < t; r++) {
                 const int len = a->causal ? r + 1 : t;
                 const float *restrict pr = ph + (size_t)r * t;

@@ -184,8 +184,8 @@ void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, f
 /* ---- attention's batched matrix products ------------------------------------------------------ *
  * Six matmul primitives over all (sample, head) pairs at once, on strided views of the fused
  * qkv buffer (N, T, 3D) and of y / dy (N, T, D), no copies: scores P = scale Q K^T, values
- * Y = P V; backward dP = dY V^T, dV += P^T dY, dQ += scale dS K, dK += scale dS^T Q (+= by a
- * sum post-op). Their scratchpads are ours (one buffer for all); the gemm oneDNN runs inside
+ * Y = P V; backward dP = dY V^T, dV = P^T dY, dQ = scale dS K, dK = scale dS^T Q (each writes
+ * its own third of dqkv's columns, so dqkv needs no zeroing first). Their scratchpads are ours (one buffer for all); the gemm oneDNN runs inside
  * still takes a packing buffer from malloc per call (see transformer.c). */
 enum { MM_SCORES, MM_VALUES, MM_DP, MM_DV, MM_DQ, MM_DK, MM_COUNT };
 
@@ -245,25 +245,19 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
         probs(&P, a, n, 0, dt) || probs(&PT, a, n, 1, dt) || view(&qkvf, a, n, L, 0, dnnl_f32) ||
         view(&of, a, n, D, 0, dnnl_f32) || probs(&Pf, a, n, 0, dnnl_f32))
         return err_set(err, PD_EINVAL, "attention (oneDNN): memory descriptors rejected");
-    /* src, weights, dst, scaled, accumulate */
-    const struct { const dnnl_memory_desc_t *s, *w, *d; int scaled, acc; } spec[MM_COUNT] = {
-        [MM_SCORES] = {&qkv, &qkvT, &Pf, 1, 0}, [MM_VALUES] = {&P, &qkv, &of, 0, 0},
-        [MM_DP] = {&o, &qkvT, &Pf, 0, 0},       [MM_DV] = {&PT, &o, &qkvf, 0, 1},
-        [MM_DQ] = {&P, &qkv, &qkvf, 1, 1},      [MM_DK] = {&PT, &qkv, &qkvf, 1, 1},
+    /* src, weights, dst, scaled */
+    const struct { const dnnl_memory_desc_t *s, *w, *d; int scaled; } spec[MM_COUNT] = {
+        [MM_SCORES] = {&qkv, &qkvT, &Pf, 1}, [MM_VALUES] = {&P, &qkv, &of, 0},
+        [MM_DP] = {&o, &qkvT, &Pf, 0},       [MM_DV] = {&PT, &o, &qkvf, 0},
+        [MM_DQ] = {&P, &qkv, &qkvf, 1},      [MM_DK] = {&PT, &qkv, &qkvf, 1},
     };
     for (int i = 0; i < MM_COUNT && !rc; i++) {
         dnnl_primitive_attr_t attr = NULL;
-        dnnl_post_ops_t po = NULL;
         dnnl_primitive_desc_t pd = NULL;
         dnnl_matmul_desc_t md;
         CK(dnnl_primitive_attr_create(&attr));
         CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
         if (spec[i].scaled) CK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &a->scale));
-        if (spec[i].acc) {
-            CK(dnnl_post_ops_create(&po));
-            CK(dnnl_post_ops_append_sum(po, 1.0f));
-            CK(dnnl_primitive_attr_set_post_ops(attr, po));
-        }
         CK(dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, NULL, spec[i].d));
         CK(dnnl_primitive_desc_create(&pd, &md, attr, a->eng, NULL));
         CK(dnnl_primitive_create(&s->p[i], pd));
@@ -280,7 +274,6 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
         if (need) CK(dnnl_memory_create(&s->sp[i], spd, a->eng, DNNL_MEMORY_NONE));
     done:
         if (pd) dnnl_primitive_desc_destroy(pd);
-        if (po) dnnl_post_ops_destroy(po);
         if (attr) dnnl_primitive_attr_destroy(attr);
     }
     if (rc) mm_free(s);

@@ -155,9 +155,9 @@ void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, f
                         dk += (double)scratch[(size_t)r * t + j] * Q(r, e);
                         dq += (double)scratch[(size_t)j * t + r] * K(r, e);
                     }
-                    DV(j, e) += (float)dv;
-                    DK(j, e) += (float)(dk * scale);
-                    DQ(j, e) += (float)(dq * scale);
+                    DV(j, e) = (float)dv;
+                    DK(j, e) = (float)(dk * scale);
+                    DQ(j, e) = (float)(dq * scale);
                 }
 #undef Q
 #undef K

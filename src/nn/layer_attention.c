@@ -10,7 +10,6 @@
  * weight gradients do not convert them again. */
 #include "nn_impl.h"
 
-#include <string.h>
 
 static int attention_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
     int rc;
@@ -108,7 +107,6 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     parts(l, saved, n, &qkv, &att, &p, xb);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
     kern_linear_bwd_kx(&l->lin[1], n * t, att, xb[1], wp, dy, datt, dwp, dbp, KSET_DX);   /* datt written */
-    memset(dqkv, 0, (size_t)n * per_sample(l, 0) * sizeof(float));
     kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
     kern_linear_bwd_kx(&l->lin[0], n * t, x, xb[0], wqkv, dqkv, dx, dwqkv, dbqkv, l->set & KSET_DX);
 }
