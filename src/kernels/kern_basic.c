@@ -645,6 +645,9 @@ void kern_pad_bwd(const float *dy, float *dx, int n, int c, int h, int w, int p)
  * block's loss is summed in sample order (in double) by one thread, then the blocks in block
  * order: the same bits for every thread count (for n <= XENT_BLOCKS, the plain serial sum). */
 enum { XENT_BLOCKS = 64 };
+/* Up to XENT_KEEP classes a row's exponentials are computed once and kept for its gradient
+ * (the same values: the gradient's bits do not depend on it). */
+enum { XENT_KEEP = 1024 };
 
 typedef struct XentJob {
     const float *logits;
@@ -659,6 +662,7 @@ typedef struct XentJob {
 static void xent_r(void *p, size_t b0, size_t b1) {
     XentJob *j = p;
     const int k = j->k;
+    float ex[XENT_KEEP];
     for (size_t blk = b0; blk < b1; blk++) {
         double loss = 0;
         int hits = 0;
@@ -673,12 +677,20 @@ static void xent_r(void *p, size_t b0, size_t b1) {
             hits += am == lab;
             const float m = z[am];
             float s = 0;
-            for (int c = 0; c < k; c++) s += expf(z[c] - m);
+            const int keep = j->dlogits && k <= XENT_KEEP;   // the exponentials, for the gradient
+            for (int c = 0; c < k; c++) {
+                const float e = expf(z[c] - m);
+                if (keep) ex[c] = e;
+                s += e;
+            }
             loss += (double)logf(s) + m - z[lab];
             if (j->dlogits) {
                 float *d = j->dlogits + (size_t)i * k;
                 const float inv = j->f / s;
-                for (int c = 0; c < k; c++) d[c] += expf(z[c] - m) * inv;
+                if (keep)
+                    for (int c = 0; c < k; c++) d[c] += ex[c] * inv;
+                else
+                    for (int c = 0; c < k; c++) d[c] += expf(z[c] - m) * inv;
                 d[lab] -= j->f;
             }
         }
