@@ -379,12 +379,67 @@ static void test_attention_bf16(void **state) {
     check_attention(2, 2, 10, 3, 4, 0, 7000);
 }
 
+/* The attention core's kept bf16 qkv and P: written by the forward as pd_bf16_pack makes them,
+ * read by the backward (the same bits as converting again; a different copy changes dqkv), and
+ * untouched at fp32. */
+static void test_attention_keep(void **state) {
+    (void)state;
+    const int n = 3, t = 12, heads = 2, hd = 8, d = heads * hd;
+    Err err = {0};
+    KAttn a;
+    assert_int_equal(kern_attention_init_prec(&a, KTF_AUTO, KPREC_BF16, n, t, heads, hd, 1, &err), PD_OK);
+    size_t nq = (size_t)n * t * 3 * d, ny = (size_t)n * t * d, np = (size_t)n * heads * t * t;
+    size_t qb = (nq * 2 + 63) / 64 * 64;
+    assert_int_equal(kern_attention_keep_bytes(KPREC_BF16, n, t, heads, hd), qb + np * 2);
+    assert_int_equal(kern_attention_keep_bytes(KPREC_FP32, n, t, heads, hd), 0);
+    float *qkv = tk_rand(nq, 31, -2, 2), *dy = tk_rand(ny, 32, -1, 1);
+    float *y0 = pd_alloc_f32(ny), *y1 = pd_alloc_f32(ny), *p0 = pd_alloc_f32(np), *p1 = pd_alloc_f32(np);
+    char *keep = pd_alloc(qb + np * 2);
+    uint16_t *want = pd_alloc(nq * 2 > np * 2 ? nq * 2 : np * 2);
+    kern_attention_fwd(&a, n, qkv, y0, p0);
+    kern_attention_fwd_kx(&a, n, qkv, y1, p1, keep);
+    assert_memory_equal(y0, y1, ny * sizeof(float));
+    assert_memory_equal(p0, p1, np * sizeof(float));
+    pd_bf16_pack(qkv, want, nq);
+    assert_memory_equal(keep, want, nq * 2);
+    pd_bf16_pack(p0, want, np);
+    assert_memory_equal(keep + qb, want, np * 2);
+    float *g0 = tk_rand(nq, 33, -1, 1), *g1 = tk_rand(nq, 34, -1, 1);
+    kern_attention_bwd(&a, n, qkv, p0, dy, g0);
+    kern_attention_bwd_kx(&a, n, qkv, p0, dy, g1, keep);
+    assert_memory_equal(g0, g1, nq * sizeof(float));
+    /* another kept qkv, its v negated: the backward reads it (dS, so dq and dk, negate; dv not) */
+    uint16_t *kq = (uint16_t *)keep;
+    for (size_t r = 0; r < (size_t)n * t; r++)
+        for (int c = 2 * d; c < 3 * d; c++) kq[r * 3 * d + c] ^= 0x8000;
+    kern_attention_bwd_kx(&a, n, qkv, p0, dy, g1, keep);
+    for (size_t r = 0; r < (size_t)n * t; r++)
+        for (int c = 0; c < 3 * d; c++) {
+            float w = g0[r * 3 * d + c], got = g1[r * 3 * d + c];
+            if (c < 2 * d) assert_true(got == -w);
+            else assert_true(got == w);
+        }
+    kern_attention_release(&a);
+    /* fp32: the kept copies are neither written nor read */
+    assert_int_equal(kern_attention_init_prec(&a, KTF_AUTO, KPREC_FP32, n, t, heads, hd, 1, &err), PD_OK);
+    memset(keep, 0xab, qb + np * 2);
+    kern_attention_fwd_kx(&a, n, qkv, y1, p1, keep);
+    kern_attention_bwd_kx(&a, n, qkv, p1, dy, g1, keep);
+    for (size_t i = 0; i < qb + np * 2; i++) assert_int_equal((unsigned char)keep[i], 0xab);
+    kern_attention_release(&a);
+    float *all[] = {qkv, dy, y0, y1, p0, p1, g0, g1};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    pd_free(keep);
+    pd_free(want);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_names),   cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_linear_keep),
         cmocka_unit_test(test_conv_bf16),
         cmocka_unit_test(test_conv_fp32_unchanged), cmocka_unit_test(test_attention_bf16),
+        cmocka_unit_test(test_attention_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -356,6 +356,15 @@ int  kern_attention_init_prec(KAttn *a, int algo, int prec, int n_max, int t, in
 void kern_attention_release(KAttn *a);
 void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p);
 void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv);
+/* The same, where the caller keeps the bf16 copies of qkv and P that the forward's products
+ * make (kern_attention_keep_bytes bytes for n samples at `keep`, 64-byte aligned; 0 bytes at
+ * fp32; keep is not touched unless the products run in bf16, a->prec): the backward reads them
+ * instead of converting qkv and p again. keep must be what the forward of the same qkv wrote;
+ * the bits are the plain calls'. */
+size_t kern_attention_keep_bytes(int prec, int n, int t, int heads, int hd);
+void kern_attention_fwd_kx(KAttn *a, int n, const float *qkv, float *y, float *p, void *keep);
+void kern_attention_bwd_kx(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv,
+                           const void *keep);
 /* scratch: (T, T) floats */
 void kern_attention_fwd_ref(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
 void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n,

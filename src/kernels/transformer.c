@@ -330,7 +330,21 @@ static inline void softmax_row(float *restrict p, int len, int t) {
     for (int j = len; j < t; j++) p[j] = 0.0f;
 }
 
+/* The kept copies' layout: qkv (n, T, 3D) in bf16, then P (n, H, T, T) in bf16. */
+static size_t keep_qkv_bytes(int n, int t, int heads, int hd) {
+    return ((size_t)n * t * 3 * heads * hd * 2 + 63) / 64 * 64;
+}
+
+size_t kern_attention_keep_bytes(int prec, int n, int t, int heads, int hd) {
+    if (prec != KPREC_BF16) return 0;
+    return keep_qkv_bytes(n, t, heads, hd) + (size_t)n * heads * t * t * 2;
+}
+
 void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
+    kern_attention_fwd_kx(a, n, qkv, y, p, NULL);
+}
+
+void kern_attention_fwd_kx(KAttn *a, int n, const float *qkv, float *y, float *p, void *keep) {
     PD_ASSERTF(n <= a->n_max, "attention: %d samples, built for %d", n, a->n_max);
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -338,6 +352,10 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
     if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {
         const size_t r = (size_t)n * t;
         AttnBf16 b = attn_bf16(a, n);
+        if (keep) {   // the bf16 operands go where the backward finds them
+            b.qkv = keep;
+            b.p = (uint16_t *)((char *)keep + keep_qkv_bytes(n, t, heads, hd));
+        }
         kern_f32_to_bf16(qkv, b.qkv, r * ld);
         tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, b.qkv, b.qkv + d, p);
         if (a->causal)
@@ -381,22 +399,33 @@ static void attn_dqk(const float *q, const float *ds, float *dq, int t, int d, i
 }
 
 void kern_attention_bwd(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv) {
+    kern_attention_bwd_kx(a, n, qkv, p, dy, dqkv, NULL);
+}
+
+void kern_attention_bwd_kx(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv,
+                           const void *keep) {
     PD_ASSERTF(n <= a->n_max, "attention: %d samples, built for %d", n, a->n_max);
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
-    if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {   // the same on bf16 copies; dS reuses P's
+    if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {   // the same on bf16 copies; dS goes in scratch
         const size_t r = (size_t)n * t;
         AttnBf16 b = attn_bf16(a, n);
-        kern_f32_to_bf16(qkv, b.qkv, r * ld);
+        const uint16_t *q16 = b.qkv, *p16 = b.p;
+        if (keep) {
+            q16 = keep;
+            p16 = (const uint16_t *)((const char *)keep + keep_qkv_bytes(n, t, heads, hd));
+        } else {
+            kern_f32_to_bf16(qkv, b.qkv, r * ld);
+            kern_f32_to_bf16(p, b.p, r * heads * t);
+        }
         kern_f32_to_bf16(dy, b.dy, r * d);
-        kern_f32_to_bf16(p, b.p, r * heads * t);
-        tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, b.dy, b.qkv + 2 * d, im->ds);
-        tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, b.p, b.dy, dqkv + 2 * d);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DP, n, b.dy, q16 + 2 * d, im->ds);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DV, n, p16, b.dy, dqkv + 2 * d);
         tf_dnnl_softmax_bwd(im->softmax, n * heads * t, p, im->ds, im->ds);
         kern_f32_to_bf16(im->ds, b.p, r * heads * t);
-        tf_dnnl_attn_mm(im->mm, TF_MM_DQ, n, b.p, b.qkv + d, dqkv);
-        tf_dnnl_attn_mm(im->mm, TF_MM_DK, n, b.p, b.qkv, dqkv + d);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DQ, n, b.p, q16 + d, dqkv);
+        tf_dnnl_attn_mm(im->mm, TF_MM_DK, n, b.p, q16, dqkv + d);
         return;
     }
     if (a->algo == KTF_DNNL) {   // dP = dY V^T, dV = P^T dY, dS = softmax'(dP), dQ, dK

@@ -44,13 +44,18 @@ static size_t keep_bytes(const Layer *l, int n) {   // one projection input's bf
     return nn_align(kern_linear_keep_bytes(l->prec, n * l->in.d[0], l->cin));
 }
 
-static size_t attention_saved(const Layer *l, int n) {
-    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
-           nn_align((size_t)n * per_sample(l, 2) * sizeof(float)) + 2 * keep_bytes(l, n);
+static size_t attn_keep_bytes(const Layer *l, int n) {   // the core's bf16 qkv and P (0 at fp32)
+    return nn_align(kern_attention_keep_bytes(l->prec, n, l->in.d[0], l->k, l->cin / l->k));
 }
 
-/* xb[0], xb[1]: the bf16 copies of x and att (NULL at fp32). */
-static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p, uint16_t **xb) {
+static size_t attention_saved(const Layer *l, int n) {
+    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
+           nn_align((size_t)n * per_sample(l, 2) * sizeof(float)) + 2 * keep_bytes(l, n) + attn_keep_bytes(l, n);
+}
+
+/* xb[0], xb[1]: the bf16 copies of x and att; *ak: the core's kept copies (NULL at fp32). */
+static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p, uint16_t **xb,
+                  void **ak) {
     char *s = (char *)saved;
     *qkv = (float *)s;
     s += nn_align((size_t)n * per_sample(l, 0) * sizeof(float));
@@ -61,6 +66,7 @@ static void parts(const Layer *l, const void *saved, int n, float **qkv, float *
     size_t kb = keep_bytes(l, n);
     xb[0] = kb ? (uint16_t *)s : NULL;
     xb[1] = kb ? (uint16_t *)(s + kb) : NULL;
+    *ak = attn_keep_bytes(l, n) ? s + 2 * kb : NULL;
 }
 
 static int attention_build(Layer *l, int n_max, Err *err) {
@@ -89,9 +95,10 @@ static void attention_forward(Layer *l, const NnRun *r, const float *w, float *s
     const float *wp = w + (size_t)3 * d * d + (l->bias ? 3 * d : 0), *bp = l->bias ? wp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
     uint16_t *xb[2];
-    parts(l, saved, n, &qkv, &att, &p, xb);
+    void *ak;
+    parts(l, saved, n, &qkv, &att, &p, xb, &ak);
     kern_linear_fwd_kx(&l->lin[0], n * t, x, wqkv, bqkv, qkv, xb[0]);
-    kern_attention_fwd(&l->attn, n, qkv, att, p);
+    kern_attention_fwd_kx(&l->attn, n, qkv, att, p, ak);
     kern_linear_fwd_kx(&l->lin[1], n * t, att, wp, bp, y, xb[1]);
 }
 
@@ -104,10 +111,11 @@ static void attention_backward(Layer *l, const NnRun *r, const float *w, const f
     float *dwp = dw + (size_t)3 * d * d + boff, *dbp = l->bias ? dwp + (size_t)d * d : NULL;
     float *qkv, *att, *p;
     uint16_t *xb[2];
-    parts(l, saved, n, &qkv, &att, &p, xb);
+    void *ak;
+    parts(l, saved, n, &qkv, &att, &p, xb, &ak);
     float *dqkv = l->scratch, *datt = dqkv + (size_t)l->built_n * per_sample(l, 0);
     kern_linear_bwd_kx(&l->lin[1], n * t, att, xb[1], wp, dy, datt, dwp, dbp, KSET_DX);   /* datt written */
-    kern_attention_bwd(&l->attn, n, qkv, p, datt, dqkv);
+    kern_attention_bwd_kx(&l->attn, n, qkv, p, datt, dqkv, ak);
     kern_linear_bwd_kx(&l->lin[0], n * t, x, xb[0], wqkv, dqkv, dx, dwqkv, dbqkv, l->set & KSET_DX);
 }
 
