@@ -12,17 +12,6 @@
 
 #include <string.h>
 
-/* Before sub-layer c's backward into dk (NULL: none): fresh, dk's old contents are not wanted
- * (a buffer of this layer's, or the caller's dx told to be written: Layer.set); then c writes
- * dk if it can (KSET_DX), else dk is zeroed for it to add to. Its weight gradient always adds
- * (model.c zeroes the whole layer's part where it is to be written). */
-static void sub_set(Layer *c, float *dk, int fresh, int n) {
-    c->set = 0;
-    if (!dk || !fresh) return;
-    if (c->ops->sets & KSET_DX) c->set = KSET_DX;
-    else memset(dk, 0, (size_t)n * shape_numel(c->in) * sizeof(float));
-}
-
 /* ---- one step: y = x + chain(x); sub[0 .. n_body) is the chain ---------------------------- */
 static size_t chain_max_act(const Layer *s) {
     size_t m = shape_numel(s->in);
@@ -92,7 +81,7 @@ static void step_backward(Layer *s, const NnRun *r, const float *w, const float 
         if (k > 0) sub_bufs(s, saved, r->n, k - 1, &yp, &svp);
         float *dk = dx;   // the chain's first layer goes into dx directly
         if (k > 0) dk = pp[k & 1];
-        sub_set(c, dk, k > 0 || (s->set & KSET_DX), r->n);
+        nn_sub_set(c, dk, k > 0 || (s->set & KSET_DX), r->n);
         c->ops->backward(c, r, w + c->param_off, k > 0 ? yp : x, yk, sv, g, dk, dw + c->param_off);
         g = dk;
     }
@@ -237,7 +226,7 @@ static void block_backward(Layer *l, const NnRun *r, const float *w, const float
         if (k > 0) step_bufs(l, saved, r->n, k - 1, &yp, &svp);
         float *dk = dx;
         if (k > 0) dk = pp[k & 1];
-        sub_set(s, dk, k > 0 || (l->set & KSET_DX), r->n);
+        nn_sub_set(s, dk, k > 0 || (l->set & KSET_DX), r->n);
         s->ops->backward(s, r, w + s->param_off, k > 0 ? yp : x, k == l->n_body - 1 ? y : yk, sv, g, dk,
                          dw + s->param_off);
         g = dk;

@@ -17,7 +17,6 @@
 #endif
 #include "nn_impl.h"
 
-#include <string.h>
 
 static int parse_chain(Layer *l, const cJSON *arr, const char *key, int base, int count, Shape in, const char *ctx,
                        Err *err) {
@@ -204,9 +203,9 @@ static void residual_forward(Layer *l, const NnRun *r, const float *w, float *st
 }
 
 /* Backward through sub-layers [a, b) (one chain), from g; the chain's input gradient goes
- * to dx (+=, may be NULL). */
+ * to dx (may be NULL): written where dx_fresh (its old contents not wanted), else added. */
 static void chain_backward(Layer *l, const NnRun *r, const float *w, const float *x, const void *saved, int a, int b,
-                           const float *g, float *dx, float *dw, float *scratch) {
+                           const float *g, float *dx, int dx_fresh, float *dw, float *scratch) {
     float *pp[2] = {scratch + (size_t)r->n * shape_numel(l->out),
                     scratch + (size_t)r->n * (shape_numel(l->out) + max_act(l))};
     for (int k = b - 1; k >= a; k--) {
@@ -216,11 +215,8 @@ static void chain_backward(Layer *l, const NnRun *r, const float *w, const float
         sub_bufs(l, (void *)saved, r->n, k, &yk, &sv);
         if (k > a) sub_bufs(l, (void *)saved, r->n, k - 1, &yp, &svp);
         const float *in = k > a ? yp : x;
-        float *dk = dx;
-        if (k > a) {
-            dk = pp[k & 1];
-            memset(dk, 0, (size_t)r->n * shape_numel(s->in) * sizeof(float));
-        }
+        float *dk = k > a ? pp[k & 1] : dx;
+        nn_sub_set(s, dk, k > a || dx_fresh, r->n);
         s->lay = l->sub_lay[k];
         s->ops->backward(s, r, w + s->param_off, in, yk, sv, g, dk, dw + s->param_off);
         g = dk;
@@ -236,8 +232,9 @@ static void residual_backward(Layer *l, const NnRun *r, const float *w, const fl
     plan_call(l);
     float *dsum = scratch;   // dL/d(body + shortcut) = dy * (y > 0)
     kern_relu_mask(y, dy, dsum, cnt);
-    chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, dw, scratch);
-    if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, dw, scratch);
+    /* the body's gradient is written into dx where it may be (Layer.set), the shortcut's added */
+    chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, (l->set & KSET_DX) != 0, dw, scratch);
+    if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, 0, dw, scratch);
     else if (dx && !(l->lay & KCONV_X_BLK16) != !(l->lay & KCONV_Y_BLK16))
         add_across(NULL, dsum, dx, r->n, l->out, !!(l->lay & KCONV_X_BLK16));
     else if (dx) kern_accumulate(dx, dsum, cnt);
@@ -250,6 +247,7 @@ const LayerOps LAYER_RESIDUAL = {
     .build = residual_build,
     .release = residual_release,
     .saved_bytes = residual_saved,
+    .sets = KSET_DX,
     .forward = residual_forward,
     .backward = residual_backward,
     .layouts = residual_layouts,

@@ -607,6 +607,13 @@ size_t nnctx_bytes(const NnCtx *c) { return c->bytes; }
 float *nnctx_input(NnCtx *c) { return c->in; }
 const float *nnctx_output(const NnCtx *c) { return c->y[c->last - 1 - c->first]; }
 
+void nn_sub_set(Layer *c, float *dk, int fresh, int n) {
+    c->set = 0;
+    if (!dk || !fresh) return;
+    if (c->ops->sets & KSET_DX) c->set = KSET_DX;
+    else memset(dk, 0, (size_t)n * shape_numel(c->in) * sizeof(float));
+}
+
 int nn_layer_layouts(const Layer *l) { return l->ops->layouts && l->built_n ? l->ops->layouts(l) : 0; }
 
 /* Backwards: whether layer i's output is wanted blocked (its consumer reads it so, through a

@@ -94,6 +94,12 @@ int nn_layer_layouts(const Layer *l);
  * read it so. lay[i] gets layer i's KCONV_X_BLK16 | KCONV_Y_BLK16 (for Layer.lay). Returns 0
  * when the ends cannot be met (lay is then undefined). */
 int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay);
+/* Before a container's sub-layer c's backward into dk (NULL: none): fresh, dk's old contents
+ * are not wanted (a buffer of the container's, or the caller's dx told to be written:
+ * Layer.set); then c writes dk if it can (KSET_DX), else dk is zeroed for it to add to. Its
+ * weight gradient always adds (model.c zeroes the whole layer's part where it is to be
+ * written). */
+void nn_sub_set(Layer *c, float *dk, int fresh, int n);
 enum {
     NN_BLK_IN = 1,    /* x (and dx) may be blocked */
     NN_BLK_OUT = 2,   /* y (and dy) may be blocked */
