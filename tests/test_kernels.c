@@ -532,7 +532,15 @@ static void check_bn_blk(int n, int ch, int hw, int relu) {
         assert_memory_equal(bdg, dg, sizeof(float) * ch);
         assert_memory_equal(bdb, db, sizeof(float) * ch);
         assert_memory_equal(gye, ye, sizeof(float) * nx);
-        float *all[] = {by, bye, bsv, bdx, bdg, bdb, rm2, rv2, gy, gye, gdx};
+        /* KSET_DX: dx written over garbage, bitwise the plain kernel's onto zeros, both layouts */
+        float *zdx = pd_calloc(sizeof(float) * nx), *sdx = tk_rand(nx, 77, -5, 5), *sbdx = tk_rand(nx, 78, -5, 5);
+        kern_bn_bwd(x, gm, sv, relu ? y : NULL, dy, zdx, NULL, NULL, n, ch, hw, relu);
+        kern_bn_bwd_set(x, gm, sv, relu ? y : NULL, dy, sdx, NULL, NULL, n, ch, hw, relu, KSET_DX);
+        kern_bn_bwd_blk16_set(bx, gm, bsv, relu ? by : NULL, bdy, sbdx, NULL, NULL, n, ch, hw, relu, KSET_DX);
+        float *gsdx = bn_to_blk(sbdx, n, ch, hw, 1);
+        assert_memory_equal(sdx, zdx, sizeof(float) * nx);
+        assert_memory_equal(gsdx, zdx, sizeof(float) * nx);
+        float *all[] = {by, bye, bsv, bdx, bdg, bdb, rm2, rv2, gy, gye, gdx, zdx, sdx, sbdx, gsdx};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
     }
     kern_set_threads(1);

@@ -22,6 +22,7 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
 #include <math.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -71,7 +72,7 @@ typedef struct BnJob {
     const float *x, *gamma, *beta, *saved, *y, *dy;
     float *yo, *rm, *rv, *so, *dx, *dgamma, *dbeta;
     const float *crm, *crv;
-    int n, c, hw, relu;
+    int n, c, hw, relu, set;   /* set: dx written (as onto zeros), not added to */
     float eps, momentum;
 } BnJob;
 
@@ -177,6 +178,7 @@ static void bwd_r(void *p, size_t c0, size_t c1) {
             size_t o = ((size_t)i * c + ch) * hw;
             const float *restrict xp = j->x + o, *restrict gp = j->dy + o;
             float *restrict dp = j->dx + o;
+            if (j->set) memset(dp, 0, (size_t)hw * sizeof(float));   // this plane, while it is in cache
             if (relu) {
                 const float *restrict yp = j->y + o;
                 for (int q = 0; q < hw; q++) {
@@ -213,9 +215,14 @@ void kern_bn_fwd_eval(const float *x, const float *gamma, const float *beta, flo
 /* dx += gamma * inv_std * (g - mean(g) - xh * mean(g * xh)), xh = (x - mean) * inv_std. */
 void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *y, const float *dy, float *dx,
                  float *dgamma, float *dbeta, int n, int c, int hw, int relu) {
+    kern_bn_bwd_set(x, gamma, saved, y, dy, dx, dgamma, dbeta, n, c, hw, relu, 0);
+}
+
+void kern_bn_bwd_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                     float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set) {
     PD_ASSERT(!relu || y);
     BnJob j = {.x = x, .gamma = gamma, .saved = saved, .y = y, .dy = dy, .dx = dx, .dgamma = dgamma, .dbeta = dbeta,
-               .n = n, .c = c, .hw = hw, .relu = relu};
+               .n = n, .c = c, .hw = hw, .relu = relu, .set = (set & KSET_DX) != 0};
     kern_parallel_for((size_t)c, ch_grain(n, hw), 1, bwd_r, &j);
 }
 
@@ -310,7 +317,7 @@ typedef struct BlkJob {
     const float *x, *y, *dy;
     float *yo, *dx;
     float *m, *a, *b, *k0, *pa, *pb;
-    int nb, hw, relu, pass;
+    int nb, hw, relu, pass, set;   /* set: P_BWD_DX writes dx (as onto zeros) */
 } BlkJob;
 enum { P_SUM, P_SUMSQ, P_AFFINE, P_BWD_SUMS, P_BWD_DX };
 
@@ -332,6 +339,7 @@ static void blk_pass_r(void *p, size_t u0, size_t u1) {
             const float *restrict xp = j->x + o, *restrict gp = j->dy + o, *restrict mp = j->m + c0;
             const float *restrict k1 = j->a + c0, *restrict k2 = j->b + c0, *restrict k0 = j->k0 + c0;
             float *restrict dp = j->dx + o;
+            if (j->set) memset(dp, 0, (size_t)hw * LANES * sizeof(float));
             if (j->relu) {
                 const float *restrict yp = j->y + o;
                 for (int q = 0; q < hw * LANES; q += LANES)
@@ -415,9 +423,14 @@ void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *bet
 
 void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
                        float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu) {
+    kern_bn_bwd_blk16_set(x, gamma, saved, y, dy, dx, dgamma, dbeta, n, c, hw, relu, 0);
+}
+
+void kern_bn_bwd_blk16_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                           float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set) {
     PD_ASSERT(c % LANES == 0 && (!relu || y));
     BlkJob j = blk_job(n, c, hw, relu);
-    j.x = x, j.y = y, j.dy = dy, j.dx = dx;
+    j.x = x, j.y = y, j.dy = dy, j.dx = dx, j.set = (set & KSET_DX) != 0;
     const double cnt = (double)n * hw;
     for (int ch = 0; ch < c; ch++) j.m[ch] = saved[ch];
     blk_pass(&j, P_BWD_SUMS, n);

@@ -237,6 +237,12 @@ void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *bet
                             const float *running_var, int n, int c, int hw, float eps, int relu);
 void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
                        float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu);
+/* The backwards with set & KSET_DX: dx written, bitwise as onto zeros (its old contents not
+ * read). */
+void kern_bn_bwd_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                     float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set);
+void kern_bn_bwd_blk16_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                           float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set);
 void kern_bn_fwd_train_ref(const float *x, const float *gamma, const float *beta, float *y,
                            float *running_mean, float *running_var, float *saved, int n, int c, int hw,
                            float eps, float momentum);

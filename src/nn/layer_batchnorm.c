@@ -65,11 +65,13 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
     const float *sv = saved;
     const int blk = l->lay & KCONV_X_BLK16;
     if (r->train) {   // the fused relu's mask (y > 0) is applied inside the kernel
-        (blk ? kern_bn_bwd_blk16 : kern_bn_bwd)(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu);
+        (blk ? kern_bn_bwd_blk16_set : kern_bn_bwd_set)(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu,
+                                                        l->set);
         return;
     }
     /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics (not on the
      * training path: serial); element p of channel k, sample i at o + p * ps */
+    if (dx && (l->set & KSET_DX)) memset(dx, 0, (size_t)r->n * c * hw * sizeof(float));
     for (int k = 0; k < c; k++) {
         double sg = 0, sb = 0;
         float g = w[k], mean = sv[k], istd = sv[c + k];
@@ -103,5 +105,6 @@ const LayerOps LAYER_BATCHNORM = {
     .init_state = bn_init_state,
     .forward = bn_forward,
     .backward = bn_backward,
+    .sets = KSET_DX,
     .layouts = bn_layouts,
 };
