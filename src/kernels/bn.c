@@ -321,6 +321,22 @@ typedef struct BlkJob {
 } BlkJob;
 enum { P_SUM, P_SUMSQ, P_AFFINE, P_BWD_SUMS, P_BWD_DX };
 
+/* One plane's dx: += (or, set, = 0.0f +, bitwise the same onto zeros) k1 g + k2 (x - m) + k0,
+ * g masked by y > 0 under relu; relu and set constant at each call, so each case compiles to
+ * its own loop. */
+static inline __attribute__((always_inline)) void bwd_dx_blk(float *restrict dp, const float *restrict xp,
+                                                             const float *restrict gp, const float *restrict yp,
+                                                             const BlkJob *j, size_t c0, int hw, int relu, int set) {
+    const float *restrict mp = j->m + c0, *restrict k1 = j->a + c0, *restrict k2 = j->b + c0, *restrict k0 = j->k0 + c0;
+    for (int q = 0; q < hw * LANES; q += LANES)
+        for (int l = 0; l < LANES; l++) {
+            const float g = !relu || yp[q + l] > 0.0f ? gp[q + l] : 0.0f;
+            const float v = k1[l] * g + k2[l] * (xp[q + l] - mp[l]) + k0[l];
+            if (set) dp[q + l] = 0.0f + v;
+            else dp[q + l] += v;
+        }
+}
+
 static void blk_pass_r(void *p, size_t u0, size_t u1) {
     const BlkJob *j = p;
     const int nb = j->nb, hw = j->hw;
@@ -336,21 +352,12 @@ static void blk_pass_r(void *p, size_t u0, size_t u1) {
                          j->pb + u * LANES);
             break;
         case P_BWD_DX: {
-            const float *restrict xp = j->x + o, *restrict gp = j->dy + o, *restrict mp = j->m + c0;
-            const float *restrict k1 = j->a + c0, *restrict k2 = j->b + c0, *restrict k0 = j->k0 + c0;
-            float *restrict dp = j->dx + o;
-            if (j->set) memset(dp, 0, (size_t)hw * LANES * sizeof(float));
-            if (j->relu) {
-                const float *restrict yp = j->y + o;
-                for (int q = 0; q < hw * LANES; q += LANES)
-                    for (int l = 0; l < LANES; l++) {
-                        float g = yp[q + l] > 0.0f ? gp[q + l] : 0.0f;
-                        dp[q + l] += k1[l] * g + k2[l] * (xp[q + l] - mp[l]) + k0[l];
-                    }
-            } else {
-                for (int q = 0; q < hw * LANES; q += LANES)
-                    for (int l = 0; l < LANES; l++) dp[q + l] += k1[l] * gp[q + l] + k2[l] * (xp[q + l] - mp[l]) + k0[l];
-            }
+            const float *xp = j->x + o, *gp = j->dy + o, *yp = j->relu ? j->y + o : NULL;
+            float *dp = j->dx + o;
+            if (j->relu && j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 1);
+            else if (j->relu) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 0);
+            else if (j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 1);
+            else bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 0);
             break;
         }
         }
