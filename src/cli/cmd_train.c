@@ -3,6 +3,7 @@
  * RtTrainSpec; the session (rt_train, runtime.h) runs it: one worker is one stage of the whole
  * model on one thread, --workers N threads of this process, or the ranks of an MPI job
  * (mpirun ... --plan PLAN.json); the summary and its files are train_report.c's. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -15,7 +16,7 @@
 
 typedef struct TrainOpts {
     const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
-        *save, *calibrated, *progress_file;
+        *save, *calibrated, *calibrated_cluster, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
         lr_sched, warmup, decay_steps, wire, precision;
@@ -178,6 +179,9 @@ static const Flag FLAGS[] = {
     STR("--profile", "FILE", profile, "profile for the simulator's predicted times (default: the one made without --plan)"),
     STR("--calibrated-profile", "FILE", calibrated,
         "with --profile: write it again with each stage's layers scaled to the compute this run measured, to re-plan from"),
+    STR("--calibrated-cluster", "FILE", calibrated_cluster,
+        "with --profile and a plan whose workers share cores: write the plan's cluster with the core efficiency at "
+        "which the simulator predicts this run's time per unit, to re-plan from (plan --cluster)"),
     STR("--progress-file", "FILE.jsonl", progress_file,
         "at every checkpoint, append a JSON line: each rank's compute, wait and busy ms per unit "
         "of the segment beside the prediction (with --profile; pipedream launch reads it)"),
@@ -357,6 +361,31 @@ static int write_calibrated(const char *path, Profile *prof, const Plan *plan, c
     return PD_OK;
 }
 
+/* --calibrated-cluster: the plan's cluster with core_efficiency fitted to this run (rt_summarize).
+ * Rank 0, after the run. */
+static int write_calibrated_cluster(const char *path, const Plan *plan, const RtTrainSummary *sum, Err *err) {
+    if (!isfinite(sum->fitted_core_efficiency))
+        return err_set(err, PD_EINVAL, "--calibrated-cluster: no core efficiency to write: %s", sum->fitted_note);
+    Cluster cl = plan->cluster;
+    cl.core_efficiency = sum->fitted_core_efficiency;
+    cJSON *o = cJSON_CreateObject();
+    PD_ASSERT(o);
+    cluster_to_json(&cl, o);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    PD_ASSERT(text);
+    size_t len = strlen(text);
+    text[len] = '\n';   /* cJSON_Print's terminator becomes the file's last newline */
+    int rc = pd_write_file_atomic(path, text, len + 1, err);
+    free(text);
+    if (rc) return rc;
+    fprintf(stderr, "calibrated cluster: %s (core efficiency %.3f, was %.3f: the simulator then predicts %.3f ms per unit, "
+            "the run measured %.3f; %s)\n", path, sum->fitted_core_efficiency,
+            plan->cluster.core_efficiency > 0 ? plan->cluster.core_efficiency : 1.0, sum->fitted_time_per_unit_ms,
+            sum->time_per_unit_ms, sum->fitted_note);
+    return PD_OK;
+}
+
 int cmd_train(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help();
@@ -421,9 +450,15 @@ int cmd_train(int argc, char **argv) {
                         .progress = pd_stderr_is_tty() ? 1 : (o.progress || mpi) ? 2 : 0, .nan_check = o.nan_check,
                         .profile = have_prof ? &prof : NULL, .progress_file = o.progress_file, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
-                        .recompute = o.recompute, .save = o.save, .precision = o.precision};
+                        .recompute = o.recompute, .save = o.save, .precision = o.precision,
+                        .fit_core_efficiency = o.calibrated_cluster != NULL};
     if (o.calibrated && !have_prof) {
         rc = err_set(&err, PD_EINVAL, "--calibrated-profile needs --profile (the profile to calibrate)");
+        goto out;
+    }
+    if (o.calibrated_cluster && (!have_prof || !plan || plan->cluster.cores_per_machine <= 0)) {
+        rc = err_set(&err, PD_EINVAL, "--calibrated-cluster needs --profile and a --plan made with --cores (workers "
+                     "sharing a machine's cores: the core efficiency says how fast they compute then)");
         goto out;
     }
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
@@ -432,6 +467,7 @@ int cmd_train(int argc, char **argv) {
         TrainOutputs outs = {.metrics = o.metrics, .log_every = o.log_every, .trace = o.trace, .svg = o.svg,
                              .curve = o.curve};
         rc = train_report(&sum, &outs, &err);
+        if (!rc && o.calibrated_cluster) rc = write_calibrated_cluster(o.calibrated_cluster, plan, &sum, &err);
     }
 out:
     rt_train_summary_release(&sum);

@@ -903,6 +903,68 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
     return rc;
 }
 
+/* The simulator's time per unit for the run's schedule at core efficiency e (NAN on error). */
+static double sim_at(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e) {
+    Cluster cl = *so->cluster;
+    cl.core_efficiency = e;
+    SimOpts o = *so;
+    o.cluster = &cl;
+    SimResult r;
+    Err err = {0};
+    if (sim_run(s, costs, &o, &r, &err) != PD_OK) return NAN;
+    double t = s->n_units > 0 ? 1e3 * r.makespan_s / s->n_units : NAN;
+    sim_result_release(&r);
+    return t;
+}
+
+/* RtTrainSpec.fit_core_efficiency: the core efficiency E in [0.05, 1] at which the simulator's
+ * run of these units takes the measured time per unit. The prediction falls as E rises
+ * (cluster_core_efficiency: every share of a busy machine's cores scales by E), so a
+ * bisection: 30 halvings, E to 1e-9. Where even E = 1 predicts slower than measured (or
+ * E = 0.05 faster), that bound; where E does not enter (workers do not share cores), NAN.
+ * fitted_note says which. */
+static void fit_core_efficiency(const Schedule *s, const SimCosts *costs, const SimOpts *so, RtTrainSummary *out) {
+    const double want = out->time_per_unit_ms;
+    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = NAN;
+    if (!so->cluster || so->cluster->cores_per_machine <= 0) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
+                 "workers do not share cores, and the core efficiency does not enter the prediction");
+        return;
+    }
+    if (!(want > 0)) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "no time per unit was measured");
+        return;
+    }
+    double lo = 0.05, hi = 1.0, t_hi = sim_at(s, costs, so, hi), t_lo = sim_at(s, costs, so, lo);
+    if (!(t_hi > 0) || !(t_lo > 0)) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
+        return;
+    }
+    if (t_lo - t_hi < 1e-6 * t_hi) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the core efficiency "
+                 "here (no more computing workers than cores)");
+        return;
+    }
+    if (want <= t_hi || want >= t_lo) {   /* the nearest the model comes: a bound */
+        const int fast = want <= t_hi;
+        out->fitted_core_efficiency = fast ? hi : lo;
+        out->fitted_time_per_unit_ms = fast ? t_hi : t_lo;
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
+                 "predicts at core efficiency %g (%.3f): %g is the nearest", want, fast ? "faster" : "slower",
+                 fast ? hi : lo, fast ? t_hi : t_lo, fast ? hi : lo);
+        return;
+    }
+    for (int i = 0; i < 30; i++) {
+        double mid = 0.5 * (lo + hi), t = sim_at(s, costs, so, mid);
+        if (!(t > 0)) break;
+        if (t > want) lo = mid;
+        else hi = mid;
+    }
+    out->fitted_core_efficiency = 0.5 * (lo + hi);
+    out->fitted_time_per_unit_ms = sim_at(s, costs, so, out->fitted_core_efficiency);
+    snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
+}
+
 void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, const char *transport, int64_t n_train,
                   double mean, double std, RtTrainSummary *out) {
     RtWorkerResult *res = out->res;
@@ -966,6 +1028,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->overhead_pct = 100 * overhead;
     out->data_mean = mean, out->data_std = std;
     out->predicted_time_per_unit_ms = out->predicted_steady_ms = NAN;
+    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = NAN;
+    snprintf(out->fitted_note, sizeof out->fitted_note, "%s", sp->fit_core_efficiency ? "no profile given" : "not asked");
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
@@ -1054,6 +1118,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
         sim_result_release(&sr);
         snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
+        if (sp->fit_core_efficiency) fit_core_efficiency(s, &costs, &so, out);
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }

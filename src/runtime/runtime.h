@@ -377,6 +377,8 @@ typedef struct RtTrainSpec {
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
     const char *save;            /* write the final weights here (rt_weights_save); NULL: no file */
     int precision;               /* RtConfig.precision */
+    int fit_core_efficiency;     /* with a profile: find the core efficiency at which the simulator
+                                  * predicts the run's time per unit (RtTrainSummary.fitted_*) */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -429,6 +431,11 @@ typedef struct RtTrainSummary {
                                           * (the run's wall time over its units) should be */
     double predicted_steady_ms;          /* the simulator's steady state per unit (sim.h's
                                           * time_per_unit_s): the figure a long run approaches */
+    /* RtTrainSpec.fit_core_efficiency: the plan's cluster's core_efficiency at which the
+     * simulator's run of the same units takes the measured time per unit (NAN: not fitted;
+     * fitted_note says why), and that prediction */
+    double fitted_core_efficiency, fitted_time_per_unit_ms;
+    char fitted_note[160];
     uint64_t resumed_from;       /* minibatches done by the checkpoint resumed from (0: fresh) */
     int checkpoints;             /* written by this run */
     char last_checkpoint[4096];  /* path of the newest agreed checkpoint, "" if none */
