@@ -253,6 +253,40 @@ for x, y in zip(a, b):
     assert abs(y["predicted_ms_per_unit"] - x["measured_ms_per_unit"]) <= 1e-6 * x["measured_ms_per_unit"], (x, y)
 PY
         errs "$m" calnp "needs --profile" -- --calibrated-profile "$tmp/$m.x.json" ;;
+    --calibrated-cluster)   # the fitted core efficiency makes the simulator predict what the run measured
+        if [ "$m" = one ]; then
+            errs "$m" ccnp "needs --profile and a --plan made with --cores" -- --calibrated-cluster "$tmp/x.json"
+            return
+        fi
+        errs "$m" ccnc "made with --cores" -- --profile "$tmp/prof.json" --calibrated-cluster "$tmp/$m.x.json"
+        "$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e10 --cores 1 --straight -o "$tmp/pc.json" >/dev/null 2>&1 ||
+            fail "plan --cores 1"
+        ok "$m" cc0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json"
+        # the profile scaled so that at core efficiency 1 the simulator predicts a third of what
+        # that run measured: the fit lands inside (0.05, 1), near 1/3 if this run is as fast
+        python3 - "$tmp/prof.json" "$tmp/$m.cc0.out" "$tmp/$m.sprof.json" <<'PY' || fail "$m: scaling the profile"
+import json, sys
+p, s = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+k = s["time_per_unit_ms"] / (3 * s["predicted_time_per_unit_ms"])
+for l in p["layers"]:
+    for f in list(l):
+        if f.endswith("_s"): l[f] *= k
+json.dump(p, open(sys.argv[3], "w"))
+PY
+        ok "$m" cc -- --plan "$tmp/pc.json" --profile "$tmp/$m.sprof.json" --calibrated-cluster "$tmp/$m.cc.json"
+        python3 - "$tmp/$m.cc.err" "$tmp/$m.cc.json" "$tmp/$m.cc.out" <<'PY' || fail "$m: --calibrated-cluster: $(grep calibrated "$tmp/$m.cc.err")"
+import json, re, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
+e, pred, meas = map(float, re.search(r"core efficiency ([0-9.]+), was [0-9.]+: the simulator then predicts ([0-9.]+) "
+                                     r"ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
+assert 0.05 < e < 1 and abs(pred - meas) <= 2e-3 * meas, line
+c = json.load(open(sys.argv[2]))
+s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+assert c["cores_per_machine"] == 1 and abs(c["core_efficiency"] - e) < 1e-3 and c["core_efficiency"] == s["fitted_core_efficiency"]
+PY
+        "$PD" plan "$tmp/prof.json" --cluster "$tmp/$m.cc.json" --straight -o "$tmp/$m.pc2.json" >/dev/null 2>&1 ||
+            fail "$m: plan --cluster on the calibrated cluster"
+        want "$m" plain fitted_core_efficiency null ;;
     --trace) python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/$m.trace.json" ||
         fail "$m: --trace" ;;
     --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
