@@ -13,6 +13,9 @@
 # usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
 #   STEPS (80), NET_CPU (0: plan without the network's CPU), CORE_EFF (E instead of measuring it), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
+#   CALIBRATE (0): at every rate, first CALIBRATE minibatches of CAL_KIND (1f1b) on the plan with
+#   `train --calibrated-cluster`, and the plan made again on the fitted cluster; every schedule
+#   is then predicted from that plan (the calibration run itself is not in the table).
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,14 @@ for r in $RATES; do
     log "$r: network CPU $nc s per byte"
     "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
         --net-cpu "$nc" --core-efficiency "$CE" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+    if [ "${CALIBRATE:-0}" -gt 0 ]; then
+        timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+            --plan "$OUT/straight-$r.json" --schedule "${CAL_KIND:-1f1b}" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
+            --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r.json" \
+            >"$OUT/raw/$r-calibrate.json" 2>"$OUT/raw/$r-calibrate.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$r-calibrate.err")"; exit 1; }
+        log "$r: $(grep '^calibrated cluster:' "$OUT/raw/$r-calibrate.err" | cut -c1-220)"
+        "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+    fi
     for rep in $(seq "$REPS"); do
         for k in $KINDS; do
             id=$r-$k-$rep
