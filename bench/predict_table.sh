@@ -41,7 +41,7 @@ for r in $RATES; do
             --plan "$OUT/straight-$r.json" --schedule "${CAL_KIND:-1f1b}" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
             --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r.json" \
             >"$OUT/raw/$r-calibrate.json" 2>"$OUT/raw/$r-calibrate.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$r-calibrate.err")"; exit 1; }
-        log "$r: $(grep '^calibrated cluster:' "$OUT/raw/$r-calibrate.err" | cut -c1-220)"
+        log "$r: $(grep "^calibrated cluster:" "$OUT/raw/$r-calibrate.err")"
         "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     fi
     for rep in $(seq "$REPS"); do
