@@ -371,13 +371,8 @@ static int write_calibrated_cluster(const char *path, const Plan *plan, const Rt
     cJSON *o = cJSON_CreateObject();
     PD_ASSERT(o);
     cluster_to_json(&cl, o);
-    char *text = cJSON_Print(o);
+    int rc = pd_json_save(o, path, err);
     cJSON_Delete(o);
-    PD_ASSERT(text);
-    size_t len = strlen(text);
-    text[len] = '\n';   /* cJSON_Print's terminator becomes the file's last newline */
-    int rc = pd_write_file_atomic(path, text, len + 1, err);
-    free(text);
     if (rc) return rc;
     fprintf(stderr, "calibrated cluster: %s (core efficiency %.3f, was %.3f: the simulator then predicts %.3f ms per unit, "
             "the run measured %.3f; %s)\n", path, sum->fitted_core_efficiency,

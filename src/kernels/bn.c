@@ -22,7 +22,6 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
 #include <math.h>
-#include <string.h>
 
 #include "kernels.h"
 
@@ -152,6 +151,21 @@ static inline void bwd_sums(const float *restrict x, const float *restrict y, co
     *sgx = t;
 }
 
+/* One plane's dx (hw elements of one channel): += (or, set, = 0.0f +, bitwise the same onto
+ * zeros) k1 g + k2 (x - mean) + k0, g masked by y > 0 under relu; relu and set constant at each
+ * call, so each case compiles to its own loop. */
+static inline __attribute__((always_inline)) void bwd_dx_plane(float *restrict dp, const float *restrict xp,
+                                                               const float *restrict gp, const float *restrict yp,
+                                                               float k1, float k2, float k0, float mean, int hw,
+                                                               int relu, int set) {
+    for (int q = 0; q < hw; q++) {
+        const float g = !relu || yp[q] > 0.0f ? gp[q] : 0.0f;
+        const float v = k1 * g + k2 * (xp[q] - mean) + k0;
+        if (set) dp[q] = 0.0f + v;
+        else dp[q] += v;
+    }
+}
+
 static void bwd_r(void *p, size_t c0, size_t c1) {
     const BnJob *j = p;
     const int n = j->n, c = j->c, hw = j->hw, relu = j->relu;
@@ -176,18 +190,12 @@ static void bwd_r(void *p, size_t c0, size_t c1) {
         const float k0 = (float)(-(double)g0 * inv_std * sdy / cnt);
         for (int i = 0; i < n; i++) {
             size_t o = ((size_t)i * c + ch) * hw;
-            const float *restrict xp = j->x + o, *restrict gp = j->dy + o;
-            float *restrict dp = j->dx + o;
-            if (j->set) memset(dp, 0, (size_t)hw * sizeof(float));   // this plane, while it is in cache
-            if (relu) {
-                const float *restrict yp = j->y + o;
-                for (int q = 0; q < hw; q++) {
-                    float g = yp[q] > 0.0f ? gp[q] : 0.0f;
-                    dp[q] += k1 * g + k2 * (xp[q] - mean) + k0;
-                }
-            } else {
-                for (int q = 0; q < hw; q++) dp[q] += k1 * gp[q] + k2 * (xp[q] - mean) + k0;
-            }
+            const float *xp = j->x + o, *gp = j->dy + o, *yp = relu ? j->y + o : NULL;
+            float *dp = j->dx + o;
+            if (relu && j->set) bwd_dx_plane(dp, xp, gp, yp, k1, k2, k0, mean, hw, 1, 1);
+            else if (relu) bwd_dx_plane(dp, xp, gp, yp, k1, k2, k0, mean, hw, 1, 0);
+            else if (j->set) bwd_dx_plane(dp, xp, gp, yp, k1, k2, k0, mean, hw, 0, 1);
+            else bwd_dx_plane(dp, xp, gp, yp, k1, k2, k0, mean, hw, 0, 0);
         }
     }
 }

@@ -185,8 +185,9 @@ void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, f
  * Six matmul primitives over all (sample, head) pairs at once, on strided views of the fused
  * qkv buffer (N, T, 3D) and of y / dy (N, T, D), no copies: scores P = scale Q K^T, values
  * Y = P V; backward dP = dY V^T, dV = P^T dY, dQ = scale dS K, dK = scale dS^T Q (each writes
- * its own third of dqkv's columns, so dqkv needs no zeroing first). Their scratchpads are ours (one buffer for all); the gemm oneDNN runs inside
- * still takes a packing buffer from malloc per call (see transformer.c). */
+ * its own third of dqkv's columns, so dqkv needs no zeroing first). Their scratchpads are ours
+ * (one buffer for all); the gemm oneDNN runs inside still takes a packing buffer from malloc
+ * per call (see transformer.c). */
 enum { MM_SCORES, MM_VALUES, MM_DP, MM_DV, MM_DQ, MM_DK, MM_COUNT };
 
 typedef struct MmSlot {
