@@ -433,13 +433,67 @@ static void test_attention_keep(void **state) {
     pd_free(want);
 }
 
+/* bf16 convolution: the forward's converted x, kept (kern_conv2d_fwd_kx), is pd_bf16_pack's
+ * in the primitives' layout (nChw16c: with 16 channels, NHWC), and the backward reads it instead
+ * of converting x again: the same bits, at n_max and at a second batch size; a kept x with its
+ * signs flipped negates dW exactly and leaves dx and db. At float32 nothing is kept. */
+static void test_conv_keep(void **state) {
+    (void)state;
+    const int nmax = 4, c = 16, hw = 8, k = 32;
+    Err err = {0};
+    KConv cv;
+    assert_int_equal(kern_conv2d_init_prec(&cv, KCONV_AUTO, KPREC_BF16, nmax, c, hw, hw, k, 3, 3, 1, 1, 1, 0, &err),
+                     PD_OK);
+    assert_int_equal(cv.prec, KPREC_BF16);
+    assert_true(kern_conv2d_layouts(&cv) & KCONV_X_BLK16);
+    const size_t plane = (size_t)hw * hw, nw = (size_t)k * c * 9;
+    assert_int_equal(kern_conv2d_keep_bytes(&cv, nmax), (size_t)nmax * c * plane * 2);
+    assert_int_equal(kern_conv2d_keep_bytes(&cv, 3), (size_t)3 * c * plane * 2);
+    for (int n = nmax; n >= 3; n--) {
+        const size_t nx = (size_t)n * c * plane, ny = (size_t)n * k * plane;
+        float *x = tk_rand(nx, 41 + n, -1, 1), *w = tk_rand(nw, 42, -1, 1), *b = tk_rand(k, 43, -1, 1),
+              *dy = tk_rand(ny, 44, -1, 1);
+        float *y0 = pd_alloc_f32(ny), *y1 = pd_alloc_f32(ny), *dx0 = pd_alloc_f32(nx), *dx1 = pd_alloc_f32(nx);
+        float *dw0 = pd_alloc_f32(nw), *dw1 = pd_alloc_f32(nw), *db0 = pd_alloc_f32(k), *db1 = pd_alloc_f32(k);
+        uint16_t *keep = pd_alloc(nx * 2), *want = pd_alloc(nx * 2);
+        float *nhwc = pd_alloc_f32(nx);
+        kern_conv2d_fwd(&cv, n, x, w, b, y0);
+        kern_conv2d_fwd_kx(&cv, n, 0, x, w, b, y1, keep);
+        assert_memory_equal(y0, y1, ny * sizeof(float));
+        for (int s = 0; s < n; s++)
+            for (size_t i = 0; i < plane; i++)
+                for (int ch = 0; ch < c; ch++) nhwc[((size_t)s * plane + i) * c + ch] = x[((size_t)s * c + ch) * plane + i];
+        pd_bf16_pack(nhwc, want, nx);
+        assert_memory_equal(keep, want, nx * 2);
+        kern_conv2d_bwd_set(&cv, n, 0, KSET_DX | KSET_DW, x, w, y0, dy, dx0, dw0, db0);
+        kern_conv2d_bwd_kx(&cv, n, 0, KSET_DX | KSET_DW, x, keep, w, y0, dy, dx1, dw1, db1);
+        assert_memory_equal(dx0, dx1, nx * sizeof(float));
+        assert_memory_equal(dw0, dw1, nw * sizeof(float));
+        assert_memory_equal(db0, db1, k * sizeof(float));
+        for (size_t i = 0; i < nx; i++) keep[i] ^= 0x8000;
+        kern_conv2d_bwd_kx(&cv, n, 0, KSET_DX | KSET_DW, x, keep, w, y0, dy, dx1, dw1, db1);
+        assert_memory_equal(dx0, dx1, nx * sizeof(float));
+        assert_memory_equal(db0, db1, k * sizeof(float));
+        for (size_t i = 0; i < nw; i++) assert_true(dw1[i] == -dw0[i]);
+        float *all[] = {x, w, b, dy, y0, y1, dx0, dx1, dw0, dw1, db0, db1, nhwc};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+        pd_free(keep);
+        pd_free(want);
+    }
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init_prec(&cv, KCONV_AUTO, KPREC_FP32, nmax, c, hw, hw, k, 3, 3, 1, 1, 1, 0, &err),
+                     PD_OK);
+    assert_int_equal(kern_conv2d_keep_bytes(&cv, nmax), 0);
+    kern_conv2d_release(&cv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precision_names),   cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_linear_bf16),       cmocka_unit_test(test_linear_keep),
         cmocka_unit_test(test_conv_bf16),
         cmocka_unit_test(test_conv_fp32_unchanged), cmocka_unit_test(test_attention_bf16),
-        cmocka_unit_test(test_attention_keep),
+        cmocka_unit_test(test_attention_keep),     cmocka_unit_test(test_conv_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -315,11 +315,21 @@ void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float 
     kern_conv2d_bwd_set(cv, n, lay, 0, x, w, y, dy, dx, dw, db);
 }
 
+size_t kern_conv2d_keep_bytes(const KConv *cv, int n) {
+    const ConvImpl *im = cv->impl;
+    return im && im->dnnl ? conv_dnnl_keep_bytes(im->dnnl, n) : 0;
+}
+
 void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y) {
+    kern_conv2d_fwd_kx(cv, n, lay, x, w, b, y, NULL);
+}
+
+void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y,
+                        void *keep) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
-        conv_dnnl_fwd(im->dnnl, cv, n, lay, x, w, b, y);
+        conv_dnnl_fwd(im->dnnl, cv, n, lay, x, w, b, y, keep);
         return;
     }
     PD_ASSERTF((lay & ~kern_conv2d_layouts(cv)) == 0, "conv2d (im2col): layout %d", lay);
@@ -362,10 +372,15 @@ void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float 
 
 void kern_conv2d_bwd_set(KConv *cv, int n, int lay, int set, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db) {
+    kern_conv2d_bwd_kx(cv, n, lay, set, x, NULL, w, y, dy, dx, dw, db);
+}
+
+void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, const void *keep, const float *w,
+                        const float *y, const float *dy, float *dx, float *dw, float *db) {
     PD_ASSERTF(n >= 0 && n <= cv->n_max, "n=%d n_max=%d", n, cv->n_max);
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
-        conv_dnnl_bwd(im->dnnl, cv, n, lay, set, x, w, y, dy, dx, dw, db);
+        conv_dnnl_bwd(im->dnnl, cv, n, lay, set, x, keep, w, y, dy, dx, dw, db);
         return;
     }
     PD_ASSERTF((lay & ~kern_conv2d_layouts(cv)) == 0, "conv2d (im2col): layout %d", lay);

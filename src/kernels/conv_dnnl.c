@@ -53,6 +53,8 @@ typedef struct Prims {
     size_t sp_f, sp_b;                     /* scratchpad bytes: forward, backward (larger of two) */
     int share_ddst;                        /* w_ddst's layout is d_ddst's */
     int blk;                               /* KCONV_X_BLK16 | KCONV_Y_BLK16: layouts callers may use */
+    int keep;                              /* bf16: backward-weights reads x in f_src's layout, so a
+                                            * forward's converted x may be kept for it */
     size_t arena;                          /* bytes of KSCR_CONV scratch a call may need */
     Port f_src, f_wei, f_dst;              /* forward */
     Port d_ddst, d_wei, d_dsrc;            /* backward data (d_dsrc accumulates) */
@@ -64,6 +66,7 @@ struct ConvDnnl {
     dnnl_engine_t eng;
     dnnl_stream_t st;
     int use_any;
+    size_t keep_per_sample;   /* bytes of kept bf16 x per sample (n_max's); 0: none kept */
     Prims slot[2];   /* [0]: n_max, [1]: the last other n */
     float *dbias;    /* (K) */
 };
@@ -293,6 +296,11 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
         dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md), &dstm_b) &&
         dnnl_memory_desc_equal(qmd(wpd, dnnl_query_diff_dst_md), &dstm_b))
         p->blk |= KCONV_Y_BLK16;
+    /* the forward's converted x can serve backward-weights: bf16, the same layout, and (for a
+     * batch size other than n_max) the size n_max's per sample promised the caller */
+    p->keep = cv->prec == KPREC_BF16 && p->f_src.cvt && p->w_src.cvt &&
+              dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), qmd(wpd, dnnl_query_src_md)) &&
+              p->f_src.bytes % (size_t)n == 0 && (n == cv->n_max || p->f_src.bytes == d->keep_per_sample * (size_t)n);
     if (cv->has_bias) {
         CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
         CK(dnnl_memory_create(&p->w_dbias, &bias_u, d->eng, d->dbias));
@@ -339,6 +347,7 @@ int conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err) {
     CK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&d->st, d->eng, dnnl_stream_default_flags));
     rc = prims_init(d, cv, cv->n_max, 0, &d->slot[0], err);
+    if (!rc && d->slot[0].keep) d->keep_per_sample = d->slot[0].f_src.bytes / (size_t)cv->n_max;
 done:
     if (rc) conv_dnnl_free(d);
     else *out = d;
@@ -384,8 +393,10 @@ static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, int blk
 
 int conv_dnnl_layouts(const ConvDnnl *d) { return d->slot[0].blk; }
 
+size_t conv_dnnl_keep_bytes(const ConvDnnl *d, int n) { return d->keep_per_sample * (size_t)n; }
+
 void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *b,
-                   float *y) {
+                   float *y, void *keep) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
     PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
@@ -394,7 +405,8 @@ void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     set(p->sp_fwd, base + f.sp);
     const int yb = lay & KCONV_Y_BLK16, out_reorder = p->f_dst.reorder && !yb;
     set(p->f_dst.prim, out_reorder ? base + f.dst : (void *)y);
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK16, base + f.src)},
+    char *src_at = keep && p->keep ? keep : base + f.src;   /* converted where the backward finds it */
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK16, src_at)},
                             {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, 0, base + f.wei)},
                             {DNNL_ARG_DST, p->f_dst.prim},
                             {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
@@ -408,8 +420,8 @@ void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     RUN(dnnl_stream_wait(d->st));
 }
 
-void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const float *w,
-                   const float *y, const float *dy, float *dx, float *dw, float *db) {
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const void *keep,
+                   const float *w, const float *y, const float *dy, float *dx, float *dw, float *db) {
     const size_t nx = (size_t)n * cv->c * cv->h * cv->w;
     if (n == 0) {   /* nothing to add; what is to be written is zero */
         if (dw && (wr & KSET_DW)) memset(dw, 0, (size_t)cv->k * cv->c * cv->r * cv->s * sizeof(float));
@@ -471,7 +483,14 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
         } else {
             ddst = port_in(d->st, &p->w_ddst, g, yb, base + bp.wddst);
         }
-        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->w_src, x, xb, base + bp.wsrc)},
+        dnnl_memory_t src;
+        if (keep && p->keep) {   // the forward's conversion, in this pass's layout
+            set(p->w_src.prim, keep);
+            src = p->w_src.prim;
+        } else {
+            src = port_in(d->st, &p->w_src, x, xb, base + bp.wsrc);
+        }
+        dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, src},
                                 {DNNL_ARG_DIFF_DST, ddst},
                                 {DNNL_ARG_DIFF_WEIGHTS, p->w_dwei.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_w},

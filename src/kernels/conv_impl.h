@@ -15,10 +15,13 @@ void conv_dnnl_free(ConvDnnl *d);   /* NULL is fine */
 /* The activation layouts its callers may use (KCONV_X_BLK16 | KCONV_Y_BLK16, kernels.h). */
 int  conv_dnnl_layouts(const ConvDnnl *d);
 /* lay: the layouts of this call's x, dx (KCONV_X_BLK16) and y, dy (KCONV_Y_BLK16); 0 = plain. */
+/* keep: where the forward leaves its bf16 x for the backward (kern_conv2d_keep_bytes), or NULL. */
 void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *b,
-                   float *y);
-/* wr: KSET_DX, dx is written (kernels.h, kern_conv2d_bwd_set). */
-void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const float *w,
-                   const float *y, const float *dy, float *dx, float *dw, float *db);
+                   float *y, void *keep);
+/* wr: KSET_DX, dx is written (kernels.h, kern_conv2d_bwd_set). keep: the forward's, or NULL. */
+void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const void *keep,
+                   const float *w, const float *y, const float *dy, float *dx, float *dw, float *db);
+/* Bytes of the bf16 x a forward keeps for n samples; 0: none. */
+size_t conv_dnnl_keep_bytes(const ConvDnnl *d, int n);
 
 #endif

@@ -142,6 +142,16 @@ void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float 
  * backward-data writes it in place) and dW, db (KSET_DW); their old contents are not read. */
 void kern_conv2d_bwd_set(KConv *cv, int n, int lay, int set, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);
+/* bf16 (oneDNN): the forward's bf16 copy of x kept for the backward-weights pass, which then
+ * does not convert x again; only where that pass reads x in the forward's layout.
+ * kern_conv2d_keep_bytes: its size for n samples, 0 where nothing is kept (float32, im2col,
+ * layouts that differ). keep: caller-owned, that size, written by _fwd_kx and read by the
+ * _bwd_kx of the same minibatch; NULL keeps nothing (the plain calls). Same bits either way. */
+size_t kern_conv2d_keep_bytes(const KConv *cv, int n);
+void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y,
+                        void *keep);
+void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, const void *keep, const float *w,
+                        const float *y, const float *dy, float *dx, float *dw, float *db);
 void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);

@@ -41,16 +41,19 @@ static int conv_build(Layer *l, int n_max, Err *err) {
 
 static void conv_release(Layer *l) { kern_conv2d_release(&l->conv); }
 
+/* bf16: x as the forward converted it, for the weight gradient (kern_conv2d_keep_bytes) */
+static size_t conv_saved(const Layer *l, int n_max) { return l->conv.impl ? kern_conv2d_keep_bytes(&l->conv, n_max) : 0; }
+
 static void conv_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                          void *saved) {
     const float *b = l->bias ? w + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_fwd_lay(&l->conv, r->n, l->lay, x, w, b, y);
+    kern_conv2d_fwd_kx(&l->conv, r->n, l->lay, x, w, b, y, saved);
 }
 
 static void conv_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                           const void *saved, const float *dy, float *dx, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd_set(&l->conv, r->n, l->lay, l->set, x, w, y, dy, dx, dw, db);
+    kern_conv2d_bwd_kx(&l->conv, r->n, l->lay, l->set, x, saved, w, y, dy, dx, dw, db);
 }
 
 /* The split backward: kern_conv2d_bwd computes dx (oneDNN's backward-data primitive, or W^T g
@@ -65,7 +68,7 @@ static void conv_backward_data(Layer *l, const NnRun *r, const float *w, const f
 static void conv_backward_weights(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                                     const void *saved, const float *dy, float *dw) {
     float *db = l->bias ? dw + (size_t)l->cout * l->cin * l->k * l->k : NULL;
-    kern_conv2d_bwd_set(&l->conv, r->n, l->lay, l->set, x, w, y, dy, NULL, dw, db);
+    kern_conv2d_bwd_kx(&l->conv, r->n, l->lay, l->set, x, saved, w, y, dy, NULL, dw, db);
 }
 
 /* oneDNN's blocked layouts where its primitives use them (kern_conv2d_layouts): vgg16's and
@@ -80,6 +83,7 @@ const LayerOps LAYER_CONV2D = {
     .parse = conv_parse,
     .build = conv_build,
     .release = conv_release,
+    .saved_bytes = conv_saved,
     .forward = conv_forward,
     .backward = conv_backward,
     .backward_data = conv_backward_data,
