@@ -5,11 +5,13 @@
 # 198.18.0.<i+1>/24, the bridge (where mpirun runs) 198.18.0.254. Only 198.18.0.0/24 is ever
 # used (RFC 2544's benchmarking range): no route, NAT or forwarding leads anywhere else.
 # Each host's link is full duplex: its egress (the namespace side of its veth) and its ingress
-# (the bridge side) are each shaped to --rate (tc tbf); --delay (tc netem) is added on the
+# (the bridge side) are each shaped to --rate (tc htb, acknowledgements first; or tc tbf with
+# --queue fifo); --delay (tc netem) is added on the
 # ingress. A packet from one host to another crosses one egress and one ingress: rate R,
 # one-way delay D, round trip 2D.
 #
-#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--cpu C] [--name pdc]
+#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--cpu C]
+#                      [--queue acks-first|fifo] [--name pdc]
 #                                                  create or reconcile; --host-rate gives host I
 #                                                  its own link rate R (a heterogeneous cluster);
 #                                                  --cpu caps each host's processes at C cores
@@ -43,7 +45,7 @@ STATE_ROOT=/run/pipedream-cluster
 TAG=pipedream-cluster
 
 die() { echo "$PROG: error: $*" >&2; exit 1; }
-usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | net-cpu [--mb MB] | mpirun-args | down   (--help)" >&2; exit 2; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--queue acks-first|fifo] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | net-cpu [--mb MB] | mpirun-args | down   (--help)" >&2; exit 2; }
 cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
 CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
 q() { "$@" >/dev/null 2>&1; }
@@ -87,9 +89,49 @@ rate_bytes() {
     awk -v v="$v" -v m="$m" 'BEGIN { printf "%d", v * m / 8 }'
 }
 
-# The token bucket of one direction of a link: the rate, a burst of 1 ms at that rate (at
-# least 16 KiB, so a full-size frame and some always pass), a queue of 50 ms.
-tbf_args() { local r=$1 b; b=$(rate_bytes "$r"); [ "$((b / 1000))" -gt 16384 ] && b=$((b / 1000)) || b=16384; echo "rate $r burst $b latency 50ms"; }
+# One direction of a link: the rate, a burst of 1 ms at that rate (at least 16 KiB, so a
+# full-size frame and some always pass), a queue of 50 ms at that rate.
+burst_of() { local b; b=$(rate_bytes "$1"); [ "$((b / 1000))" -gt 16384 ] && echo $((b / 1000)) || echo 16384; }
+
+# shape_dir PRE DEV PARENT H RATE: that direction's qdiscs on DEV (PRE: a command prefix such
+# as `ip netns exec NS`, or empty), at PARENT ("root", or "parent 1:1" below netem), handle H.
+#   --queue acks-first (default): an htb class at the rate with two leaves. Packets under 128
+#     bytes (pure TCP acknowledgements; the IP total length) go first; the rest wait in a FIFO
+#     of 50 ms at the rate. A host that sends a stream while it receives one thus returns the
+#     incoming stream's acknowledgements at once, as Linux's default fq_codel does on a real
+#     NIC; behind 50 ms of its own data they held the incoming stream at 80-90% of the link
+#     (a 4-host ring all-reduce at 300 Mbit/s: docs/reference/cluster-sh.md).
+#   --queue fifo: one token bucket (tc tbf) with the same burst and queue for every packet.
+# DELAY: with acks-first, both leaves are netem queues with that delay (htb takes from them
+# as its rate allows), the bulk one holding the delay's and the 50 ms queue's packets.
+shape_dir() {
+    local pre=$1 dev=$2 parent=$3 h=$4 r=$5 delay=${6:-} b bits lim r2q
+    b=$(burst_of "$r")
+    if [ "$QUEUE" = fifo ]; then
+        $pre tc qdisc add dev "$dev" $parent handle "$h": tbf rate "$r" burst "$b" latency 50ms \
+            || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
+        return
+    fi
+    bits=$(( $(rate_bytes "$r") * 8 )); lim=$(( $(rate_bytes "$r") / 20 )); [ "$lim" -ge $((2 * b)) ] || lim=$((2 * b))
+    r2q=$(( $(rate_bytes "$r") / 60000 )); [ "$r2q" -ge 1 ] || r2q=1   # DRR quanta near 60 KB
+    $pre tc qdisc add dev "$dev" $parent handle "$h": htb default 20 r2q "$r2q" \
+        || cannot "attach an htb qdisc (tc qdisc ... htb; CONFIG_NET_SCH_HTB; or --queue fifo)"
+    $pre tc class add dev "$dev" parent "$h": classid "$h":1 htb rate "$r" burst "$b" cburst "$b"
+    $pre tc class add dev "$dev" parent "$h":1 classid "$h":10 htb rate $((bits / 30))bit ceil "$r" prio 0 burst "$b" cburst "$b"
+    $pre tc class add dev "$dev" parent "$h":1 classid "$h":20 htb rate $((bits - bits / 30))bit ceil "$r" prio 1 burst "$b" cburst "$b"
+    if [ -n "$delay" ]; then
+        local pk   # packets: the 50 ms queue's and the delay's at the rate
+        pk=$(awk -v B="$(rate_bytes "$r")" -v d="$delay" 'BEGIN { s = d + 0; if (d ~ /us$/) s /= 1e6; else if (d ~ /ms$/) s /= 1e3;
+                                                         printf "%d", B * (0.05 + s) / 1514 + 64 }')
+        $pre tc qdisc add dev "$dev" parent "$h":10 handle $((h + 2)): netem delay "$delay" limit 10000 2>/dev/null \
+            && $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): netem delay "$delay" limit "$pk" 2>/dev/null \
+            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+    else
+        $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): bfifo limit "$lim"
+    fi
+    $pre tc filter add dev "$dev" parent "$h": protocol ip prio 1 u32 match u16 0x0000 0xff80 at 2 flowid "$h":10 \
+        || cannot "classify packets by size (tc filter ... u32; CONFIG_NET_CLS_U32; or --queue fifo)"
+}
 
 # Host I's rate: its --host-rate, else --rate.
 rate_of() {
@@ -103,21 +145,23 @@ no_ipv6() { [ ! -w "/proc/sys/net/ipv6/conf/$1/disable_ipv6" ] || echo 1 >"/proc
 has_delay() { ! [[ $DELAY =~ ^0+(\.0+)?(us|ms|s)$ ]]; }
 
 shape() {   # shape I: (re)apply the qdiscs of host I
-    local i=$1 ns veth tbf
-    ns=$(ns_of "$i"); veth=$(veth_of "$i"); tbf=$(tbf_args "$(rate_of "$i")")
-    # Egress (the host sends): a token bucket on the namespace side of the veth.
-    ip netns exec "$ns" tc qdisc replace dev "$IFN" root handle 1: tbf $tbf \
-        || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
+    local i=$1 ns veth r
+    ns=$(ns_of "$i"); veth=$(veth_of "$i"); r=$(rate_of "$i")
+    # Egress (the host sends): on the namespace side of the veth.
+    q ip netns exec "$ns" tc qdisc del dev "$IFN" root || true
+    shape_dir "ip netns exec $ns" "$IFN" root 1 "$r"
     # Ingress (the host receives): on the bridge side's egress. The delay goes here, on
     # forwarded packets, not on the sender's own queue where TCP small queues would count it
     # against the socket: every host-to-host packet crosses exactly one such ingress.
     q tc qdisc del dev "$veth" root || true
-    if has_delay; then
+    if has_delay && [ "$QUEUE" != fifo ]; then
+        shape_dir "" "$veth" root 1 "$r" "$DELAY"
+    elif has_delay; then
         tc qdisc add dev "$veth" root handle 1: netem delay "$DELAY" limit 100000 2>/dev/null \
             || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
-        tc qdisc add dev "$veth" parent 1:1 handle 10: tbf $tbf
+        shape_dir "" "$veth" "parent 1:1" 10 "$r"
     else
-        tc qdisc add dev "$veth" root handle 1: tbf $tbf
+        shape_dir "" "$veth" root 1 "$r"
     fi
 }
 
@@ -155,13 +199,14 @@ cg_remove() {   # the cluster's groups, their processes gone (teardown ends them
 }
 
 cmd_up() {
-    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""; CPU=""
+    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""; CPU=""; QUEUE=acks-first
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) [ $# -ge 2 ] || usage_err "--rate needs a value"; RATE=$2; shift 2 ;;
             --host-rate) [ $# -ge 2 ] || usage_err "--host-rate needs I=RATE[,I=RATE...]"; HOST_RATES=$2; shift 2 ;;
             --delay) [ $# -ge 2 ] || usage_err "--delay needs a value"; DELAY=$2; shift 2 ;;
             --cpu) [ $# -ge 2 ] || usage_err "--cpu needs a value"; CPU=$2; shift 2 ;;
+            --queue) [ $# -ge 2 ] || usage_err "--queue needs a value"; QUEUE=$2; shift 2 ;;
             --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
             -*) usage_err "up: unknown option $1" ;;
             *) [ -z "$n" ] || usage_err "up: one host count"; n=$1; shift ;;
@@ -169,6 +214,7 @@ cmd_up() {
     done
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
     check_name; check_rate "$RATE"; check_delay "$DELAY"
+    [ "$QUEUE" = acks-first ] || [ "$QUEUE" = fifo ] || usage_err "--queue: acks-first or fifo (got '$QUEUE')"
     if [ -n "$CPU" ]; then
         [[ $CPU =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="$CPU" 'BEGIN { exit !(c >= 0.01 && c <= 1024) }' \
             || usage_err "--cpu: cores per host, from 0.01, like 0.5 or 2 (got '$CPU')"
@@ -252,7 +298,7 @@ cmd_up() {
 
     # State: what `run` and `status` need; the rsh agent Open MPI launches its daemons with.
     mkdir -p "$STATE"
-    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\nCPU=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" "$CPU" >"$STATE/config"
+    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\nCPU=%s\nQUEUE=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" "$CPU" "$QUEUE" >"$STATE/config"
     : >"$STATE/hostfile"
     for ((i = 0; i < n; i++)); do echo "$(addr_of "$i") slots=64" >>"$STATE/hostfile"; done
     write_agent "$n"
@@ -520,7 +566,7 @@ cmd_status() {
     if [ -f "$STATE/config" ]; then
         # shellcheck disable=SC1091
         . "$STATE/config"
-        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}; bridge $BR $BRIDGE_ADDR"
+        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}, queue ${QUEUE:-fifo}; bridge $BR $BRIDGE_ADDR"
     else
         echo "cluster $NAME: partial (no $STATE/config): $PROG down --name $NAME, then up"
     fi
