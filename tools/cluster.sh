@@ -80,7 +80,7 @@ check_rate() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] || usage_e
 check_delay() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || usage_err "--delay: like 1ms, 200us, 0ms (got '$1')"; }
 
 # --- up -------------------------------------------------------------------------------------
-# tc's rate in bytes/s, for the token bucket's burst.
+# tc's rate in bytes/s, for the burst and the queue.
 rate_bytes() {
     local v=${1%bit} m=1
     if [[ $1 == *bps ]]; then v=${1%bps}; m=8; fi
