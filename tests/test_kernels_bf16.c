@@ -218,6 +218,21 @@ static void test_linear_keep(void **state) {
     pd_bf16_pack(x, want, nx);
     assert_memory_equal(xb, want, nx * 2);
     assert_memory_equal(y0, y1, ny * sizeof(float));
+    /* y straight to bf16 is the float32 y rounded (once); x given as bf16 gives the float32 y */
+    uint16_t *yb = pd_alloc(ny * 2), *ywant = pd_alloc(ny * 2), *xb2 = pd_alloc(nx * 2);
+    kern_linear_fwd_kb(&k, n, x, w, b, yb, xb2);
+    pd_bf16_pack(y0, ywant, ny);
+    assert_memory_equal(yb, ywant, ny * 2);
+    assert_memory_equal(xb2, want, nx * 2);
+    memset(y1, 0, ny * sizeof(float));
+    kern_linear_fwd_bx(&k, n, xb, w, b, y1);
+    assert_memory_equal(y0, y1, ny * sizeof(float));
+    for (size_t i = 0; i < nx; i++) xb2[i] ^= 0x8000;   /* it reads xb: -x gives -y + 2b */
+    kern_linear_fwd_bx(&k, n, xb2, w, b, y1);
+    for (size_t i = 0; i < ny; i++) assert_float_equal(y1[i], -y0[i] + 2 * b[i % out], 1e-5);
+    pd_free(yb);
+    pd_free(ywant);
+    pd_free(xb2);
     float *g[2][3];   /* dx, dw, db: plain, kept */
     for (int v = 0; v < 2; v++) {
         g[v][0] = tk_rand(nx, 20, -1, 1), g[v][1] = tk_rand(nw, 21, -1, 1), g[v][2] = tk_rand(out, 22, -1, 1);
@@ -408,6 +423,23 @@ static void test_attention_keep(void **state) {
     kern_attention_bwd(&a, n, qkv, p0, dy, g0);
     kern_attention_bwd_kx(&a, n, qkv, p0, dy, g1, keep);
     assert_memory_equal(g0, g1, nq * sizeof(float));
+    /* qkv given as bf16 in keep and y written as bf16: y0 rounded, the same p and kept P, and
+     * the backward from that keep alone (no float32 qkv) as before */
+    assert_true(kern_attention_takes_bf16(&a));
+    char *keep2 = pd_alloc(qb + np * 2);
+    uint16_t *yb = pd_alloc(ny * 2), *ywant = pd_alloc(ny * 2);
+    pd_bf16_pack(qkv, (uint16_t *)keep2, nq);
+    memset(p1, 0, np * sizeof(float));
+    kern_attention_fwd_kb(&a, n, p1, keep2, yb);
+    assert_memory_equal(p0, p1, np * sizeof(float));
+    assert_memory_equal(keep2, keep, qb + np * 2);
+    pd_bf16_pack(y0, ywant, ny);
+    assert_memory_equal(yb, ywant, ny * 2);
+    kern_attention_bwd_kx(&a, n, NULL, p0, dy, g1, keep2);
+    assert_memory_equal(g0, g1, nq * sizeof(float));
+    pd_free(keep2);
+    pd_free(yb);
+    pd_free(ywant);
     /* another kept qkv, its v negated: the backward reads it (dS, so dq and dk, negate; dv not) */
     uint16_t *kq = (uint16_t *)keep;
     for (size_t r = 0; r < (size_t)n * t; r++)
@@ -422,6 +454,7 @@ static void test_attention_keep(void **state) {
     kern_attention_release(&a);
     /* fp32: the kept copies are neither written nor read */
     assert_int_equal(kern_attention_init_prec(&a, KTF_AUTO, KPREC_FP32, n, t, heads, hd, 1, &err), PD_OK);
+    assert_false(kern_attention_takes_bf16(&a));
     memset(keep, 0xab, qb + np * 2);
     kern_attention_fwd_kx(&a, n, qkv, y1, p1, keep);
     kern_attention_bwd_kx(&a, n, qkv, p1, dy, g1, keep);

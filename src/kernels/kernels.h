@@ -90,6 +90,12 @@ void kern_linear_bwd_k(KLinear *k, int n, const float *x, const float *w, const 
  * calls'. kern_linear_keep_bytes: its size for n rows (0 at fp32). */
 size_t kern_linear_keep_bytes(int prec, int n, int in);
 void kern_linear_fwd_kx(KLinear *k, int n, const float *x, const float *w, const float *b, float *y, uint16_t *xb);
+/* bf16 only, for a consumer that takes bf16: _fwd_kb writes y as bf16 (yb, n x out: the
+ * float32 sum with the bias, rounded once, as kern_f32_to_bf16 of _fwd_kx's y); _fwd_bx takes
+ * x already as bf16 (xb, n x in, e.g. a producer's _kb output) and writes float32 y. */
+void kern_linear_fwd_kb(KLinear *k, int n, const float *x, const float *w, const float *b, uint16_t *yb,
+                        uint16_t *xb);
+void kern_linear_fwd_bx(KLinear *k, int n, const uint16_t *xb, const float *w, const float *b, float *y);
 void kern_linear_bwd_kx(KLinear *k, int n, const float *x, const uint16_t *xb, const float *w, const float *dy,
                         float *dx, float *dw, float *db, int set);
 void kern_linear_bwd_ref(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db,
@@ -381,6 +387,12 @@ size_t kern_attention_keep_bytes(int prec, int n, int t, int heads, int hd);
 void kern_attention_fwd_kx(KAttn *a, int n, const float *qkv, float *y, float *p, void *keep);
 void kern_attention_bwd_kx(KAttn *a, int n, const float *qkv, const float *p, const float *dy, float *dqkv,
                            const void *keep);
+/* Where the products run in bf16 (kern_attention_takes_bf16), the forward with its operands
+ * and result in bf16: qkv already in keep's first part (where _fwd_kx would put its copy; e.g.
+ * written there by kern_linear_fwd_kb), y written as bf16 (yb, n x T x D). p and keep's P as
+ * _fwd_kx; the backward is _bwd_kx with this keep (its float32 qkv is then not read: NULL). */
+int  kern_attention_takes_bf16(const KAttn *a);
+void kern_attention_fwd_kb(KAttn *a, int n, float *p, void *keep, uint16_t *yb);
 /* scratch: (T, T) floats */
 void kern_attention_fwd_ref(const float *qkv, float *y, float *p, int n, int t, int heads, int hd, int causal);
 void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n,

@@ -4,7 +4,8 @@
  *   forward        y (M, O)   = xb (M, I) · Wb^T (I, O) + b      (W^T: a strided view of W)
  *   backward data  dx (M, I) += dyb (M, O) · Wb (O, I)           (sum post-op)
  *   backward w     dW (O, I) += dyb^T (O, M) · xb (M, I)         (dy^T: a strided view)
- * and the two backward ones again writing (=, no post-op) for KSET_*,
+ * and the two backward ones again writing (=, no post-op) for KSET_*, and the forward again
+ * writing bf16 (kern_linear_fwd_kb), all
  * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop (the
  * same pass that makes dy's bf16 copy, when one is needed).
  * The bf16 copies (x, W, dy) and the primitives' scratchpad live in the calling thread's
@@ -72,7 +73,7 @@ void kern_relu_mask_bf16(const float *y, const float *dy, uint16_t *g, size_t co
 /* The backward products twice: adding into dx / dW (a sum post-op) and writing them (KSET_*),
  * which skips reading the float32 output: a separate primitive, as the post-op is fixed at
  * creation. */
-enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_BWD_D_SET, LM_BWD_W_SET, LM_COUNT };
+enum { LM_FWD, LM_BWD_D, LM_BWD_W, LM_BWD_D_SET, LM_BWD_W_SET, LM_FWD_B, LM_COUNT };   /* _B: bf16 dst */
 
 typedef struct LinSlot {
     int m;   /* rows these are for; 0 = empty */
@@ -123,15 +124,16 @@ static int slot_init(LinDnnl *l, LinSlot *s, int m, int in, int out, int has_bia
     int rc = PD_OK;
     memset(s, 0, sizeof *s);
     s->m = m;
-    dnnl_memory_desc_t x, wt, y, bias, dy, w, dx, dyt, dw;
+    dnnl_memory_desc_t x, wt, y, bias, dy, w, dx, dyt, dw, yb;
     if (mat(&x, m, in, dnnl_bf16, 0) || mat(&wt, in, out, dnnl_bf16, 1) || mat(&y, m, out, dnnl_f32, 0) ||
         mat(&bias, 1, out, dnnl_f32, 0) || mat(&dy, m, out, dnnl_bf16, 0) || mat(&w, out, in, dnnl_bf16, 0) ||
-        mat(&dx, m, in, dnnl_f32, 0) || mat(&dyt, out, m, dnnl_bf16, 1) || mat(&dw, out, in, dnnl_f32, 0))
+        mat(&dx, m, in, dnnl_f32, 0) || mat(&dyt, out, m, dnnl_bf16, 1) || mat(&dw, out, in, dnnl_f32, 0) ||
+        mat(&yb, m, out, dnnl_bf16, 0))
         return err_set(err, PD_EINVAL, "linear (oneDNN bf16): memory descriptors rejected");
     const struct { const dnnl_memory_desc_t *s, *w, *b, *d; int acc; } spec[LM_COUNT] = {
         [LM_FWD] = {&x, &wt, has_bias ? &bias : NULL, &y, 0}, [LM_BWD_D] = {&dy, &w, NULL, &dx, 1},
         [LM_BWD_W] = {&dyt, &x, NULL, &dw, 1}, [LM_BWD_D_SET] = {&dy, &w, NULL, &dx, 0},
-        [LM_BWD_W_SET] = {&dyt, &x, NULL, &dw, 0}};
+        [LM_BWD_W_SET] = {&dyt, &x, NULL, &dw, 0}, [LM_FWD_B] = {&x, &wt, has_bias ? &bias : NULL, &yb, 0}};
     for (int i = 0; i < LM_COUNT && !rc; i++) {
         dnnl_primitive_attr_t attr = NULL;
         dnnl_post_ops_t po = NULL;
@@ -218,7 +220,7 @@ static LinSlot *slot_for(KLinear *k, int m) {
 }
 
 /* Runs matmul i of s on (src, wei, dst); sp: the scratchpad's storage. */
-static void mm(LinDnnl *l, LinSlot *s, int i, const void *src, const void *wei, const float *bias, float *dst,
+static void mm(LinDnnl *l, LinSlot *s, int i, const void *src, const void *wei, const float *bias, void *dst,
                void *sp) {
     RUN(dnnl_memory_set_data_handle(s->src[i], (void *)src));
     RUN(dnnl_memory_set_data_handle(s->wei[i], (void *)wei));
@@ -279,6 +281,31 @@ void kern_linear_fwd_kx(KLinear *k, int n, const float *x, const float *w, const
     kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
     PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
     mm(k->impl, s, LM_FWD, a.x, a.w, b, y, a.sp);
+}
+
+void kern_linear_fwd_kb(KLinear *k, int n, const float *x, const float *w, const float *b, uint16_t *yb,
+                        uint16_t *xb) {
+    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
+    PD_ASSERTF(k->prec == KPREC_BF16, "linear: a bf16 output from a %s layer", kern_precision_name(k->prec));
+    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
+    if (n == 0) return;
+    LinSlot *s = slot_for(k, n);
+    Arena a = arena(k, n, s);
+    if (xb) a.x = xb;
+    kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
+    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+    mm(k->impl, s, LM_FWD_B, a.x, a.w, b, yb, a.sp);
+}
+
+void kern_linear_fwd_bx(KLinear *k, int n, const uint16_t *xb, const float *w, const float *b, float *y) {
+    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
+    PD_ASSERTF(k->prec == KPREC_BF16, "linear: a bf16 input to a %s layer", kern_precision_name(k->prec));
+    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
+    if (n == 0) return;
+    LinSlot *s = slot_for(k, n);
+    Arena a = arena(k, n, s);
+    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+    mm(k->impl, s, LM_FWD, xb, a.w, b, y, a.sp);
 }
 
 /* The same sums with dy's bf16 copy made on the way (one pass over dy instead of two): row by

@@ -344,29 +344,46 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
     kern_attention_fwd_kx(a, n, qkv, y, p, NULL);
 }
 
+/* The bf16 forward from qkv's bf16 copy (b.qkv): scores, mask and softmax in float32 (p), P's
+ * copy into b.p, then the values into y (float32), or into yb as bf16 where given. */
+static void attn_fwd_bf16(KAttn *a, int n, AttnBf16 b, float *y, uint16_t *yb, float *p) {
+    const int t = a->t, heads = a->heads, d = heads * a->hd;
+    AttnImpl *im = a->impl;
+    tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, b.qkv, b.qkv + d, p);
+    if (a->causal)
+        for (size_t m = 0; m < (size_t)n * heads; m++)
+            for (int i = 0; i < t; i++) {
+                float *row = p + (m * t + i) * t;
+                for (int j = i + 1; j < t; j++) row[j] = -INFINITY;
+            }
+    tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
+    kern_f32_to_bf16(p, b.p, (size_t)n * t * heads * t);
+    if (yb) tf_dnnl_attn_mm(im->mm, TF_MM_VALUES_B, n, b.p, b.qkv + 2 * d, yb);
+    else tf_dnnl_attn_mm(im->mm, TF_MM_VALUES, n, b.p, b.qkv + 2 * d, y);
+}
+
+int kern_attention_takes_bf16(const KAttn *a) { return a->impl && a->algo == KTF_DNNL && a->prec == KPREC_BF16; }
+
+void kern_attention_fwd_kb(KAttn *a, int n, float *p, void *keep, uint16_t *yb) {
+    PD_ASSERTF(n <= a->n_max, "attention: %d samples, built for %d", n, a->n_max);
+    PD_ASSERTF(kern_attention_takes_bf16(a) && keep && yb, "attention: a bf16 forward on float32 products");
+    AttnBf16 b = {.qkv = keep, .p = (uint16_t *)((char *)keep + keep_qkv_bytes(n, a->t, a->heads, a->hd))};
+    attn_fwd_bf16(a, n, b, NULL, yb, p);
+}
+
 void kern_attention_fwd_kx(KAttn *a, int n, const float *qkv, float *y, float *p, void *keep) {
     PD_ASSERTF(n <= a->n_max, "attention: %d samples, built for %d", n, a->n_max);
     const int t = a->t, heads = a->heads, hd = a->hd, d = heads * hd, ld = 3 * d;
     const float scale = 1.0f / sqrtf((float)hd);
     AttnImpl *im = a->impl;
     if (a->algo == KTF_DNNL && a->prec == KPREC_BF16) {
-        const size_t r = (size_t)n * t;
         AttnBf16 b = attn_bf16(a, n);
         if (keep) {   // the bf16 operands go where the backward finds them
             b.qkv = keep;
             b.p = (uint16_t *)((char *)keep + keep_qkv_bytes(n, t, heads, hd));
         }
-        kern_f32_to_bf16(qkv, b.qkv, r * ld);
-        tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, b.qkv, b.qkv + d, p);
-        if (a->causal)
-            for (size_t m = 0; m < (size_t)n * heads; m++)
-                for (int i = 0; i < t; i++) {
-                    float *row = p + (m * t + i) * t;
-                    for (int j = i + 1; j < t; j++) row[j] = -INFINITY;
-                }
-        tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
-        kern_f32_to_bf16(p, b.p, r * heads * t);
-        tf_dnnl_attn_mm(im->mm, TF_MM_VALUES, n, b.p, b.qkv + 2 * d, y);
+        kern_f32_to_bf16(qkv, b.qkv, (size_t)n * t * ld);
+        attn_fwd_bf16(a, n, b, y, NULL, p);
         return;
     }
     if (a->algo == KTF_DNNL) {

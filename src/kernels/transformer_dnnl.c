@@ -188,7 +188,7 @@ void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, f
  * its own third of dqkv's columns, so dqkv needs no zeroing first). Their scratchpads are ours
  * (one buffer for all); the gemm oneDNN runs inside still takes a packing buffer from malloc
  * per call (see transformer.c). */
-enum { MM_SCORES, MM_VALUES, MM_DP, MM_DV, MM_DQ, MM_DK, MM_COUNT };
+enum { MM_SCORES, MM_VALUES, MM_DP, MM_DV, MM_DQ, MM_DK, MM_VALUES_B, MM_COUNT };   /* _B: y in dt */
 
 typedef struct MmSlot {
     int n;   /* 0 = empty */
@@ -251,6 +251,7 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
         [MM_SCORES] = {&qkv, &qkvT, &Pf, 1}, [MM_VALUES] = {&P, &qkv, &of, 0},
         [MM_DP] = {&o, &qkvT, &Pf, 0},       [MM_DV] = {&PT, &o, &qkvf, 0},
         [MM_DQ] = {&P, &qkv, &qkvf, 1},      [MM_DK] = {&PT, &qkv, &qkvf, 1},
+        [MM_VALUES_B] = {&P, &qkv, &o, 0},
     };
     for (int i = 0; i < MM_COUNT && !rc; i++) {
         dnnl_primitive_attr_t attr = NULL;
@@ -312,7 +313,7 @@ void tf_dnnl_attn_free(TfAttn *a) {
     pd_free(a);
 }
 
-void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const void *src, const void *wei, float *dst) {
+void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const void *src, const void *wei, void *dst) {
     MmSlot *s = &a->slot[0];
     if (s->n != n) {
         s = &a->slot[1];

@@ -7,7 +7,12 @@
  * qkv.bias (3 dim), proj.weight (dim, dim), proj.bias (dim); init as nn.Linear.
  * Saved per sample: qkv (T, 3 dim), att (T, dim), probabilities (heads, T, T); at bf16 also the
  * bf16 copies of the two projections' inputs, x and att (kern_linear_fwd_kx), so that their
- * weight gradients do not convert them again. */
+ * weight gradients do not convert them again. Where the core's products run in bf16 (oneDNN),
+ * qkv and att exist only as bf16: the qkv projection writes qkv's bf16 copy straight into the
+ * core's kept operands (kern_linear_fwd_kb), the core writes att as bf16 into the output
+ * projection's kept input (kern_attention_fwd_kb), which reads it as it is
+ * (kern_linear_fwd_bx); the same bits as rounding the float32 ones, and no float32 qkv or att
+ * is saved. */
 #include "nn_impl.h"
 
 
@@ -48,19 +53,29 @@ static size_t attn_keep_bytes(const Layer *l, int n) {   // the core's bf16 qkv 
     return nn_align(kern_attention_keep_bytes(l->prec, n, l->in.d[0], l->k, l->cin / l->k));
 }
 
-static size_t attention_saved(const Layer *l, int n) {
-    return nn_align((size_t)n * per_sample(l, 0) * sizeof(float)) + nn_align((size_t)n * per_sample(l, 1) * sizeof(float)) +
-           nn_align((size_t)n * per_sample(l, 2) * sizeof(float)) + 2 * keep_bytes(l, n) + attn_keep_bytes(l, n);
+/* qkv and att in bf16 only (built, bf16 products in the core and the projections) */
+static int bf16_only(const Layer *l) {
+    return l->attn.impl && kern_attention_takes_bf16(&l->attn) && kern_linear_keep_bytes(l->prec, 1, 1) > 0;
 }
 
-/* xb[0], xb[1]: the bf16 copies of x and att; *ak: the core's kept copies (NULL at fp32). */
+static size_t f32_bytes(const Layer *l, int n, int which) {   // saved float32 qkv (0) or att (1)
+    return bf16_only(l) ? 0 : nn_align((size_t)n * per_sample(l, which) * sizeof(float));
+}
+
+static size_t attention_saved(const Layer *l, int n) {
+    return f32_bytes(l, n, 0) + f32_bytes(l, n, 1) + nn_align((size_t)n * per_sample(l, 2) * sizeof(float)) +
+           2 * keep_bytes(l, n) + attn_keep_bytes(l, n);
+}
+
+/* xb[0], xb[1]: the bf16 copies of x and att; *ak: the core's kept copies (NULL at fp32);
+ * qkv, att: NULL where they are bf16 only. */
 static void parts(const Layer *l, const void *saved, int n, float **qkv, float **att, float **p, uint16_t **xb,
                   void **ak) {
     char *s = (char *)saved;
-    *qkv = (float *)s;
-    s += nn_align((size_t)n * per_sample(l, 0) * sizeof(float));
-    *att = (float *)s;
-    s += nn_align((size_t)n * per_sample(l, 1) * sizeof(float));
+    *qkv = f32_bytes(l, n, 0) ? (float *)s : NULL;
+    s += f32_bytes(l, n, 0);
+    *att = f32_bytes(l, n, 1) ? (float *)s : NULL;
+    s += f32_bytes(l, n, 1);
     *p = (float *)s;
     s += nn_align((size_t)n * per_sample(l, 2) * sizeof(float));
     size_t kb = keep_bytes(l, n);
@@ -97,6 +112,12 @@ static void attention_forward(Layer *l, const NnRun *r, const float *w, float *s
     uint16_t *xb[2];
     void *ak;
     parts(l, saved, n, &qkv, &att, &p, xb, &ak);
+    if (!qkv) {   // bf16 only: qkv into the core's keep, att into the projection's
+        kern_linear_fwd_kb(&l->lin[0], n * t, x, wqkv, bqkv, ak, xb[0]);
+        kern_attention_fwd_kb(&l->attn, n, p, ak, xb[1]);
+        kern_linear_fwd_bx(&l->lin[1], n * t, xb[1], wp, bp, y);
+        return;
+    }
     kern_linear_fwd_kx(&l->lin[0], n * t, x, wqkv, bqkv, qkv, xb[0]);
     kern_attention_fwd_kx(&l->attn, n, qkv, att, p, ak);
     kern_linear_fwd_kx(&l->lin[1], n * t, att, wp, bp, y, xb[1]);
