@@ -97,7 +97,7 @@ burst_of() { local b; b=$(rate_bytes "$1"); [ "$((b / 1000))" -gt 16384 ] && ech
 # as `ip netns exec NS`, or empty), at PARENT ("root", or "parent 1:1" below netem), handle H.
 #   --queue acks-first (default): an htb class at the rate with two leaves. Packets under 128
 #     bytes (pure TCP acknowledgements; the IP total length) go first; the rest wait in a FIFO
-#     of 50 ms at the rate. A host that sends a stream while it receives one thus returns the
+#     of 50 ms at the rate (at least 128 KiB). A host that sends a stream while it receives one thus returns the
 #     incoming stream's acknowledgements at once, as Linux's default fq_codel does on a real
 #     NIC; behind 50 ms of its own data they held the incoming stream at 80-90% of the link
 #     (a 4-host ring all-reduce at 300 Mbit/s: docs/reference/cluster-sh.md).
@@ -112,7 +112,9 @@ shape_dir() {
             || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
         return
     fi
-    bits=$(( $(rate_bytes "$r") * 8 )); lim=$(( $(rate_bytes "$r") / 20 )); [ "$lim" -ge $((2 * b)) ] || lim=$((2 * b))
+    # the FIFO: 50 ms at the rate, at least 128 KiB (62.5 KB at 10mbit dropped a lone local
+    # sender's bursts until TCP fell to 0.5 Mbit/s; 125 KB held 9.4)
+    bits=$(( $(rate_bytes "$r") * 8 )); lim=$(( $(rate_bytes "$r") / 20 )); [ "$lim" -ge 131072 ] || lim=131072
     r2q=$(( $(rate_bytes "$r") / 60000 )); [ "$r2q" -ge 1 ] || r2q=1   # DRR quanta near 60 KB
     $pre tc qdisc add dev "$dev" $parent handle "$h": htb default 20 r2q "$r2q" \
         || cannot "attach an htb qdisc (tc qdisc ... htb; CONFIG_NET_SCH_HTB; or --queue fifo)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cluster.sh: the emulated cluster of tools/cluster.sh (docs/reference/cluster-sh.md), 2 hosts:
-#  - at 20mbit each direction of each host's link carries its shaped rate, both directions at
+#  - at 10mbit each direction of each host's link carries its shaped rate, both directions at
 #    once (full duplex: egress shaping), and so does the ingress alone (bridge -> host); where
 #    the kernel has sch_netem, --delay 5ms makes a 10 ms round trip between the hosts; with
 #    acknowledgements ahead of the data (the default queue), each of two opposite streams keeps
@@ -66,7 +66,7 @@ PATH=$tmp/bin /bin/bash "$CL" up 2 --name "$NAME" >/dev/null 2>"$tmp/err"
 echo "ok: usage and environment errors"
 
 # --- bring up: with a delay where the kernel has netem, else rate only ---
-RATE=20mbit RATE_BPS=20000000 DELAY=5ms
+RATE=10mbit RATE_BPS=10000000 DELAY=5ms
 bash "$CL" up 2 --rate $RATE --delay $DELAY --name "$NAME" >"$tmp/up" 2>"$tmp/err"
 rc=$?
 if [ $rc = 3 ] && grep -q netem "$tmp/err"; then
