@@ -283,28 +283,32 @@ void kern_linear_fwd_kx(KLinear *k, int n, const float *x, const float *w, const
     mm(k->impl, s, LM_FWD, a.x, a.w, b, y, a.sp);
 }
 
+/* The forward with a bf16 operand outside float32 (_kb's y, _bx's x): checks, then W's copy in
+ * the call's arena; *s: the slot for n rows (n > 0). */
+static Arena fwd_bf16_start(KLinear *k, int n, const float *w, const float *b, LinSlot **s) {
+    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
+    PD_ASSERTF(k->prec == KPREC_BF16, "linear: a bf16 operand in a %s layer", kern_precision_name(k->prec));
+    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
+    *s = slot_for(k, n);
+    Arena a = arena(k, n, *s);
+    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+    return a;
+}
+
 void kern_linear_fwd_kb(KLinear *k, int n, const float *x, const float *w, const float *b, uint16_t *yb,
                         uint16_t *xb) {
-    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
-    PD_ASSERTF(k->prec == KPREC_BF16, "linear: a bf16 output from a %s layer", kern_precision_name(k->prec));
-    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
     if (n == 0) return;
-    LinSlot *s = slot_for(k, n);
-    Arena a = arena(k, n, s);
+    LinSlot *s;
+    Arena a = fwd_bf16_start(k, n, w, b, &s);
     if (xb) a.x = xb;
     kern_f32_to_bf16(x, a.x, (size_t)n * k->in);
-    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
     mm(k->impl, s, LM_FWD_B, a.x, a.w, b, yb, a.sp);
 }
 
 void kern_linear_fwd_bx(KLinear *k, int n, const uint16_t *xb, const float *w, const float *b, float *y) {
-    PD_ASSERTF(n <= k->n_max, "linear: %d rows, built for %d", n, k->n_max);
-    PD_ASSERTF(k->prec == KPREC_BF16, "linear: a bf16 input to a %s layer", kern_precision_name(k->prec));
-    PD_ASSERTF(!b == !k->has_bias, "linear: bias %s, built %s", b ? "given" : "absent", k->has_bias ? "with" : "without");
     if (n == 0) return;
-    LinSlot *s = slot_for(k, n);
-    Arena a = arena(k, n, s);
-    kern_f32_to_bf16(w, a.w, (size_t)k->out * k->in);
+    LinSlot *s;
+    Arena a = fwd_bf16_start(k, n, w, b, &s);
     mm(k->impl, s, LM_FWD, xb, a.w, b, y, a.sp);
 }
 

@@ -344,18 +344,23 @@ void kern_attention_fwd(KAttn *a, int n, const float *qkv, float *y, float *p) {
     kern_attention_fwd_kx(a, n, qkv, y, p, NULL);
 }
 
+/* The causal mask on n samples' scores (n, heads, T, T): -inf above the diagonal. */
+static void mask_scores(const KAttn *a, int n, float *p) {
+    const int t = a->t;
+    for (size_t m = 0; m < (size_t)n * a->heads; m++)
+        for (int i = 0; i < t; i++) {
+            float *row = p + (m * t + i) * t;
+            for (int j = i + 1; j < t; j++) row[j] = -INFINITY;
+        }
+}
+
 /* The bf16 forward from qkv's bf16 copy (b.qkv): scores, mask and softmax in float32 (p), P's
  * copy into b.p, then the values into y (float32), or into yb as bf16 where given. */
 static void attn_fwd_bf16(KAttn *a, int n, AttnBf16 b, float *y, uint16_t *yb, float *p) {
     const int t = a->t, heads = a->heads, d = heads * a->hd;
     AttnImpl *im = a->impl;
     tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, b.qkv, b.qkv + d, p);
-    if (a->causal)
-        for (size_t m = 0; m < (size_t)n * heads; m++)
-            for (int i = 0; i < t; i++) {
-                float *row = p + (m * t + i) * t;
-                for (int j = i + 1; j < t; j++) row[j] = -INFINITY;
-            }
+    if (a->causal) mask_scores(a, n, p);
     tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
     kern_f32_to_bf16(p, b.p, (size_t)n * t * heads * t);
     if (yb) tf_dnnl_attn_mm(im->mm, TF_MM_VALUES_B, n, b.p, b.qkv + 2 * d, yb);
@@ -388,12 +393,7 @@ void kern_attention_fwd_kx(KAttn *a, int n, const float *qkv, float *y, float *p
     }
     if (a->algo == KTF_DNNL) {
         tf_dnnl_attn_mm(im->mm, TF_MM_SCORES, n, qkv, qkv + d, p);
-        if (a->causal)
-            for (size_t m = 0; m < (size_t)n * heads; m++)
-                for (int r = 0; r < t; r++) {
-                    float *row = p + (m * t + r) * t;
-                    for (int j = r + 1; j < t; j++) row[j] = -INFINITY;
-                }
+        if (a->causal) mask_scores(a, n, p);
         tf_dnnl_softmax_fwd(im->softmax, n * heads * t, p, p);
         tf_dnnl_attn_mm(im->mm, TF_MM_VALUES, n, p, qkv + 2 * d, y);
         return;
