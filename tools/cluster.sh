@@ -91,7 +91,7 @@ rate_bytes() {
 
 # One direction of a link: the rate, a burst of 1 ms at that rate (at least 16 KiB, so a
 # full-size frame and some always pass), a queue of 50 ms at that rate.
-burst_of() { local b; b=$(rate_bytes "$1"); [ "$((b / 1000))" -gt 16384 ] && echo $((b / 1000)) || echo 16384; }
+burst_of() { [ "$(($1 / 1000))" -gt 16384 ] && echo $(($1 / 1000)) || echo 16384; }   # of B bytes/s
 
 # shape_dir PRE DEV PARENT H RATE: that direction's qdiscs on DEV (PRE: a command prefix such
 # as `ip netns exec NS`, or empty), at PARENT ("root", or "parent 1:1" below netem), handle H.
@@ -105,8 +105,8 @@ burst_of() { local b; b=$(rate_bytes "$1"); [ "$((b / 1000))" -gt 16384 ] && ech
 # DELAY: with acks-first, both leaves are netem queues with that delay (htb takes from them
 # as its rate allows), the bulk one holding the delay's and the 50 ms queue's packets.
 shape_dir() {
-    local pre=$1 dev=$2 parent=$3 h=$4 r=$5 delay=${6:-} b bits lim r2q
-    b=$(burst_of "$r")
+    local pre=$1 dev=$2 parent=$3 h=$4 r=$5 delay=${6:-} B b bits lim r2q
+    B=$(rate_bytes "$r"); b=$(burst_of "$B")
     if [ "$QUEUE" = fifo ]; then
         $pre tc qdisc add dev "$dev" $parent handle "$h": tbf rate "$r" burst "$b" latency 50ms \
             || cannot "attach a tbf qdisc (tc qdisc ... tbf; CONFIG_NET_SCH_TBF)"
@@ -114,8 +114,8 @@ shape_dir() {
     fi
     # the FIFO: 50 ms at the rate, at least 128 KiB (62.5 KB at 10mbit dropped a lone local
     # sender's bursts until TCP fell to 0.5 Mbit/s; 125 KB held 9.4)
-    bits=$(( $(rate_bytes "$r") * 8 )); lim=$(( $(rate_bytes "$r") / 20 )); [ "$lim" -ge 131072 ] || lim=131072
-    r2q=$(( $(rate_bytes "$r") / 60000 )); [ "$r2q" -ge 1 ] || r2q=1   # DRR quanta near 60 KB
+    bits=$((B * 8)); lim=$((B / 20)); [ "$lim" -ge 131072 ] || lim=131072
+    r2q=$((B / 60000)); [ "$r2q" -ge 1 ] || r2q=1   # DRR quanta near 60 KB
     $pre tc qdisc add dev "$dev" $parent handle "$h": htb default 20 r2q "$r2q" \
         || cannot "attach an htb qdisc (tc qdisc ... htb; CONFIG_NET_SCH_HTB; or --queue fifo)"
     $pre tc class add dev "$dev" parent "$h": classid "$h":1 htb rate "$r" burst "$b" cburst "$b"
@@ -123,7 +123,7 @@ shape_dir() {
     $pre tc class add dev "$dev" parent "$h":1 classid "$h":20 htb rate $((bits - bits / 30))bit ceil "$r" prio 1 burst "$b" cburst "$b"
     if [ -n "$delay" ]; then
         local pk   # packets: the 50 ms queue's and the delay's at the rate
-        pk=$(awk -v B="$(rate_bytes "$r")" -v d="$delay" 'BEGIN { s = d + 0; if (d ~ /us$/) s /= 1e6; else if (d ~ /ms$/) s /= 1e3;
+        pk=$(awk -v B="$B" -v d="$delay" 'BEGIN { s = d + 0; if (d ~ /us$/) s /= 1e6; else if (d ~ /ms$/) s /= 1e3;
                                                          printf "%d", B * (0.05 + s) / 1514 + 64 }')
         $pre tc qdisc add dev "$dev" parent "$h":10 handle $((h + 2)): netem delay "$delay" limit 10000 2>/dev/null \
             && $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): netem delay "$delay" limit "$pk" 2>/dev/null \

@@ -4,9 +4,8 @@
  *   forward        y (M, O)   = xb (M, I) · Wb^T (I, O) + b      (W^T: a strided view of W)
  *   backward data  dx (M, I) += dyb (M, O) · Wb (O, I)           (sum post-op)
  *   backward w     dW (O, I) += dyb^T (O, M) · xb (M, I)         (dy^T: a strided view)
- * and the two backward ones again writing (=, no post-op) for KSET_*, and the forward again
- * writing bf16 (kern_linear_fwd_kb), all
- * all accumulating in float32 into float32 outputs; db is summed in float32 by a loop (the
+ * and the two backward ones again writing (=, no post-op) for KSET_*, all accumulating in
+ * float32 into float32 outputs but the forward again writing bf16 (kern_linear_fwd_kb); db is summed in float32 by a loop (the
  * same pass that makes dy's bf16 copy, when one is needed).
  * The bf16 copies (x, W, dy) and the primitives' scratchpad live in the calling thread's
  * KSCR_BF16 scratch (kern_scratch), asked for at its largest in init, so a model's linear

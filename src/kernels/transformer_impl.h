@@ -27,7 +27,7 @@ void tf_dnnl_softmax_bwd(TfDnnl *t, int rows, const float *y, const float *dy, f
 typedef struct TfAttn TfAttn;
 enum { TF_MM_SCORES, TF_MM_VALUES, TF_MM_DP, TF_MM_DV, TF_MM_DQ, TF_MM_DK, TF_MM_VALUES_B };
 /* bf16: src and wei are bf16 (uint16_t) buffers laid out as the float32 ones would be; dst is
- * float32 either way but for TF_MM_VALUES_B, MM_VALUES writing y in the operands' type. */
+ * float32, but for TF_MM_VALUES_B: MM_VALUES writing y in the operands' type. */
 int  tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, int bf16, Err *err);
 void tf_dnnl_attn_free(TfAttn *a);   /* NULL is fine */
 void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const void *src, const void *wei, void *dst);

@@ -53,10 +53,9 @@ static size_t attn_keep_bytes(const Layer *l, int n) {   // the core's bf16 qkv 
     return nn_align(kern_attention_keep_bytes(l->prec, n, l->in.d[0], l->k, l->cin / l->k));
 }
 
-/* qkv and att in bf16 only (built, bf16 products in the core and the projections) */
-static int bf16_only(const Layer *l) {
-    return l->attn.impl && kern_attention_takes_bf16(&l->attn) && kern_linear_keep_bytes(l->prec, 1, 1) > 0;
-}
+/* qkv and att in bf16 only: built, with bf16 products in the core (then in the projections too:
+ * all three take the layer's precision) */
+static int bf16_only(const Layer *l) { return kern_attention_takes_bf16(&l->attn); }
 
 static size_t f32_bytes(const Layer *l, int n, int which) {   // saved float32 qkv (0) or att (1)
     return bf16_only(l) ? 0 : nn_align((size_t)n * per_sample(l, which) * sizeof(float));

@@ -42,7 +42,7 @@ static int conv_build(Layer *l, int n_max, Err *err) {
 static void conv_release(Layer *l) { kern_conv2d_release(&l->conv); }
 
 /* bf16: x as the forward converted it, for the weight gradient (kern_conv2d_keep_bytes) */
-static size_t conv_saved(const Layer *l, int n_max) { return l->conv.impl ? kern_conv2d_keep_bytes(&l->conv, n_max) : 0; }
+static size_t conv_saved(const Layer *l, int n_max) { return kern_conv2d_keep_bytes(&l->conv, n_max); }
 
 static void conv_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                          void *saved) {
