@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "kernels.h"
@@ -93,7 +94,8 @@ static const Flag FLAGS[] = {
     SECTION("workers and schedule"),
     INT("--workers", "N", workers, 1, 4096,
         "run N workers as threads of this process (default: the plan's workers; 1 without --plan). "
-        "Without --plan, N > 1 workers are planned here from a brief profile (10 GB/s links)"),
+        "Without --plan, N > 1 workers are planned here from a brief profile (10 GB/s links, this "
+        "machine's cores shared by the workers)"),
     STR("--plan", "PLAN.json", plan, "stages, replicas and ranks (from 'pipedream plan'); needed under mpirun"),
     CHOICE("--schedule", "KIND", set_schedule,
            "1f1b (default), gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 (1f1b-flush with the backward "
@@ -422,6 +424,10 @@ int cmd_train(int argc, char **argv) {
         have_prof = 1;
         Cluster cl = {.n_levels = 1};
         cl.level[0] = (ClusterLevel){.workers = o.workers, .bandwidth = 1e10, .latency = 1e-5};
+        /* the workers are threads of this process: they share this machine's cores, each
+         * worker taking --threads of them */
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        cl.cores_per_machine = ncpu >= o.threads ? (int)(ncpu / o.threads) : 1;
         PlanOpts popt = {.cost_model = COST_OURS};
         if (!(plan = plan_new(&prof, &cl, &popt, &err))) {
             rc = err.code ? err.code : PD_EINVAL;
