@@ -13,7 +13,9 @@
 #   other-b   the next listed candidate not yet taken (--pick)
 # Each trains STEPS minibatches under 1f1b (dp under dp), REPS times, the plans taking turns.
 # Prints per rate the median samples/s of each plan, its prediction, and the choice over the best
-# (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary.
+# (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary. Two names for
+# the same plan (the straight split is often the choice) pool their runs, so that the best is
+# not the luckier of two sets of runs of one plan.
 #
 # usage: bench/plan_vs_best.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), REPS (3), STEPS (80), NET_CPU (measured), CORE_EFF (measured),
@@ -80,27 +82,35 @@ PY
     emu_down
 done
 
-python3 - "$OUT/runs.tsv" "$RATES" <<'PY' | tee "$OUT/table.md"
-import statistics as st, sys
+python3 - "$OUT/runs.tsv" "$RATES" "$OUT/plans" <<'PY' | tee "$OUT/table.md"
+import json, statistics as st, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 plans = ["choice", "straight", "dp", "other-a", "other-b"]
+def shape(r, k):
+    """The plan as it runs (stages' layers and ranks): two names for one plan measure one plan."""
+    if k == "dp":
+        return "dp"
+    d = json.load(open(f"{sys.argv[3]}/{k}-{r}.json"))
+    return json.dumps([(s["layers"], s["ranks"]) for s in d["stages"]])
 print("| link | plan | samples/s (runs) | median | predicted samples/s | of the best |")
 print("| --- | --- | --- | ---: | ---: | ---: |")
 for r in sys.argv[2].split():
-    med = {}
-    for k in plans:
-        mine = [x for x in rows if x[0] == r and x[1] == k]
-        if mine:
-            med[k] = st.median(float(x[3]) for x in mine)
+    sh = {k: shape(r, k) for k in plans}
+    runs = {k: [x for x in rows if x[0] == r and x[1] == k] for k in plans}
+    # the runs of every name of a plan count for it: the best is not the luckier of two copies
+    pooled = {k: [x for j in plans if sh[j] == sh[k] for x in runs[j]] for k in plans}
+    med = {k: st.median(float(x[3]) for x in pooled[k]) for k in plans if pooled[k]}
     best = max(med.values()) if med else 0
     for k in plans:
-        mine = [x for x in rows if x[0] == r and x[1] == k]
+        mine = pooled[k]
         if not mine:
             print(f"| {r} | {k} | (no run finished) | | | |")
             continue
+        same = [j for j in plans if j != k and sh[j] == sh[k]]
+        name = k + (f" (= {', '.join(same)}: runs pooled)" if same else "")
         pr = [float(x[5]) for x in mine if x[5] != "-"]
         ps = "%.1f" % (int(mine[0][6]) * 1e3 / st.median(pr)) if pr else "-"
-        print(f"| {r} | {k} | {', '.join(x[3] for x in mine)} | {med[k]:.1f} | {ps} | {med[k] / best:.3f} |")
+        print(f"| {r} | {name} | {', '.join(x[3] for x in mine)} | {med[k]:.1f} | {ps} | {med[k] / best:.3f} |")
     if "choice" in med and best:
         print(f"| {r} | **choice / best** | | | | **{med['choice'] / best:.3f}** |")
 PY
