@@ -192,8 +192,13 @@ typedef struct Group {   /* all-reduce state of one stage */
     int arrived;
     int version;
     double tmax;
-    double cost;
+    double cost;      /* the ring alone on its links (0: none, or no cluster) */
+    int pending;      /* its ring's transfers still on the links */
+    double lat;       /* the ring's latencies, 2 (r - 1) x its slowest level's */
 } Group;
+
+/* A transfer of a ring all-reduce (FlowMsg.kind; bnd is the stage): not a Msg. */
+enum { FLOW_ALLREDUCE = 2 };
 
 /* ---- links: transfers share them fairly ------------------------------------------ */
 
@@ -606,6 +611,27 @@ static void flow_start(Engine *e, double now, int a, int b, double bytes, int ki
     flow_reshare(e, now, a, e->s->n_ranks + b);
 }
 
+/* One transfer of stage st's ring all-reduce ended at t. After the last, the ring's latencies
+ * later, every replica has the sum: each leaves its all-reduce instruction then. */
+static void allreduce_done(Engine *e, int st, double t) {
+    Group *gr = &e->groups[st];
+    if (--gr->pending > 0) return;
+    const double t1 = t + gr->lat;
+    for (int k = 0; k < e->s->stages[st].replicas; k++) {
+        int peer = e->s->stages[st].ranks[k];
+        WState *pw = &e->ws[peer];
+        PD_ASSERT(pw->blocked == 2);
+        e->r->start[peer][pw->pc] = gr->tmax;   /* the collective itself; waiting shows as idle */
+        e->r->end[peer][pw->pc] = t1;
+        pw->clock = t1;
+        pw->blocked = 0;
+        pw->pc++;
+        ready_push(e, peer);
+    }
+    gr->arrived = 0;
+    gr->tmax = 0;
+}
+
 /* The head message of connection id finishes at t: it arrives latency later (the receiver
  * waiting for it is woken) and its send instruction's end is set. The connection goes on with
  * its next message at the same rate, or ends, and its links are re-shared. */
@@ -613,13 +639,17 @@ static void flow_finish(Engine *e, int id, double t) {
     Flow *f = &e->fl[id];
     fh_pop(e);
     const FlowMsg *g = &f->q[f->q_head++];
-    double arrive = t + f->latency;
-    e->r->end[f->src][g->ins] = arrive;
-    Msg *m = msg_find(e, g->kind, f->src, f->dst, g->mb, g->bnd, 0);
-    PD_ASSERT(m && m->state == MSG_IN_FLIGHT);
-    m->state = MSG_POSTED;
-    m->arrive = arrive;
-    if (m->waiter >= 0) ready_push(e, m->waiter);
+    if (g->kind == FLOW_ALLREDUCE) {
+        allreduce_done(e, g->bnd, t);
+    } else {
+        double arrive = t + f->latency;
+        e->r->end[f->src][g->ins] = arrive;
+        Msg *m = msg_find(e, g->kind, f->src, f->dst, g->mb, g->bnd, 0);
+        PD_ASSERT(m && m->state == MSG_IN_FLIGHT);
+        m->state = MSG_POSTED;
+        m->arrive = arrive;
+        if (m->waiter >= 0) ready_push(e, m->waiter);
+    }
     if (f->q_head < f->q_n) {
         f->rem = f->q[f->q_head].bytes;
         f->t_last = t;
@@ -650,7 +680,8 @@ static double allreduce_cost(const Engine *e, int st) {
         if (x < bw) bw = x;
     }
     double bytes = e->c->stage[st].param_bytes;
-    return 2.0 * (r - 1) / r * bytes / bw + 2.0 * (r - 1) * cl->level[lv].latency;
+    e->groups[st].lat = 2.0 * (r - 1) * cl->level[lv].latency;
+    return 2.0 * (r - 1) / r * bytes / bw + e->groups[st].lat;
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
@@ -787,6 +818,20 @@ static int run_worker(Engine *e, int rank) {
             gr->arrived++;
             if (gr->arrived < s->stages[g].replicas) {
                 w->blocked = 2;
+                return PD_OK;
+            }
+            if (gr->cost > 0 && e->c->stage[g].param_bytes > 0) {
+                /* the ring on the links: replica k sends 2 (r - 1) / r of the stage's parameter
+                 * bytes to replica k + 1, sharing its outgoing and the next one's incoming link
+                 * with the activations and gradients in flight there (flow_start); every
+                 * replica waits until the last of them arrives (allreduce_done) */
+                const int r = s->stages[g].replicas;
+                const double bytes = 2.0 * (r - 1) / r * e->c->stage[g].param_bytes;
+                w->blocked = 2;
+                gr->pending = r;
+                for (int k = 0; k < r; k++)
+                    flow_start(e, gr->tmax, s->stages[g].ranks[k], s->stages[g].ranks[(k + 1) % r], bytes, FLOW_ALLREDUCE,
+                               -1, g, -1);
                 return PD_OK;
             }
             double t1 = gr->tmax + gr->cost;
