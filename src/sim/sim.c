@@ -193,8 +193,10 @@ typedef struct Group {   /* all-reduce state of one stage */
     int version;
     double tmax;
     double cost;      /* the ring alone on its links (0: none, or no cluster) */
-    int pending;      /* its ring's transfers still on the links */
+    double bytes;     /* what each replica sends around the ring, 2 (r - 1) / r x the stage's
+                       * parameter bytes (0: no transfers, the cost is latency alone) */
     double lat;       /* the ring's latencies, 2 (r - 1) x its slowest level's */
+    int pending;      /* its ring's transfers still on the links */
 } Group;
 
 /* A transfer of a ring all-reduce (FlowMsg.kind; bnd is the stage): not a Msg. */
@@ -611,25 +613,32 @@ static void flow_start(Engine *e, double now, int a, int b, double bytes, int ki
     flow_reshare(e, now, a, e->s->n_ranks + b);
 }
 
-/* One transfer of stage st's ring all-reduce ended at t. After the last, the ring's latencies
- * later, every replica has the sum: each leaves its all-reduce instruction then. */
-static void allreduce_done(Engine *e, int st, double t) {
+/* Stage st's all-reduce is over at t1: every replica leaves its all-reduce instruction then.
+ * self: the replica that runs on from it (run_worker's caller), or -1 (all were waiting). */
+static void group_release(Engine *e, int st, double t1, int self) {
     Group *gr = &e->groups[st];
-    if (--gr->pending > 0) return;
-    const double t1 = t + gr->lat;
     for (int k = 0; k < e->s->stages[st].replicas; k++) {
         int peer = e->s->stages[st].ranks[k];
         WState *pw = &e->ws[peer];
-        PD_ASSERT(pw->blocked == 2);
         e->r->start[peer][pw->pc] = gr->tmax;   /* the collective itself; waiting shows as idle */
         e->r->end[peer][pw->pc] = t1;
         pw->clock = t1;
-        pw->blocked = 0;
-        pw->pc++;
-        ready_push(e, peer);
+        if (peer != self) {
+            PD_ASSERT(pw->blocked == 2);
+            pw->blocked = 0;
+            pw->pc++;
+            ready_push(e, peer);
+        }
     }
     gr->arrived = 0;
     gr->tmax = 0;
+}
+
+/* One transfer of stage st's ring all-reduce ended at t. After the last, the ring's latencies
+ * later, every replica has the sum. */
+static void allreduce_done(Engine *e, int st, double t) {
+    Group *gr = &e->groups[st];
+    if (--gr->pending == 0) group_release(e, st, t + gr->lat, -1);
 }
 
 /* The head message of connection id finishes at t: it arrives latency later (the receiver
@@ -666,11 +675,13 @@ static void flow_finish(Engine *e, int id, double t) {
     flow_reshare(e, t, f->src, e->s->n_ranks + f->dst);
 }
 
-static double allreduce_cost(const Engine *e, int st) {
+/* Stage st's ring: its time alone on its links, its latencies and each replica's bytes. */
+static void group_init(Engine *e, int st) {
     const SchedStage *g = &e->s->stages[st];
     const Cluster *cl = e->o->cluster;
+    Group *gr = &e->groups[st];
     int r = g->replicas;
-    if (r < 2 || !cl || cl->n_levels == 0) return 0;
+    if (r < 2 || !cl || cl->n_levels == 0) return;
     int lv = 0;
     double bw = INFINITY;   /* the ring moves at its slowest hop */
     for (int i = 0; i < r; i++) {
@@ -679,9 +690,9 @@ static double allreduce_cost(const Engine *e, int st) {
         double x = cluster_link_bandwidth(cl, a, b);
         if (x < bw) bw = x;
     }
-    double bytes = e->c->stage[st].param_bytes;
-    e->groups[st].lat = 2.0 * (r - 1) * cl->level[lv].latency;
-    return 2.0 * (r - 1) / r * bytes / bw + e->groups[st].lat;
+    gr->bytes = 2.0 * (r - 1) / r * e->c->stage[st].param_bytes;
+    gr->lat = 2.0 * (r - 1) * cl->level[lv].latency;
+    gr->cost = gr->bytes / bw + gr->lat;
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
@@ -820,36 +831,20 @@ static int run_worker(Engine *e, int rank) {
                 w->blocked = 2;
                 return PD_OK;
             }
-            if (gr->cost > 0 && e->c->stage[g].param_bytes > 0) {
-                /* the ring on the links: replica k sends 2 (r - 1) / r of the stage's parameter
-                 * bytes to replica k + 1, sharing its outgoing and the next one's incoming link
-                 * with the activations and gradients in flight there (flow_start); every
-                 * replica waits until the last of them arrives (allreduce_done) */
+            if (gr->bytes > 0) {
+                /* the ring on the links: replica k sends gr->bytes to replica k + 1, sharing its
+                 * outgoing and the next one's incoming link with the activations and gradients
+                 * in flight there (flow_start); every replica waits until the last of them
+                 * arrives (allreduce_done) */
                 const int r = s->stages[g].replicas;
-                const double bytes = 2.0 * (r - 1) / r * e->c->stage[g].param_bytes;
                 w->blocked = 2;
                 gr->pending = r;
                 for (int k = 0; k < r; k++)
-                    flow_start(e, gr->tmax, s->stages[g].ranks[k], s->stages[g].ranks[(k + 1) % r], bytes, FLOW_ALLREDUCE,
-                               -1, g, -1);
+                    flow_start(e, gr->tmax, s->stages[g].ranks[k], s->stages[g].ranks[(k + 1) % r], gr->bytes,
+                               FLOW_ALLREDUCE, -1, g, -1);
                 return PD_OK;
             }
-            double t1 = gr->tmax + gr->cost;
-            for (int k = 0; k < s->stages[g].replicas; k++) {
-                int peer = s->stages[g].ranks[k];
-                WState *pw = &e->ws[peer];
-                e->r->start[peer][pw->pc] = gr->tmax;   /* the collective itself; waiting shows as idle */
-                e->r->end[peer][pw->pc] = t1;
-                pw->clock = t1;
-                if (peer != rank) {
-                    PD_ASSERT(pw->blocked == 2);
-                    pw->blocked = 0;
-                    pw->pc++;
-                    ready_push(e, peer);
-                }
-            }
-            gr->arrived = 0;
-            gr->tmax = 0;
+            group_release(e, g, gr->tmax + gr->cost, rank);   /* latency alone, or no cluster */
             break;
         }
         case OP_STEP: {
@@ -1110,7 +1105,7 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     e.tab_mask = cap - 1;
     e.links = calloc(2 * (size_t)W + 1, sizeof(LinkSet));
     PD_ASSERT(e.ws && e.groups && e.tab && e.heap && e.links);
-    for (int g = 0; g < s->n_stages; g++) e.groups[g].cost = allreduce_cost(&e, g);
+    for (int g = 0; g < s->n_stages; g++) group_init(&e, g);
     if (o->cluster && o->cluster->cores_per_machine > 0 && o->cluster->n_levels > 0) {
         /* Workers that compute share their machine's cores as they compute (job_reshare): when
          * more compute at once than it has cores, each runs at cores / n of its speed
