@@ -273,7 +273,9 @@ static void test_clip_pieces(void **st) {
 /* Blocked activations inside a range (model.c's plan_layouts): a range whose convolutions,
  * pool and relu pass nChw16c between them gives bitwise what the same layers give run as
  * one-layer ranges (every activation plain), for the output, dx and dW, with the whole and
- * the split backward, at n_max and at a smaller n. */
+ * the split backward, at n_max and at a smaller n. The same one-layer ranges given the ends
+ * the whole range has (model_cut_layouts, nnctx_set_ends: the profiler's timing), or those of
+ * the range cut before the pool, give the same bits too. */
 static void test_blocked_range_vs_layers(void **st) {
     (void)st;
     static const char *json = M("[16, 8, 8]",
@@ -295,8 +297,27 @@ static void test_blocked_range_vs_layers(void **st) {
     for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7919) % 23) / 11.0f - 1.0f;
     for (int i = 0; i < 3 * 10; i++) dy[i] = (float)(i % 7) / 3.0f - 1.0f;
     NnCtx *whole = nnctx_new(m, 0, nl, n_max);
-    NnCtx *one[16];
+    NnCtx *one[16], *in_ends[2][16];
     for (int i = 0; i < nl; i++) one[i] = nnctx_new(m, i, i + 1, n_max);
+    /* the layouts: inside, every activation between the convolutions, pool and relu blocked;
+     * cut after the first convolution, the pool (layout-preserving) plain on both sides */
+    unsigned char ends[2][16], cut[16] = {1};
+    static const unsigned char want[2][7] = {{NN_END_Y, NN_END_X | NN_END_Y, NN_END_X | NN_END_Y, NN_END_X | NN_END_Y, NN_END_X, 0, 0},
+                                             {0, 0, NN_END_Y, NN_END_X | NN_END_Y, NN_END_X, 0, 0}};
+    model_cut_layouts(m, 0, nl, NULL, ends[0]);
+    model_cut_layouts(m, 0, nl, cut, ends[1]);
+    assert_int_equal(nl, 7);
+    assert_memory_equal(ends[0], want[0], 7);
+    assert_memory_equal(ends[1], want[1], 7);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < nl; i++) {
+            in_ends[k][i] = nnctx_new(m, i, i + 1, n_max);
+            assert_int_equal(nnctx_set_ends(in_ends[k][i], ends[k][i] & NN_END_X, ends[k][i] & NN_END_Y), 1);
+        }
+    /* ends a layer cannot meet are refused: the pool blocked on one side only, flatten's input */
+    assert_int_equal(nnctx_set_ends(one[1], 0, 1), 0);
+    assert_int_equal(nnctx_set_ends(one[1], 1, 0), 0);
+    assert_int_equal(nnctx_set_ends(one[5], 1, 0), 0);
     for (int n = n_max; n >= 2; n--) {
         NnRun run = {.n = n, .train = 1, .seed = 1, .minibatch = 0};
         /* the plain chain */
@@ -312,6 +333,30 @@ static void test_blocked_range_vs_layers(void **st) {
             memset(g2, 0, sizeof(float) * in);
             model_backward(m, one[i], w + model_param_offset(m, i), g, i ? g2 : dx, dw + model_param_offset(m, i));
             memcpy(g, g2, sizeof(float) * in);
+        }
+        /* the chains with the range's layouts, whole and cut */
+        for (int k = 0; k < 2; k++) {
+            const float *c = x;
+            for (int i = 0; i < nl; i++) c = model_forward(m, in_ends[k][i], w + model_param_offset(m, i), NULL, c, &run);
+            assert_memory_equal(c, out, sizeof(float) * n * 10);
+            /* the first convolution's output left blocked (the same numbers in another order)
+             * inside, plain where the range is cut after it */
+            const size_t y0 = sizeof(float) * n * 16 * 8 * 8;
+            if (k == 0) assert_memory_not_equal(nnctx_output(in_ends[k][0]), nnctx_output(one[0]), y0);
+            else assert_memory_equal(nnctx_output(in_ends[k][0]), nnctx_output(one[0]), y0);
+            float *dw_c = calloc(np, sizeof(float)), *dx_c = calloc(nx, sizeof(float));
+            float *h = calloc(nx * 4, sizeof(float)), *h2 = calloc(nx * 4, sizeof(float));
+            memcpy(h, dy, sizeof(float) * n * 10);
+            for (int i = nl - 1; i >= 0; i--) {
+                size_t in = (size_t)n * shape_numel(model_layer_in_shape(m, i));
+                memset(h2, 0, sizeof(float) * in);
+                model_backward(m, in_ends[k][i], w + model_param_offset(m, i), h, i ? h2 : dx_c,
+                               dw_c + model_param_offset(m, i));
+                memcpy(h, h2, sizeof(float) * in);
+            }
+            assert_memory_equal(dx_c, dx, sizeof(float) * n * 16 * 8 * 8);
+            assert_memory_equal(dw_c, dw, sizeof(float) * np);
+            free(dw_c), free(dx_c), free(h), free(h2);
         }
         /* the range */
         const float *b = model_forward(m, whole, w, NULL, x, &run);
@@ -329,7 +374,7 @@ static void test_blocked_range_vs_layers(void **st) {
         assert_memory_equal(dw_s, dw, sizeof(float) * np);
         free(dw), free(dx), free(g), free(g2), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
     }
-    for (int i = 0; i < nl; i++) nnctx_free(one[i]);
+    for (int i = 0; i < nl; i++) nnctx_free(one[i]), nnctx_free(in_ends[0][i]), nnctx_free(in_ends[1][i]);
     nnctx_free(whole);
     pd_free(w);
     pd_free(x);

@@ -89,6 +89,9 @@ static void test_json_round_trip(void **state) {
                     l->bwd_in_s = l->bwd_s / 3, l->bwd_w_s = l->bwd_s - l->bwd_in_s;
                     l->small_bwd_in_s = l->small_bwd_s / 3, l->small_bwd_w_s = 1e-9 / (i + 3);
                 }
+                /* the cuts' prices, where a boundary is (none before the first, after the last) */
+                if (i + 1 < a.n_layers) l->cut_out_fwd_s = 1e-4 / (i + 3), l->cut_out_bwd_s = i % 2 ? 0 : 3e-5 * i;
+                if (i > 0) l->cut_in_fwd_s = i % 3 ? 2e-6 * i : 0, l->cut_in_bwd_s = 1.5e-4 / i;
             }
         }
         Err err = {0};
@@ -128,6 +131,10 @@ static void test_json_round_trip(void **state) {
             assert_true(b.layers[i].small_bwd_s == a.layers[i].small_bwd_s);
             assert_true(b.layers[i].small_bwd_in_s == a.layers[i].small_bwd_in_s);
             assert_true(b.layers[i].small_bwd_w_s == a.layers[i].small_bwd_w_s);
+            assert_true(b.layers[i].cut_out_fwd_s == a.layers[i].cut_out_fwd_s);
+            assert_true(b.layers[i].cut_out_bwd_s == a.layers[i].cut_out_bwd_s);
+            assert_true(b.layers[i].cut_in_fwd_s == a.layers[i].cut_in_fwd_s);
+            assert_true(b.layers[i].cut_in_bwd_s == a.layers[i].cut_in_bwd_s);
         }
         assert_int_equal(b.small_batch, dag ? 7 : 0);
         assert_int_equal(b.saved_measured, dag);
@@ -275,6 +282,17 @@ static void test_bad_json(void **state) {
     expect_error(JSON_HEAD "\"small_batch\": 2, \"layers\": [" JSON_SMALL(0.5, ", \"backward_input_s\": 1, "
                  "\"backward_weight_s\": 1") "]}",
                  "give small_backward_input_s and small_backward_weight_s with backward_input_s");
+    /* the cuts' prices: none before the first layer or after the last */
+#define JSON_CUT(key) \
+    "{\"name\": \"a\", \"type\": \"conv2d\", \"forward_s\": 1, \"backward_s\": 2, \"activation_bytes\": 4, " \
+    "\"parameter_bytes\": 8, \"" key "\": 0.5}"
+    expect_error(JSON_HEAD "\"layers\": [" JSON_CUT("cut_input_forward_s") ", " JSON_LAYER "]}",
+                 "layer 0: no stage boundary can be before it: cut_input_* must be 0");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", " JSON_CUT("cut_output_backward_s") "]}",
+                 "layer 1: no stage boundary can be after it: cut_output_* must be 0");
+    expect_error(JSON_HEAD "\"layers\": [" JSON_LAYER ", {\"name\": \"a\", \"type\": \"t\", \"forward_s\": 1, "
+                 "\"backward_s\": 2, \"activation_bytes\": 4, \"parameter_bytes\": 8, \"cut_input_backward_s\": -1}]}",
+                 "cut_input_backward_s");
     expect_error("{\"format\": \"other\", \"version\": 1, \"model\": \"m\", \"minibatch\": 8, \"layers\": [" JSON_LAYER
                  "]}",
                  "pipedream-profile");

@@ -471,6 +471,31 @@ static void test_profiler(void **state) {
         }
     }
     assert_int_equal(profile_validate(&p, &err), PD_OK);
+    for (int i = 0; i < 5; i++)   /* no blocked layouts in a multi-layer perceptron: no cut prices */
+        assert_true(p.layers[i].cut_out_fwd_s + p.layers[i].cut_out_bwd_s + p.layers[i].cut_in_fwd_s +
+                        p.layers[i].cut_in_bwd_s == 0);
+    profile_release(&p);
+    /* a convolution, pool and convolution passing nChw16c between them, then flatten and a
+     * linear layer on plain data: the cuts are priced on the two sides of the blocked
+     * boundaries (0 | 1, 1 | 2) alone, the layers timed with the layouts they have inside */
+    char conv_path[64];
+    rt_write_tmp(conv_path, "{\"name\": \"blk\", \"input\": [16, 8, 8], \"layers\": ["
+                            "{\"type\": \"conv2d\", \"in\": 16, \"out\": 16, \"kernel\": 3, \"pad\": 1, \"relu\": true},"
+                            "{\"type\": \"maxpool\", \"kernel\": 2},"
+                            "{\"type\": \"conv2d\", \"in\": 16, \"out\": 16, \"kernel\": 3, \"pad\": 1},"
+                            "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"in\": 256, \"out\": 10}]}");
+    if (rt_profile(conv_path, &o, &p, &err)) fail_msg("%s", err.msg);
+    unlink(conv_path);
+    assert_int_equal(p.n_layers, 5);
+    assert_int_equal(profile_validate(&p, &err), PD_OK);
+    for (int i = 0; i < 5; i++) {
+        const ProfileLayer *l = &p.layers[i];
+        double out = l->cut_out_fwd_s + l->cut_out_bwd_s, in = l->cut_in_fwd_s + l->cut_in_bwd_s;
+        assert_true(isfinite(out) && isfinite(in) && out >= 0 && in >= 0);
+        if (i >= 2) assert_true(out == 0);
+        if (i == 0 || i >= 3) assert_true(in == 0);
+        assert_true(l->fwd_s > 0 || i == 3);
+    }
     profile_release(&p);
     o.iterations = 0;
     assert_int_equal(rt_profile(mlp_path, &o, &p, &err), PD_EINVAL);

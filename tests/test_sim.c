@@ -1126,6 +1126,23 @@ static void test_costs_from_profile(void **state) {
     assert_near(c.stage[1].in_bytes, 200, 1e-12);   /* layer 1's output */
     assert_near(c.stage[1].stash_bytes, 200 + 300 + 400 + 500, 1e-12);
     sim_costs_release(&c);
+    /* the cuts' prices: charged only where the stage boundary is (layer 1's output, layer 2's
+     * input), the backward's between its passes as the layer's is (layer 2: BI 1/4 of it) */
+    for (int i = 0; i < 5; i++) {
+        L[i].cut_out_fwd_s = 0.01 * (i + 1), L[i].cut_out_bwd_s = 0.02 * (i + 1);
+        L[i].cut_in_fwd_s = 0.001 * (i + 1), L[i].cut_in_bwd_s = 0.002 * (i + 1);
+    }
+    L[2].bwd_in_s = 0.15, L[2].bwd_w_s = 0.45;
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_near(c.stage[0].fwd_s, 0.3 + 0.02, 1e-12);
+    assert_near(c.stage[0].bwd_s, 0.6 + 0.04, 1e-12);
+    assert_near(c.stage[0].bwd_in_s + c.stage[0].bwd_w_s, 0.6 + 0.04, 1e-12);
+    assert_near(c.stage[1].fwd_s, 1.2 + 0.003, 1e-12);
+    assert_near(c.stage[1].bwd_s, 2.4 + 0.006, 1e-12);
+    assert_near(c.stage[1].bwd_in_s, 0.15 + 0.4 + 0.5 + 0.006 / 4, 1e-12);
+    sim_costs_release(&c);
+    for (int i = 0; i < 5; i++) L[i].cut_out_fwd_s = L[i].cut_out_bwd_s = L[i].cut_in_fwd_s = L[i].cut_in_bwd_s = 0;
+    L[2].bwd_in_s = L[2].bwd_w_s = 0;
     /* a skip edge 0 -> 3 also crosses the boundary */
     int edges[5][2] = {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {0, 3}};
     prof.n_edges = 5, prof.edges = edges;

@@ -103,12 +103,16 @@ int cmd_profile(int argc, char **argv) {
         snprintf(defp, sizeof defp, "%.100s.profile.json", p.model);
         outp = defp;
     }
+    /* "cut after ms": what a stage boundary after the layer adds to the two stages' compute
+     * (both passes, both sides), where the model keeps the activation channel-blocked */
     double tf = 0, tb = 0, pb = 0;
-    printf("%-4s %-12s %12s %12s %14s %12s\n", "#", "type", "forward ms", "backward ms", "activation B", "params B");
+    printf("%-4s %-12s %12s %12s %14s %12s %14s\n", "#", "type", "forward ms", "backward ms", "activation B", "params B",
+           "cut after ms");
     for (int i = 0; i < p.n_layers; i++) {
-        const ProfileLayer *L = &p.layers[i];
-        printf("%-4d %-12s %12.3f %12.3f %14.0f %12.0f\n", i, L->type, 1e3 * L->fwd_s, 1e3 * L->bwd_s, L->act_bytes,
-               L->param_bytes);
+        const ProfileLayer *L = &p.layers[i], *R = i + 1 < p.n_layers ? &p.layers[i + 1] : NULL;
+        double cut = L->cut_out_fwd_s + L->cut_out_bwd_s + (R ? R->cut_in_fwd_s + R->cut_in_bwd_s : 0);
+        printf("%-4d %-12s %12.3f %12.3f %14.0f %12.0f %14.3f\n", i, L->type, 1e3 * L->fwd_s, 1e3 * L->bwd_s,
+               L->act_bytes, L->param_bytes, 1e3 * cut);
         tf += L->fwd_s;
         tb += L->bwd_s;
         pb += L->param_bytes;

@@ -46,6 +46,7 @@ struct NnCtx {
     NnRun run;            /* of the last forward */
     int have_fwd;
     unsigned char *lay;   /* lay[i - first]: layer i's layouts in the last forward (Layer.lay) */
+    int xb, yb;           /* the range's ends blocked (nnctx_set_ends); 0: plain */
 };
 
 static const LayerOps *const KINDS[] = {
@@ -636,13 +637,36 @@ int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay) 
 }
 
 /* Which activations inside c's range stay in the blocked layout (nn_plan_layouts with plain
- * ends, so that stages, the profiler, checkpoints and the loss see plain data). Computed per
- * forward from the built layers (cheap); the backward uses the same. Without it every oneDNN
- * convolution reorders its input, output and gradients to and from NCHW: vgg16 ~9 ms of a
- * 78 ms step. */
+ * ends unless nnctx_set_ends says otherwise, so that stages, checkpoints and the loss see
+ * plain data). Computed per forward from the built layers (cheap); the backward uses the
+ * same. Without it every oneDNN convolution reorders its input, output and gradients to and
+ * from NCHW: vgg16 ~9 ms of a 78 ms step. */
 static void plan_layouts(const Model *m, NnCtx *c) {
-    const int ok = nn_plan_layouts(m->layers + c->first, c->last - c->first, 0, 0, c->lay);
-    PD_ASSERT(ok);   // plain ends are always possible: nothing is blocked unless both sides take it
+    const int ok = nn_plan_layouts(m->layers + c->first, c->last - c->first, c->xb, c->yb, c->lay);
+    PD_ASSERTF(ok, "layers [%d, %d) no longer meet the ends %d, %d", c->first, c->last, c->xb, c->yb);
+}
+
+void model_cut_layouts(const Model *m, int first, int last, const unsigned char *cut, unsigned char *ends) {
+    check_range(m, first, last);
+    for (int a = first; a < last;) {   /* each piece [a, b): plain ends are always possible */
+        int b = a + 1;
+        while (b < last && !(cut && cut[b - 1 - first])) b++;
+        const int ok = nn_plan_layouts(m->layers + a, b - a, 0, 0, ends + (a - first));
+        PD_ASSERT(ok);
+        for (int i = a; i < b; i++) {
+            const int l = ends[i - first];
+            ends[i - first] = (unsigned char)((l & KCONV_X_BLK16 ? NN_END_X : 0) | (l & KCONV_Y_BLK16 ? NN_END_Y : 0));
+        }
+        a = b;
+    }
+}
+
+int nnctx_set_ends(NnCtx *c, int x_blocked, int y_blocked) {
+    unsigned char *lay = pd_calloc((size_t)(c->last - c->first));
+    const int ok = nn_plan_layouts(c->m->layers + c->first, c->last - c->first, !!x_blocked, !!y_blocked, lay);
+    pd_free(lay);
+    if (ok) c->xb = !!x_blocked, c->yb = !!y_blocked;
+    return ok;
 }
 
 const float *model_forward(Model *m, NnCtx *c, const float *w, float *state, const float *x, const NnRun *run) {

@@ -138,6 +138,20 @@ size_t nnctx_bytes(const NnCtx *c);
 float *nnctx_input(NnCtx *c);
 /* The output of the range's last layer (n, out shape) after model_forward. */
 const float *nnctx_output(const NnCtx *c);
+/* The activation layouts of the built range [first, last), cut into pieces at the boundaries
+ * in cut (cut[i - first] != 0: a stage boundary between layers i and i + 1; NULL: none), each
+ * piece with plain ends, as model_forward lays them out: ends[i - first] gets NN_END_X when
+ * layer i's input (and the gradient w.r.t. it) is channel-blocked (nChw16c, where oneDNN's
+ * convolutions want it) and NN_END_Y when its output is. A stage boundary where the whole range
+ * keeps the activation blocked costs layout changes and slower plain-layout kernels that a
+ * layer inside a stage does not pay. */
+enum { NN_END_X = 1, NN_END_Y = 2 };
+void model_cut_layouts(const Model *m, int first, int last, const unsigned char *cut, unsigned char *ends);
+/* Gives the ctx's range blocked ends: its input (and the input gradient) arrives blocked if
+ * x_blocked, its output (and output gradient) leaves blocked if y_blocked, so that one-layer
+ * contexts chained together run each layer as it runs inside a longer range (the profiler's
+ * timings). Returns 0, changing nothing, when the range's layers cannot meet those ends. */
+int nnctx_set_ends(NnCtx *c, int x_blocked, int y_blocked);
 
 /* Forward of the ctx's range with parameters w and state (range layouts; state is updated in
  * training mode, may be NULL if the range has none). x (n, in shape) is copied into the ctx

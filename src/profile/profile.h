@@ -46,6 +46,13 @@ typedef struct ProfileLayer {
      * it): the simulator draws a straight line through the two measurements to cost units of
      * other sizes (sim_costs_scale). All 0 when the profile has no small_batch. */
     double small_fwd_s, small_bwd_s, small_bwd_in_s, small_bwd_w_s;
+    /* Optional: what a stage boundary costs on each side of this layer, beyond the times above
+     * (which are the layer's inside a stage): the forward and backward extra when the layer is
+     * the last of a stage (its output leaves in the plain layout, not the channel-blocked one
+     * the next layer takes inside a stage) and when it is the first (its input arrives plain).
+     * Proportional to the batch. All 0 when not measured, or where the layouts do not change
+     * at the boundary (the authors' profiles, a model without blocked layouts). */
+    double cut_out_fwd_s, cut_out_bwd_s, cut_in_fwd_s, cut_in_bwd_s;
 } ProfileLayer;
 
 typedef struct Profile {

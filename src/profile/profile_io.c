@@ -190,6 +190,17 @@ static int parse_json(const char *text, const char *path, Profile *p, Err *err) 
             (rc = jobj_num(&lj, "backward_weight_s", 0, 0, 1e30, &l->bwd_w_s, err)))
             goto done;
         if ((rc = jobj_num(&lj, "step_s", 0, 0, 1e30, &l->step_s, err))) goto done;
+        if ((rc = jobj_num(&lj, "cut_output_forward_s", 0, 0, 1e30, &l->cut_out_fwd_s, err)) ||
+            (rc = jobj_num(&lj, "cut_output_backward_s", 0, 0, 1e30, &l->cut_out_bwd_s, err)) ||
+            (rc = jobj_num(&lj, "cut_input_forward_s", 0, 0, 1e30, &l->cut_in_fwd_s, err)) ||
+            (rc = jobj_num(&lj, "cut_input_backward_s", 0, 0, 1e30, &l->cut_in_bwd_s, err)))
+            goto done;
+        if ((i == 0 && l->cut_in_fwd_s + l->cut_in_bwd_s > 0) ||
+            (i == p->n_layers - 1 && l->cut_out_fwd_s + l->cut_out_bwd_s > 0)) {
+            rc = err_set(err, PD_EINVAL, "%s: no stage boundary can be %s it: cut_%s_* must be 0", ctx,
+                         i == 0 ? "before" : "after", i == 0 ? "input" : "output");
+            goto done;
+        }
         /* the small-batch times: forward and backward for every layer when the profile has a
          * small_batch (none otherwise), and the split passes where the full split is given */
         int has_sf = jobj_has(&lj, "small_forward_s"), has_sb = jobj_has(&lj, "small_backward_s");
@@ -273,6 +284,14 @@ int profile_save(const Profile *p, const char *path, Err *err) {
             cJSON_AddItemToObject(o, "backward_weight_s", pd_json_num(l->bwd_w_s));
         }
         if (l->step_s > 0) cJSON_AddItemToObject(o, "step_s", pd_json_num(l->step_s));
+        if (l->cut_out_fwd_s + l->cut_out_bwd_s > 0) {
+            cJSON_AddItemToObject(o, "cut_output_forward_s", pd_json_num(l->cut_out_fwd_s));
+            cJSON_AddItemToObject(o, "cut_output_backward_s", pd_json_num(l->cut_out_bwd_s));
+        }
+        if (l->cut_in_fwd_s + l->cut_in_bwd_s > 0) {
+            cJSON_AddItemToObject(o, "cut_input_forward_s", pd_json_num(l->cut_in_fwd_s));
+            cJSON_AddItemToObject(o, "cut_input_backward_s", pd_json_num(l->cut_in_bwd_s));
+        }
         if (p->small_batch > 0) {
             cJSON_AddItemToObject(o, "small_forward_s", pd_json_num(l->small_fwd_s));
             cJSON_AddItemToObject(o, "small_backward_s", pd_json_num(l->small_bwd_s));
@@ -624,6 +643,7 @@ void profile_scale_layer(Profile *p, int l, double f) {
     ProfileLayer *x = &p->layers[l];
     x->fwd_s *= f, x->bwd_s *= f, x->bwd_in_s *= f, x->bwd_w_s *= f, x->step_s *= f;
     x->small_fwd_s *= f, x->small_bwd_s *= f, x->small_bwd_in_s *= f, x->small_bwd_w_s *= f;
+    x->cut_out_fwd_s *= f, x->cut_out_bwd_s *= f, x->cut_in_fwd_s *= f, x->cut_in_bwd_s *= f;
 }
 
 void profile_spread_step(Profile *p, int m) {

@@ -1,10 +1,16 @@
 /* profiler.c: the paper's profiler: times a model's training steps on one worker and records,
  * per top-level layer, the median forward and backward time, the backward's input-gradient and
- * weight-gradient passes as the zb kinds run them apart, and the byte counts the planner needs. Each top-level layer runs as its own range [i, i+1) with its own context, so its
- * forward and backward are timed separately (the same calls the pipeline makes at a stage
- * boundary); rt_time_layers does that timing, for `pipedream bench --layers` too. It lives
- * in the runtime module, not in profile/, so that the profile and plan modules build without
- * the training engine. */
+ * weight-gradient passes as the zb kinds run them apart, and the byte counts the planner needs.
+ * Each top-level layer runs as its own range [i, i+1) with its own context, so its forward and
+ * backward are timed separately; the ranges are chained with the activation layouts the whole
+ * model has between them (model_cut_layouts), so a layer costs what it costs inside a stage.
+ * A stage boundary where the activation is channel-blocked costs more (layout changes, plain
+ * kernels where blocked ones ran, on every layer whose layouts the cut changes): the profiler
+ * times the cuts too, in a few more passes, each with a set of cuts that change disjoint runs
+ * of layers, and records each cut's price on both of its sides.
+ * rt_time_layers does the timing, for `pipedream bench --layers` too. It lives in the runtime
+ * module, not in profile/, so that the profile and plan modules build without the training
+ * engine. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +22,8 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static double less(double a, double b) { return a > b ? a - b : 0; }
+
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -23,12 +31,17 @@ static double median(double *v, int n) {
 
 void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
                     int iterations, int progress, double *fwd_s, double *bwd_s) {
-    rt_time_layers_split(m, w, st, x, labels, B, warmup, iterations, progress, fwd_s, bwd_s, NULL, NULL, NULL);
+    int nl = model_n_layers(m);
+    unsigned char *inside = calloc((size_t)nl, 1);
+    PD_ASSERT(inside);
+    model_cut_layouts(m, 0, nl, NULL, inside);
+    rt_time_layers_split(m, w, st, x, labels, B, warmup, iterations, progress, inside, fwd_s, bwd_s, NULL, NULL, NULL);
+    free(inside);
 }
 
 void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
-                          int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
-                          double *bwd_w_s, double *step_s) {
+                          int iterations, int progress, const unsigned char *ends, double *fwd_s, double *bwd_s,
+                          double *bwd_in_s, double *bwd_w_s, double *step_s) {
     int nl = model_n_layers(m), split = bwd_in_s && bwd_w_s;
     int classes = 0, rows = B * model_loss_positions(m, &classes);   /* one row of logits per target */
     PD_ASSERT(classes > 0 && B >= 1 && warmup >= 0 && iterations >= 1);
@@ -62,6 +75,12 @@ void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const i
     for (int i = 0; i < nl; i++) {
         optim_init(&opts[i], &oc, model_param_count(m, i, i + 1));
         ctx[i] = nnctx_new(m, i, i + 1, B);
+        if (ends) {
+            PD_ASSERTF(i == 0 || !(ends[i] & NN_END_X) == !(ends[i - 1] & NN_END_Y), "layers %d, %d: the layouts between them differ",
+                       i - 1, i);
+            int ok = nnctx_set_ends(ctx[i], ends[i] & NN_END_X, ends[i] & NN_END_Y);
+            PD_ASSERTF(ok, "layer %d cannot take the layouts 0x%x", i, (unsigned)ends[i]);
+        }
         grad[i] = pd_alloc_f32((size_t)B * shape_numel(model_layer_in_shape(m, i)));
     }
     grad[nl] = pd_alloc_f32((size_t)rows * (size_t)classes);
@@ -172,6 +191,68 @@ static int layer_scratch(const char *model_path, int prec, int i, int n, double 
     return rc;
 }
 
+/* The profiler's passes that price the cuts (the layouts as model_cut_layouts gives them). */
+typedef struct CutPasses {
+    unsigned char *inside;   /* (nl) every layer's ends in the whole model */
+    int n_pass;
+    unsigned char *ends;     /* (n_pass x nl) each pass's layers' ends */
+    int *pass, *lo, *hi;     /* (nl) per boundary c: its pass (-1: not a blocked one) and run */
+} CutPasses;
+
+static void cut_passes_release(CutPasses *p) {
+    free(p->inside), free(p->ends), free(p->pass), free(p->lo), free(p->hi);
+}
+
+static CutPasses cut_passes(const Model *m, int nl) {
+    CutPasses p = {.inside = calloc((size_t)nl, 1), .pass = malloc((size_t)nl * sizeof(int)),
+                   .lo = calloc((size_t)nl, sizeof(int)), .hi = calloc((size_t)nl, sizeof(int))};
+    unsigned char *one = calloc((size_t)nl * (size_t)nl, 1), *cut = calloc((size_t)nl, 1), *got = calloc((size_t)nl, 1);
+    PD_ASSERT(p.inside && p.pass && p.lo && p.hi && one && cut && got);
+    model_cut_layouts(m, 0, nl, NULL, p.inside);
+    for (int c = 0; c < nl; c++) {   /* each blocked boundary cut alone: the run it changes */
+        p.pass[c] = -1;
+        if (c + 1 >= nl || !(p.inside[c] & NN_END_Y)) continue;
+        unsigned char *e = one + (size_t)c * nl;
+        cut[c] = 1;
+        model_cut_layouts(m, 0, nl, cut, e);
+        cut[c] = 0;
+        p.lo[c] = c, p.hi[c] = c + 1;
+        for (int i = 0; i < nl; i++)
+            if (e[i] != p.inside[i]) p.lo[c] = i < p.lo[c] ? i : p.lo[c], p.hi[c] = i > p.hi[c] ? i : p.hi[c];
+    }
+    for (int c = 0; c + 1 < nl; c++) {   /* first fit: the first pass where it changes nothing of the others' */
+        if (!(p.inside[c] & NN_END_Y)) continue;
+        for (int k = 0; p.pass[c] < 0; k++) {
+            if (k == p.n_pass) {   /* a new pass */
+                p.ends = realloc(p.ends, (size_t)(k + 1) * nl);
+                PD_ASSERT(p.ends);
+                p.n_pass++;
+            }
+            memset(cut, 0, (size_t)nl);
+            int fits = 1;
+            for (int d = 0; d < c; d++) {
+                if (p.pass[d] != k) continue;
+                cut[d] = 1;
+                fits &= p.hi[d] < p.lo[c];
+            }
+            if (!fits) continue;
+            cut[c] = 1;
+            model_cut_layouts(m, 0, nl, cut, got);
+            for (int i = 0; i < nl && fits; i++) {   /* as each cut alone */
+                int owner = -1;
+                for (int d = 0; d <= c; d++)
+                    if (cut[d] && p.lo[d] <= i && i <= p.hi[d]) owner = d;
+                fits = got[i] == (owner < 0 ? p.inside[i] : one[(size_t)owner * nl + i]);
+            }
+            if (!fits) continue;
+            p.pass[c] = k;
+            memcpy(p.ends + (size_t)k * nl, got, (size_t)nl);
+        }
+    }
+    free(one), free(cut), free(got);
+    return p;
+}
+
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err) {
     memset(out, 0, sizeof *out);
     if (o->minibatch < 1 || o->iterations < 1 || o->warmup < 0 || o->rounds < 0)
@@ -221,16 +302,25 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
      * 1.12-1.37x their prediction from the fastest of 10 rounds, whose total was 5-14%
      * under the median round's (docs/explanation/experiments.md). */
     int rounds = o->rounds > 1 ? o->rounds : 1, b = o->small_batch;
-    double *buf = calloc(9 * (size_t)nl * (size_t)rounds, sizeof(double)), *totals = calloc((size_t)rounds, sizeof(double));
+    /* the layouts inside, and the cuts' passes: cut c (at a boundary the model keeps blocked)
+     * changes the layouts of a run of layers [lo, hi]; a pass times a set of cuts whose runs
+     * do not meet, laid out together as each alone (checked) */
+    CutPasses cp = cut_passes(m, nl);
+    const unsigned char *inside = cp.inside;
+    const int PER = 9 + 2 * cp.n_pass;   /* figures per layer and round: 9, then each pass's forward and backward */
+    double *buf = calloc(PER * (size_t)nl * (size_t)rounds, sizeof(double)), *totals = calloc((size_t)rounds, sizeof(double));
     int *order = calloc((size_t)rounds, sizeof(int));
     PD_ASSERT(buf && totals && order);
     for (int r = 0; r < rounds; r++) {
-        double *t = buf + 9 * (size_t)nl * (size_t)r;
-        rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, t, t + nl, t + 2 * nl,
-                             t + 3 * nl, t + 4 * nl);
+        double *t = buf + PER * (size_t)nl * (size_t)r;
+        rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress, inside, t, t + nl,
+                             t + 2 * nl, t + 3 * nl, t + 4 * nl);
         if (b > 0)   /* the first b samples; the step's time is the minibatch's (it does not depend on the batch) */
-            rt_time_layers_split(m, w, st, syn.x, syn.y, b, o->warmup, o->iterations, o->progress, t + 5 * nl,
+            rt_time_layers_split(m, w, st, syn.x, syn.y, b, o->warmup, o->iterations, o->progress, inside, t + 5 * nl,
                                  t + 6 * nl, t + 7 * nl, t + 8 * nl, NULL);
+        for (int k = 0; k < cp.n_pass; k++)
+            rt_time_layers_split(m, w, st, syn.x, syn.y, B, o->warmup, o->iterations, o->progress,
+                                 cp.ends + (size_t)k * nl, t + (9 + 2 * k) * nl, t + (10 + 2 * k) * nl, NULL, NULL, NULL);
         double total = 0, small = 0;
         for (int i = 0; i < nl; i++) total += t[i] + t[nl + i], small += t[5 * nl + i] + t[6 * nl + i];
         if (rounds > 1) {
@@ -248,7 +338,7 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     if (rounds > 1)
         fprintf(stderr, "profile: kept round %d, the %s (%.6f ms per step)\n", kept + 1,
                 o->keep_fastest ? "fastest" : "median", 1e3 * totals[kept]);
-    const double *best = buf + 9 * (size_t)nl * (size_t)kept;
+    const double *best = buf + PER * (size_t)nl * (size_t)kept;
     free(totals);
     free(order);
     const double *fwd = best, *bwd = best + nl, *bwd_in = best + 2 * nl, *bwd_w = best + 3 * nl, *step = best + 4 * nl;
@@ -285,6 +375,19 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
             L->small_bwd_in_s = sbwd_in[i], L->small_bwd_w_s = sbwd_w[i];
         }
     }
+    /* the cuts' prices, from the pass that timed cut c: what the layers of its run on each side
+     * took over their times inside, charged to the stage that ends or begins there; no less
+     * than nothing */
+    for (int c = 0; c + 1 < nl; c++) {
+        if (cp.pass[c] < 0) continue;
+        const double *cf = best + (9 + 2 * cp.pass[c]) * nl, *cb = best + (10 + 2 * cp.pass[c]) * nl;
+        double f[2] = {0, 0}, g[2] = {0, 0};
+        for (int i = cp.lo[c]; i <= cp.hi[c]; i++) f[i > c] += cf[i] - fwd[i], g[i > c] += cb[i] - bwd[i];
+        ProfileLayer *L = &out->layers[c], *R = &out->layers[c + 1];
+        L->cut_out_fwd_s = less(f[0], 0), L->cut_out_bwd_s = less(g[0], 0);
+        R->cut_in_fwd_s = less(f[1], 0), R->cut_in_bwd_s = less(g[1], 0);
+    }
+    cut_passes_release(&cp);
     out->saved_measured = 1;
     out->small_batch = b;
     /* the kernels' scratch each layer asks for, at B and at one sample (the ledger counts the

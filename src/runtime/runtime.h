@@ -297,8 +297,9 @@ typedef struct RtProfileOpts {
 int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err *err);
 
 /* The timing rt_profile records (and `pipedream bench --layers` prints): each top-level layer
- * of m, built for B samples with a vector of logits as output, runs as its own range [i, i+1)
- * on input x (B samples) and labels: forwards in order, the loss, backwards in reverse order,
+ * of m, built for B samples with a vector of logits as output, runs as its own range [i, i+1),
+ * its ends in the layouts the whole model has there (model_cut_layouts), on input x (B
+ * samples) and labels: forwards in order, the loss, backwards in reverse order,
  * each followed by the layer's share of an SGD step (lr 0.01, momentum 0.9), timed with the
  * backward. w and st are the whole model's parameters (updated) and state. warmup untimed
  * rounds, then iterations timed ones; fwd_s[i], bwd_s[i] get the median seconds. progress: a
@@ -313,10 +314,13 @@ void rt_time_layers(Model *m, float *w, float *st, const float *x, const int32_t
  * A layer without a weight pass of its own (model_layer_splits == 0) gets bwd_in_s = bwd_s and
  * bwd_w_s = 0 exactly; with iterations == 1 the split is not timed (both 0). step_s (may be
  * NULL): step_s[i] = the median of the layer's optimizer step alone, the part of bwd_s (and
- * bwd_w_s) a micro-batched schedule pays once per minibatch, not per unit (0 without weights). */
+ * bwd_w_s) a micro-batched schedule pays once per minibatch, not per unit (0 without weights).
+ * ends (n_layers entries, NULL: all plain, each layer as if a stage of its own): layer i's
+ * layouts (NN_END_X, NN_END_Y: its input, its output channel-blocked), as model_cut_layouts
+ * gives them for the model whole or cut at some boundaries. */
 void rt_time_layers_split(Model *m, float *w, float *st, const float *x, const int32_t *labels, int B, int warmup,
-                          int iterations, int progress, double *fwd_s, double *bwd_s, double *bwd_in_s,
-                          double *bwd_w_s, double *step_s);
+                          int iterations, int progress, const unsigned char *ends, double *fwd_s, double *bwd_s,
+                          double *bwd_in_s, double *bwd_w_s, double *step_s);
 
 /* ---- training sessions (rt_session.c) -------------------------------------------------------
  * A whole training run: set-up checks on every rank (model, plan, data, checkpoint directory,

@@ -113,6 +113,22 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
                 c[i].in_bytes += prof->layers[a].act_bytes;
             }
         }
+        /* a stage's ends: what its first layer pays for a plain input and its last for a plain
+         * output, where the model keeps the activation blocked inside a stage (our profiles'
+         * cut prices; 0 otherwise). Proportional to the batch; the backward's price divided
+         * between its two passes as the layer's backward is */
+        for (int l = 0; l < nl && !prof->n_edges; l++) {
+            const ProfileLayer *L = &prof->layers[l];
+            int i = stage_of[l];
+            double f = 0, b = 0;
+            if (l > 0 && stage_of[l - 1] != i) f += L->cut_in_fwd_s, b += L->cut_in_bwd_s;
+            if (l + 1 < nl && stage_of[l + 1] != i) f += L->cut_out_fwd_s, b += L->cut_out_bwd_s;
+            if (i < 0 || f + b <= 0) continue;
+            double tB[4];
+            layer_times(L, tB);
+            double bi = tB[2] + tB[3] > 0 ? b * tB[2] / (tB[2] + tB[3]) : b / 2;
+            c[i].fwd_s += f, c[i].bwd_s += b, c[i].bwd_in_s += bi, c[i].bwd_w_s += b - bi;
+        }
         for (int i = 0; i < s->n_stages; i++) {
             c[i].stash_bytes += c[i].in_bytes;
             /* our profiles: a unit also holds the gradient w.r.t. the stage's output (received)
