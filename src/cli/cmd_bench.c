@@ -4,7 +4,7 @@
  * of the model's layers), and the resident memory before the model was loaded and its
  * high-water mark after the timed steps (/proc/self/status). --layers adds each top-level
  * layer's forward and backward time (rt_time_layers, as the profiler measures them:
- * one-layer ranges, the layer's SGD update in
+ * one-layer ranges with the layouts each layer has inside the model, the layer's SGD update in
  * its backward), to find where time goes. Not a profiler for planning (see `pipedream profile`).
  * --precision takes a comma-separated list (fp32,bf16): each precision gets its own built
  * model and its repetitions are interleaved with the others' (so a slow spell of a shared
