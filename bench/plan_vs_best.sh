@@ -32,9 +32,7 @@ emu_setup plan_vs_best.sh
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 mkdir -p "$OUT/plans"
 emu_profile
-# each core's speed while both compute (bench/core_efficiency.sh; CORE_EFF= to give it)
-CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
-log "core efficiency $CE"
+emu_core_efficiency
 : >"$OUT/runs.tsv"
 for r in $RATES; do
     emu_up "$r"

@@ -27,9 +27,7 @@ emu_args out/predict-table "$@"
 NAME=${PDC_NAME:-pdpred}
 emu_setup predict_table.sh
 emu_profile
-# each core's speed while both compute (bench/core_efficiency.sh; CORE_EFF= to give it)
-CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
-log "core efficiency $CE"
+emu_core_efficiency
 : >"$OUT/runs.tsv"
 for r in $RATES; do
     emu_up "$r"

@@ -25,12 +25,8 @@ emu_args out/wire-bf16 "$@"
 NAME=${PDC_NAME:-pdwire}
 emu_setup wire_bf16.sh
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
-PROF=$OUT/prof.json
-log "profile models/vgg16.json (minibatch 64, 1 thread, $PRECISION, the median of 5 rounds)"
-"$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 --rounds 5 --precision "$PRECISION" \
-    -o "$PROF" >"$OUT/prof.txt" 2>&1
-CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
-log "core efficiency $CE"
+emu_profile "$PRECISION"
+emu_core_efficiency
 emu_up "$RATE"
 nc=$(emu_net_cpu "$RATE")
 log "network CPU $nc s per byte"

@@ -270,6 +270,25 @@ static void test_clip_pieces(void **st) {
     assert_float_equal(sqrt(optim_sumsq(h, 3)), 1.0, 1e-6);
 }
 
+/* A chain of one-layer contexts ctx[0 .. nl) run as one range: forward of n samples from x
+ * (returns the last output), then backward of dy into dx and dw (both zeroed by the caller). */
+static const float *run_chain(Model *m, NnCtx **ctx, int nl, const float *w, const float *x, const float *dy, int n,
+                              size_t nx, float *dx, float *dw) {
+    NnRun run = {.n = n, .train = 1, .seed = 1, .minibatch = 0};
+    const float *a = x;
+    for (int i = 0; i < nl; i++) a = model_forward(m, ctx[i], w + model_param_offset(m, i), NULL, a, &run);
+    float *g = calloc(nx * 4, sizeof(float)), *g2 = calloc(nx * 4, sizeof(float));
+    memcpy(g, dy, sizeof(float) * n * shape_numel(model_layer_out_shape(m, nl - 1)));
+    for (int i = nl - 1; i >= 0; i--) {
+        size_t in = (size_t)n * shape_numel(model_layer_in_shape(m, i));
+        memset(g2, 0, sizeof(float) * in);
+        model_backward(m, ctx[i], w + model_param_offset(m, i), g, i ? g2 : dx, dw + model_param_offset(m, i));
+        memcpy(g, g2, sizeof(float) * in);
+    }
+    free(g), free(g2);
+    return a;
+}
+
 /* Blocked activations inside a range (model.c's plan_layouts): a range whose convolutions,
  * pool and relu pass nChw16c between them gives bitwise what the same layers give run as
  * one-layer ranges (every activation plain), for the output, dx and dW, with the whole and
@@ -321,42 +340,21 @@ static void test_blocked_range_vs_layers(void **st) {
     for (int n = n_max; n >= 2; n--) {
         NnRun run = {.n = n, .train = 1, .seed = 1, .minibatch = 0};
         /* the plain chain */
-        const float *a = x;
-        for (int i = 0; i < nl; i++) a = model_forward(m, one[i], w + model_param_offset(m, i), NULL, a, &run);
-        float out[3 * 10];
-        memcpy(out, a, sizeof(float) * n * 10);
         float *dw = calloc(np, sizeof(float)), *dx = calloc(nx, sizeof(float));
-        float *g = calloc(nx * 4, sizeof(float)), *g2 = calloc(nx * 4, sizeof(float));
-        memcpy(g, dy, sizeof(float) * n * 10);
-        for (int i = nl - 1; i >= 0; i--) {
-            size_t in = (size_t)n * shape_numel(model_layer_in_shape(m, i));
-            memset(g2, 0, sizeof(float) * in);
-            model_backward(m, one[i], w + model_param_offset(m, i), g, i ? g2 : dx, dw + model_param_offset(m, i));
-            memcpy(g, g2, sizeof(float) * in);
-        }
+        float out[3 * 10];
+        memcpy(out, run_chain(m, one, nl, w, x, dy, n, nx, dx, dw), sizeof(float) * n * 10);
         /* the chains with the range's layouts, whole and cut */
         for (int k = 0; k < 2; k++) {
-            const float *c = x;
-            for (int i = 0; i < nl; i++) c = model_forward(m, in_ends[k][i], w + model_param_offset(m, i), NULL, c, &run);
-            assert_memory_equal(c, out, sizeof(float) * n * 10);
+            float *dw_c = calloc(np, sizeof(float)), *dx_c = calloc(nx, sizeof(float));
+            assert_memory_equal(run_chain(m, in_ends[k], nl, w, x, dy, n, nx, dx_c, dw_c), out, sizeof(float) * n * 10);
             /* the first convolution's output left blocked (the same numbers in another order)
              * inside, plain where the range is cut after it */
             const size_t y0 = sizeof(float) * n * 16 * 8 * 8;
             if (k == 0) assert_memory_not_equal(nnctx_output(in_ends[k][0]), nnctx_output(one[0]), y0);
             else assert_memory_equal(nnctx_output(in_ends[k][0]), nnctx_output(one[0]), y0);
-            float *dw_c = calloc(np, sizeof(float)), *dx_c = calloc(nx, sizeof(float));
-            float *h = calloc(nx * 4, sizeof(float)), *h2 = calloc(nx * 4, sizeof(float));
-            memcpy(h, dy, sizeof(float) * n * 10);
-            for (int i = nl - 1; i >= 0; i--) {
-                size_t in = (size_t)n * shape_numel(model_layer_in_shape(m, i));
-                memset(h2, 0, sizeof(float) * in);
-                model_backward(m, in_ends[k][i], w + model_param_offset(m, i), h, i ? h2 : dx_c,
-                               dw_c + model_param_offset(m, i));
-                memcpy(h, h2, sizeof(float) * in);
-            }
             assert_memory_equal(dx_c, dx, sizeof(float) * n * 16 * 8 * 8);
             assert_memory_equal(dw_c, dw, sizeof(float) * np);
-            free(dw_c), free(dx_c), free(h), free(h2);
+            free(dw_c), free(dx_c);
         }
         /* the range */
         const float *b = model_forward(m, whole, w, NULL, x, &run);
@@ -372,7 +370,7 @@ static void test_blocked_range_vs_layers(void **st) {
         model_backward_w(m, whole, w, dy, keep, dw_s, NULL, NULL);
         assert_memory_equal(dx_s, dx, sizeof(float) * n * 16 * 8 * 8);
         assert_memory_equal(dw_s, dw, sizeof(float) * np);
-        free(dw), free(dx), free(g), free(g2), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
+        free(dw), free(dx), free(dw_r), free(dx_r), free(keep), free(dw_s), free(dx_s);
     }
     for (int i = 0; i < nl; i++) nnctx_free(one[i]), nnctx_free(in_ends[0][i]), nnctx_free(in_ends[1][i]);
     nnctx_free(whole);

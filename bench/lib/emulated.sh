@@ -12,7 +12,9 @@
 #   emu_up RATE / emu_down the 4 hosts at RATE
 #   emu_net_cpu RATE       the network stack's CPU per byte at RATE (tools/cluster.sh net-cpu, 2.5 s
 #                          of stream, appended to $OUT/net-cpu.txt); 0 when NET_CPU=0
-#   emu_profile            vgg16 at minibatch 64, 1 thread, the median of 5 rounds, into $OUT/prof.json (sets PROF)
+#   emu_profile [PREC]     vgg16 at minibatch 64, 1 thread, the median of 5 rounds, compute precision PREC
+#                          (default fp32), into $OUT/prof.json (sets PROF)
+#   emu_core_efficiency    bench/core_efficiency.sh's E, or $CORE_EFF when given (sets CE, logs it)
 
 emu_args() {
     OUT=$1 PD=build/pipedream
@@ -59,7 +61,15 @@ emu_net_cpu() {
 }
 
 emu_profile() {
+    local prec=${1:-fp32}
     PROF=$OUT/prof.json
-    log "profile models/vgg16.json (minibatch 64, 1 thread, the median of 5 rounds)"
-    "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 --rounds 5 -o "$PROF" >"$OUT/prof.txt" 2>&1
+    log "profile models/vgg16.json (minibatch 64, 1 thread, $prec, the median of 5 rounds)"
+    "$PD" profile models/vgg16.json --minibatch 64 --threads 1 --iterations 20 --rounds 5 --precision "$prec" \
+        -o "$PROF" >"$OUT/prof.txt" 2>&1
+}
+
+# each core's speed while all compute (bench/core_efficiency.sh; CORE_EFF= to give it)
+emu_core_efficiency() {
+    CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
+    log "core efficiency $CE"
 }

@@ -661,10 +661,8 @@ void model_cut_layouts(const Model *m, int first, int last, const unsigned char 
     }
 }
 
-int nnctx_set_ends(NnCtx *c, int x_blocked, int y_blocked) {
-    unsigned char *lay = pd_calloc((size_t)(c->last - c->first));
-    const int ok = nn_plan_layouts(c->m->layers + c->first, c->last - c->first, !!x_blocked, !!y_blocked, lay);
-    pd_free(lay);
+int nnctx_set_ends(NnCtx *c, int x_blocked, int y_blocked) {   /* c->lay: planned again by each forward */
+    const int ok = nn_plan_layouts(c->m->layers + c->first, c->last - c->first, !!x_blocked, !!y_blocked, c->lay);
     if (ok) c->xb = !!x_blocked, c->yb = !!y_blocked;
     return ok;
 }

@@ -308,6 +308,12 @@ int rt_profile(const char *model_path, const RtProfileOpts *o, Profile *out, Err
     CutPasses cp = cut_passes(m, nl);
     const unsigned char *inside = cp.inside;
     const int PER = 9 + 2 * cp.n_pass;   /* figures per layer and round: 9, then each pass's forward and backward */
+    if (cp.n_pass > 0) {
+        int n_cut = 0;
+        for (int c = 0; c < nl; c++) n_cut += cp.pass[c] >= 0;
+        fprintf(stderr, "profile: %d cut%s priced in %d more pass%s per round\n", n_cut, n_cut == 1 ? "" : "s", cp.n_pass,
+                cp.n_pass == 1 ? "" : "es");
+    }
     double *buf = calloc(PER * (size_t)nl * (size_t)rounds, sizeof(double)), *totals = calloc((size_t)rounds, sizeof(double));
     int *order = calloc((size_t)rounds, sizeof(int));
     PD_ASSERT(buf && totals && order);
