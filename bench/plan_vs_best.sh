@@ -11,6 +11,8 @@
 #   dp        data parallelism (`train --schedule dp`: every worker the whole model)
 #   other-a   the dynamic program's own plan, when it is not the choice, else candidate 2 (--pick)
 #   other-b   the next listed candidate not yet taken (--pick)
+# (`plan` folds plans alike to a faster one into it, so the others differ from the choice in more
+# than where a parameter-free layer runs.)
 # Each trains STEPS minibatches under 1f1b (dp under dp), REPS times, the plans taking turns.
 # Prints per rate the median samples/s of each plan, its prediction, and the choice over the best
 # (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary. Two names for
@@ -42,7 +44,8 @@ for r in $RATES; do
     "$PD" plan "${P[@]}" -o "$OUT/plans/choice-$r.json" >"$OUT/plans/choice-$r.txt"
     "$PD" plan "${P[@]}" --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
     # the other two: rows of the printed list (number, source), the choice is row 1
-    mapfile -t rows < <(awk '/^candidates simulated/ { c = 1 } c && $1 ~ /^[*]?[0-9]+$/ && NF >= 4 {
+    # (a row alike to another is the same plan for any run: not one of the others)
+    mapfile -t rows < <(awk '/^candidates simulated/ { c = 1 } c && $1 ~ /^[*]?[0-9]+$/ && NF >= 4 && !/alike to/ {
         n = $1; sub(/^[*]/, "", n); print n, $2 }' "$OUT/plans/choice-$r.txt")
     a=""; b=""
     for row in "${rows[@]}"; do

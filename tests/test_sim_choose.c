@@ -47,7 +47,7 @@ static int replicated(const Plan *p) {
 
 static void test_choice_is_fastest(void **state) {
     (void)state;
-    int planner_slower = 0, cases = 0;
+    int planner_slower = 0, cases = 0, folded = 0;
     for (int i = 0; i < N_PROFILES; i++) {
         Profile prof;
         Err err = {0};
@@ -85,14 +85,82 @@ static void test_choice_is_fastest(void **state) {
                 assert_string_equal(mine->source, "planner");
                 if (mine->score.unit_s > w->score.unit_s * (1 + 1e-9)) planner_slower++;
                 if (i == 3) assert_true(r.n_enumerated > 0);   /* the tiny chain: every plan */
+                /* no two listed plans are alike, but the planner's own, marked */
+                for (int a = 0; a < r.n; a++)
+                    for (int b2 = a + 1; b2 < r.n; b2++)
+                        if (r.c[b2].alike_of != a) assert_false(choose_alike(&r.c[a], &r.c[b2], &prof));
+                        else assert_true(b2 == r.planner && choose_alike(&r.c[a], &r.c[b2], &prof));
+                folded += r.n_folded;
                 print_message("%-50s %8.3g B/s cores %d: %-30s %9.4f ms (planner's %9.4f), %d candidates\n", PROFILES[i],
                               BANDWIDTHS[b], cores, w->source, w->score.unit_s * 1e3, mine->score.unit_s * 1e3, r.n);
                 plan_choose_release(&r);
             }
         profile_release(&prof);
     }
-    print_message("the partitioner's own plan was slower than the choice in %d of %d cases\n", planner_slower, cases);
+    print_message("the partitioner's own plan was slower than the choice in %d of %d cases; %d candidates folded\n",
+                  planner_slower, cases, folded);
     assert_true(planner_slower >= 1);
+    assert_true(folded >= 1);
+}
+
+/* A four-stage plan of prof on workers 0..3 whose stages end after last[0..2]. */
+static Plan *cut_plan(const Profile *prof, const int *last) {
+    Plan *p = plan_single(prof->model, prof->n_layers);
+    for (int s = 0; s < p->n_stages; s++) free(p->stages[s].layers), free(p->stages[s].ranks);
+    free(p->stages);
+    p->n_stages = 4, p->n_workers = 4, p->noam = 4;
+    p->cluster.level[0].workers = 4;
+    p->stages = calloc(4, sizeof *p->stages);
+    assert_non_null(p->stages);
+    for (int s = 0, first = 0; s < 4; s++) {
+        int end = s < 3 ? last[s] : prof->n_layers - 1;
+        PlanStage *st = &p->stages[s];
+        st->n_layers = end - first + 1, st->replicas = 1;
+        st->layers = malloc((size_t)st->n_layers * sizeof(int));
+        st->ranks = malloc(sizeof(int));
+        assert_true(st->layers && st->ranks);
+        for (int l = 0; l < st->n_layers; l++) st->layers[l] = first + l;
+        st->ranks[0] = s;
+        first = end + 1;
+    }
+    return p;
+}
+
+/* choose_alike on our vgg16: moving the flatten (19) or a dropout (21) across a cut is alike;
+ * moving a pool (18, it shrinks the tensor) or a linear layer (20, parameters) is not, nor is
+ * a time more than CHOOSE_ALIKE apart or one that fits against one that does not. */
+static void test_alike(void **state) {
+    (void)state;
+    Profile prof;
+    Err err = {0};
+    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(prof.layers[19].type, "flatten");
+    assert_string_equal(prof.layers[21].type, "dropout");
+    static const int cuts[][3] = {{6, 12, 18}, {6, 12, 19}, {6, 12, 17}, {6, 12, 20}, {6, 12, 21}, {6, 11, 19}};
+    ChooseCand c[6];
+    for (int k = 0; k < 6; k++) {
+        memset(&c[k], 0, sizeof c[k]);
+        c[k].plan = cut_plan(&prof, cuts[k]);
+        assert_int_equal(plan_validate(c[k].plan, prof.n_layers, &err), PD_OK);
+        c[k].score.fits = 1, c[k].score.unit_s = 0.040;
+    }
+    assert_true(choose_alike(&c[0], &c[1], &prof));    /* the flatten */
+    assert_true(choose_alike(&c[1], &c[0], &prof));
+    assert_false(choose_alike(&c[0], &c[2], &prof));   /* the pool */
+    assert_false(choose_alike(&c[1], &c[3], &prof));   /* the linear layer */
+    assert_true(choose_alike(&c[3], &c[4], &prof));    /* the dropout */
+    assert_false(choose_alike(&c[1], &c[5], &prof));   /* a convolution at another cut */
+    c[1].score.unit_s = 0.040 * (1 + 2 * CHOOSE_ALIKE);
+    assert_false(choose_alike(&c[0], &c[1], &prof));
+    c[1].score.unit_s = 0.040 * (1 + 0.5 * CHOOSE_ALIKE);
+    assert_true(choose_alike(&c[0], &c[1], &prof));
+    c[1].score.fits = 0;
+    assert_false(choose_alike(&c[0], &c[1], &prof));
+    c[1].score.fits = 1;
+    c[1].plan->stages[3].ranks[0] = 2, c[1].plan->stages[2].ranks[0] = 3;   /* other workers */
+    assert_false(choose_alike(&c[0], &c[1], &prof));
+    for (int k = 0; k < 6; k++) plan_free(c[k].plan);
+    profile_release(&prof);
 }
 
 /* Our vgg16 at 1.196e8 B/s on 2 cores: the partitioner replicates a stage; the straight
@@ -233,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_reported_case),
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_heterogeneous_placement),
+        cmocka_unit_test(test_alike),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

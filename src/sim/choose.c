@@ -2,6 +2,7 @@
  * scored by the simulator under the schedule the plan will run; the fastest that fits wins. */
 #include "choose.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,6 +129,57 @@ static int cmp(const void *a, const void *b) {
     return x->score.part - y->score.part;
 }
 
+/* The first and last layer of a stage whose layers are one index range; 0 if they are not. */
+static int span(const PlanStage *st, int *first, int *last) {
+    for (int k = 1; k < st->n_layers; k++)
+        if (st->layers[k] != st->layers[0] + k) return 0;
+    *first = st->layers[0], *last = st->layers[st->n_layers - 1];
+    return st->n_layers > 0;
+}
+
+int choose_alike(const ChooseCand *a, const ChooseCand *b, const Profile *prof) {
+    const Plan *p = a->plan, *q = b->plan;
+    if (a->score.fits != b->score.fits || !(a->score.unit_s < 1e300) || !(b->score.unit_s < 1e300)) return 0;
+    double lo = a->score.unit_s < b->score.unit_s ? a->score.unit_s : b->score.unit_s;
+    if (fabs(a->score.unit_s - b->score.unit_s) > CHOOSE_ALIKE * lo) return 0;
+    if (p->n_stages != q->n_stages || p->n_workers != q->n_workers || p->chunks != q->chunks ||
+        p->n_layers != q->n_layers || p->n_layers != prof->n_layers)
+        return 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const PlanStage *x = &p->stages[s], *y = &q->stages[s];
+        int xf, xl, yf, yl;
+        if (x->replicas != y->replicas || !span(x, &xf, &xl) || !span(y, &yf, &yl)) return 0;
+        for (int k = 0; k < x->replicas; k++)
+            if (x->ranks[k] != y->ranks[k]) return 0;
+        /* the layers that change sides at the cut after this stage */
+        int from = xl < yl ? xl : yl, to = xl < yl ? yl : xl;
+        for (int l = from + 1; l <= to; l++)
+            if (prof->layers[l].param_bytes != 0 || prof->layers[l].act_bytes != prof->layers[from].act_bytes) return 0;
+    }
+    return 1;
+}
+
+/* Folds each candidate alike to an earlier one into it (the list is sorted, so the kept one is
+ * as fast or faster); the planner's own plan stays listed, marked. */
+static void fold_alike(Cands *cs, const Profile *prof, int *n_folded) {
+    int n = 0;
+    for (int i = 0; i < cs->n; i++) {
+        ChooseCand *c = &cs->c[i];
+        c->alike_of = -1;
+        int j = 0;
+        while (j < n && !(cs->c[j].alike_of < 0 && choose_alike(&cs->c[j], c, prof))) j++;
+        if (j < n && c->score.part != 0) {
+            cs->c[j].n_alike++;
+            plan_free(c->plan);
+            (*n_folded)++;
+            continue;
+        }
+        if (j < n) c->alike_of = j;
+        cs->c[n++] = *c;
+    }
+    cs->n = n;
+}
+
 /* Scores candidates from..n-1 (part = their index when scored: 0 is the planner's own). */
 static void score_from(Cands *cs, int from, const Profile *sim_prof, const Cluster *cl, SchedKind kind, int M,
                        double opt_state_factor, double limit) {
@@ -204,6 +256,7 @@ int plan_choose(const Profile *prof, const Profile *sim_prof, const Cluster *cl,
         score_from(&cs, first, sim_prof, cl, kind, M, o->opt_state_factor, limit);
         qsort(cs.c, (size_t)cs.n, sizeof *cs.c, cmp);
     }
+    fold_alike(&cs, sim_prof, &out->n_folded);
     for (int i = 0; i < cs.n; i++)
         if (cs.c[i].score.part == 0) out->planner = i;
     out->none_fit = !cs.c[0].score.fits;
@@ -281,26 +334,32 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
                        double opt, FILE *f) {
     char mi[48] = "";
     if (r->n_micro > 1) snprintf(mi, sizeof mi, ", %d micro-batches per step", r->n_micro);
-    fprintf(f, "candidates simulated (%s%s): %d", sched_kind_name(r->kind), mi, r->n);
+    fprintf(f, "candidates simulated (%s%s): %d", sched_kind_name(r->kind), mi, r->n + r->n_folded);
     if (r->n_enumerated)
         fprintf(f, ", every %splan (%d) among them", r->enumerated_straight ? "straight " : "", r->n_enumerated);
+    if (r->n_folded)
+        fprintf(f, "; %d folded into a listed plan they are alike to (only parameter-free layers moved across a cut, "
+                "simulated within %.1f%%)", r->n_folded, 100 * CHOOSE_ALIKE);
     if (r->memory_limit > 0) fprintf(f, "; memory limit %.4g GB per worker (simulated peak)", r->memory_limit / 1e9);
     fprintf(f, "\n  %-5s %-30s %12s %10s %9s  %-24s %s\n", "", "source", "ms/minibatch", "samples/s", "peak GB", "shape",
             "layers per stage");
     for (int i = 0; i < r->n; i++) {
         if (i >= top && i != r->planner && i != r->chosen && i != r->picked) continue;
         const ChooseCand *c = &r->c[i];
-        char sh[96], ly[160], mark[16];
+        char sh[96], ly[160], mark[16], src[64];
+        if (c->n_alike) snprintf(src, sizeof src, "%s (+%d alike)", c->source, c->n_alike);
+        else if (c->alike_of >= 0) snprintf(src, sizeof src, "%s, alike to %d", c->source, c->alike_of + 1);
+        else snprintf(src, sizeof src, "%s", c->source);
         plan_search_shape(c->plan, sh, sizeof sh);
         layers_per_stage(c->plan, ly, sizeof ly);
         snprintf(mark, sizeof mark, "%s%d", i == r->chosen ? "*" : i == r->picked ? ">" : " ", i + 1);
         if (c->score.unit_s >= 1e300) {
-            fprintf(f, "  %-5s %-30s %12s %10s %9s  %-24s %s\n", mark, c->source, "-", "-", "-", sh, ly);
+            fprintf(f, "  %-5s %-30s %12s %10s %9s  %-24s %s\n", mark, src, "-", "-", "-", sh, ly);
             continue;
         }
         char sps[24] = "-";   /* the authors' profiles do not say their minibatch */
         if (r->samples_per_unit > 0) snprintf(sps, sizeof sps, "%.1f", r->samples_per_unit / c->score.unit_s);
-        fprintf(f, "  %-5s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, c->source, c->score.unit_s * 1e3, sps,
+        fprintf(f, "  %-5s %-30s %12.3f %10s %9.4g  %-24s %s%s\n", mark, src, c->score.unit_s * 1e3, sps,
                 c->score.peak_bytes / 1e9, sh, ly, c->score.fits ? "" : "  over the limit");
     }
     if (r->n > top)
@@ -323,7 +382,7 @@ void plan_choose_print(const ChooseResult *r, int top, int explain, const Profil
     const SearchWhy *base = print_why(r, w, "choice", sim_prof, cl, opt, NULL, &wc, f) ? NULL : &wc;
     int ru = -1;
     for (int i = 0; i < r->n && ru < 0; i++)
-        if (i != r->chosen && r->c[i].score.fits) ru = i;
+        if (i != r->chosen && r->c[i].score.fits && r->c[i].alike_of < 0) ru = i;
     if (ru >= 0) {
         char who[96];
         double d = 100 * (r->c[ru].score.unit_s / w->score.unit_s - 1);

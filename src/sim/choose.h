@@ -32,7 +32,18 @@ typedef struct ChooseCand {
     char source[40];           /* where it came from: "planner", "straight", "data parallel", ... */
     int enumerated;            /* from plan_enumerate, not proposed by the partitioner */
     SearchCand score;          /* score.fits: simulated and its peak fits the limit */
+    int n_alike;               /* candidates alike to this one (choose_alike) folded into it, not listed */
+    int alike_of;              /* the planner's own plan, kept though alike to an earlier candidate: that
+                                * candidate's index; -1 otherwise */
 } ChooseCand;
+
+/* Two candidates are alike when they differ only in which side of some cuts a few layers run
+ * that have no parameters and leave the tensor crossing the cut as large as it was (a flatten,
+ * an activation), and the simulator's times for them are within CHOOSE_ALIKE of each other: a
+ * run could not tell them apart. plan_choose keeps the faster (the earlier listed) of each such
+ * group and folds the rest into it, so the list shows plans that differ. */
+#define CHOOSE_ALIKE 0.005
+int choose_alike(const ChooseCand *a, const ChooseCand *b, const Profile *prof);
 
 typedef struct ChooseResult {
     int n;
@@ -42,6 +53,7 @@ typedef struct ChooseResult {
     int picked;                /* a candidate the caller writes instead (`plan --pick`), listed and marked '>'; -1 none */
     int planner;               /* index of the partitioner's own plan */
     int none_fit;              /* no candidate's simulated peak fits the limit */
+    int n_folded;              /* candidates folded into an alike one (ChooseCand.n_alike) */
     int n_enumerated;          /* plans enumerated (0: the model has too many) */
     int enumerated_straight;   /* ... and they are the straight ones only */
     SchedKind kind;
