@@ -29,7 +29,9 @@
 #   HOST_CPU (tools/cluster.sh up --cpu: each host capped at that many cores, so that a rank
 #   idle in a bubble does not lend its core to the others; default none),
 #   CORES (the cores the emulated hosts share: $(nproc); the plans tell the simulator, which
-#   slows compute by workers / cores, so its predictions are for this machine).
+#   slows compute by workers / cores, so its predictions are for this machine), NET_CPU (0: leave
+#   the network stack's CPU out of the plans; measured at each rate otherwise), CORE_EFF (the
+#   cores' efficiency for the plans; bench/core_efficiency.sh measures it otherwise).
 # The cluster is taken down on every exit (trap). Raw outputs: OUT/raw/<run>.{cmd,json,err,jsonl}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,18 +120,27 @@ make_data "$OUT/data/eval" "$TEST_IMAGES"
 make_data "$OUT/data/tput" 256       # throughput runs: only the final evaluation uses it
 
 # --- profile and plans (one profile for every plan of this experiment) ----------------------
+# (the median of 5 rounds, as the other emulated-cluster benches take it)
 PROF=$OUT/plans/prof.json
 if [ ! -f "$PROF" ] || [ "$ONLY" != tta ]; then
-    log "profile $MODEL (minibatch $MB, 1 thread)"
-    "$PD" profile "$MODEL" --minibatch $MB --threads 1 --iterations 20 -o "$PROF" >"$OUT/plans/prof.txt"
+    log "profile $MODEL (minibatch $MB, 1 thread, the median of 5 rounds)"
+    "$PD" profile "$MODEL" --minibatch $MB --threads 1 --iterations 20 --rounds 5 -o "$PROF" >"$OUT/plans/prof.txt" 2>&1
 fi
-for r in $RATES; do
+# The plans of a rate, made with the cluster up at it: the network stack's CPU per byte measured
+# there (emu_net_cpu) and the cores' efficiency measured once (emu_core_efficiency), as
+# bench/predict_table.sh plans, so that the predictions are the simulator's best for this machine.
+CE=""
+make_plans() {   # make_plans RATE
+    local r=$1 bw nc
+    [ -n "$CE" ] || emu_core_efficiency
     bw=$(payload_bps "$r")
-    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" -o "$OUT/plans/planner-$r.json" \
-        >"$OUT/plans/planner-$r.txt"
-    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --straight \
-        -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
-done
+    nc=$(emu_net_cpu "$r")
+    log "$r: network CPU $nc s per byte"
+    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --net-cpu "$nc" --core-efficiency "$CE" \
+        -o "$OUT/plans/planner-$r.json" >"$OUT/plans/planner-$r.txt"
+    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --net-cpu "$nc" --core-efficiency "$CE" \
+        --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
+}
 
 MANIFEST=$OUT/manifest.tsv
 [ -n "$ONLY" ] || rm -f "$MANIFEST"
@@ -159,6 +170,7 @@ pd_train() {   # pd_train PLANFILE SCHEDULE STEPS DATA [extra...]: CMD = the clu
 if [ -z "$ONLY" ] || [ "$ONLY" = tput ]; then
     for r in $RATES; do
         cluster_rate "$r"
+        make_plans "$r"
         P=$OUT/plans/planner-$r.json S=$OUT/plans/straight-$r.json D=$OUT/data/tput
         for s in dp asp model-parallel gpipe 1f1b-flush 2bw; do
             pd_train "$S" "$s" "$STEPS" "$D" --metrics "$RAW/tput-$r-$s.jsonl"
@@ -177,6 +189,7 @@ fi
 if [ -z "$ONLY" ] || [ "$ONLY" = tta ]; then
     r=$SLOWEST
     cluster_rate "$r"
+    [ -f "$OUT/plans/planner-$r.json" ] && [ -f "$OUT/plans/straight-$r.json" ] || make_plans "$r"
     epoch_mb=$(( (TRAIN_N + MB - 1) / MB ))
     max_mb=$(( TTA_MAX_EPOCHS * epoch_mb ))
     for seed in $TTA_SEEDS; do
