@@ -213,7 +213,7 @@ def write_table(out, res, target):
     by = {(t["rate"], t["schedule"], t["plan"]): t for t in res["throughput"]}
     if res["throughput"]:
         L.append("Throughput, samples/s (all 4 ranks together): measured, and the simulator's prediction for the "
-                 "same plan and profile.\n")
+                 "same plan and profile (none for `asp`, which the simulator does not model).\n")
         L.append("| schedule | plan | " + " | ".join(f"{rate_label(r)} measured | simulator" for r in rates) + " |")
         L.append("| --- | --- | " + " | ".join("---: | ---:" for _ in rates) + " |")
         for sched, plan in ROW_ORDER:
@@ -224,12 +224,15 @@ def write_table(out, res, target):
                     cells += ["", ""]
                 elif t["exit_status"] != 0:
                     cells += [f"failed ({t['exit_status']})", ""]
+                elif sched == "asp":   # the simulator has no asp schedule: its figure is compute only
+                    cells += [fmt(t.get("samples_per_s")), "—"]
                 else:
                     cells += [fmt(t.get("samples_per_s")), fmt(t.get("predicted_samples_per_s"))]
             name = "PyTorch DDP (gloo)" if sched == "pytorch-ddp" else f"`{sched}`"
             L.append(f"| {name} | {plan if plan != '-' else ''} | " + " | ".join(cells) + " |")
         L.append("")
-        L.append("Plans (one profile for all; `planner`: `pipedream plan --workers 4 --bandwidth B`, "
+        L.append("Plans (one profile for all; `planner`: `pipedream plan --workers 4 --bandwidth B --cores C "
+                 "--net-cpu S --core-efficiency E`, "
                  "`straight`: the same with `--straight`; layers per stage, xR = replicas):\n")
         L.append("| link | bandwidth given (B/s) | planner's plan | straight plan | planner's ms/minibatch |")
         L.append("| --- | ---: | --- | --- | ---: |")
