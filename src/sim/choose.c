@@ -160,14 +160,21 @@ int choose_alike(const ChooseCand *a, const ChooseCand *b, const Profile *prof) 
 }
 
 /* Folds each candidate alike to an earlier one into it (the list is sorted, so the kept one is
- * as fast or faster); the planner's own plan stays listed, marked. */
+ * as fast or faster); the planner's own plan stays listed, marked. Only the kept candidates
+ * within CHOOSE_ALIKE of its time are compared (sorted: the last few kept), so a list of
+ * 100,000 placements folds in linear time. */
 static void fold_alike(Cands *cs, const Profile *prof, int *n_folded) {
     int n = 0;
     for (int i = 0; i < cs->n; i++) {
         ChooseCand *c = &cs->c[i];
         c->alike_of = -1;
-        int j = 0;
-        while (j < n && !(cs->c[j].alike_of < 0 && choose_alike(&cs->c[j], c, prof))) j++;
+        int j = n;   /* the earliest kept one alike to c; n: none */
+        if (c->score.unit_s < 1e300)
+            for (int k = n - 1; k >= 0; k--) {
+                const ChooseCand *q = &cs->c[k];
+                if (q->score.fits != c->score.fits || q->score.unit_s * (1 + CHOOSE_ALIKE) < c->score.unit_s) break;
+                if (q->alike_of < 0 && choose_alike(q, c, prof)) j = k;
+            }
         if (j < n && c->score.part != 0) {
             cs->c[j].n_alike++;
             plan_free(c->plan);
