@@ -15,7 +15,7 @@
 # than where a parameter-free layer runs.)
 # Each trains STEPS minibatches under 1f1b (dp under dp), REPS times, the plans taking turns.
 # Prints per rate the median samples/s of each plan, its prediction, and the choice over the best
-# (the bar: within 5%); OUT/table.md keeps the table, OUT/raw every run's summary. Two names for
+# (within 5% is the aim); OUT/table.md keeps the table, OUT/raw every run's summary. Two names for
 # the same plan (the straight split is often the choice) pool their runs, so that the best is
 # not the luckier of two sets of runs of one plan.
 #
