@@ -32,6 +32,12 @@ static Cluster cluster(double bw, int cores) {
     return cl;
 }
 
+/* The profile at path (relative to the source tree), or the test fails. */
+static void load(const char *path, Profile *prof) {
+    Err err = {0};
+    if (profile_load(tu_src(path), prof, &err)) fail_msg("%s", err.msg);
+}
+
 static double fresh(const Plan *p, const Profile *prof, const Cluster *cl) {
     SearchCand c;
     Err err = {0};
@@ -51,7 +57,7 @@ static void test_choice_is_fastest(void **state) {
     for (int i = 0; i < N_PROFILES; i++) {
         Profile prof;
         Err err = {0};
-        if (profile_load(tu_src(PROFILES[i]), &prof, &err)) fail_msg("%s", err.msg);
+        load(PROFILES[i], &prof);
         for (int b = 0; b < 3; b++)
             for (int cores = 0; cores <= 2; cores += 2) {
                 Cluster cl = cluster(BANDWIDTHS[b], cores);
@@ -133,7 +139,7 @@ static void test_alike(void **state) {
     (void)state;
     Profile prof;
     Err err = {0};
-    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    load("tests/data/profiles/vgg16_mb64.json", &prof);
     assert_string_equal(prof.layers[19].type, "flatten");
     assert_string_equal(prof.layers[21].type, "dropout");
     static const int cuts[][3] = {{6, 12, 18}, {6, 12, 19}, {6, 12, 17}, {6, 12, 20}, {6, 12, 21}, {6, 11, 19}};
@@ -169,7 +175,7 @@ static void test_reported_case(void **state) {
     (void)state;
     Profile prof;
     Err err = {0};
-    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    load("tests/data/profiles/vgg16_mb64.json", &prof);
     Cluster cl = cluster(1.196e8, 2);
     PlanOpts po = {0};
     Plan *dp = plan_new(&prof, &cl, &po, &err);
@@ -228,7 +234,7 @@ static void test_memory_limit(void **state) {
     (void)state;
     Profile prof;
     Err err = {0};
-    if (profile_load(tu_src("tests/data/pipedream-profiles/vgg16/graph.txt"), &prof, &err)) fail_msg("%s", err.msg);
+    load("tests/data/pipedream-profiles/vgg16/graph.txt", &prof);
     Cluster cl = cluster(1e10, 0);
     ChooseOpts o = {0};
     ChooseResult r;
@@ -260,7 +266,7 @@ static void test_heterogeneous_placement(void **state) {
     (void)state;
     Profile prof;
     Err err = {0};
-    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    load("tests/data/profiles/vgg16_mb64.json", &prof);
     double t[2];
     for (int k = 0; k < 2; k++) {
         Cluster cl = cluster(1.2e8, 0);
@@ -321,8 +327,7 @@ static double steady(const Plan *p, const Profile *prof, const Cluster *cl, int 
 static void test_steady_state_length(void **state) {
     (void)state;
     Profile prof;
-    Err err = {0};
-    if (profile_load(tu_src("tests/data/profiles/vgg16_mb64.json"), &prof, &err)) fail_msg("%s", err.msg);
+    load("tests/data/profiles/vgg16_mb64.json", &prof);
     Cluster cl = cluster(1.196e8, 2);
     static const int cuts[][3] = {{4, 10, 14}, {6, 8, 13}, {7, 11, 19}};
     for (int k = 0; k < 3; k++) {
