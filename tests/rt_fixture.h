@@ -109,6 +109,15 @@ static inline void tplan(TPlan *t, int n_stages, const int *bounds, const int *r
     t->p.noam = (rank + reps[0] - 1) / reps[0];
 }
 
+/* The optimizer steps a synchronous schedule is compared with rt_sequential over. A schedule
+ * adds its units' gradients in its own order, so the two part by rounding; in the CNN the relu
+ * before the max pool turns such differences into other argmax choices within a few steps,
+ * after which the runs part by far more (3e-8 after 3 steps, 6e-5 after 4, 2e-3 after 20 on an
+ * AVX2 CPU whose sgemm rounds otherwise than AVX-512's). So the CNN compares after 2 steps, where
+ * a wrong unit, mask or gradient already shows by 1e-3; the MLPs, which have no such switch,
+ * after many. */
+static inline int rt_oracle_steps(int cnn, int steps) { return cnn ? 2 : steps; }
+
 /* The synchronous kinds' oracle: sequential minibatch SGD on the whole model (SGD lr 0.05,
  * momentum 0.9, seed 11: the runtime tests' config), written directly on the nn API. For
  * minibatch k, units k*per .. k*per+per-1 of train each forward/backward with loss scale 1/per,

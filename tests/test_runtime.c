@@ -164,7 +164,7 @@ static void run_sync_case(const char *model, int n_stages, const int *bounds, co
     tplan(&tp, n_stages, bounds, reps);
     Schedule s;
     Err err = {0};
-    const int steps = 20, B = 8;
+    const int steps = rt_oracle_steps(model == cnn_path, 20), B = 8;
     /* units per optimizer step: micro-batches, or (dp, one-unit rounds) one per replica */
     int per = kind == SCHED_DP ? tp.p.n_workers : n_micro;
     SchedOpts so = {.kind = kind, .n_minibatches = kind == SCHED_DP ? steps * per : steps, .n_micro = n_micro};

@@ -92,7 +92,7 @@ static void assert_same(const char *what, const RtWorkerResult *a, const RtWorke
 /* (a) threads == sequential SGD up to summation order, stage by stage; (b) emulation ==
  * threads bitwise; (c) --recompute == without, bitwise, on threads and emulation. */
 static void run_case(const char *model, int n_stages, const int *bounds, int V, int M) {
-    const int steps = 8;
+    const int steps = rt_oracle_steps(model == cnn_path, 8);
     TPlan tp;
     Schedule s, sr;
     build(&tp, &s, n_stages, bounds, V, steps, M, 0);
