@@ -73,6 +73,11 @@ static int parse_precisions(const char *cmd, const char *v, int *prec) {
             cli_usage_error(cmd, "--precision: unknown precision \"%s\" (expected fp32 or bf16)", tok);
             return -1;
         }
+        Err e = {0};
+        if (kern_precision_check(p, &e)) {
+            cli_fail(&e);
+            return -2;   // not a usage error: this CPU cannot
+        }
         if (n == BENCH_MAX_PREC) {
             cli_usage_error(cmd, "--precision: at most %d values", BENCH_MAX_PREC);
             return -1;
@@ -133,7 +138,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) rc = cli_parse_int(cmd, a, v, 1, 1000000, &steps);
         else if (!strcmp(a, "--reps")) rc = cli_parse_int(cmd, a, v, 1, 1000, &reps);
         else if (!strcmp(a, "--precision")) {
-            if ((n_prec = parse_precisions(cmd, v, prec)) < 0) return CLI_USAGE;
+            if ((n_prec = parse_precisions(cmd, v, prec)) < 0) return n_prec == -2 ? CLI_FAIL : CLI_USAGE;
         } else rc = cli_parse_int(cmd, a, v, 0, 1000000, &warmup);
         if (rc) return rc;
     }

@@ -7,12 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define PD_VERSION "0.1.0"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
     (void)argv;
     printf("pipedream %s\n", PD_VERSION);
+    /* what this CPU can compute in (tests and scripts read this line) */
+    printf("precision: fp32%s (oneDNN on %s)\n", kern_bf16_available() ? ", bf16" : "", kern_cpu_isa());
     return CLI_OK;
 }
 

@@ -100,6 +100,7 @@ int kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h
     if (h + 2 * pad < r || w + 2 * pad < s)
         return err_set(err, PD_EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d", r, s, h + 2 * pad,
                        w + 2 * pad);
+    if (kern_precision_check(prec, err)) return PD_EINVAL;
     *cv = (KConv){.n_max = n_max, .c = c, .h = h, .w = w, .k = k, .r = r, .s = s, .stride = stride, .pad = pad,
                   .oh = (h + 2 * pad - r) / stride + 1, .ow = (w + 2 * pad - s) / stride + 1,
                   .has_bias = has_bias, .fuse_relu = fuse_relu};

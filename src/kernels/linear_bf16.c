@@ -17,6 +17,7 @@
 #endif
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -31,6 +32,79 @@ int kern_precision_parse(const char *s) {
 }
 
 const char *kern_precision_name(int prec) { return prec >= 0 && prec < KPREC_COUNT ? PREC_NAMES[prec] : "?"; }
+
+/* ---- whether this CPU runs bf16 ----------------------------------------------------------- */
+/* oneDNN 2.6 has bf16 convolutions and matrix products only from AVX-512 up (avx512_core; the
+ * bf16 instructions of avx512_core_bf16 or AMX make them fast); on an AVX2 CPU creating one fails
+ * with "unimplemented". The probe asks for the primitives the bf16 path uses, a matmul and a
+ * convolution on tiny shapes, once per process. */
+static pthread_once_t g_bf16_once = PTHREAD_ONCE_INIT;
+static int g_bf16_ok;
+
+static int probe_pd(dnnl_engine_t eng, int conv) {
+    dnnl_memory_desc_t a, b, c;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t st;
+    if (conv) {
+        dnnl_dims_t src = {2, 16, 8, 8}, wei = {16, 16, 3, 3}, dst = {2, 16, 8, 8}, s1 = {1, 1}, p1 = {1, 1};
+        dnnl_convolution_desc_t d;
+        st = dnnl_memory_desc_init_by_tag(&a, 4, src, dnnl_bf16, dnnl_format_tag_any);
+        if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b, 4, wei, dnnl_bf16, dnnl_format_tag_any);
+        if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&c, 4, dst, dnnl_f32, dnnl_format_tag_any);
+        if (st == dnnl_success)
+            st = dnnl_convolution_forward_desc_init(&d, dnnl_forward_training, dnnl_convolution_direct, &a, &b, NULL,
+                                                    &c, s1, p1, p1);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL);
+    } else {
+        dnnl_dims_t x = {16, 16}, w = {16, 16}, y = {16, 16};
+        dnnl_matmul_desc_t d;
+        st = dnnl_memory_desc_init_by_tag(&a, 2, x, dnnl_bf16, dnnl_ab);
+        if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b, 2, w, dnnl_bf16, dnnl_ab);
+        if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&c, 2, y, dnnl_f32, dnnl_ab);
+        if (st == dnnl_success) st = dnnl_matmul_desc_init(&d, &a, &b, NULL, &c);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL);
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return st == dnnl_success;
+}
+
+static void bf16_probe(void) {
+    dnnl_engine_t eng = NULL;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) return;
+    g_bf16_ok = probe_pd(eng, 0) && probe_pd(eng, 1);
+    dnnl_engine_destroy(eng);
+}
+
+int kern_bf16_available(void) {
+    pthread_once(&g_bf16_once, bf16_probe);
+    return g_bf16_ok;
+}
+
+const char *kern_cpu_isa(void) {
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse4.1";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
+int kern_precision_check(int prec, Err *err) {
+    PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
+    if (prec != KPREC_BF16 || kern_bf16_available()) return PD_OK;
+    return err_set(err, PD_EINVAL,
+                   "bf16 compute is not available on this CPU: oneDNN runs bf16 convolutions and matrix products "
+                   "only on AVX-512 CPUs, and this one's widest instructions are %s; use --precision fp32 (--wire "
+                   "bf16 works on any CPU)",
+                   kern_cpu_isa());
+}
 
 typedef struct CvtJob {
     const float *x;
@@ -188,7 +262,8 @@ int kern_linear_init(KLinear *k, int prec, int n_max, int in, int out, int has_b
         return err_set(err, PD_EINVAL, "linear: bad shape n_max=%d in=%d out=%d", n_max, in, out);
     *k = (KLinear){.n_max = n_max, .in = in, .out = out, .has_bias = has_bias, .prec = prec};
     if (prec == KPREC_FP32) return PD_OK;
-    int rc = PD_OK;
+    int rc = kern_precision_check(prec, err);
+    if (rc) return rc;
     LinDnnl *l = pd_calloc(sizeof *l);
     CK(dnnl_engine_create(&l->eng, dnnl_cpu, 0));
     CK(dnnl_stream_create(&l->st, l->eng, dnnl_stream_default_flags));

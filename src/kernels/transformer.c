@@ -287,6 +287,7 @@ int kern_attention_init_prec(KAttn *a, int algo, int prec, int n_max, int t, int
     PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
     memset(a, 0, sizeof *a);
     *a = (KAttn){.n_max = n_max, .t = t, .heads = heads, .hd = hd, .causal = causal};
+    if (kern_precision_check(prec, err)) return PD_EINVAL;
     a->algo = algo == KTF_AUTO ? KTF_DNNL : algo;   // measured: see the file comment
     a->prec = a->algo == KTF_DNNL ? prec : KPREC_FP32;
     AttnImpl *im = pd_calloc(sizeof *im);

@@ -507,6 +507,7 @@ int model_precision(const Model *m) { return m->prec; }
 int model_build(Model *m, int first, int last, int n_max, Err *err) {
     check_range(m, first, last);
     PD_ASSERT(n_max >= 1);
+    if (kern_precision_check(m->prec, err)) return err_prefix(err, "%s", m->src);
     size_t need = 0;
     for (int i = first; i < last; i++) {
         Layer *l = &m->layers[i];
