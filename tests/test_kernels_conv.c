@@ -205,10 +205,18 @@ static void test_conv_blocked_layouts(void **state) {
     const size_t n_dnnl = sizeof cases / sizeof *cases, n_im = sizeof im2col_cases / sizeof *im2col_cases;
     /* both precisions: bf16 takes float32 nChw16c too, converted element-wise where the plain
      * call reorders (both round to nearest even), so the results are bitwise the same as well */
+    /* oneDNN picks nChw16c where the CPU has AVX-512; on an AVX2 one it picks nChw8c, which the
+     * callers do not take, so its cases run no blocked pass there (and bf16 none at all) */
+    const int dnnl_blk = !strncmp(kern_cpu_isa(), "avx512", 6);
+    int skipped = 0;
     for (size_t ci = 0; ci < 2 * n_dnnl + n_im; ci++) {
         const int im = ci >= 2 * n_dnnl;
         const ConvCase *t = im ? &im2col_cases[ci - 2 * n_dnnl] : &cases[ci % n_dnnl];
         const int prec = !im && ci >= n_dnnl ? KPREC_BF16 : KPREC_FP32;
+        if (prec == KPREC_BF16 && !kern_bf16_available()) {
+            skipped++;
+            continue;
+        }
         KConv cv;
         Err err = {0};
         assert_int_equal(kern_conv2d_init_prec(&cv, im ? KCONV_IM2COL : KCONV_DNNL, prec, t->n_max, t->c, t->h, t->w,
@@ -216,7 +224,8 @@ static void test_conv_blocked_layouts(void **state) {
                          PD_OK);
         assert_int_equal(cv.prec, prec);
         const int layouts = kern_conv2d_layouts(&cv);
-        assert_int_equal(layouts, im ? KCONV_Y_BLK16 : KCONV_X_BLK16 | KCONV_Y_BLK16);
+        assert_int_equal(layouts, im ? KCONV_Y_BLK16 : dnnl_blk ? KCONV_X_BLK16 | KCONV_Y_BLK16 : 0);
+        if (!layouts) skipped++;
         const int ns[2] = {t->n_max, t->n};
         for (int pass = 0; pass < 2; pass++) {
             const int n = ns[pass], xhw = t->h * t->w, yhw = cv.oh * cv.ow;
@@ -288,6 +297,9 @@ static void test_conv_blocked_layouts(void **state) {
     assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 1, 4, 4, 24, 3, 3, 1, 1, 1, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_layouts(&cv), 0);
     kern_conv2d_release(&cv);
+    if (skipped)
+        tu_skip("%d of %zu cases: oneDNN keeps no nChw16c (or runs no bf16) on this CPU (%s)", skipped,
+                2 * n_dnnl + n_im, kern_cpu_isa());
 }
 
 /* Max pooling on nChw16c: the plain kernel's values and gradients, reordered (ties too: a
@@ -361,5 +373,5 @@ int main(void) {
         cmocka_unit_test(test_conv_blocked_layouts),
         cmocka_unit_test(test_maxpool_blocked),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return tu_run_group(tests, NULL, NULL);
 }
