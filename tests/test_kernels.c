@@ -71,6 +71,56 @@ static void test_linear(void **state) {
     check_linear(17, 40, 9, 0, 1);
     check_linear(64, 120, 84, 1, 0);
     check_linear(5, 1024, 10, 1, 0);
+    check_linear(64, 1024, 96, 1, 0);   // dx = dy W with W's rows 4 KB apart (kern_sgemm's exception)
+}
+
+/* kern_sgemm against a double-precision product, on the four transpositions and on the shapes
+ * it hands to OpenBLAS on AVX2 CPUs (no transposition, m <= 256, ldb a multiple of 512) as well
+ * as their neighbours: alpha and beta applied, beta = 0 writes over NaN (the product's old
+ * contents are never read), padding columns past n left alone, and a second call bitwise the
+ * first. */
+static void test_sgemm(void **state) {
+    (void)state;
+    static const struct { char ta, tb; int m, n, k, pad; } cases[] = {
+        {'N', 'N', 64, 1024, 96, 0}, {'N', 'N', 64, 1021, 96, 3}, {'N', 'N', 16, 2048, 40, 0},
+        {'N', 'N', 257, 512, 64, 0}, {'N', 'N', 64, 1000, 96, 0}, {'N', 'T', 64, 1024, 96, 0},
+        {'T', 'N', 96, 1024, 64, 0}, {'T', 'T', 33, 512, 70, 0},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const char ta = cases[ci].ta, tb = cases[ci].tb;
+        const int m = cases[ci].m, n = cases[ci].n, k = cases[ci].k;
+        const int lda = (ta == 'N' ? k : m), ldb = (tb == 'N' ? n : k) + cases[ci].pad, ldc = n + cases[ci].pad;
+        const size_t na = (size_t)(ta == 'N' ? m : k) * lda, nb = (size_t)(tb == 'N' ? k : n) * ldb, nc = (size_t)m * ldc;
+        float *a = tk_rand(na, 100 + ci, -1, 1), *b = tk_rand(nb, 200 + ci, -1, 1), *c0 = tk_rand(nc, 300 + ci, -1, 1);
+        float *c = tk_copy(c0, nc), *c2 = pd_alloc_f32(nc), *want = pd_alloc_f32(nc);
+        const float alpha = 0.5f, beta = 2.0f;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < ldc; j++) {
+                double acc = 0;
+                for (int p = 0; p < k && j < n; p++)
+                    acc += (double)(ta == 'N' ? a[(size_t)i * lda + p] : a[(size_t)p * lda + i]) *
+                           (tb == 'N' ? b[(size_t)p * ldb + j] : b[(size_t)j * ldb + p]);
+                want[(size_t)i * ldc + j] = j < n ? (float)(alpha * acc + beta * c0[(size_t)i * ldc + j]) : c0[(size_t)i * ldc + j];
+            }
+        kern_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        char what[64];
+        snprintf(what, sizeof what, "sgemm %c%c %dx%dx%d ldb %d", ta, tb, m, n, k, ldb);
+        assert_int_equal(tu_compare(what, c, want, nc, 1e-5, 1e-5), 0);
+        for (size_t i = 0; i < nc; i++) c2[i] = NAN;
+        for (int i = 0; i < m; i++)
+            for (int j = n; j < ldc; j++) c2[(size_t)i * ldc + j] = c0[(size_t)i * ldc + j];
+        kern_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, 0.0f, c2, ldc);
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) want[(size_t)i * ldc + j] -= beta * c0[(size_t)i * ldc + j];
+        assert_int_equal(tu_compare(what, c2, want, nc, 1e-4, 1e-5), 0);
+        memcpy(c, c0, nc * sizeof(float));
+        kern_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        memcpy(c2, c0, nc * sizeof(float));
+        kern_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c2, ldc);
+        assert_memory_equal(c, c2, nc * sizeof(float));
+        float *all[] = {a, b, c0, c, c2, want};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    }
 }
 
 /* ---- relu ---------------------------------------------------------------------------- */
@@ -579,7 +629,7 @@ static void test_set_threads(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_linear), cmocka_unit_test(test_relu), cmocka_unit_test(test_maxpool),
+        cmocka_unit_test(test_linear), cmocka_unit_test(test_sgemm), cmocka_unit_test(test_relu), cmocka_unit_test(test_maxpool),
         cmocka_unit_test(test_gap),    cmocka_unit_test(test_dropout), cmocka_unit_test(test_pad),
         cmocka_unit_test(test_xent),   cmocka_unit_test(test_bn),      cmocka_unit_test(test_set_threads),
     };

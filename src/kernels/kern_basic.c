@@ -10,8 +10,8 @@
  * `#pragma omp parallel` compiles to) in the libgomp that libdnnl already loaded. So every
  * kernel runs on ONE team of threads, oneDNN's: kern_parallel_for hands our element-wise
  * loops to that team, and kern_sgemm is oneDNN's sgemm (which also uses it). OpenBLAS (the
- * pthread build, its own pool) is still set for the code outside this module that calls
- * cblas directly. A program that runs kernels on several threads calls kern_set_threads on
+ * pthread build, its own pool) is set too: kern_sgemm hands it the one shape oneDNN's AVX2
+ * kernels run slowly (at kern_sgemm). A program that runs kernels on several threads calls kern_set_threads on
  * each (threads it creates afterwards inherit the setting).
  *
  * GEMM. oneDNN's sgemm JIT-compiles for the CPU it finds (AVX-512 here) while OpenBLAS runs
@@ -110,9 +110,32 @@ void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn,
     g->parallel(par_body, &j, (unsigned)nt, 0);
 }
 
+/* One exception to oneDNN's sgemm. On AVX2 CPUs (oneDNN's gemm then runs its AVX2 kernels) a
+ * product C = A B with neither transposed, few rows (m <= 256) and B's rows a multiple of 2 KB
+ * apart (ldb a multiple of 512 floats) runs at half speed: B is read in place, and rows that
+ * far apart fall into the same cache sets. A linear layer's input gradient is that product
+ * (dx = dy W, ldb = the layer's input width: 1024, 2048), so mlp's and vgg16's widest layers hit
+ * it. OpenBLAS packs B first and does not slow down. Measured on an AMD EPYC (Zen 3), 1 thread,
+ * best of 15, ms, (m, n, k) = (64, 2048, 2048): oneDNN 12.07, OpenBLAS 6.48; (64, 1024, 1024):
+ * 3.02, 1.57; (256, 1024, 256): 2.85, 1.52; but (64, 2000, 2048): 5.46, 6.42 and (2048, 2048,
+ * 64): 6.13, 7.50, where oneDNN stays. On AVX-512 oneDNN's kernels show no such slowdown. */
+static int g_gemm_avx2 = -1;
+
+static int sgemm_aliases(char ta, char tb, int m, int k, int ldb) {
+    if (g_gemm_avx2 < 0) {   // a benign race: every thread computes the same value
+        const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+        g_gemm_avx2 = (isa & avx512) != avx512;   // the ISA values are bit sets (avx2_vnni has no avx512 bits)
+    }
+    return g_gemm_avx2 && ta == 'N' && tb == 'N' && m <= 256 && k >= 32 && ldb % 512 == 0;
+}
+
 void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                 float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
+    if (sgemm_aliases(ta, tb, m, k, ldb)) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     dnnl_status_t s = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     PD_ASSERTF(s == dnnl_success, "dnnl_sgemm(%c, %c, %d, %d, %d): status %d", ta, tb, m, n, k, (int)s);
 }
