@@ -10,8 +10,8 @@
  * `#pragma omp parallel` compiles to) in the libgomp that libdnnl already loaded. So every
  * kernel runs on ONE team of threads, oneDNN's: kern_parallel_for hands our element-wise
  * loops to that team, and kern_sgemm is oneDNN's sgemm (which also uses it). OpenBLAS (the
- * pthread build, its own pool) is set too: kern_sgemm hands it the one shape oneDNN's AVX2
- * kernels run slowly (at kern_sgemm). A program that runs kernels on several threads calls kern_set_threads on
+ * pthread build) is held to one thread: kern_sgemm hands it the products oneDNN's AVX2 kernels
+ * run slowly, split over the same team (at kern_sgemm). A program that runs kernels on several threads calls kern_set_threads on
  * each (threads it creates afterwards inherit the setting).
  *
  * GEMM. oneDNN's sgemm JIT-compiles for the CPU it finds (AVX-512 here) while OpenBLAS runs
@@ -75,7 +75,7 @@ static const Gomp *omp(void) {
 
 void kern_set_threads(int n) {
     PD_ASSERT(n >= 1);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1);   // kern_sgemm runs it on our team's threads
     if (omp()->set_num) omp()->set_num(n);
 }
 
@@ -110,30 +110,55 @@ void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn,
     g->parallel(par_body, &j, (unsigned)nt, 0);
 }
 
-/* One exception to oneDNN's sgemm. On AVX2 CPUs (oneDNN's gemm then runs its AVX2 kernels) a
- * product C = A B with neither transposed, few rows (m <= 256) and B's rows a multiple of 2 KB
- * apart (ldb a multiple of 512 floats) runs at half speed: B is read in place, and rows that
- * far apart fall into the same cache sets. A linear layer's input gradient is that product
- * (dx = dy W, ldb = the layer's input width: 1024, 2048), so mlp's and vgg16's widest layers hit
- * it. OpenBLAS packs B first and does not slow down. Measured on an AMD EPYC (Zen 3), 1 thread,
- * best of 15, ms, (m, n, k) = (64, 2048, 2048): oneDNN 12.07, OpenBLAS 6.48; (64, 1024, 1024):
- * 3.02, 1.57; (256, 1024, 256): 2.85, 1.52; but (64, 2000, 2048): 5.46, 6.42 and (2048, 2048,
- * 64): 6.13, 7.50, where oneDNN stays. On AVX-512 oneDNN's kernels show no such slowdown. */
+/* Two exceptions to oneDNN's sgemm, on AVX2 CPUs (oneDNN's gemm then runs its AVX2 kernels),
+ * where OpenBLAS, which packs its operands first, is measured faster:
+ *  - C = A B, neither transposed, with few rows (m <= 256) and B's rows a multiple of 2 KB apart
+ *    (ldb a multiple of 512 floats): oneDNN reads B in place and rows that far apart fall into
+ *    the same cache sets, at half speed. A linear layer's input gradient is that product
+ *    (dx = dy W, ldb = the layer's input width: 1024, 2048 in mlp and vgg16).
+ *  - C = A^T B (a weight gradient: linear, LSTM), unless C is wide (n > 512) and the sum short
+ *    (k < 256): oneDNN runs it at 35-50 GFLOP/s where A's rows are a multiple of 2 KB apart and C
+ *    is narrow (LSTM's dW_hh, (1024, 256, 1728): 22.8 ms, OpenBLAS 10.3), and is ahead only on
+ *    the wide, short ones (mlp's (1024, 1024, 64): 1.79 ms, OpenBLAS 2.02).
+ * Measured on an AMD EPYC (Zen 3), 1 thread, best of 15, ms, (m, n, k): NN (64, 2048, 2048)
+ * oneDNN 12.07, OpenBLAS 6.48; (64, 1024, 1024) 3.02, 1.57; but (64, 2000, 2048) 5.46, 6.42 and
+ * (2048, 2048, 64) 6.13, 7.50, where oneDNN stays; TN (2048, 128, 64) 0.80, 0.39, (2048, 2048, 64)
+ * 6.59, 6.21. On AVX-512 oneDNN's kernels show neither slowdown and run every product. */
 static int g_gemm_avx2 = -1;
 
-static int sgemm_aliases(char ta, char tb, int m, int k, int ldb) {
+static int sgemm_to_openblas(char ta, char tb, int m, int n, int k, int ldb) {
     if (g_gemm_avx2 < 0) {   // a benign race: every thread computes the same value
         const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
         g_gemm_avx2 = (isa & avx512) != avx512;   // the ISA values are bit sets (avx2_vnni has no avx512 bits)
     }
-    return g_gemm_avx2 && ta == 'N' && tb == 'N' && m <= 256 && k >= 32 && ldb % 512 == 0;
+    if (!g_gemm_avx2) return 0;
+    if (ta == 'T' && tb == 'N') return n <= 512 || k >= 256;
+    return ta == 'N' && tb == 'N' && m <= 256 && k >= 32 && ldb % 512 == 0;
+}
+
+/* OpenBLAS runs single-threaded inside our one team (its own pool would contend with the OpenMP
+ * team spinning on the same cores: 30% slower at 2 threads): C's columns are split into blocks
+ * of whole 16s, each a product of its own: deterministic for a given thread count, as oneDNN's
+ * sgemm is (the bits may differ between thread counts, as oneDNN's do on AVX2). */
+typedef struct GemmCols {
+    int ta, m, k, lda, ldb, ldc;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} GemmCols;
+
+static void gemm_cols_r(void *p, size_t b, size_t e) {
+    const GemmCols *j = p;
+    cblas_sgemm(CblasRowMajor, j->ta ? CblasTrans : CblasNoTrans, CblasNoTrans, j->m, (int)(e - b), j->k, j->alpha,
+                j->a, j->lda, j->b + b, j->ldb, j->beta, j->c + b, j->ldc);
 }
 
 void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                 float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
-    if (sgemm_aliases(ta, tb, m, k, ldb)) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (sgemm_to_openblas(ta, tb, m, n, k, ldb)) {
+        GemmCols j = {ta == 'T', m, k, lda, ldb, ldc, alpha, beta, a, b, c};
+        kern_parallel_for((size_t)n, 64, 16, gemm_cols_r, &j);
         return;
     }
     dnnl_status_t s = dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
