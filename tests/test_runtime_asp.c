@@ -479,8 +479,10 @@ static void test_session_one_worker_is_dp(void **state) {
 
 /* Training learns: lenet5, 4 workers, 500 asynchronous steps of plain SGD (lr 0.05): the loss of
  * the last 60 units is well below that of the first 60, and the test accuracy far above chance
- * (measured on the CLI: accuracy 0.75-0.76). Not momentum 0.9: with it, asp now and then
- * collapses back to chance when it leaves the loss plateau (docs/explanation/asp.md). */
+ * (0.1). The accuracy is the last step's, which the schedule's timing moves: 0.65-0.76 in six
+ * release runs on an AVX2 CPU, 0.59 once under ASan (loss 2.24 -> 0.65 all the same), so the
+ * bound is 0.5. Not momentum 0.9: with it, asp now and then collapses back to chance when it
+ * leaves the loss plateau (docs/explanation/asp.md). */
 static void test_session_learns(void **state) {
     (void)state;
     if (!have_fmnist()) tu_skip("no Fashion-MNIST in %s", DATA_DEFAULT_IDX_DIR);
@@ -507,7 +509,7 @@ static void test_session_learns(void **state) {
     print_message("lenet5, asp on 4 threads, %d steps: loss %.3f (first 60 units) -> %.3f (last 60), "
                   "test accuracy %.3f\n", N, first, last, a.test_accuracy);
     assert_true(last < first - 0.8);
-    assert_true(a.test_accuracy > 0.6);
+    assert_true(a.test_accuracy > 0.5);
     rt_train_summary_release(&a);
 }
 
