@@ -11,10 +11,11 @@
  * kernel runs on ONE team of threads, oneDNN's: kern_parallel_for hands our element-wise
  * loops to that team, and kern_sgemm is oneDNN's sgemm (which also uses it). OpenBLAS (the
  * pthread build) is held to one thread: kern_sgemm hands it the products oneDNN's AVX2 kernels
- * run slowly, split over the same team (at kern_sgemm). A program that runs kernels on several threads calls kern_set_threads on
- * each (threads it creates afterwards inherit the setting).
+ * run slowly, split over the same team (at kern_sgemm). A program that runs kernels on several
+ * threads calls kern_set_threads on each (threads it creates afterwards inherit the setting).
  *
- * GEMM. oneDNN's sgemm JIT-compiles for the CPU it finds (AVX-512 here) while OpenBLAS runs
+ * GEMM. oneDNN's sgemm JIT-compiles for the CPU it finds (AVX-512 here; on AVX2 CPUs two
+ * kinds of product go to OpenBLAS instead, see kern_sgemm) while OpenBLAS runs
  * the kernel the environment's OPENBLAS_CORETYPE names (Haswell, AVX2, on the development
  * machines): measured 1 thread, best of 10, GFLOP/s (M, N, K):
  *     (1024, 1024, 1024) OpenBLAS 107, oneDNN 201;  (64, 1024, 784) 105 vs 188;
@@ -124,13 +125,16 @@ void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn,
  * oneDNN 12.07, OpenBLAS 6.48; (64, 1024, 1024) 3.02, 1.57; but (64, 2000, 2048) 5.46, 6.42 and
  * (2048, 2048, 64) 6.13, 7.50, where oneDNN stays; TN (2048, 128, 64) 0.80, 0.39, (2048, 2048, 64)
  * 6.59, 6.21. On AVX-512 oneDNN's kernels show neither slowdown and run every product. */
-static int g_gemm_avx2 = -1;
+static int g_gemm_avx2;
+static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
+
+static void gemm_isa(void) {
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    g_gemm_avx2 = (isa & avx512) != avx512;   // the ISA values are bit sets (avx2_vnni has no avx512 bits)
+}
 
 static int sgemm_to_openblas(char ta, char tb, int m, int n, int k, int ldb) {
-    if (g_gemm_avx2 < 0) {   // a benign race: every thread computes the same value
-        const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
-        g_gemm_avx2 = (isa & avx512) != avx512;   // the ISA values are bit sets (avx2_vnni has no avx512 bits)
-    }
+    pthread_once(&g_gemm_once, gemm_isa);
     if (!g_gemm_avx2) return 0;
     if (ta == 'T' && tb == 'N') return n <= 512 || k >= 256;
     return ta == 'N' && tb == 'N' && m <= 256 && k >= 32 && ldb % 512 == 0;

@@ -29,7 +29,9 @@ void kern_set_threads(int n);
 typedef void (*KernRangeFn)(void *ctx, size_t begin, size_t end);
 void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn, void *ctx);
 /* Row-major C (m, n) = alpha op(A) op(B) + beta C, op = transpose when ta/tb is 'T': oneDNN's
- * sgemm (it picks AVX-512 where the CPU has it; deterministic for a given thread count). */
+ * sgemm (it picks AVX-512 where the CPU has it), or on AVX2 CPUs OpenBLAS for the products
+ * oneDNN's AVX2 kernels run slowly (kern_basic.c); deterministic for a given thread count. With
+ * beta 0, C's old contents are not read. */
 void kern_sgemm(char ta, char tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                 float beta, float *c, int ldc);
 
