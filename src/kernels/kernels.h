@@ -46,7 +46,8 @@ enum { KPREC_FP32 = 0, KPREC_BF16 = 1, KPREC_COUNT = 2 };
 int         kern_precision_parse(const char *s);
 const char *kern_precision_name(int prec);
 /* 1 if this CPU runs the bf16 products (oneDNN 2.6: AVX-512 and up), probed once per process;
- * kern_cpu_isa: the widest instruction set oneDNN uses here ("avx2", "avx512_core_bf16", ...).
+ * kern_cpu_isa: the widest instruction set oneDNN uses here, as oneDNN names it ("avx2",
+ * "avx512_core_bf16", ...).
  * kern_precision_check: PD_OK, or for a precision this CPU cannot run an error naming the CPU's
  * instruction set; the bf16 descriptors' init functions return it. */
 int         kern_bf16_available(void);

@@ -81,19 +81,8 @@ int kern_bf16_available(void) {
 }
 
 const char *kern_cpu_isa(void) {
-    switch (dnnl_get_effective_cpu_isa()) {
-    case dnnl_cpu_isa_sse41: return "sse4.1";
-    case dnnl_cpu_isa_avx: return "avx";
-    case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
-    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
-    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-    default: return "other";
-    }
+    const char *s = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());   // "cpu_isa_avx2"
+    return strncmp(s, "cpu_isa_", 8) ? s : s + 8;
 }
 
 int kern_precision_check(int prec, Err *err) {
