@@ -26,6 +26,9 @@ int cli_wants_help(int argc, char **argv);
  * error naming opt and return CLI_USAGE, else CLI_OK. */
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double lo, double hi, double *out);
+/* --precision's value s (fp32, bf16) into *out: CLI_USAGE (message printed) if it names none,
+ * CLI_FAIL if this CPU cannot compute in it (kern_precision_check), else CLI_OK. */
+int cli_parse_precision(const char *cmd, const char *s, int *out);
 /* Returns argv[++*i] or NULL (after printing a usage error) if the option has no value. */
 const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 

@@ -62,30 +62,19 @@ typedef struct BenchRun {
 
 enum { BENCH_MAX_PREC = 4 };
 
-/* Parses "fp32", "bf16,fp32", ... into prec[]; returns the count or -1 (message printed). */
-static int parse_precisions(const char *cmd, const char *v, int *prec) {
+/* Parses "fp32", "bf16,fp32", ... into prec[] and their count into *n: CLI_OK, or the
+ * code of the message printed (cli_parse_precision's, or CLI_USAGE). */
+static int parse_precisions(const char *cmd, const char *v, int *prec, int *n) {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", v);
-    int n = 0;
+    *n = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int p = kern_precision_parse(tok);
-        if (p < 0) {
-            cli_usage_error(cmd, "--precision: unknown precision \"%s\" (expected fp32 or bf16)", tok);
-            return -1;
-        }
-        Err e = {0};
-        if (kern_precision_check(p, &e)) {
-            cli_fail(&e);
-            return -2;   // not a usage error: this CPU cannot
-        }
-        if (n == BENCH_MAX_PREC) {
-            cli_usage_error(cmd, "--precision: at most %d values", BENCH_MAX_PREC);
-            return -1;
-        }
-        prec[n++] = p;
+        if (*n == BENCH_MAX_PREC) return cli_usage_error(cmd, "--precision: at most %d values", BENCH_MAX_PREC);
+        int rc = cli_parse_precision(cmd, tok, &prec[*n]);
+        if (rc) return rc;
+        ++*n;
     }
-    if (n == 0) cli_usage_error(cmd, "--precision: expected fp32 or bf16");
-    return n ? n : -1;
+    return *n ? CLI_OK : cli_usage_error(cmd, "--precision: expected fp32 or bf16");
 }
 
 /* 4 distinct minibatches of synthetic data for m: images, or for token models token ids in
@@ -138,7 +127,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) rc = cli_parse_int(cmd, a, v, 1, 1000000, &steps);
         else if (!strcmp(a, "--reps")) rc = cli_parse_int(cmd, a, v, 1, 1000, &reps);
         else if (!strcmp(a, "--precision")) {
-            if ((n_prec = parse_precisions(cmd, v, prec)) < 0) return n_prec == -2 ? CLI_FAIL : CLI_USAGE;
+            rc = parse_precisions(cmd, v, prec, &n_prec);
         } else rc = cli_parse_int(cmd, a, v, 0, 1000000, &warmup);
         if (rc) return rc;
     }

@@ -71,10 +71,7 @@ int cmd_profile(int argc, char **argv) {
             rc = cli_parse_int(C, a, v, 0, 65535, &small);
         } else if (!strcmp(a, "--precision")) {
             if (!(v = cli_value(C, argc, argv, &i))) return CLI_USAGE;
-            if ((o.precision = kern_precision_parse(v)) < 0)
-                return cli_usage_error(C, "--precision expects fp32 or bf16, got \"%s\"", v);
-            Err e = {0};
-            if (kern_precision_check(o.precision, &e)) return cli_fail(&e);
+            rc = cli_parse_precision(C, v, &o.precision);
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(outp = cli_value(C, argc, argv, &i))) return CLI_USAGE;
         } else if (a[0] == '-') {

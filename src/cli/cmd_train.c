@@ -56,13 +56,7 @@ static int set_staleness(TrainOpts *o, const char *v) {
     return CLI_OK;
 }
 
-static int set_precision(TrainOpts *o, const char *v) {
-    if ((o->precision = kern_precision_parse(v)) < 0)
-        return cli_usage_error("train", "--precision expects fp32 or bf16, got \"%s\"", v);
-    Err e = {0};
-    if (kern_precision_check(o->precision, &e)) return cli_fail(&e);
-    return CLI_OK;
-}
+static int set_precision(TrainOpts *o, const char *v) { return cli_parse_precision("train", v, &o->precision); }
 
 static int set_nan_check(TrainOpts *o, const char *v) {
     if (!strcmp(v, "loss")) o->nan_check = RT_NAN_LOSS;

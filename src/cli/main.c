@@ -58,6 +58,15 @@ int cli_wants_help(int argc, char **argv) {
     return 0;
 }
 
+int cli_parse_precision(const char *cmd, const char *s, int *out) {
+    int p = kern_precision_parse(s);
+    if (p < 0) return cli_usage_error(cmd, "--precision expects fp32 or bf16, got \"%s\"", s);
+    Err e = {0};
+    if (kern_precision_check(p, &e)) return cli_fail(&e);
+    *out = p;
+    return CLI_OK;
+}
+
 int cli_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out) {
     char *end;
     errno = 0;
