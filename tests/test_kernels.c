@@ -81,15 +81,17 @@ static void test_linear(void **state) {
  * bitwise the first. */
 static void test_sgemm(void **state) {
     (void)state;
-    static const struct { char ta, tb; int m, n, k, pad; } cases[9] = {
+    static const struct { char ta, tb; int m, n, k, pad; } cases[] = {
         {'N', 'N', 64, 1024, 96, 0}, {'N', 'N', 64, 1021, 96, 3}, {'N', 'N', 16, 2048, 40, 0},
         {'N', 'N', 257, 512, 64, 0}, {'N', 'N', 64, 1000, 96, 0}, {'N', 'T', 64, 1024, 96, 0},
         {'T', 'N', 96, 1024, 64, 0}, {'T', 'T', 33, 512, 70, 0}, {'T', 'N', 512, 256, 80, 0},
     };
-    for (size_t ci = 0; ci < 2 * (sizeof cases / sizeof *cases); ci++) {
-        kern_set_threads(ci < sizeof cases / sizeof *cases ? 1 : 2);   // 2: the columns split in blocks
-        const char ta = cases[ci % 9].ta, tb = cases[ci % 9].tb;
-        const int m = cases[ci % 9].m, n = cases[ci % 9].n, k = cases[ci % 9].k, pad = cases[ci % 9].pad;
+    const size_t n_cases = sizeof cases / sizeof *cases;
+    for (size_t ci = 0; ci < 2 * n_cases; ci++) {
+        kern_set_threads(ci < n_cases ? 1 : 2);   // 2: the columns split in blocks
+        const size_t t = ci % n_cases;
+        const char ta = cases[t].ta, tb = cases[t].tb;
+        const int m = cases[t].m, n = cases[t].n, k = cases[t].k, pad = cases[t].pad;
         const int lda = (ta == 'N' ? k : m), ldb = (tb == 'N' ? n : k) + pad, ldc = n + pad;
         const size_t na = (size_t)(ta == 'N' ? m : k) * lda, nb = (size_t)(tb == 'N' ? k : n) * ldb, nc = (size_t)m * ldc;
         float *a = tk_rand(na, 100 + ci, -1, 1), *b = tk_rand(nb, 200 + ci, -1, 1), *c0 = tk_rand(nc, 300 + ci, -1, 1);

@@ -119,12 +119,12 @@ void kern_parallel_for(size_t n, size_t min_chunk, size_t align, KernRangeFn fn,
  *    (dx = dy W, ldb = the layer's input width: 1024, 2048 in mlp and vgg16).
  *  - C = A^T B (a weight gradient: linear, LSTM), unless C is wide (n > 512) and the sum short
  *    (k < 256): oneDNN runs it at 35-50 GFLOP/s where A's rows are a multiple of 2 KB apart and C
- *    is narrow (LSTM's dW_hh, (1024, 256, 1728): 22.8 ms, OpenBLAS 10.3), and is ahead only on
- *    the wide, short ones (mlp's (1024, 1024, 64): 1.79 ms, OpenBLAS 2.02).
- * Measured on an AMD EPYC (Zen 3), 1 thread, best of 15, ms, (m, n, k): NN (64, 2048, 2048)
- * oneDNN 12.07, OpenBLAS 6.48; (64, 1024, 1024) 3.02, 1.57; but (64, 2000, 2048) 5.46, 6.42 and
- * (2048, 2048, 64) 6.13, 7.50, where oneDNN stays; TN (2048, 128, 64) 0.80, 0.39, (2048, 2048, 64)
- * 6.59, 6.21. On AVX-512 oneDNN's kernels show neither slowdown and run every product. */
+ *    is narrow; on the wide, short ones the two are even, and oneDNN keeps them.
+ * bench/sgemm_shapes.c, an AMD EPYC (Zen 3), 1 thread, the middle of three runs, ms, oneDNN
+ * against OpenBLAS, (m, n, k): NN (64, 2048, 2048) 12.81, 6.39; (64, 1024, 1024) 2.94, 1.54;
+ * but (64, 2000, 2048) 5.42, 6.20 and (2048, 2048, 64) 5.92, 6.00, where oneDNN stays; TN (1024,
+ * 256, 1728) (LSTM's dW_hh) 22.64, 9.96; (2048, 128, 64) 0.84, 0.39; (1024, 1024, 64) 1.48, 1.47.
+ * On AVX-512 oneDNN's kernels show neither slowdown and run every product. */
 static int g_gemm_avx2;
 static pthread_once_t g_gemm_once = PTHREAD_ONCE_INIT;
 
