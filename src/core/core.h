@@ -101,7 +101,7 @@ float    rng_normal(Rng *r);                  /* N(0, 1), Box-Muller */
 uint32_t rng_below(Rng *r, uint32_t n);       /* uniform in [0, n), unbiased; n > 0 */
 /* The stream's words from block `block` on (word 4 * block of rng_u32's sequence from
  * rng_init), nblk blocks: out[4 * b + w] is word w of block block + b. The stream's position
- * (ctr, buf, pos) is neither read nor changed. With AVX-512 sixteen blocks at a time, bitwise
+ * (ctr, buf, pos) is neither read nor changed. With AVX-512 sixteen blocks at a time (AVX2: eight), bitwise
  * rng_philox's words. */
 void     rng_blocks(const Rng *r, uint64_t block, size_t nblk, uint32_t *out);
 /* Fisher-Yates permutation of 0..n-1 as a pure function of (seed, stream, substream). */

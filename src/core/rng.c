@@ -4,7 +4,7 @@
 
 #include <math.h>
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -73,12 +73,52 @@ static void philox16(const uint32_t key[2], uint64_t block, uint32_t c2, uint32_
     for (int j = 0; j < 4; j++)
         for (int q = 0; q < 4; q++) memcpy(out + 16 * j + 4 * q, &tmp[q][4 * j], 16);
 }
+#elif defined(__AVX2__)
+/* Eight consecutive blocks from counter (lo, hi), block b in lane b; out as rng_blocks. The
+ * products' two halves come from _mm256_mul_epu32 on the even and the odd lanes. */
+static void philox8(const uint32_t key[2], uint64_t block, uint32_t c2, uint32_t c3, uint32_t *out) {
+    const __m256i m0 = _mm256_set1_epi32((int)PHILOX_M0), m1 = _mm256_set1_epi32((int)PHILOX_M1);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i sign = _mm256_set1_epi32(INT32_MIN);
+    __m256i lo = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)block), lane);
+    /* the carry into the high word where the low word wrapped within the eight (lo < lane,
+     * unsigned: compared as signed after flipping the sign bits) */
+    __m256i wrap = _mm256_cmpgt_epi32(_mm256_xor_si256(lane, sign), _mm256_xor_si256(lo, sign));
+    __m256i hi = _mm256_sub_epi32(_mm256_set1_epi32((int)(uint32_t)(block >> 32)), wrap);
+    __m256i c0 = lo, c1 = hi, x2 = _mm256_set1_epi32((int)c2), x3 = _mm256_set1_epi32((int)c3);
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        __m256i e0 = _mm256_mul_epu32(c0, m0), o0 = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+        __m256i e1 = _mm256_mul_epu32(x2, m1), o1 = _mm256_mul_epu32(_mm256_srli_epi64(x2, 32), m1);
+        __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(e0, 32), o0, 0xAA);
+        __m256i lo0 = _mm256_blend_epi32(e0, _mm256_slli_epi64(o0, 32), 0xAA);
+        __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(e1, 32), o1, 0xAA);
+        __m256i lo1 = _mm256_blend_epi32(e1, _mm256_slli_epi64(o1, 32), 0xAA);
+        c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32((int)k0));
+        c1 = lo1;
+        x2 = _mm256_xor_si256(_mm256_xor_si256(hi0, x3), _mm256_set1_epi32((int)k1));
+        x3 = lo0;
+        k0 += PHILOX_W0;
+        k1 += PHILOX_W1;
+    }
+    /* 4 x 8 -> 8 x 4: u_q holds block q in its low 128 bits and block q + 4 in its high */
+    __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpacklo_epi32(x2, x3);
+    __m256i t2 = _mm256_unpackhi_epi32(c0, c1), t3 = _mm256_unpackhi_epi32(x2, x3);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t1), u1 = _mm256_unpackhi_epi64(t0, t1);
+    __m256i u2 = _mm256_unpacklo_epi64(t2, t3), u3 = _mm256_unpackhi_epi64(t2, t3);
+    _mm256_storeu_si256((__m256i *)(void *)(out + 0), _mm256_permute2x128_si256(u0, u1, 0x20));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 8), _mm256_permute2x128_si256(u2, u3, 0x20));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 24), _mm256_permute2x128_si256(u2, u3, 0x31));
+}
 #endif
 
 void rng_blocks(const Rng *r, uint64_t block, size_t nblk, uint32_t *out) {
     size_t b = 0;
 #if defined(__AVX512F__)
     for (; b + 16 <= nblk; b += 16) philox16(r->key, block + b, r->ctr[2], r->ctr[3], out + 4 * b);
+#elif defined(__AVX2__)
+    for (; b + 8 <= nblk; b += 8) philox8(r->key, block + b, r->ctr[2], r->ctr[3], out + 4 * b);
 #endif
     for (; b < nblk; b++) {
         uint64_t k = block + b;

@@ -33,7 +33,7 @@
 #endif
 #include <cblas.h>
 #include <dlfcn.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #include <math.h>
@@ -608,6 +608,24 @@ static void drop_fwd_r(void *p, size_t b, size_t e) {
             _mm_storeu_si128((__m128i *)(void *)(m + i0 + i), _mm_maskz_set1_epi8(keep, 1));
             _mm512_storeu_ps(y + i0 + i, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(x + i0 + i), sc));
         }
+#elif defined(__AVX2__)
+        /* word >> 8 < 2^24 and keep_min <= 2^24: a signed compare with keep_min - 1 is exact.
+         * 32 at a time: four lane masks packed to 32 bytes, then put back in element order. */
+        const __m256i kmin1 = _mm256_set1_epi32((int)keep_min - 1);
+        const __m256 sc = _mm256_set1_ps(j->scale);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), one = _mm256_set1_epi8(1);
+        for (; i + 32 <= len; i += 32) {
+            __m256i k[4];
+            for (int q = 0; q < 4; q++) {
+                __m256i w = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(words + i + 8 * q)), 8);
+                k[q] = _mm256_cmpgt_epi32(w, kmin1);
+                __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i0 + i + 8 * q), sc);
+                _mm256_storeu_ps(y + i0 + i + 8 * q, _mm256_and_ps(v, _mm256_castsi256_ps(k[q])));
+            }
+            __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(k[0], k[1]), _mm256_packs_epi32(k[2], k[3]));
+            b = _mm256_and_si256(_mm256_permutevar8x32_epi32(b, order), one);
+            _mm256_storeu_si256((__m256i *)(void *)(m + i0 + i), b);
+        }
 #endif
         for (; i < len; i++) {
             m[i0 + i] = (words[i] >> 8) >= keep_min;
@@ -629,6 +647,14 @@ static void drop_bwd_r(void *p, size_t b, size_t e) {   // x = dy, y = dx
                                             _mm_set1_epi8(-1));
         __m512 t = _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(g + i), sc);
         _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), t));
+    }
+#elif defined(__AVX2__)
+    const __m256 sc = _mm256_set1_ps(j->scale);
+    for (; i + 8 <= e; i += 8) {
+        __m256i keep = _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(m + i))),
+                                          _mm256_setzero_si256());
+        __m256 t = _mm256_and_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), sc), _mm256_castsi256_ps(keep));
+        _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), t));
     }
 #endif
     for (; i < e; i++) d[i] += m[i] ? g[i] * j->scale : 0.0f;
