@@ -542,23 +542,24 @@ static void check_bn(int n, int ch, int hw) {
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
 }
 
-/* nChw16c <-> NCHW (c a multiple of 16) */
-static float *bn_to_blk(const float *a, int n, int c, int hw, int back) {
+/* nChw{B}c <-> NCHW (c a multiple of B) */
+static float *bn_to_blk(const float *a, int n, int c, int hw, int back, int B) {
     float *b = pd_alloc_f32((size_t)n * c * hw);
     for (int s = 0; s < n; s++)
         for (int ch = 0; ch < c; ch++)
             for (int i = 0; i < hw; i++) {
-                size_t pl = ((size_t)s * c + ch) * hw + i, bl = (((size_t)s * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16;
+                size_t pl = ((size_t)s * c + ch) * hw + i, bl = (((size_t)s * (c / B) + ch / B) * hw + i) * B + ch % B;
                 if (back) b[pl] = a[bl];
                 else b[bl] = a[pl];
             }
     return b;
 }
 
-/* The nChw16c kernels: bitwise the plain fast kernels' results, reordered (forward train and
- * eval, saved and running statistics, backward onto prefilled gradients), with and without
- * the fused relu, on 1 and 2 threads, planes with and without a tail past 16 pixels. */
-static void check_bn_blk(int n, int ch, int hw, int relu) {
+/* The blocked kernels, nChw8c and nChw16c (both on every CPU): bitwise the plain fast kernels'
+ * results, reordered (forward train and eval, saved and running statistics, backward onto
+ * prefilled gradients), with and without the fused relu, on 1 and 2 threads, planes with and
+ * without a tail past 16 pixels. */
+static void check_bn_blk(int n, int ch, int hw, int relu, int B) {
     size_t nx = (size_t)n * ch * hw;
     float *x = tk_rand(nx, 90, -1, 3), *gm = tk_rand(ch, 91, 0.5f, 1.5f), *bt = tk_rand(ch, 92, -1, 1);
     float *dy = tk_rand(nx, 93, -1, 1), *pre = tk_rand(nx, 94, -1, 1), *preg = tk_rand(ch, 95, -1, 1);
@@ -568,16 +569,17 @@ static void check_bn_blk(int n, int ch, int hw, int relu) {
     kern_bn_fwd_train(x, gm, bt, y, rm, rv, sv, n, ch, hw, 1e-5f, 0.1f, relu);
     kern_bn_bwd(x, gm, sv, relu ? y : NULL, dy, dx, dg, db, n, ch, hw, relu);
     kern_bn_fwd_eval(x, gm, bt, ye, rm, rv, n, ch, hw, 1e-5f, relu);
-    float *bx = bn_to_blk(x, n, ch, hw, 0), *bdy = bn_to_blk(dy, n, ch, hw, 0);
+    float *bx = bn_to_blk(x, n, ch, hw, 0, B), *bdy = bn_to_blk(dy, n, ch, hw, 0, B);
     for (int t = 1; t <= 2; t++) {
         kern_set_threads(t);
         float *by = tk_rand(nx, 98, -9, 9), *bye = tk_rand(nx, 99, -9, 9), *bsv = pd_alloc_f32(2 * ch);
-        float *bdx = bn_to_blk(pre, n, ch, hw, 0), *bdg = tk_copy(preg, ch), *bdb = tk_copy(preg, ch);
+        float *bdx = bn_to_blk(pre, n, ch, hw, 0, B), *bdg = tk_copy(preg, ch), *bdb = tk_copy(preg, ch);
         float *rm2 = tk_copy(brm, ch), *rv2 = tk_copy(brv, ch);
-        kern_bn_fwd_train_blk16(bx, gm, bt, by, rm2, rv2, bsv, n, ch, hw, 1e-5f, 0.1f, relu);
-        kern_bn_bwd_blk16(bx, gm, bsv, relu ? by : NULL, bdy, bdx, bdg, bdb, n, ch, hw, relu);
-        kern_bn_fwd_eval_blk16(bx, gm, bt, bye, rm2, rv2, n, ch, hw, 1e-5f, relu);
-        float *gy = bn_to_blk(by, n, ch, hw, 1), *gye = bn_to_blk(bye, n, ch, hw, 1), *gdx = bn_to_blk(bdx, n, ch, hw, 1);
+        kern_bn_fwd_train_blk(bx, gm, bt, by, rm2, rv2, bsv, n, ch, hw, 1e-5f, 0.1f, relu, B);
+        kern_bn_bwd_blk(bx, gm, bsv, relu ? by : NULL, bdy, bdx, bdg, bdb, n, ch, hw, relu, B);
+        kern_bn_fwd_eval_blk(bx, gm, bt, bye, rm2, rv2, n, ch, hw, 1e-5f, relu, B);
+        float *gy = bn_to_blk(by, n, ch, hw, 1, B), *gye = bn_to_blk(bye, n, ch, hw, 1, B);
+        float *gdx = bn_to_blk(bdx, n, ch, hw, 1, B);
         assert_memory_equal(gy, y, sizeof(float) * nx);
         assert_memory_equal(bsv, sv, sizeof(float) * 2 * ch);
         assert_memory_equal(rm2, rm, sizeof(float) * ch);
@@ -590,8 +592,8 @@ static void check_bn_blk(int n, int ch, int hw, int relu) {
         float *zdx = pd_calloc(sizeof(float) * nx), *sdx = tk_rand(nx, 77, -5, 5), *sbdx = tk_rand(nx, 78, -5, 5);
         kern_bn_bwd(x, gm, sv, relu ? y : NULL, dy, zdx, NULL, NULL, n, ch, hw, relu);
         kern_bn_bwd_set(x, gm, sv, relu ? y : NULL, dy, sdx, NULL, NULL, n, ch, hw, relu, KSET_DX);
-        kern_bn_bwd_blk16_set(bx, gm, bsv, relu ? by : NULL, bdy, sbdx, NULL, NULL, n, ch, hw, relu, KSET_DX);
-        float *gsdx = bn_to_blk(sbdx, n, ch, hw, 1);
+        kern_bn_bwd_blk_set(bx, gm, bsv, relu ? by : NULL, bdy, sbdx, NULL, NULL, n, ch, hw, relu, KSET_DX, B);
+        float *gsdx = bn_to_blk(sbdx, n, ch, hw, 1, B);
         assert_memory_equal(sdx, zdx, sizeof(float) * nx);
         assert_memory_equal(gsdx, zdx, sizeof(float) * nx);
         float *all[] = {by, bye, bsv, bdx, bdg, bdb, rm2, rv2, gy, gye, gdx, zdx, sdx, sbdx, gsdx};
@@ -609,10 +611,13 @@ static void test_bn(void **state) {
     check_bn(2, 3, 37);  // planes longer than the 16 summing lanes, with a tail
     check_bn_relu(3, 4, 10);
     check_bn_relu(16, 16, 1024);   // a resnet20 stage-1 channel at N = 16: threaded, vectorised
-    check_bn_blk(3, 16, 10, 0);   // a tail only
-    check_bn_blk(2, 32, 37, 1);   // 2 blocks, 2 lane rounds and a tail
-    check_bn_blk(4, 48, 64, 1);
-    check_bn_blk(2, 16, 49, 0);
+    for (int B = 8; B <= 16; B += 8) {
+        check_bn_blk(3, 16, 10, 0, B);   // a tail only
+        check_bn_blk(2, 32, 37, 1, B);   // 2 or 4 blocks, 2 lane rounds and a tail
+        check_bn_blk(4, 48, 64, 1, B);
+        check_bn_blk(2, 16, 49, 0, B);
+    }
+    check_bn_blk(2, 24, 37, 1, 8);   // three blocks of 8 (no whole block of 16)
 }
 
 /* ---- threads ------------------------------------------------------------------------ */

@@ -151,41 +151,45 @@ static void test_conv_auto_choice(void **state) {
     assert_int_equal(kern_conv2d_init(&cv, 4, 16, 16, 16, 32, 3, 3, 1, 1, 1, 1, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
     kern_conv2d_release(&cv);
-    /* thin 1x1: oneDNN where both channel counts block by 16 (a chain stays nChw16c), else im2col */
+    /* thin 1x1: oneDNN where both channel counts fill the blocks (16, or 8 on AVX2: a chain
+     * stays blocked), else im2col */
     assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 32, 1, 1, 2, 0, 0, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
     kern_conv2d_release(&cv);
-    assert_int_equal(kern_conv2d_init(&cv, 4, 8, 32, 32, 16, 1, 1, 2, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 12, 32, 32, 16, 1, 1, 2, 0, 0, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
     kern_conv2d_release(&cv);
-    assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 24, 1, 1, 1, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 16, 32, 32, 20, 1, 1, 1, 0, 0, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), KCONV_IM2COL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 8, 32, 32, 16, 1, 1, 2, 0, 0, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), kern_blk_width() == 8 ? KCONV_DNNL : KCONV_IM2COL);
     kern_conv2d_release(&cv);
 }
 
-/* nChw16c <-> NCHW for the layout tests (c a multiple of 16). */
-static float *to_blk(const float *a, int n, int c, int hw) {
+/* nChw{B}c <-> NCHW for the layout tests (c a multiple of B). */
+static float *to_blk(const float *a, int n, int c, int hw, int B) {
     float *b = pd_alloc_f32((size_t)n * c * hw);
     for (int s = 0; s < n; s++)
         for (int ch = 0; ch < c; ch++)
             for (int i = 0; i < hw; i++)
-                b[(((size_t)s * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16] = a[((size_t)s * c + ch) * hw + i];
+                b[(((size_t)s * (c / B) + ch / B) * hw + i) * B + ch % B] = a[((size_t)s * c + ch) * hw + i];
     return b;
 }
 
-static float *from_blk(const float *b, int n, int c, int hw) {
+static float *from_blk(const float *b, int n, int c, int hw, int B) {
     float *a = pd_alloc_f32((size_t)n * c * hw);
     for (int s = 0; s < n; s++)
         for (int ch = 0; ch < c; ch++)
             for (int i = 0; i < hw; i++)
-                a[((size_t)s * c + ch) * hw + i] = b[(((size_t)s * (c / 16) + ch / 16) * hw + i) * 16 + ch % 16];
+                a[((size_t)s * c + ch) * hw + i] = b[(((size_t)s * (c / B) + ch / B) * hw + i) * B + ch % B];
     return a;
 }
 
 /* The blocked layouts give bitwise the plain call's results, reordered: forward, and
  * backward onto prefilled gradients (whole, dx only, dW only), at n_max and at a smaller n
  * (the lazily created primitives must keep n_max's layouts); oneDNN's (x and y) and im2col's
- * (y only, k a multiple of 16). And kern_conv2d_bwd_set: dx, and dW with db, written over
+ * (y only, k a multiple of the block), in this CPU's block width (kern_blk_width). And kern_conv2d_bwd_set: dx, and dW with db, written over
  * what they held, the numbers of a backward onto zeros, in every layout. */
 static void test_conv_blocked_layouts(void **state) {
     (void)state;
@@ -201,13 +205,15 @@ static void test_conv_blocked_layouts(void **state) {
         {3, 3, 1, 6, 6, 32, 3, 3, 2, 1, 0, 1, 0},    // two blocks, stride 2, relu without bias
         {2, 1, 8, 4, 4, 16, 1, 1, 1, 0, 1, 0, 0},    // 1x1 on x itself (no col)
         {4, 4, 1, 3, 3, 16, 2, 2, 1, 0, 1, 0, 0},    // several samples per GEMM
+        {3, 2, 1, 5, 5, 24, 3, 3, 1, 1, 1, 1, 0},    // three blocks of 8 (plain where the block is 16)
     };
     const size_t n_dnnl = sizeof cases / sizeof *cases, n_im = sizeof im2col_cases / sizeof *im2col_cases;
     /* both precisions: bf16 takes float32 nChw16c too, converted element-wise where the plain
      * call reorders (both round to nearest even), so the results are bitwise the same as well */
-    /* oneDNN picks nChw16c where the CPU has AVX-512; on an AVX2 one it picks nChw8c, which the
-     * callers do not take, so its cases run no blocked pass there (and bf16 none at all) */
-    const int dnnl_blk = !strncmp(kern_cpu_isa(), "avx512", 6);
+    /* oneDNN picks nChw16c where the CPU has AVX-512 and nChw8c on an AVX2 one: kern_blk_width
+     * must say which (bf16 runs only on the former) */
+    const int B = kern_blk_width();
+    assert_int_equal(B, !strncmp(kern_cpu_isa(), "avx512", 6) ? 16 : 8);
     int skipped = 0;
     for (size_t ci = 0; ci < 2 * n_dnnl + n_im; ci++) {
         const int im = ci >= 2 * n_dnnl;
@@ -224,8 +230,7 @@ static void test_conv_blocked_layouts(void **state) {
                          PD_OK);
         assert_int_equal(cv.prec, prec);
         const int layouts = kern_conv2d_layouts(&cv);
-        assert_int_equal(layouts, im ? KCONV_Y_BLK16 : dnnl_blk ? KCONV_X_BLK16 | KCONV_Y_BLK16 : 0);
-        if (!layouts) skipped++;
+        assert_int_equal(layouts, im ? (t->k % B ? 0 : KCONV_Y_BLK) : KCONV_X_BLK | KCONV_Y_BLK);
         const int ns[2] = {t->n_max, t->n};
         for (int pass = 0; pass < 2; pass++) {
             const int n = ns[pass], xhw = t->h * t->w, yhw = cv.oh * cv.ow;
@@ -239,16 +244,16 @@ static void test_conv_blocked_layouts(void **state) {
             kern_conv2d_bwd(&cv, n, x, w, y, dy, dx, dw, db);
             for (int lay = 0; lay <= 3; lay++) {
                 if (lay & ~layouts) continue;
-                const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
-                float *lx = xb ? to_blk(x, n, t->c, xhw) : tk_copy(x, nx);
-                float *ldy = yb ? to_blk(dy, n, t->k, yhw) : tk_copy(dy, ny);
-                float *lpre = xb ? to_blk(pre_x, n, t->c, xhw) : tk_copy(pre_x, nx);
+                const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
+                float *lx = xb ? to_blk(x, n, t->c, xhw, B) : tk_copy(x, nx);
+                float *ldy = yb ? to_blk(dy, n, t->k, yhw, B) : tk_copy(dy, ny);
+                float *lpre = xb ? to_blk(pre_x, n, t->c, xhw, B) : tk_copy(pre_x, nx);
                 float *ly = tk_rand(ny, tag + 8, -9, 9);   // garbage: forward must overwrite
                 float *ldx = tk_copy(lpre, nx), *ldw = tk_copy(pre_w, nw), *ldb = tk_copy(pre_b, t->k);
                 kern_conv2d_fwd_lay(&cv, n, lay, lx, w, b, ly);
                 kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx, ldw, ldb);
-                float *gy = yb ? from_blk(ly, n, t->k, yhw) : tk_copy(ly, ny);
-                float *gdx = xb ? from_blk(ldx, n, t->c, xhw) : tk_copy(ldx, nx);
+                float *gy = yb ? from_blk(ly, n, t->k, yhw, B) : tk_copy(ly, ny);
+                float *gdx = xb ? from_blk(ldx, n, t->c, xhw, B) : tk_copy(ldx, nx);
                 assert_memory_equal(gy, y, sizeof(float) * ny);
                 assert_memory_equal(gdx, dx, sizeof(float) * nx);
                 assert_memory_equal(ldw, dw, sizeof(float) * nw);
@@ -291,24 +296,26 @@ static void test_conv_blocked_layouts(void **state) {
         }
         kern_conv2d_release(&cv);
     }
-    /* im2col: no blocked output where k does not block by 16 */
+    /* im2col: no blocked output where k does not fill the blocks */
     KConv cv;
     Err err = {0};
-    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 1, 4, 4, 24, 3, 3, 1, 1, 1, 0, &err), PD_OK);
+    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_IM2COL, 2, 1, 4, 4, 20, 3, 3, 1, 1, 1, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_layouts(&cv), 0);
     kern_conv2d_release(&cv);
     if (skipped)
-        tu_skip("%d of %zu cases: oneDNN keeps no nChw16c (or runs no bf16) on this CPU (%s)", skipped,
-                2 * n_dnnl + n_im, kern_cpu_isa());
+        tu_skip("%d of %zu cases: oneDNN runs no bf16 on this CPU (%s)", skipped, 2 * n_dnnl + n_im, kern_cpu_isa());
 }
 
-/* Max pooling on nChw16c: the plain kernel's values and gradients, reordered (ties too: a
- * plane of repeated values); backward writing dx (KSET_DX) as onto zeros, in both layouts. */
+/* Max pooling on nChw8c and nChw16c (both on every CPU): the plain kernel's values and
+ * gradients, reordered (ties too: a plane of repeated values); backward writing dx (KSET_DX) as
+ * onto zeros, in both layouts. */
 static void test_maxpool_blocked(void **state) {
     (void)state;
-    const int shapes[][5] = {{2, 32, 8, 6, 2}, {3, 16, 7, 7, 3}, {1, 16, 4, 4, 2}};   // n c h w k (stride k, then 1)
+    const int shapes[][5] = {{2, 32, 8, 6, 2}, {3, 16, 7, 7, 3}, {1, 16, 4, 4, 2}, {2, 24, 5, 5, 2}};   // n c h w k
+    for (int B = 8; B <= 16; B += 8)
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
-        for (int st = 0; st < 2; st++) {
+        for (int st = 0; st < 2; st++) {   // stride k, then 1
+            if (shapes[si][1] % B) continue;
             const int n = shapes[si][0], c = shapes[si][1], h = shapes[si][2], w = shapes[si][3], k = shapes[si][4];
             const int stride = st ? 1 : k, oh = (h - k) / stride + 1, ow = (w - k) / stride + 1;
             const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
@@ -317,13 +324,13 @@ static void test_maxpool_blocked(void **state) {
                 for (size_t i = 0; i < nx; i++) x[i] = (float)(i % 3);   // ties
             float *y = pd_alloc_f32(ny), *dx = tk_rand(nx, 7200 + si, -1, 1);
             int32_t *am = pd_alloc(sizeof(int32_t) * ny), *bam = pd_alloc(sizeof(int32_t) * ny);
-            float *bx = to_blk(x, n, c, h * w), *bdy = to_blk(dy, n, c, oh * ow), *bdx = to_blk(dx, n, c, h * w);
+            float *bx = to_blk(x, n, c, h * w, B), *bdy = to_blk(dy, n, c, oh * ow, B), *bdx = to_blk(dx, n, c, h * w, B);
             float *by = pd_alloc_f32(ny);
             kern_maxpool_fwd(x, y, am, n, c, h, w, k, stride);
             kern_maxpool_bwd(dy, am, dx, n, c, h, w, k, stride, 0);
-            kern_maxpool_fwd_blk16(bx, by, bam, n, c, h, w, k, stride);
-            kern_maxpool_bwd_blk16(bdy, bam, bdx, n, c, h, w, k, stride, 0);
-            float *gy = from_blk(by, n, c, oh * ow), *gdx = from_blk(bdx, n, c, h * w);
+            kern_maxpool_fwd_blk(bx, by, bam, n, c, h, w, k, stride, B);
+            kern_maxpool_bwd_blk(bdy, bam, bdx, n, c, h, w, k, stride, 0, B);
+            float *gy = from_blk(by, n, c, oh * ow, B), *gdx = from_blk(bdx, n, c, h * w, B);
             assert_memory_equal(gy, y, sizeof(float) * ny);
             assert_memory_equal(gdx, dx, sizeof(float) * nx);
             /* set: dx written over values no gradient has, the numbers of onto zeros, both layouts */
@@ -331,8 +338,8 @@ static void test_maxpool_blocked(void **state) {
             float *g1 = tk_rand(nx, 7300 + si, 1e6, 2e6), *g2 = tk_rand(nx, 7400 + si, 1e6, 2e6);
             kern_maxpool_bwd(dy, am, z, n, c, h, w, k, stride, 0);
             kern_maxpool_bwd(dy, am, g1, n, c, h, w, k, stride, KSET_DX);
-            kern_maxpool_bwd_blk16(bdy, bam, bz, n, c, h, w, k, stride, 0);
-            kern_maxpool_bwd_blk16(bdy, bam, g2, n, c, h, w, k, stride, KSET_DX);
+            kern_maxpool_bwd_blk(bdy, bam, bz, n, c, h, w, k, stride, 0, B);
+            kern_maxpool_bwd_blk(bdy, bam, g2, n, c, h, w, k, stride, KSET_DX, B);
             assert_memory_equal(g1, z, sizeof(float) * nx);
             assert_memory_equal(g2, bz, sizeof(float) * nx);
             void *all[] = {x, dy, y, dx, am, bam, bx, bdy, bdx, by, gy, gdx, z, bz, g1, g2};
@@ -340,22 +347,24 @@ static void test_maxpool_blocked(void **state) {
         }
 }
 
-/* Global average pooling from nChw16c: bitwise the plain kernels (sums in the same order), with
- * the gradient added to what dx held. */
+/* Global average pooling from nChw8c and nChw16c: bitwise the plain kernels (sums in the same
+ * order), with the gradient added to what dx held. */
 static void test_gap_blocked(void **state) {
     (void)state;
-    const int shapes[][3] = {{2, 32, 64}, {3, 16, 49}, {1, 48, 1}};   // n c hw
+    const int shapes[][3] = {{2, 32, 64}, {3, 16, 49}, {1, 48, 1}, {2, 40, 9}};   // n c hw
+    for (int B = 8; B <= 16; B += 8)
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const int n = shapes[si][0], c = shapes[si][1], hw = shapes[si][2];
+        if (c % B) continue;
         const size_t nx = (size_t)n * c * hw, ny = (size_t)n * c;
         float *x = tk_rand(nx, 7300 + si, -1, 1), *dy = tk_rand(ny, 7400 + si, -1, 1);
         float *y = pd_alloc_f32(ny), *by = pd_alloc_f32(ny), *dx = tk_rand(nx, 7500 + si, -1, 1);
-        float *bx = to_blk(x, n, c, hw), *bdx = to_blk(dx, n, c, hw);
+        float *bx = to_blk(x, n, c, hw, B), *bdx = to_blk(dx, n, c, hw, B);
         kern_gap_fwd(x, y, n, c, hw);
         kern_gap_bwd(dy, dx, n, c, hw);
-        kern_gap_fwd_blk(bx, by, n, c, hw);
-        kern_gap_bwd_blk(dy, bdx, n, c, hw);
-        float *gdx = from_blk(bdx, n, c, hw);
+        kern_gap_fwd_blk(bx, by, n, c, hw, B);
+        kern_gap_bwd_blk(dy, bdx, n, c, hw, B);
+        float *gdx = from_blk(bdx, n, c, hw, B);
         assert_memory_equal(by, y, sizeof(float) * ny);
         assert_memory_equal(gdx, dx, sizeof(float) * nx);
         void *all[] = {x, dy, y, by, dx, bx, bdx, gdx};

@@ -234,85 +234,87 @@ void kern_bn_bwd_set(const float *x, const float *gamma, const float *saved, con
     kern_parallel_for((size_t)c, ch_grain(n, hw), 1, bwd_r, &j);
 }
 
-/* ---- nChw16c: (N, C/16, HW, 16), the 16 lanes of a pixel are 16 consecutive channels ----
+/* ---- blocked: (N, C/B, HW, B), B = 8 or 16, the B lanes of a pixel are B consecutive channels
  * Each channel's arithmetic is the plain kernels' above, step for step: a plane's pixel j
  * goes into running sum j % 16, those 16 sums are added in order, the planes in double in
  * sample order, and every element gets the same expression. So the results are bitwise the
  * plain kernels', reordered (tests/test_kernels.c checks it), whatever the layout of a
- * model's activations. The 16 x 16 running sums (pixel lane x channel) are 16 vectors.
+ * model's activations. The 16 x B running sums (pixel lane x channel) are 16 vectors. Each
+ * function below takes B as a constant and is compiled for both widths (blk_pass_r).
  *
- * Work split: a channel block is one sixteenth of the channels (resnet20's first stage has
- * one), too coarse for the threads, so the units are planes (sample, block): each pass over
+ * Work split: a channel block is B of the channels (resnet20's first stage has one or two),
+ * too coarse for the threads, so the units are planes (sample, block): each pass over
  * the data is a kern_parallel_for over them, writing per-plane float sums to scratch
  * (KSCR_BN), and between passes one thread adds those up per channel in sample order, as
  * the plain kernel does: the same bits for every thread count. */
 
-/* the plane of sample i, channel block cb of nb */
-static inline size_t blk_off(int i, int cb, int nb, int hw) { return ((size_t)i * nb + cb) * hw * LANES; }
-
 /* out[l] = sum_lanes of channel l's plane; with m: of (x - m[l])^2 (sumsq_lanes) */
-static inline void sum_blk(const float *restrict p, const float *restrict m, int hw, float *restrict out) {
-    float acc[LANES][LANES] = {{0}};
+static inline __attribute__((always_inline)) void sum_blk(const float *restrict p, const float *restrict m, int hw,
+                                                          float *restrict out, const int B) {
+    float acc[LANES][16] = {{0}};
     int j = 0;
     if (m) {
         for (; j + LANES <= hw; j += LANES)
             for (int k = 0; k < LANES; k++)
-                for (int l = 0; l < LANES; l++) {
-                    float d = p[(size_t)(j + k) * LANES + l] - m[l];
+                for (int l = 0; l < B; l++) {
+                    float d = p[(size_t)(j + k) * B + l] - m[l];
                     acc[k][l] += d * d;
                 }
         for (int k = 0; j < hw; j++, k++)
-            for (int l = 0; l < LANES; l++) {
-                float d = p[(size_t)j * LANES + l] - m[l];
+            for (int l = 0; l < B; l++) {
+                float d = p[(size_t)j * B + l] - m[l];
                 acc[k][l] += d * d;
             }
     } else {
         for (; j + LANES <= hw; j += LANES)
             for (int k = 0; k < LANES; k++)
-                for (int l = 0; l < LANES; l++) acc[k][l] += p[(size_t)(j + k) * LANES + l];
+                for (int l = 0; l < B; l++) acc[k][l] += p[(size_t)(j + k) * B + l];
         for (int k = 0; j < hw; j++, k++)
-            for (int l = 0; l < LANES; l++) acc[k][l] += p[(size_t)j * LANES + l];
+            for (int l = 0; l < B; l++) acc[k][l] += p[(size_t)j * B + l];
     }
-    for (int l = 0; l < LANES; l++) out[l] = 0;
+    for (int l = 0; l < B; l++) out[l] = 0;
     for (int k = 0; k < LANES; k++)
-        for (int l = 0; l < LANES; l++) out[l] += acc[k][l];
+        for (int l = 0; l < B; l++) out[l] += acc[k][l];
 }
 
-static inline void affine_blk(const float *restrict x, float *restrict y, const float *restrict a,
-                              const float *restrict b, int hw, int relu) {
+static inline __attribute__((always_inline)) void affine_blk(const float *restrict x, float *restrict y,
+                                                             const float *restrict a, const float *restrict b, int hw,
+                                                             int relu, const int B) {
     if (relu)
         for (int q = 0; q < hw; q++)
-            for (int l = 0; l < LANES; l++) {
-                float v = a[l] * x[(size_t)q * LANES + l] + b[l];
-                y[(size_t)q * LANES + l] = v > 0.0f ? v : 0.0f;
+            for (int l = 0; l < B; l++) {
+                float v = a[l] * x[(size_t)q * B + l] + b[l];
+                y[(size_t)q * B + l] = v > 0.0f ? v : 0.0f;
             }
     else
         for (int q = 0; q < hw; q++)
-            for (int l = 0; l < LANES; l++) y[(size_t)q * LANES + l] = a[l] * x[(size_t)q * LANES + l] + b[l];
+            for (int l = 0; l < B; l++) y[(size_t)q * B + l] = a[l] * x[(size_t)q * B + l] + b[l];
 }
 
 /* bwd_sums per channel of a block (y NULL: no relu) */
-static inline void bwd_sums_blk(const float *restrict x, const float *restrict y, const float *restrict dy,
-                                const float *restrict mean, int hw, float *restrict sg, float *restrict sgx) {
-    float a[LANES][LANES] = {{0}}, b[LANES][LANES] = {{0}};
+static inline __attribute__((always_inline)) void bwd_sums_blk(const float *restrict x, const float *restrict y,
+                                                               const float *restrict dy, const float *restrict mean,
+                                                               int hw, float *restrict sg, float *restrict sgx,
+                                                               const int B) {
+    float a[LANES][16] = {{0}}, b[LANES][16] = {{0}};
     for (int q = 0; q < hw; q++) {
         const int k = q % LANES;
-        const size_t o = (size_t)q * LANES;
+        const size_t o = (size_t)q * B;
         if (y)
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < B; l++) {
                 float g = y[o + l] > 0.0f ? dy[o + l] : 0.0f;
                 a[k][l] += g;
                 b[k][l] += g * (x[o + l] - mean[l]);
             }
         else
-            for (int l = 0; l < LANES; l++) {
+            for (int l = 0; l < B; l++) {
                 a[k][l] += dy[o + l];
                 b[k][l] += dy[o + l] * (x[o + l] - mean[l]);
             }
     }
-    for (int l = 0; l < LANES; l++) sg[l] = sgx[l] = 0;
+    for (int l = 0; l < B; l++) sg[l] = sgx[l] = 0;
     for (int k = 0; k < LANES; k++)
-        for (int l = 0; l < LANES; l++) {
+        for (int l = 0; l < B; l++) {
             sg[l] += a[k][l];
             sgx[l] += b[k][l];
         }
@@ -320,12 +322,13 @@ static inline void bwd_sums_blk(const float *restrict x, const float *restrict y
 
 /* One pass over planes: u = i * nb + cb (memory order). The per-channel arrays (c floats)
  * live in the job: m (means), a, b (affine: y = a x + b; backward: dx += a g + b (x - m) + k0),
- * k0; per-plane sums go to pa[u * 16 + l] and pb. */
+ * k0; per-plane sums go to pa[u * B + l] and pb. */
 typedef struct BlkJob {
     const float *x, *y, *dy;
     float *yo, *dx;
     float *m, *a, *b, *k0, *pa, *pb;
     int nb, hw, relu, pass, set;   /* set: P_BWD_DX writes dx (as onto zeros) */
+    int blk;                       /* B: channels per block */
 } BlkJob;
 enum { P_SUM, P_SUMSQ, P_AFFINE, P_BWD_SUMS, P_BWD_DX };
 
@@ -334,10 +337,11 @@ enum { P_SUM, P_SUMSQ, P_AFFINE, P_BWD_SUMS, P_BWD_DX };
  * its own loop. */
 static inline __attribute__((always_inline)) void bwd_dx_blk(float *restrict dp, const float *restrict xp,
                                                              const float *restrict gp, const float *restrict yp,
-                                                             const BlkJob *j, size_t c0, int hw, int relu, int set) {
+                                                             const BlkJob *j, size_t c0, int hw, int relu, int set,
+                                                             const int B) {
     const float *restrict mp = j->m + c0, *restrict k1 = j->a + c0, *restrict k2 = j->b + c0, *restrict k0 = j->k0 + c0;
-    for (int q = 0; q < hw * LANES; q += LANES)
-        for (int l = 0; l < LANES; l++) {
+    for (int q = 0; q < hw * B; q += B)
+        for (int l = 0; l < B; l++) {
             const float g = !relu || yp[q + l] > 0.0f ? gp[q + l] : 0.0f;
             const float v = k1[l] * g + k2[l] * (xp[q + l] - mp[l]) + k0[l];
             if (set) dp[q + l] = 0.0f + v;
@@ -345,43 +349,50 @@ static inline __attribute__((always_inline)) void bwd_dx_blk(float *restrict dp,
         }
 }
 
-static void blk_pass_r(void *p, size_t u0, size_t u1) {
-    const BlkJob *j = p;
+static inline __attribute__((always_inline)) void blk_pass_body(const BlkJob *j, size_t u0, size_t u1,
+                                                                const int B) {
     const int nb = j->nb, hw = j->hw;
     for (size_t u = u0; u < u1; u++) {
         const int cb = (int)(u % (size_t)nb);
-        const size_t o = u * (size_t)hw * LANES, c0 = (size_t)cb * LANES;
+        const size_t o = u * (size_t)hw * B, c0 = (size_t)cb * B;
         switch (j->pass) {
-        case P_SUM: sum_blk(j->x + o, NULL, hw, j->pa + u * LANES); break;
-        case P_SUMSQ: sum_blk(j->x + o, j->m + c0, hw, j->pa + u * LANES); break;
-        case P_AFFINE: affine_blk(j->x + o, j->yo + o, j->a + c0, j->b + c0, hw, j->relu); break;
+        case P_SUM: sum_blk(j->x + o, NULL, hw, j->pa + u * B, B); break;
+        case P_SUMSQ: sum_blk(j->x + o, j->m + c0, hw, j->pa + u * B, B); break;
+        case P_AFFINE: affine_blk(j->x + o, j->yo + o, j->a + c0, j->b + c0, hw, j->relu, B); break;
         case P_BWD_SUMS:
-            bwd_sums_blk(j->x + o, j->relu ? j->y + o : NULL, j->dy + o, j->m + c0, hw, j->pa + u * LANES,
-                         j->pb + u * LANES);
+            bwd_sums_blk(j->x + o, j->relu ? j->y + o : NULL, j->dy + o, j->m + c0, hw, j->pa + u * B,
+                         j->pb + u * B, B);
             break;
         case P_BWD_DX: {
             const float *xp = j->x + o, *gp = j->dy + o, *yp = j->relu ? j->y + o : NULL;
             float *dp = j->dx + o;
-            if (j->relu && j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 1);
-            else if (j->relu) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 0);
-            else if (j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 1);
-            else bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 0);
+            if (j->relu && j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 1, B);
+            else if (j->relu) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 1, 0, B);
+            else if (j->set) bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 1, B);
+            else bwd_dx_blk(dp, xp, gp, yp, j, c0, hw, 0, 0, B);
             break;
         }
         }
     }
 }
 
+static void blk_pass_r(void *p, size_t u0, size_t u1) {
+    const BlkJob *j = p;
+    if (j->blk == 8) blk_pass_body(j, u0, u1, 8);
+    else blk_pass_body(j, u0, u1, 16);
+}
+
 static void blk_pass(BlkJob *j, int pass, int n) {
     j->pass = pass;
-    const size_t per = (size_t)j->hw * LANES;   // elements per plane
+    const size_t per = (size_t)j->hw * (size_t)j->blk;   // elements per plane
     kern_parallel_for((size_t)n * j->nb, per >= 4096 ? 1 : 4096 / per + 1, 1, blk_pass_r, j);
 }
 
 /* Scratch for n samples, c channels: 4 per-channel arrays and 2 per-plane sum arrays. */
-static BlkJob blk_job(int n, int c, int hw, int relu) {
+static BlkJob blk_job(int n, int c, int hw, int relu, int blk) {
+    PD_ASSERTF((blk == 8 || blk == 16) && c % blk == 0, "batchnorm (blocked by %d): %d channels", blk, c);
     float *s = kern_scratch(KSCR_BN, sizeof(float) * (4 + 2 * (size_t)n) * c);
-    BlkJob j = {.nb = c / LANES, .hw = hw, .relu = relu, .m = s, .a = s + c, .b = s + 2 * c, .k0 = s + 3 * c,
+    BlkJob j = {.nb = c / blk, .blk = blk, .hw = hw, .relu = relu, .m = s, .a = s + c, .b = s + 2 * c, .k0 = s + 3 * c,
                 .pa = s + 4 * c, .pb = s + (4 + (size_t)n) * c};
     return j;
 }
@@ -393,11 +404,10 @@ static double plane_total(const float *p, int n, int c, int ch) {
     return s;
 }
 
-void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
-                             float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
-                             int relu) {
-    PD_ASSERT(c % LANES == 0);
-    BlkJob j = blk_job(n, c, hw, relu);
+void kern_bn_fwd_train_blk(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
+                           float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
+                           int relu, int blk) {
+    BlkJob j = blk_job(n, c, hw, relu, blk);
     j.x = x, j.yo = y;
     const double cnt = (double)n * hw;
     double *mean = (double *)j.a;   // a and b are free until the affine pass: c doubles
@@ -423,10 +433,9 @@ void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *be
     blk_pass(&j, P_AFFINE, n);
 }
 
-void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
-                            const float *running_var, int n, int c, int hw, float eps, int relu) {
-    PD_ASSERT(c % LANES == 0);
-    BlkJob j = blk_job(n, c, hw, relu);
+void kern_bn_fwd_eval_blk(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
+                          const float *running_var, int n, int c, int hw, float eps, int relu, int blk) {
+    BlkJob j = blk_job(n, c, hw, relu, blk);
     j.x = x, j.yo = y;
     for (int ch = 0; ch < c; ch++) {
         const float inv_std = (float)(1.0 / sqrt((double)running_var[ch] + eps));
@@ -436,15 +445,15 @@ void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *bet
     blk_pass(&j, P_AFFINE, n);
 }
 
-void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
-                       float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu) {
-    kern_bn_bwd_blk16_set(x, gamma, saved, y, dy, dx, dgamma, dbeta, n, c, hw, relu, 0);
+void kern_bn_bwd_blk(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                     float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int blk) {
+    kern_bn_bwd_blk_set(x, gamma, saved, y, dy, dx, dgamma, dbeta, n, c, hw, relu, 0, blk);
 }
 
-void kern_bn_bwd_blk16_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
-                           float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set) {
-    PD_ASSERT(c % LANES == 0 && (!relu || y));
-    BlkJob j = blk_job(n, c, hw, relu);
+void kern_bn_bwd_blk_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                         float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set, int blk) {
+    PD_ASSERT(!relu || y);
+    BlkJob j = blk_job(n, c, hw, relu, blk);
     j.x = x, j.y = y, j.dy = dy, j.dx = dx, j.set = (set & KSET_DX) != 0;
     const double cnt = (double)n * hw;
     for (int ch = 0; ch < c; ch++) j.m[ch] = saved[ch];

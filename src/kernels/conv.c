@@ -32,7 +32,8 @@
  * stage, nn_plan_layouts) an im2col 1x1 shortcut forces its block's input to NCHW, two
  * reorders each way per step, which cost more than it saves (resnet20, 1 thread: step 113 ->
  * 106 ms fp32, 81 -> 74 ms bf16 with oneDNN's 16->32 1x1). So conv_pick: im2col if c == 1,
- * or for a 1x1 kernel with c < 32 whose c or k is not a multiple of 16; else oneDNN.
+ * or for a 1x1 kernel with c < 32 whose c or k is not a multiple of the block width
+ * (kern_blk_width: 16, or 8 on AVX2); else oneDNN.
  * PyTorch 1.13 (F.conv2d [+ relu] fwd+bwd, 1 thread, same machine, one noisy run), ms:
  * lenet 1->6 48.4, lenet 6->16 1.8, vgg 16->16 @32 66.7, vgg 32->32 @16 6.5, vgg 64->64 @8
  * 6.1, vgg 128->128 @2 1.8, resnet 16->16 @32 37.5, resnet 1x1 16->32 s2 36.1, resnet
@@ -52,7 +53,7 @@
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
 #include <string.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -71,7 +72,8 @@ typedef struct ConvImpl {
 
 /* The measured choice (see the table at the top of this file). */
 static int conv_pick(const KConv *cv) {
-    if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32 && (cv->c % 16 || cv->k % 16))) return KCONV_IM2COL;
+    const int B = kern_blk_width();
+    if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32 && (cv->c % B || cv->k % B))) return KCONV_IM2COL;
     return KCONV_DNNL;
 }
 
@@ -201,10 +203,10 @@ static void col2im_add(const KConv *cv, const float *col, int nb, float *dx) {
             }
 }
 
-/* im2col writes y, and reads dy, blocked where k is a multiple of 16: its GEMM's (K, cols)
- * result goes out through a transposing copy instead of a straight one (the same numbers), so
- * a first layer with one input channel hands oneDNN's layer after it nChw16c, without the
- * reorders (vgg16: 1.5-2 ms of a step each way). */
+/* im2col writes y, and reads dy, blocked where k is a multiple of B (kern_blk_width): its
+ * GEMM's (K, cols) result goes out through a transposing copy instead of a straight one (the
+ * same numbers), so a first layer with one input channel hands oneDNN's layer after it
+ * nChw{B}c, without the reorders (vgg16: 1.5-2 ms of a step each way). */
 #if defined(__AVX512F__)
 /* r[0..16) := its transpose (r[i] lane j -> r[j] lane i): unpacks within 128-bit lanes, then
  * two rounds of lane shuffles. */
@@ -233,64 +235,119 @@ static inline void tr16x16(__m512 r[16]) {
     }
 }
 #endif
+#if defined(__AVX2__)
+/* r[0..8) := its transpose: unpacks and shuffles within 128-bit lanes, then the lanes swapped. */
+static inline void tr8x8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) {
+        u[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+        u[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+        u[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+        u[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+    }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x20);
+        r[m + 4] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x31);
+    }
+}
+#endif
 
-/* src's 16 rows (row j at src + j ld, P values each) plus bias[j] (NULL: none), relu'd if
- * relu, into dst as P pixels of 16 channels (nChw16c), 16 x 16 tiles at a time (transposed in
- * registers with AVX-512; a strided copy ran at 3 ns per element). The same additions and
- * relu as the plain epilogue, so the same bits. */
-static void to_blk16(const float *src, size_t ld, size_t P, const float *bias, int relu, float *dst) {
+/* src's B rows (row j at src + j ld, P values each) plus bias[j] (NULL: none), relu'd if
+ * relu, into dst as P pixels of B channels (nChw{B}c), B x B tiles at a time (transposed in
+ * registers with AVX-512 (B = 16) or AVX2 (B = 8); a strided copy ran at 3 ns per element).
+ * The same additions and relu as the plain epilogue, so the same bits. */
+static void to_blk(const float *src, size_t ld, size_t P, const float *bias, int relu, float *dst, const int B) {
     size_t i0 = 0;
 #if defined(__AVX512F__)
-    const __m512 zero = _mm512_setzero_ps();
-    for (; i0 + 16 <= P; i0 += 16) {
-        __m512 r[16];
-        for (int j = 0; j < 16; j++)
-            r[j] = _mm512_add_ps(_mm512_loadu_ps(src + (size_t)j * ld + i0), _mm512_set1_ps(bias ? bias[j] : 0.0f));
-        tr16x16(r);
-        for (int i = 0; i < 16; i++) {
-            __m512 v = relu ? _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r[i], zero, _CMP_GT_OQ), r[i]) : r[i];
-            _mm512_storeu_ps(dst + (i0 + (size_t)i) * 16, v);
+    if (B == 16) {
+        const __m512 zero = _mm512_setzero_ps();
+        for (; i0 + 16 <= P; i0 += 16) {
+            __m512 r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = _mm512_add_ps(_mm512_loadu_ps(src + (size_t)j * ld + i0), _mm512_set1_ps(bias ? bias[j] : 0.0f));
+            tr16x16(r);
+            for (int i = 0; i < 16; i++) {
+                __m512 v = relu ? _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r[i], zero, _CMP_GT_OQ), r[i]) : r[i];
+                _mm512_storeu_ps(dst + (i0 + (size_t)i) * 16, v);
+            }
+        }
+    }
+#endif
+#if defined(__AVX2__)
+    if (B == 8) {
+        const __m256 zero = _mm256_setzero_ps();
+        for (; i0 + 8 <= P; i0 += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = _mm256_add_ps(_mm256_loadu_ps(src + (size_t)j * ld + i0), _mm256_set1_ps(bias ? bias[j] : 0.0f));
+            tr8x8(r);
+            for (int i = 0; i < 8; i++) {
+                __m256 v = relu ? _mm256_and_ps(_mm256_cmp_ps(r[i], zero, _CMP_GT_OQ), r[i]) : r[i];
+                _mm256_storeu_ps(dst + (i0 + (size_t)i) * 8, v);
+            }
         }
     }
 #endif
     float t[16][16];
-    for (; i0 < P; i0 += 16) {
-        const size_t len = P - i0 < 16 ? P - i0 : 16;
-        for (int j = 0; j < 16; j++) {
+    for (; i0 < P; i0 += (size_t)B) {
+        const size_t len = P - i0 < (size_t)B ? P - i0 : (size_t)B;
+        for (int j = 0; j < B; j++) {
             const float *restrict r = src + (size_t)j * ld + i0;
             const float bj = bias ? bias[j] : 0.0f;
             for (size_t i = 0; i < len; i++) t[i][j] = r[i] + bj;
         }
-        float *restrict d = dst + i0 * 16;
+        float *restrict d = dst + i0 * (size_t)B;
         for (size_t i = 0; i < len; i++)
-            for (int j = 0; j < 16; j++) d[i * 16 + j] = relu && !(t[i][j] > 0) ? 0.0f : t[i][j];
+            for (int j = 0; j < B; j++) d[i * (size_t)B + (size_t)j] = relu && !(t[i][j] > 0) ? 0.0f : t[i][j];
     }
 }
 
-/* The way back: P pixels of 16 channels (src, nChw16c; masked by y > 0 where y is given) into
- * 16 rows of dst (row j at dst + j ld). */
-static void from_blk16(const float *src, const float *y, size_t P, float *dst, size_t ld) {
+/* The way back: P pixels of B channels (src, nChw{B}c; masked by y > 0 where y is given) into
+ * B rows of dst (row j at dst + j ld). */
+static void from_blk(const float *src, const float *y, size_t P, float *dst, size_t ld, const int B) {
     size_t i0 = 0;
 #if defined(__AVX512F__)
-    const __m512 zero = _mm512_setzero_ps();
-    for (; i0 + 16 <= P; i0 += 16) {
-        __m512 r[16];
-        for (int i = 0; i < 16; i++) {
-            const size_t o = (i0 + (size_t)i) * 16;
-            r[i] = _mm512_loadu_ps(src + o);
-            if (y) r[i] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(y + o), zero, _CMP_GT_OQ), r[i]);
+    if (B == 16) {
+        const __m512 zero = _mm512_setzero_ps();
+        for (; i0 + 16 <= P; i0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                const size_t o = (i0 + (size_t)i) * 16;
+                r[i] = _mm512_loadu_ps(src + o);
+                if (y) r[i] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(y + o), zero, _CMP_GT_OQ), r[i]);
+            }
+            tr16x16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (size_t)j * ld + i0, r[j]);
         }
-        tr16x16(r);
-        for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (size_t)j * ld + i0, r[j]);
+    }
+#endif
+#if defined(__AVX2__)
+    if (B == 8) {
+        const __m256 zero = _mm256_setzero_ps();
+        for (; i0 + 8 <= P; i0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) {
+                const size_t o = (i0 + (size_t)i) * 8;
+                r[i] = _mm256_loadu_ps(src + o);
+                if (y) r[i] = _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y + o), zero, _CMP_GT_OQ), r[i]);
+            }
+            tr8x8(r);
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + (size_t)j * ld + i0, r[j]);
+        }
     }
 #endif
     float t[16][16];
-    for (; i0 < P; i0 += 16) {
-        const size_t len = P - i0 < 16 ? P - i0 : 16;
-        const float *restrict s = src + i0 * 16, *restrict yy = y ? y + i0 * 16 : NULL;
+    for (; i0 < P; i0 += (size_t)B) {
+        const size_t len = P - i0 < (size_t)B ? P - i0 : (size_t)B;
+        const float *restrict s = src + i0 * (size_t)B, *restrict yy = y ? y + i0 * (size_t)B : NULL;
         for (size_t i = 0; i < len; i++)
-            for (int j = 0; j < 16; j++) t[j][i] = yy && !(yy[i * 16 + j] > 0) ? 0.0f : s[i * 16 + j];
-        for (int j = 0; j < 16; j++) {
+            for (int j = 0; j < B; j++)
+                t[j][i] = yy && !(yy[i * (size_t)B + (size_t)j] > 0) ? 0.0f : s[i * (size_t)B + (size_t)j];
+        for (int j = 0; j < B; j++) {
             float *restrict r = dst + (size_t)j * ld + i0;
             for (size_t i = 0; i < len; i++) r[i] = t[j][i];
         }
@@ -299,7 +356,7 @@ static void from_blk16(const float *src, const float *y, size_t P, float *dst, s
 
 int kern_conv2d_layouts(const KConv *cv) {
     const ConvImpl *im = cv->impl;
-    return im->dnnl ? conv_dnnl_layouts(im->dnnl) : cv->k % 16 == 0 ? KCONV_Y_BLK16 : 0;
+    return im->dnnl ? conv_dnnl_layouts(im->dnnl) : cv->k % kern_blk_width() == 0 ? KCONV_Y_BLK : 0;
 }
 
 void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y) {
@@ -347,12 +404,12 @@ void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *
         float *out = nb == 1 && !lay ? y + s0 * K * P : im->tmp;   // (K, nb*P)
         kern_sgemm('N', 'N', K, cols, CRS, 1.0f, w, CRS, col, cols, 0.0f, out,
                     cols);
-        if (lay) {   /* nChw16c: y[s, k/16, i, k%16], 16 channels' values of a pixel together */
+        if (lay) {   /* nChw{B}c: y[s, k/B, i, k%B], B channels' values of a pixel together */
+            const int B = kern_blk_width();
             for (int s = 0; s < nb; s++)
-                for (int kb = 0; kb < K / 16; kb++)
-                    to_blk16(out + (size_t)kb * 16 * cols + s * P, cols, P,
-                             cv->has_bias && b ? b + kb * 16 : NULL, cv->fuse_relu,
-                             y + ((size_t)(s0 + s) * K + (size_t)kb * 16) * P);
+                for (int kb = 0; kb < K / B; kb++)
+                    to_blk(out + (size_t)kb * B * cols + s * P, cols, P, cv->has_bias && b ? b + kb * B : NULL,
+                           cv->fuse_relu, y + ((size_t)(s0 + s) * K + (size_t)kb * B) * P, B);
             continue;
         }
         for (int s = 0; s < nb; s++)
@@ -399,12 +456,13 @@ void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, cons
         const int cols = (int)(nb * P);
         // g (K, nb*P): dy of the chunk, masked by y > 0 with fuse_relu
         const float *g = dy + s0 * K * P;
-        if (lay) {   /* from nChw16c (see the forward) */
+        if (lay) {   /* from nChw{B}c (see the forward) */
+            const int B = kern_blk_width();
             for (int s = 0; s < nb; s++)
-                for (int kb = 0; kb < K / 16; kb++) {
-                    const size_t off = ((size_t)(s0 + s) * K + (size_t)kb * 16) * P;
-                    from_blk16(dy + off, cv->fuse_relu ? y + off : NULL, P, im->tmp + (size_t)kb * 16 * cols + s * P,
-                               cols);
+                for (int kb = 0; kb < K / B; kb++) {
+                    const size_t off = ((size_t)(s0 + s) * K + (size_t)kb * B) * P;
+                    from_blk(dy + off, cv->fuse_relu ? y + off : NULL, P, im->tmp + (size_t)kb * B * cols + s * P,
+                             cols, B);
                 }
             g = im->tmp;
         } else if (nb > 1 || cv->fuse_relu) {

@@ -5,9 +5,10 @@
  * per change of n, e.g. for the last, smaller batch of an epoch).
  *
  * Layouts: the caller's buffers are plain NCHW / OIHW. With use_any the primitives choose
- * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o) and every
- * argument whose layout differs goes through a reorder, unless the caller passes that
- * activation already blocked (lay, KCONV_*_BLK16: layers that keep nChw16c between them).
+ * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o, nChw8c /
+ * OIhw8i8o on AVX2) and every argument whose layout differs goes through a reorder, unless the
+ * caller passes that activation already blocked (lay, KCONV_*_BLK: layers that keep
+ * nChw{B}c, B = kern_blk_width(), between them).
  * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought back
  * by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of writing
  * +=, or by kern_accumulate when dx is blocked; db is added by a loop. With fuse_relu, dy is
@@ -27,7 +28,7 @@
  * Precision (KPREC_BF16): the primitives take src, weights and diff_dst in bf16 and write dst,
  * diff_src, diff_weights and diff_bias in float32; the input ports' reorders convert. A
  * caller's blocked (nChw16c) activations stay float32: where the primitive's bf16 operand is
- * nChw16c too, x or dy is converted element-wise (kern_f32_to_bf16) in place of the reorder.
+ * blocked the same way too, x or dy is converted element-wise (kern_f32_to_bf16) in place of the reorder.
  *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
 #include <oneapi/dnnl/dnnl.h>
@@ -52,7 +53,7 @@ typedef struct Prims {
     dnnl_memory_t sp_fwd, sp_data, sp_w;   /* scratchpads, in the call's scratch at sp_off */
     size_t sp_f, sp_b;                     /* scratchpad bytes: forward, backward (larger of two) */
     int share_ddst;                        /* w_ddst's layout is d_ddst's */
-    int blk;                               /* KCONV_X_BLK16 | KCONV_Y_BLK16: layouts callers may use */
+    int blk;                               /* KCONV_X_BLK | KCONV_Y_BLK: layouts callers may use */
     int keep;                              /* bf16: backward-weights reads x in f_src's layout, so a
                                             * forward's converted x may be kept for it */
     size_t arena;                          /* bytes of KSCR_CONV scratch a call may need */
@@ -172,9 +173,9 @@ static int room(const Port *p, int blk) { return p->reorder && (!blk || p->cvt);
 static FwdPlan fwd_plan(const Prims *p, int lay) {
     FwdPlan f = {0};
     size_t at = 0;
-    if (room(&p->f_src, lay & KCONV_X_BLK16)) f.src = bump(&at, p->f_src.bytes);
+    if (room(&p->f_src, lay & KCONV_X_BLK)) f.src = bump(&at, p->f_src.bytes);
     if (p->f_wei.reorder) f.wei = bump(&at, p->f_wei.bytes);
-    if (p->f_dst.reorder && !(lay & KCONV_Y_BLK16)) f.dst = bump(&at, p->f_dst.bytes);
+    if (p->f_dst.reorder && !(lay & KCONV_Y_BLK)) f.dst = bump(&at, p->f_dst.bytes);
     f.sp = bump(&at, p->sp_f);
     f.total = at;
     return f;
@@ -186,7 +187,7 @@ static FwdPlan fwd_plan(const Prims *p, int lay) {
 static BwdPlan bwd_plan(const Prims *p, const KConv *cv, int lay, int dx, int dw) {
     BwdPlan b = {0};
     size_t at = 0;
-    const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
+    const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
     if (cv->fuse_relu) b.dym = bump(&at, (size_t)p->n * cv->k * cv->oh * cv->ow * sizeof(float));
     if (dx) {
         if (room(&p->d_ddst, yb)) b.ddst = bump(&at, p->d_ddst.bytes);
@@ -205,7 +206,7 @@ static BwdPlan bwd_plan(const Prims *p, const KConv *cv, int lay, int dx, int dw
 }
 
 /* Creates the three primitives and their ports for batch size n. force: blocked layouts
- * (KCONV_*_BLK16) the primitives must use rather than choose (those n_max's chose: callers
+ * (KCONV_*_BLK) the primitives must use rather than choose (those n_max's chose: callers
  * rely on them for every n). */
 static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, Err *err) {
     int rc = PD_OK;
@@ -227,11 +228,13 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     /* bf16: the multiplied operands (src, weights, diff_dst) in bf16, reordered (converted) from
      * the caller's float32 by their ports; dst, diff_src, diff_weights and bias stay float32 */
     const dnnl_data_type_t mt = cv->prec == KPREC_BF16 ? dnnl_bf16 : dnnl_f32;
+    const int B = kern_blk_width();
+    const dnnl_format_tag_t blk_tag = B == 16 ? dnnl_nChw16c : dnnl_nChw8c;
     dnnl_memory_desc_t ddst_a;
-    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK ? blk_tag : act));
     CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, mt, d->use_any ? any : dnnl_oihw));
-    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
-    CK(dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK16 ? dnnl_nChw16c : act));
+    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK ? blk_tag : act));
+    CK(dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK ? blk_tag : act));
     dnnl_memory_desc_t dsrc_a = src_a, dwei_a = wei_a;   // the gradients' outputs: float32
     dsrc_a.data_type = dnnl_f32;
     dwei_a.data_type = dnnl_f32;
@@ -278,24 +281,24 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
      * reorder feeds both when a call wants dx and dW */
     p->share_ddst = p->d_ddst.reorder && dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md),
                                                                 qmd(wpd, dnnl_query_diff_dst_md));
-    /* the blocked activation layout (nChw16c, no padding: channels a multiple of 16) is what
+    /* the blocked activation layout (nChw{B}c, no padding: channels a multiple of B) is what
      * every src-side (dst-side) port of the three primitives uses: callers may then pass
      * x, dx (y, dy) in it and those reorders vanish */
-    /* (bf16: the bf16 operands in nChw16c too; callers pass float32 nChw16c, converted
+    /* (bf16: the bf16 operands in nChw{B}c too; callers pass float32 nChw{B}c, converted
      * element-wise into the call's scratch) */
     dnnl_memory_desc_t src_b, dst_b, srcm_b, dstm_b;
-    CK(dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, dnnl_nChw16c));
-    CK(dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, dnnl_nChw16c));
-    CK(dnnl_memory_desc_init_by_tag(&srcm_b, 4, sd, mt, dnnl_nChw16c));
-    CK(dnnl_memory_desc_init_by_tag(&dstm_b, 4, dd, mt, dnnl_nChw16c));
-    if (cv->c % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &srcm_b) &&
+    CK(dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, blk_tag));
+    CK(dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, blk_tag));
+    CK(dnnl_memory_desc_init_by_tag(&srcm_b, 4, sd, mt, blk_tag));
+    CK(dnnl_memory_desc_init_by_tag(&dstm_b, 4, dd, mt, blk_tag));
+    if (cv->c % B == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &srcm_b) &&
         dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_src_md), &src_b) &&
         dnnl_memory_desc_equal(qmd(wpd, dnnl_query_src_md), &srcm_b))
-        p->blk |= KCONV_X_BLK16;
-    if (cv->k % 16 == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_dst_md), &dst_b) &&
+        p->blk |= KCONV_X_BLK;
+    if (cv->k % B == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_dst_md), &dst_b) &&
         dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md), &dstm_b) &&
         dnnl_memory_desc_equal(qmd(wpd, dnnl_query_diff_dst_md), &dstm_b))
-        p->blk |= KCONV_Y_BLK16;
+        p->blk |= KCONV_Y_BLK;
     /* the forward's converted x can serve backward-weights: bf16, the same layout, and (for a
      * batch size other than n_max) the size n_max's per sample promised the caller */
     p->keep = cv->prec == KPREC_BF16 && p->f_src.cvt && p->w_src.cvt &&
@@ -376,7 +379,7 @@ static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from
 /* Input port: the primitive's memory holding ptr's data. blk: ptr is already in the
  * primitive's layout (no reorder: prim points at ptr); else it is reordered into `at`. */
 static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, int blk, char *at) {
-    if (blk && p->cvt) {   // float32 nChw16c -> bf16 nChw16c: the same order, element-wise
+    if (blk && p->cvt) {   // float32 nChw{B}c -> bf16 nChw{B}c: the same order, element-wise
         kern_f32_to_bf16(ptr, (uint16_t *)at, p->bytes / 2);
         set(p->prim, at);
         return p->prim;
@@ -403,10 +406,10 @@ void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
     const FwdPlan f = fwd_plan(p, lay);
     char *base = kern_scratch(KSCR_CONV, p->arena);
     set(p->sp_fwd, base + f.sp);
-    const int yb = lay & KCONV_Y_BLK16, out_reorder = p->f_dst.reorder && !yb;
+    const int yb = lay & KCONV_Y_BLK, out_reorder = p->f_dst.reorder && !yb;
     set(p->f_dst.prim, out_reorder ? base + f.dst : (void *)y);
     char *src_at = keep && p->keep ? keep : base + f.src;   /* converted where the backward finds it */
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK16, src_at)},
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK, src_at)},
                             {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, 0, base + f.wei)},
                             {DNNL_ARG_DST, p->f_dst.prim},
                             {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
@@ -431,7 +434,7 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
     Prims *p = prims_for(d, cv, n);
     PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
     if (!cv->has_bias) db = NULL;
-    const int xb = lay & KCONV_X_BLK16, yb = lay & KCONV_Y_BLK16;
+    const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
     const BwdPlan bp = bwd_plan(p, cv, lay, dx != NULL, dw || db);
     char *base = kern_scratch(KSCR_CONV, p->arena);
     const float *g = dy;

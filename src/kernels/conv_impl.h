@@ -12,9 +12,9 @@ typedef struct ConvDnnl ConvDnnl;
  * PD_EINVAL naming the oneDNN status; *out NULL on error. */
 int  conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err);
 void conv_dnnl_free(ConvDnnl *d);   /* NULL is fine */
-/* The activation layouts its callers may use (KCONV_X_BLK16 | KCONV_Y_BLK16, kernels.h). */
+/* The activation layouts its callers may use (KCONV_X_BLK | KCONV_Y_BLK, kernels.h). */
 int  conv_dnnl_layouts(const ConvDnnl *d);
-/* lay: the layouts of this call's x, dx (KCONV_X_BLK16) and y, dy (KCONV_Y_BLK16); 0 = plain. */
+/* lay: the layouts of this call's x, dx (KCONV_X_BLK) and y, dy (KCONV_Y_BLK); 0 = plain. */
 /* keep: where the forward leaves its bf16 x for the backward (kern_conv2d_keep_bytes), or NULL. */
 void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x, const float *w, const float *b,
                    float *y, void *keep);

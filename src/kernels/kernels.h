@@ -130,7 +130,7 @@ int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, 
 /* The same at a precision (KPREC_*). KPREC_BF16 runs the oneDNN implementations with bf16
  * src, weights and diff_dst and float32 dst, diff_src, diff_weights, bias; where KCONV_AUTO
  * picks im2col (one input channel, thin 1x1: see conv.c) the convolution stays float32
- * (cv->prec says which). The blocked layouts (KCONV_*_BLK16, below) stay float32 at the
+ * (cv->prec says which). The blocked layouts (KCONV_*_BLK, below) stay float32 at the
  * interface: a bf16 call converts a blocked x or dy element-wise where a plain one reorders. */
 int  kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
                            int stride, int pad, int has_bias, int fuse_relu, Err *err);
@@ -142,14 +142,18 @@ void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const flo
  * gradient w.r.t. y. */
 void kern_conv2d_bwd(KConv *cv, int n, const float *x, const float *w, const float *y, const float *dy,
                      float *dx, float *dw, float *db);
-/* Blocked activations: the same with x, dx (KCONV_X_BLK16 in lay) and/or y, dy (KCONV_Y_BLK16)
- * in oneDNN's nChw16c layout, (N, C/16, H, W, 16), instead of NCHW; the same size, as only
- * channel counts that are multiples of 16 qualify. Consecutive layers that keep their
- * activations so skip the reorders a plain call makes around every primitive; results are
- * bitwise those of the plain call, reordered. kern_conv2d_layouts says which of the two
- * the descriptor takes (im2col: y, dy where k is a multiple of 16, x never; oneDNN: both, or
- * none where it chose other layouts). */
-enum { KCONV_X_BLK16 = 1, KCONV_Y_BLK16 = 2 };
+/* Blocked activations: the same with x, dx (KCONV_X_BLK in lay) and/or y, dy (KCONV_Y_BLK)
+ * in oneDNN's channel-blocked layout, (N, C/B, H, W, B) with B = kern_blk_width() (nChw16c or
+ * nChw8c), instead of NCHW; the same size, as only channel counts that are multiples of B
+ * qualify. Consecutive layers that keep their activations so skip the reorders a plain call
+ * makes around every primitive; results are bitwise those of the plain call, reordered.
+ * kern_conv2d_layouts says which of the two the descriptor takes (im2col: y, dy where k is a
+ * multiple of B, x never; oneDNN: both, or none where it chose other layouts). */
+enum { KCONV_X_BLK = 1, KCONV_Y_BLK = 2 };
+/* B: the channel block of oneDNN's float32 convolutions on this CPU, 16 where it runs AVX-512
+ * code, 8 on AVX2 CPUs (the width of a vector register in floats). The blocked kernels below
+ * (max pool, average pool, batch norm) take it as their last argument, blk, 8 or 16. */
+int  kern_blk_width(void);
 int  kern_conv2d_layouts(const KConv *cv);
 void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *y,
@@ -179,12 +183,13 @@ void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w,
 void kern_maxpool_fwd(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride);
 void kern_maxpool_bwd(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
                       int stride, int set);
-/* The same on nChw16c activations (c a multiple of 16, see KCONV_X_BLK16): argmax holds, per
- * output element (in y's layout), the flat index within the (H, W) plane of its maximum. */
-void kern_maxpool_fwd_blk16(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
-                            int stride);
-void kern_maxpool_bwd_blk16(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
-                            int stride, int set);
+/* The same on blocked activations (blk channels per block, c a multiple of blk, see
+ * kern_blk_width): argmax holds, per output element (in y's layout), the flat index within
+ * the (H, W) plane of its maximum. */
+void kern_maxpool_fwd_blk(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k, int stride,
+                          int blk);
+void kern_maxpool_bwd_blk(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
+                          int stride, int set, int blk);
 void kern_maxpool_fwd_ref(const float *x, float *y, int32_t *argmax, int n, int c, int h, int w, int k,
                           int stride);
 void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int n, int c, int h, int w, int k,
@@ -193,10 +198,10 @@ void kern_maxpool_bwd_ref(const float *dy, const int32_t *argmax, float *dx, int
 /* ---- global average pool: (N,C,H,W) -> (N,C) ---------------------------------------------- */
 void kern_gap_fwd(const float *x, float *y, int n, int c, int hw);
 void kern_gap_bwd(const float *dy, float *dx, int n, int c, int hw);
-/* The same with x and dx in nChw16c (c a multiple of 16), y and dy plain (n, c): bitwise the
- * plain kernels' results. */
-void kern_gap_fwd_blk(const float *x, float *y, int n, int c, int hw);
-void kern_gap_bwd_blk(const float *dy, float *dx, int n, int c, int hw);
+/* The same with x and dx blocked (blk channels per block, c a multiple of blk), y and dy plain
+ * (n, c): bitwise the plain kernels' results. */
+void kern_gap_fwd_blk(const float *x, float *y, int n, int c, int hw, int blk);
+void kern_gap_bwd_blk(const float *dy, float *dx, int n, int c, int hw, int blk);
 void kern_gap_fwd_ref(const float *x, float *y, int n, int c, int hw);
 void kern_gap_bwd_ref(const float *dy, float *dx, int n, int c, int hw);
 
@@ -253,22 +258,22 @@ void kern_bn_fwd_eval(const float *x, const float *gamma, const float *beta, flo
                       const float *running_var, int n, int c, int hw, float eps, int relu);
 void kern_bn_bwd(const float *x, const float *gamma, const float *saved, const float *y, const float *dy, float *dx,
                  float *dgamma, float *dbeta, int n, int c, int hw, int relu);
-/* The same on nChw16c activations (x, y, dx, dy; c a multiple of 16, see KCONV_X_BLK16):
- * bitwise the plain kernels' results, reordered (per channel the same operations in the same
- * order); gamma, beta, the statistics and saved stay per channel. */
-void kern_bn_fwd_train_blk16(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
-                             float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
-                             int relu);
-void kern_bn_fwd_eval_blk16(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
-                            const float *running_var, int n, int c, int hw, float eps, int relu);
-void kern_bn_bwd_blk16(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
-                       float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu);
+/* The same on blocked activations (x, y, dx, dy; blk channels per block, c a multiple of blk,
+ * see kern_blk_width): bitwise the plain kernels' results, reordered (per channel the same
+ * operations in the same order); gamma, beta, the statistics and saved stay per channel. */
+void kern_bn_fwd_train_blk(const float *x, const float *gamma, const float *beta, float *y, float *running_mean,
+                           float *running_var, float *saved, int n, int c, int hw, float eps, float momentum,
+                           int relu, int blk);
+void kern_bn_fwd_eval_blk(const float *x, const float *gamma, const float *beta, float *y, const float *running_mean,
+                          const float *running_var, int n, int c, int hw, float eps, int relu, int blk);
+void kern_bn_bwd_blk(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                     float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int blk);
 /* The backwards with set & KSET_DX: dx written, bitwise as onto zeros (its old contents not
  * read). */
 void kern_bn_bwd_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
                      float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set);
-void kern_bn_bwd_blk16_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
-                           float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set);
+void kern_bn_bwd_blk_set(const float *x, const float *gamma, const float *saved, const float *y, const float *dy,
+                         float *dx, float *dgamma, float *dbeta, int n, int c, int hw, int relu, int set, int blk);
 void kern_bn_fwd_train_ref(const float *x, const float *gamma, const float *beta, float *y,
                            float *running_mean, float *running_var, float *saved, int n, int c, int hw,
                            float eps, float momentum);

@@ -45,13 +45,18 @@ static void bn_forward(Layer *l, const NnRun *r, const float *w, float *state, c
                        void *saved) {
     int c = l->cin, hw = bn_hw(l);
     float *sv = saved;
-    const int blk = l->lay & KCONV_X_BLK16;   // x and y alike (NN_BLK_SAME)
+    const int blk = l->lay & KCONV_X_BLK;   // x and y alike (NN_BLK_SAME)
     if (r->train) {
-        (blk ? kern_bn_fwd_train_blk16 : kern_bn_fwd_train)(x, w, w + c, y, state, state + c, sv, r->n, c, hw,
-                                                            l->eps, l->momentum, l->relu);
+        if (blk)
+            kern_bn_fwd_train_blk(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum, l->relu,
+                                  kern_blk_width());
+        else
+            kern_bn_fwd_train(x, w, w + c, y, state, state + c, sv, r->n, c, hw, l->eps, l->momentum, l->relu);
     } else {
-        (blk ? kern_bn_fwd_eval_blk16 : kern_bn_fwd_eval)(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps,
-                                                          l->relu);
+        if (blk)
+            kern_bn_fwd_eval_blk(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps, l->relu, kern_blk_width());
+        else
+            kern_bn_fwd_eval(x, w, w + c, y, state, state + c, r->n, c, hw, l->eps, l->relu);
         for (int k = 0; k < c; k++) {
             sv[k] = state[k];
             sv[c + k] = 1.0f / sqrtf(state[c + k] + l->eps);
@@ -63,10 +68,12 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
                         const void *saved, const float *dy, float *dx, float *dw) {
     int c = l->cin, hw = bn_hw(l);
     const float *sv = saved;
-    const int blk = l->lay & KCONV_X_BLK16;
+    const int blk = l->lay & KCONV_X_BLK;
     if (r->train) {   // the fused relu's mask (y > 0) is applied inside the kernel
-        (blk ? kern_bn_bwd_blk16_set : kern_bn_bwd_set)(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu,
-                                                        l->set);
+        if (blk)
+            kern_bn_bwd_blk_set(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu, l->set, kern_blk_width());
+        else
+            kern_bn_bwd_set(x, w, sv, y, dy, dx, dw, dw + c, r->n, c, hw, l->relu, l->set);
         return;
     }
     /* eval: y = gamma * (x - mean) * inv_std + beta with constant statistics (not on the
@@ -75,9 +82,10 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
     for (int k = 0; k < c; k++) {
         double sg = 0, sb = 0;
         float g = w[k], mean = sv[k], istd = sv[c + k];
-        const size_t ps = blk ? 16 : 1;
+        const int B = kern_blk_width();
+        const size_t ps = blk ? (size_t)B : 1;
         for (int i = 0; i < r->n; i++) {
-            size_t o = blk ? (((size_t)i * (c / 16) + k / 16) * hw) * 16 + k % 16 : ((size_t)i * c + k) * hw;
+            size_t o = blk ? (((size_t)i * (c / B) + k / B) * hw) * B + k % B : ((size_t)i * c + k) * hw;
             for (int p = 0; p < hw; p++) {
                 const size_t e = o + p * ps;
                 float d = !l->relu || y[e] > 0.0f ? dy[e] : 0.0f;
@@ -91,11 +99,11 @@ static void bn_backward(Layer *l, const NnRun *r, const float *w, const float *x
     }
 }
 
-/* Per channel: nChw16c as well when the channels come in blocks of 16 (kern_bn_*_blk16,
+/* Per channel: blocked as well when the channels come in blocks (kern_bn_*_blk,
  * bitwise the plain results), so that a convolution's blocked output stays blocked through
  * it (resnet20: every convolution is followed by one). */
 static int bn_layouts(const Layer *l) {
-    return l->in.ndim == 3 && l->cin % 16 == 0 ? NN_BLK_IN | NN_BLK_SAME : 0;
+    return l->in.ndim == 3 && l->cin % kern_blk_width() == 0 ? NN_BLK_IN | NN_BLK_SAME : 0;
 }
 
 const LayerOps LAYER_BATCHNORM = {

@@ -72,10 +72,10 @@ static void conv_backward_weights(Layer *l, const NnRun *r, const float *w, cons
 }
 
 /* oneDNN's blocked layouts where its primitives use them (kern_conv2d_layouts): vgg16's and
- * resnet20's 16..128-channel convolutions; an im2col one's output where it has 16k channels. */
+ * resnet20's 16..128-channel convolutions; an im2col one's output where its channels fill blocks. */
 static int conv_layouts(const Layer *l) {
     const int k = kern_conv2d_layouts(&l->conv);
-    return (k & KCONV_X_BLK16 ? NN_BLK_IN : 0) | (k & KCONV_Y_BLK16 ? NN_BLK_OUT : 0);
+    return (k & KCONV_X_BLK ? NN_BLK_IN : 0) | (k & KCONV_Y_BLK ? NN_BLK_OUT : 0);
 }
 
 const LayerOps LAYER_CONV2D = {

@@ -1,5 +1,6 @@
 /* layer_gap.c: "gap": global average pooling (C, H, W) -> (C). No keys. x may arrive in
- * nChw16c (C a multiple of 16: the end of a blocked residual stage); y is always plain. */
+ * oneDNN's blocked layout (C a multiple of kern_blk_width(): the end of a blocked residual
+ * stage); y is always plain. */
 #include "nn_impl.h"
 
 static int gap_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
@@ -11,18 +12,18 @@ static int gap_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
 
 static void gap_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                         void *saved) {
-    if (l->lay & KCONV_X_BLK16) kern_gap_fwd_blk(x, y, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
+    if (l->lay & KCONV_X_BLK) kern_gap_fwd_blk(x, y, r->n, l->in.d[0], l->in.d[1] * l->in.d[2], kern_blk_width());
     else kern_gap_fwd(x, y, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
 }
 
 static void gap_backward(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                          const void *saved, const float *dy, float *dx, float *dw) {
     if (!dx) return;
-    if (l->lay & KCONV_X_BLK16) kern_gap_bwd_blk(dy, dx, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
+    if (l->lay & KCONV_X_BLK) kern_gap_bwd_blk(dy, dx, r->n, l->in.d[0], l->in.d[1] * l->in.d[2], kern_blk_width());
     else kern_gap_bwd(dy, dx, r->n, l->in.d[0], l->in.d[1] * l->in.d[2]);
 }
 
-static int gap_layouts(const Layer *l) { return l->in.d[0] % 16 == 0 ? NN_BLK_IN : 0; }
+static int gap_layouts(const Layer *l) { return l->in.d[0] % kern_blk_width() == 0 ? NN_BLK_IN : 0; }
 
 const LayerOps LAYER_GAP = {.name = "gap",
                             .parse = gap_parse,

@@ -1,7 +1,8 @@
 /* layer_maxpool.c: "maxpool": k x k max pooling, no padding. Keys: "kernel", "stride"
  * (default = kernel). Input (C, H, W), output (C, (H-k)/s+1, (W-k)/s+1). Saved per
- * minibatch: the argmax of every output (int32). Takes oneDNN's blocked activations (nChw16c)
- * between convolutions when its channels are a multiple of 16 (model.c decides). */
+ * minibatch: the argmax of every output (int32). Takes oneDNN's blocked activations (nChw16c,
+ * nChw8c on AVX2) between convolutions when its channels are a multiple of the block (model.c
+ * decides). */
 #include "nn_impl.h"
 
 static int pool_parse(Layer *l, JObj *j, const char *ctx, Err *err) {
@@ -21,7 +22,8 @@ static size_t pool_saved(const Layer *l, int n_max) { return (size_t)n_max * sha
 
 static void pool_forward(Layer *l, const NnRun *r, const float *w, float *state, const float *x, float *y,
                          void *saved) {
-    if (l->lay & KCONV_X_BLK16) kern_maxpool_fwd_blk16(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
+    if (l->lay & KCONV_X_BLK)
+        kern_maxpool_fwd_blk(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride, kern_blk_width());
     else kern_maxpool_fwd(x, y, saved, r->n, l->in.d[0], l->in.d[1], l->in.d[2], l->k, l->stride);
 }
 
@@ -29,12 +31,12 @@ static void pool_backward(Layer *l, const NnRun *r, const float *w, const float 
                           const void *saved, const float *dy, float *dx, float *dw) {
     if (!dx) return;
     const int c = l->in.d[0], h = l->in.d[1], wd = l->in.d[2], set = l->set & KSET_DX;
-    if (l->lay & KCONV_X_BLK16) kern_maxpool_bwd_blk16(dy, saved, dx, r->n, c, h, wd, l->k, l->stride, set);
+    if (l->lay & KCONV_X_BLK) kern_maxpool_bwd_blk(dy, saved, dx, r->n, c, h, wd, l->k, l->stride, set, kern_blk_width());
     else kern_maxpool_bwd(dy, saved, dx, r->n, c, h, wd, l->k, l->stride, set);
 }
 
-/* Channel-wise: pools nChw16c in place of NCHW when its channels come in blocks of 16. */
-static int pool_layouts(const Layer *l) { return l->in.d[0] % 16 == 0 ? NN_BLK_IN | NN_BLK_SAME : 0; }
+/* Channel-wise: pools the blocked layout in place of NCHW when its channels come in blocks. */
+static int pool_layouts(const Layer *l) { return l->in.d[0] % kern_blk_width() == 0 ? NN_BLK_IN | NN_BLK_SAME : 0; }
 
 const LayerOps LAYER_MAXPOOL = {
     .name = "maxpool",

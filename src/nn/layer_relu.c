@@ -17,9 +17,9 @@ static void relu_backward(Layer *l, const NnRun *r, const float *w, const float 
     if (dx) kern_relu_bwd(y, dy, dx, (size_t)r->n * shape_numel(l->in));
 }
 
-/* Element-wise: any layout, as long as it is the same size (channels in blocks of 16). */
+/* Element-wise: any layout, as long as it is the same size (channels in whole blocks). */
 static int relu_layouts(const Layer *l) {
-    return l->in.ndim == 3 && l->in.d[0] % 16 == 0 ? NN_BLK_IN | NN_BLK_SAME : 0;
+    return l->in.ndim == 3 && l->in.d[0] % kern_blk_width() == 0 ? NN_BLK_IN | NN_BLK_SAME : 0;
 }
 
 const LayerOps LAYER_RELU = {.name = "relu",

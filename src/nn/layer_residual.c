@@ -5,8 +5,8 @@
  * shortcut), named layers.<i>.body.<k>.* and layers.<i>.shortcut.<k>.*.
  * Saved per minibatch: each sub-layer's output and saved state, laid out for the run's n.
  *
- * Layouts: x and y may each be nChw16c (KCONV_X_BLK16 / KCONV_Y_BLK16 in l->lay) when the
- * channels come in blocks of 16. Per call the body and the shortcut are planned like a
+ * Layouts: x and y may each be blocked (nChw16c, nChw8c on AVX2: KCONV_X_BLK / KCONV_Y_BLK
+ * in l->lay) when the channels come in whole blocks. Per call the body and the shortcut are planned like a
  * range (nn_plan_layouts) from x's layout to y's, so in resnet20 a whole chain of blocks
  * keeps its activations blocked, and the add and relu run on whatever layout y has; an
  * identity shortcut whose x is in the other layout is reordered on the fly inside the add
@@ -88,7 +88,7 @@ static int plan(const Layer *l, int xb, int yb, unsigned char *lay) {
  * block can turn plain data blocked and back: the first and last of a chain), NN_BLK_IN |
  * NN_BLK_SAME when only equal ones can, else nothing. */
 static int caps(Layer *l) {
-    if (l->in.ndim != 3 || l->out.ndim != 3 || l->in.d[0] % 16 || l->out.d[0] % 16) return 0;
+    if (l->in.ndim != 3 || l->out.ndim != 3 || l->in.d[0] % kern_blk_width() || l->out.d[0] % kern_blk_width()) return 0;
     int ok[2][2];
     for (int xb = 0; xb < 2; xb++)
         for (int yb = 0; yb < 2; yb++) ok[xb][yb] = plan(l, xb, yb, l->sub_lay);
@@ -118,36 +118,36 @@ static int residual_layouts(const Layer *l) { return l->sub_caps; }
 
 /* This call's sub-layer layouts (l->lay from the caller) into l->sub_lay. */
 static void plan_call(Layer *l) {
-    const int ok = plan(l, !!(l->lay & KCONV_X_BLK16), !!(l->lay & KCONV_Y_BLK16), l->sub_lay);
+    const int ok = plan(l, !!(l->lay & KCONV_X_BLK), !!(l->lay & KCONV_Y_BLK), l->sub_lay);
     PD_ASSERTF(ok, "%s: layouts 0x%x not planned", l->path, (unsigned)l->lay);
 }
 
 /* The identity shortcut across layouts: y = max(a + b, 0) (a given) or y += b (a NULL), where
- * y and a are in layout yb and b in the other one (nChw16c: (N, C/16, HW, 16)). Serial: only a
- * chain's first or last block meets it, once per pass. Tile by tile: per sample and block of
- * 16 channels, 16 pixels x 16 channels, contiguous (p * 16 + l) blocked and 16 rows of 16
- * (l * hw + p) plain; b's tile is first transposed into y's order, so that the arithmetic runs
- * on unit-stride rows of 16. */
+ * y and a are in layout yb and b in the other one (blocked: (N, C/B, HW, B), B =
+ * kern_blk_width()). Serial: only a chain's first or last block meets it, once per pass. Tile
+ * by tile: per sample and block of B channels, 16 pixels x B channels, contiguous (p * B + l)
+ * blocked and B rows of 16 (l * hw + p) plain; b's tile is first transposed into y's order, so
+ * that the arithmetic runs on unit-stride rows. */
 static void add_across(const float *a, const float *b, float *y, int n, Shape sh, int yb) {
-    const int c = sh.d[0], hw = sh.d[1] * sh.d[2];
+    const int c = sh.d[0], hw = sh.d[1] * sh.d[2], B = kern_blk_width();
     float t[16][16];
-    for (size_t o = 0; o < (size_t)n * c * hw; o += (size_t)16 * hw)   // one sample's 16 channels
+    for (size_t o = 0; o < (size_t)n * c * hw; o += (size_t)B * hw)   // one sample's B channels
         for (int p0 = 0; p0 < hw; p0 += 16) {
             const int np = hw - p0 < 16 ? hw - p0 : 16;
             /* t: y's tile order (pixel-major blocked, channel-major plain); rows of len */
-            const int rows = yb ? np : 16, len = yb ? 16 : np;
+            const int rows = yb ? np : B, len = yb ? B : np;
             if (yb)
-                for (int l = 0; l < 16; l++) {
+                for (int l = 0; l < B; l++) {
                     const float *src = b + o + (size_t)l * hw + p0;
                     for (int q = 0; q < np; q++) t[q][l] = src[q];
                 }
             else
                 for (int q = 0; q < np; q++) {
-                    const float *src = b + o + (size_t)(p0 + q) * 16;
-                    for (int l = 0; l < 16; l++) t[l][q] = src[l];
+                    const float *src = b + o + (size_t)(p0 + q) * B;
+                    for (int l = 0; l < B; l++) t[l][q] = src[l];
                 }
             for (int r = 0; r < rows; r++) {
-                const size_t at = yb ? o + (size_t)(p0 + r) * 16 : o + (size_t)r * hw + p0;
+                const size_t at = yb ? o + (size_t)(p0 + r) * B : o + (size_t)r * hw + p0;
                 float *restrict yr = y + at;
                 const float *restrict tr = t[r];
                 if (a) {
@@ -197,7 +197,7 @@ static void residual_forward(Layer *l, const NnRun *r, const float *w, float *st
         if (k < l->n_body) bo = yk;
         else so = yk;
     }
-    const int xb = !!(l->lay & KCONV_X_BLK16), yb = !!(l->lay & KCONV_Y_BLK16);
+    const int xb = !!(l->lay & KCONV_X_BLK), yb = !!(l->lay & KCONV_Y_BLK);
     if (!l->n_short && xb != yb) add_across(bo, x, y, r->n, l->out, yb);
     else kern_add_relu(bo, so, y, (size_t)r->n * shape_numel(l->out));
 }
@@ -235,8 +235,8 @@ static void residual_backward(Layer *l, const NnRun *r, const float *w, const fl
     /* the body's gradient is written into dx where it may be (Layer.set), the shortcut's added */
     chain_backward(l, r, w, x, saved, 0, l->n_body, dsum, dx, (l->set & KSET_DX) != 0, dw, scratch);
     if (l->n_short) chain_backward(l, r, w, x, saved, l->n_body, l->n_body + l->n_short, dsum, dx, 0, dw, scratch);
-    else if (dx && !(l->lay & KCONV_X_BLK16) != !(l->lay & KCONV_Y_BLK16))
-        add_across(NULL, dsum, dx, r->n, l->out, !!(l->lay & KCONV_X_BLK16));
+    else if (dx && !(l->lay & KCONV_X_BLK) != !(l->lay & KCONV_Y_BLK))
+        add_across(NULL, dsum, dx, r->n, l->out, !!(l->lay & KCONV_X_BLK));
     else if (dx) kern_accumulate(dx, dsum, cnt);
     g_depth--;
 }

@@ -631,7 +631,7 @@ int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay) 
         const int cap = nn_layer_layouts(&ls[i]);
         if (xb && !(cap & NN_BLK_IN)) return 0;
         const int ob = cap & NN_BLK_SAME ? xb : lay[i] && (cap & NN_BLK_OUT);
-        lay[i] = (unsigned char)((xb ? KCONV_X_BLK16 : 0) | (ob ? KCONV_Y_BLK16 : 0));
+        lay[i] = (unsigned char)((xb ? KCONV_X_BLK : 0) | (ob ? KCONV_Y_BLK : 0));
         xb = ob;
     }
     return xb == !!yb;
@@ -656,7 +656,7 @@ void model_cut_layouts(const Model *m, int first, int last, const unsigned char 
         PD_ASSERT(ok);
         for (int i = a; i < b; i++) {
             const int l = ends[i - first];
-            ends[i - first] = (unsigned char)((l & KCONV_X_BLK16 ? NN_END_X : 0) | (l & KCONV_Y_BLK16 ? NN_END_Y : 0));
+            ends[i - first] = (unsigned char)((l & KCONV_X_BLK ? NN_END_X : 0) | (l & KCONV_Y_BLK ? NN_END_Y : 0));
         }
         a = b;
     }

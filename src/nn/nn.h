@@ -141,7 +141,7 @@ const float *nnctx_output(const NnCtx *c);
 /* The activation layouts of the built range [first, last), cut into pieces at the boundaries
  * in cut (cut[i - first] != 0: a stage boundary between layers i and i + 1; NULL: none), each
  * piece with plain ends, as model_forward lays them out: ends[i - first] gets NN_END_X when
- * layer i's input (and the gradient w.r.t. it) is channel-blocked (nChw16c, where oneDNN's
+ * layer i's input (and the gradient w.r.t. it) is channel-blocked (nChw16c or nChw8c, where oneDNN's
  * convolutions want it) and NN_END_Y when its output is. A stage boundary where the whole range
  * keeps the activation blocked costs layout changes and slower plain-layout kernels that a
  * layer inside a stage does not pay. */

@@ -78,7 +78,7 @@ typedef struct LayerOps {
     void (*backward_weights)(Layer *l, const NnRun *r, const float *w, const float *x, const float *y,
                              const void *saved, const float *dy, float *dw);
     /* The activation layouts the built layer takes besides plain NCHW (NN_BLK_*), NULL: none.
-     * model.c keeps an activation blocked (kernels.h, KCONV_X_BLK16) between two layers when
+     * model.c keeps an activation blocked (kernels.h, KCONV_X_BLK) between two layers when
      * the producer can write it so and the consumer read it so, and tells each call in
      * l->lay; the range's input and output stay plain. */
     int (*layouts)(const Layer *l);
@@ -91,7 +91,7 @@ int nn_layer_layouts(const Layer *l);
 /* Plans the layouts of the chain ls[0 .. n) (a range's layers, a residual's body): its input
  * arrives blocked if xb, its output must leave blocked if yb. An activation stays blocked
  * where its producer can write it so and its consumer (through layout-preserving layers)
- * read it so. lay[i] gets layer i's KCONV_X_BLK16 | KCONV_Y_BLK16 (for Layer.lay). Returns 0
+ * read it so. lay[i] gets layer i's KCONV_X_BLK | KCONV_Y_BLK (for Layer.lay). Returns 0
  * when the ends cannot be met (lay is then undefined). */
 int nn_plan_layouts(const Layer *ls, int n, int xb, int yb, unsigned char *lay);
 /* Before a container's sub-layer c's backward into dk (NULL: none): fresh, dk's old contents
@@ -121,7 +121,7 @@ struct Layer {
     NnInit init[NN_INIT_ROLES];   /* "init" of this layer (weight, bias roles) */
     char tie[64];           /* "tie": the earlier parameter its weight mirrors ("" = none) */
     int built_n;            /* n_max it was built for; 0 = not built */
-    int lay;                /* this call's layouts (KCONV_X_BLK16: x, dx; KCONV_Y_BLK16: y, dy),
+    int lay;                /* this call's layouts (KCONV_X_BLK: x, dx; KCONV_Y_BLK: y, dy),
                                set by model.c before each forward/backward; 0: plain */
     int set;                /* this backward call's KSET_*: dx and/or dw (with the bias) are
                                to be written, not added to (only bits of ops->sets), set by
