@@ -32,7 +32,7 @@ static void check_conv(const ConvCase *t, int algo, uint64_t tag, int fd) {
     assert_int_equal(rc, PD_OK);
     if (algo != KCONV_AUTO) assert_int_equal(kern_conv2d_algo(&cv), algo);
     assert_int_equal(cv.oh, (t->h + 2 * t->pad - t->r) / t->stride + 1);
-    static const char *names[] = {"auto", "im2col", "dnnl", "dnnl-plain"};
+    static const char *names[] = {"auto", "im2col", "dnnl", "dnnl-plain", "dense"};
     print_message("  conv[%s] n=%d/%d c=%d %dx%d k=%d %dx%d s%d p%d bias=%d relu=%d\n", names[algo], t->n,
                   t->n_max, t->c, t->h, t->w, t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu);
     /* two batch sizes on one descriptor: n_max and the case's n (primitive caching) */
@@ -125,8 +125,9 @@ static void test_conv_model_shapes(void **state) {
         {4, 2, 16, 32, 32, 32, 3, 3, 2, 1, 0, 0, 0},  // resnet20 downsampling 3x3
         {4, 2, 32, 16, 16, 64, 1, 1, 2, 0, 0, 0, 0},  // resnet20 1x1 shortcut
     };
-    for (int algo = KCONV_IM2COL; algo <= KCONV_DNNL; algo++)   // the two that kern_conv2d_init picks from
+    for (int algo = KCONV_IM2COL; algo <= KCONV_DNNL; algo++)   // two of the three kern_conv2d_init picks from
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_conv(&cases[i], algo, 1000 * (i + 1), 0);
+    check_conv(&cases[3], KCONV_DENSE, 7000, 0);   // and the third, where it is picked
 }
 
 static void test_conv_bad_shapes(void **state) {
@@ -165,6 +166,21 @@ static void test_conv_auto_choice(void **state) {
     assert_int_equal(kern_conv2d_init(&cv, 4, 8, 32, 32, 16, 1, 1, 2, 0, 0, 0, &err), PD_OK);
     assert_int_equal(kern_conv2d_algo(&cv), kern_blk_width() == 8 ? KCONV_DNNL : KCONV_IM2COL);
     kern_conv2d_release(&cv);
+    /* planes smaller than the window: the dense matrix (vgg16's 2x2 layers), unless too large */
+    assert_int_equal(kern_conv2d_init(&cv, 4, 128, 2, 2, 128, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DENSE);
+    assert_int_equal(kern_conv2d_layouts(&cv), 0);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 1024, 2, 2, 1024, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);
+    kern_conv2d_release(&cv);
+    assert_int_equal(kern_conv2d_init(&cv, 4, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DNNL);   // 16 pixels >= 9 taps
+    kern_conv2d_release(&cv);
+    /* forced where the matrix would be too large: refused, naming it */
+    assert_int_equal(kern_conv2d_init_algo(&cv, KCONV_DENSE, 4, 64, 32, 32, 64, 3, 3, 1, 1, 1, 1, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "dense"));
+    assert_null(cv.impl);
 }
 
 /* nChw{B}c <-> NCHW for the layout tests (c a multiple of B). */
@@ -372,6 +388,50 @@ static void test_gap_blocked(void **state) {
     }
 }
 
+/* The dense matrix's backward writing (kern_conv2d_bwd_set): dx (KSET_DX) and dW, db (KSET_DW)
+ * over values no gradient has give the numbers of a backward onto zeros, whole and split, and
+ * at n = 0 writing means zeros; with a fused relu the masked entries give nothing. */
+static void test_conv_dense_set(void **state) {
+    (void)state;
+    KConv cv;
+    Err err = {0};
+    const int n = 3, c = 6, h = 2, w = 2, k = 5;
+    assert_int_equal(kern_conv2d_init(&cv, n, c, h, w, k, 3, 3, 1, 1, 1, 1, &err), PD_OK);
+    assert_int_equal(kern_conv2d_algo(&cv), KCONV_DENSE);
+    const size_t nx = (size_t)n * c * h * w, nw = (size_t)k * c * 9, ny = (size_t)n * k * cv.oh * cv.ow;
+    float *x = tk_rand(nx, 8001, -1, 1), *wt = tk_rand(nw, 8002, -1, 1), *b = tk_rand(k, 8003, -1, 1);
+    float *dy = tk_rand(ny, 8004, -1, 1), *y = pd_alloc_f32(ny);
+    kern_conv2d_fwd(&cv, n, x, wt, b, y);
+    float *dx0 = pd_calloc(sizeof(float) * nx), *dw0 = pd_calloc(sizeof(float) * nw), *db0 = pd_calloc(sizeof(float) * k);
+    kern_conv2d_bwd(&cv, n, x, wt, y, dy, dx0, dw0, db0);   // onto zeros
+    float *dx1 = tk_rand(nx, 8005, 1e6, 2e6), *dw1 = tk_rand(nw, 8006, 1e6, 2e6), *db1 = tk_rand(k, 8007, 1e6, 2e6);
+    kern_conv2d_bwd_set(&cv, n, 0, KSET_DX | KSET_DW, x, wt, y, dy, dx1, dw1, db1);
+    assert_int_equal(tu_compare("dense dx (set)", dx1, dx0, nx, 0, 0), 0);
+    assert_int_equal(tu_compare("dense dw (set)", dw1, dw0, nw, 0, 0), 0);
+    assert_int_equal(tu_compare("dense db (set)", db1, db0, k, 0, 0), 0);
+    float *dx2 = tk_rand(nx, 8008, 1e6, 2e6), *dw2 = tk_rand(nw, 8009, 1e6, 2e6);
+    kern_conv2d_bwd_set(&cv, n, 0, KSET_DX, x, wt, y, dy, dx2, NULL, NULL);
+    kern_conv2d_bwd_set(&cv, n, 0, KSET_DW, x, wt, y, dy, NULL, dw2, NULL);
+    assert_int_equal(tu_compare("dense dx (set, alone)", dx2, dx0, nx, 0, 0), 0);
+    assert_int_equal(tu_compare("dense dw (set, alone)", dw2, dw0, nw, 0, 0), 0);
+    /* the relu: where y is 0, dy changes nothing */
+    float *dy2 = tk_copy(dy, ny), *dx3 = pd_calloc(sizeof(float) * nx), *dw3 = pd_calloc(sizeof(float) * nw);
+    size_t masked = 0;
+    for (size_t i = 0; i < ny; i++)
+        if (y[i] == 0.0f) dy2[i] += 100.0f, masked++;
+    assert_true(masked > 0 && masked < ny);
+    kern_conv2d_bwd(&cv, n, x, wt, y, dy2, dx3, dw3, NULL);
+    assert_int_equal(tu_compare("dense dx (relu mask)", dx3, dx0, nx, 0, 0), 0);
+    assert_int_equal(tu_compare("dense dw (relu mask)", dw3, dw0, nw, 0, 0), 0);
+    /* n = 0 */
+    kern_conv2d_bwd_set(&cv, 0, 0, KSET_DW, x, wt, y, dy, NULL, dw2, db1);
+    for (size_t i = 0; i < nw; i++) assert_true(dw2[i] == 0.0f);
+    for (int i = 0; i < k; i++) assert_true(db1[i] == 0.0f);
+    float *all[] = {x, wt, b, dy, y, dx0, dw0, db0, dx1, dw1, db1, dx2, dw2, dy2, dx3, dw3};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    kern_conv2d_release(&cv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gap_blocked),
@@ -379,6 +439,7 @@ int main(void) {
         cmocka_unit_test(test_conv_model_shapes),
         cmocka_unit_test(test_conv_bad_shapes),
         cmocka_unit_test(test_conv_auto_choice),
+        cmocka_unit_test(test_conv_dense_set),
         cmocka_unit_test(test_conv_blocked_layouts),
         cmocka_unit_test(test_maxpool_blocked),
     };

@@ -39,6 +39,13 @@
  * 6.1, vgg 128->128 @2 1.8, resnet 16->16 @32 37.5, resnet 1x1 16->32 s2 36.1, resnet
  * 64->64 @8 6.2: our choice is on par or faster except 32->32 @16 (10.1 vs 6.5).
  *
+ * Candidate (c), the dense matrix (conv_dense.c), where the plane is smaller than the kernel's
+ * window (H*W < R*S) and the matrix is at most CONV_DENSE_PICK floats: the same outputs in 4/9
+ * of the multiply-adds on vgg16's 2x2 planes. tools/kbench.c on an AMD EPYC (Zen 3, AVX2), same
+ * columns as above, ms: vgg 128->128 @2 im2col 5.0, dnnl 4.3, dnnl-plain 9.1, dense 2.0 (its
+ * GEMMs at ~110 GFLOP/s counted as the direct form's work). Not measured on AVX-512, where the
+ * table above has oneDNN at 1.6; the dense form's GEMMs are the same 4/9 of the work there.
+ *
  * Candidate (b), im2col + OpenBLAS sgemm: a chunk of nb samples is unfolded into
  * col (C*R*S, nb*OH*OW) and multiplied by W (K, C*R*S) in one GEMM; nb is chosen so that
  * the GEMM's wide side has >= CONV_COLS_MIN columns (small late-layer planes such as 2x2
@@ -62,8 +69,9 @@
 enum { CONV_COLS_MIN = 512, CONV_COL_MAX = 1 << 21 };
 
 typedef struct ConvImpl {
-    int algo;        /* KCONV_IM2COL, KCONV_DNNL, KCONV_DNNL_PLAIN */
+    int algo;        /* KCONV_IM2COL, KCONV_DNNL, KCONV_DNNL_PLAIN, KCONV_DENSE */
     ConvDnnl *dnnl;  /* the oneDNN state when algo is one of its two */
+    ConvDense *dense;   /* the dense matrix's state when algo is KCONV_DENSE */
     int nb;       /* samples per GEMM chunk */
     int direct;   /* 1x1, stride 1, pad 0, nb == 1: col is x itself */
     float *col;   /* (C*R*S, nb*OH*OW), reused as dcol in backward */
@@ -71,7 +79,10 @@ typedef struct ConvImpl {
 } ConvImpl;
 
 /* The measured choice (see the table at the top of this file). */
+enum { CONV_DENSE_PICK = 1 << 22 };
 static int conv_pick(const KConv *cv) {
+    if ((size_t)cv->h * cv->w < (size_t)cv->r * cv->s && cv->c > 1 && conv_dense_floats(cv) <= CONV_DENSE_PICK)
+        return KCONV_DENSE;
     const int B = kern_blk_width();
     if (cv->c == 1 || (cv->r == 1 && cv->s == 1 && cv->c < 32 && (cv->c % B || cv->k % B))) return KCONV_IM2COL;
     return KCONV_DNNL;
@@ -109,6 +120,11 @@ int kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h
     ConvImpl *im = pd_calloc(sizeof *im);
     im->algo = algo == KCONV_AUTO ? conv_pick(cv) : algo;
     cv->impl = im;
+    if (im->algo == KCONV_DENSE) {   // float32 only, as im2col
+        int rc = conv_dense_new(cv, &im->dense, err);
+        if (rc) kern_conv2d_release(cv);
+        return rc;
+    }
     if (im->algo != KCONV_IM2COL) {
         cv->prec = prec;   // im2col is float32 only
         int rc = conv_dnnl_new(cv, im->algo == KCONV_DNNL, &im->dnnl, err);
@@ -132,6 +148,7 @@ void kern_conv2d_release(KConv *cv) {
     ConvImpl *im = cv->impl;
     if (im) {
         conv_dnnl_free(im->dnnl);
+        conv_dense_free(im->dense);
         pd_free(im->col);
         pd_free(im->tmp);
         pd_free(im);
@@ -356,6 +373,7 @@ static void from_blk(const float *src, const float *y, size_t P, float *dst, siz
 
 int kern_conv2d_layouts(const KConv *cv) {
     const ConvImpl *im = cv->impl;
+    if (im->dense) return 0;
     return im->dnnl ? conv_dnnl_layouts(im->dnnl) : cv->k % kern_blk_width() == 0 ? KCONV_Y_BLK : 0;
 }
 
@@ -388,6 +406,11 @@ void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
         conv_dnnl_fwd(im->dnnl, cv, n, lay, x, w, b, y, keep);
+        return;
+    }
+    if (im->dense) {
+        PD_ASSERTF(lay == 0, "conv2d (dense): layout %d", lay);
+        conv_dense_fwd(im->dense, cv, n, x, w, b, y);
         return;
     }
     PD_ASSERTF((lay & ~kern_conv2d_layouts(cv)) == 0, "conv2d (im2col): layout %d", lay);
@@ -439,6 +462,11 @@ void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, cons
     ConvImpl *im = cv->impl;
     if (im->dnnl) {
         conv_dnnl_bwd(im->dnnl, cv, n, lay, set, x, keep, w, y, dy, dx, dw, db);
+        return;
+    }
+    if (im->dense) {
+        PD_ASSERTF(lay == 0, "conv2d (dense): layout %d", lay);
+        conv_dense_bwd(im->dense, cv, n, set, x, w, y, dy, dx, dw, db);
         return;
     }
     PD_ASSERTF((lay & ~kern_conv2d_layouts(cv)) == 0, "conv2d (im2col): layout %d", lay);

@@ -1,5 +1,6 @@
-/* conv_impl.h: internals shared by conv.c (dispatch + im2col/sgemm candidate) and
- * conv_dnnl.c (oneDNN candidate). Not part of the module's public API. */
+/* conv_impl.h: internals shared by conv.c (dispatch + im2col/sgemm candidate), conv_dnnl.c
+ * (oneDNN candidate) and conv_dense.c (dense-matrix candidate). Not part of the module's
+ * public API. */
 #ifndef PD_CONV_IMPL_H
 #define PD_CONV_IMPL_H
 
@@ -23,5 +24,17 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
                    const float *w, const float *y, const float *dy, float *dx, float *dw, float *db);
 /* Bytes of the bf16 x a forward keeps for n samples; 0: none. */
 size_t conv_dnnl_keep_bytes(const ConvDnnl *d, int n);
+
+/* Dense candidate (conv_dense.c): the convolution as a (K*OH*OW) x (C*H*W) matrix, plain
+ * layouts, float32. conv_dense_floats: that matrix's size; conv_dense_new refuses one over
+ * CONV_DENSE_MAX floats (PD_EINVAL). set: KSET_DX / KSET_DW as kern_conv2d_bwd_set. */
+enum { CONV_DENSE_MAX = 1 << 24 };
+typedef struct ConvDense ConvDense;
+size_t conv_dense_floats(const KConv *cv);
+int    conv_dense_new(const KConv *cv, ConvDense **out, Err *err);
+void   conv_dense_free(ConvDense *d);   /* NULL is fine */
+void   conv_dense_fwd(ConvDense *d, const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
+void   conv_dense_bwd(ConvDense *d, const KConv *cv, int n, int set, const float *x, const float *w, const float *y,
+                      const float *dy, float *dx, float *dw, float *db);
 
 #endif

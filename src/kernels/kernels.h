@@ -123,8 +123,10 @@ int  kern_conv2d_init(KConv *cv, int n_max, int c, int h, int w, int k, int r, i
                       int has_bias, int fuse_relu, Err *err);
 void kern_conv2d_release(KConv *cv);
 /* Addition for benchmarks and tests: the same with the implementation forced.
- * KCONV_AUTO is what kern_conv2d_init does (the measured choice, see conv.c). */
-enum { KCONV_AUTO = 0, KCONV_IM2COL = 1, KCONV_DNNL = 2, KCONV_DNNL_PLAIN = 3, KCONV_ALGO_COUNT = 4 };
+ * KCONV_AUTO is what kern_conv2d_init does (the measured choice, see conv.c). KCONV_DENSE (the
+ * convolution as one dense matrix, conv_dense.c) returns PD_EINVAL where that matrix would be
+ * over 2^24 floats. */
+enum { KCONV_AUTO = 0, KCONV_IM2COL = 1, KCONV_DNNL = 2, KCONV_DNNL_PLAIN = 3, KCONV_DENSE = 4, KCONV_ALGO_COUNT = 5 };
 int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, int k, int r, int s, int stride,
                            int pad, int has_bias, int fuse_relu, Err *err);
 /* The same at a precision (KPREC_*). KPREC_BF16 runs the oneDNN implementations with bf16
@@ -134,7 +136,7 @@ int  kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, 
  * interface: a bf16 call converts a blocked x or dy element-wise where a plain one reorders. */
 int  kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
                            int stride, int pad, int has_bias, int fuse_relu, Err *err);
-/* The implementation in use (KCONV_IM2COL, KCONV_DNNL or KCONV_DNNL_PLAIN). */
+/* The implementation in use (KCONV_IM2COL, KCONV_DNNL, KCONV_DNNL_PLAIN or KCONV_DENSE). */
 int  kern_conv2d_algo(const KConv *cv);
 /* b may be NULL when !has_bias. */
 void kern_conv2d_fwd(KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
