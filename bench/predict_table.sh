@@ -16,7 +16,9 @@
 #   CALIBRATE (0): at every rate, first CALIBRATE minibatches of CAL_KIND (1f1b) on the plan with
 #   `train --calibrated-cluster`, and the plan made again on the fitted cluster; every schedule
 #   is then predicted from that plan (the calibration run itself is not in the table). CAL_RUNS
-#   (1) such runs, and the one whose fitted core efficiency is the median sets the cluster.
+#   (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
+#   (core-efficiency): what the calibration fits (`train --fit`): core-efficiency, or wake (the
+#   cost of waking from a wait while the cores are busy; the core efficiency stays the measured one).
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,20 +41,21 @@ for r in $RATES; do
         for c in $(seq "${CAL_RUNS:-1}"); do
             timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
                 --plan "$OUT/straight-$r.json" --schedule "${CAL_KIND:-1f1b}" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
-                --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r-$c.json" \
+                --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r-$c.json" --fit "${CAL_FIT:-core-efficiency}" \
                 >"$OUT/raw/$r-calibrate-$c.json" 2>"$OUT/raw/$r-calibrate-$c.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$r-calibrate-$c.err")"; exit 1; }
             log "$r: $(grep "^calibrated cluster:" "$OUT/raw/$r-calibrate-$c.err")"
         done
-        # the run with the median core efficiency: one slow or fast minute does not set the table
-        med=$(python3 - "$OUT/cluster-$r" "${CAL_RUNS:-1}" <<'PY'
+        # the run with the median fitted value: one slow or fast minute does not set the table
+        med=$(python3 - "$OUT/cluster-$r" "${CAL_RUNS:-1}" "${CAL_FIT:-core-efficiency}" <<'PY'
 import json, sys
-e = sorted((json.load(open(f"{sys.argv[1]}-{c}.json")).get("core_efficiency", 1.0), c)
+key, dflt = ("wake_s", 0.0) if sys.argv[3] == "wake" else ("core_efficiency", 1.0)
+e = sorted((json.load(open(f"{sys.argv[1]}-{c}.json")).get(key, dflt), c)
            for c in range(1, int(sys.argv[2]) + 1))
 print(e[(len(e) - 1) // 2][1])
 PY
 )
         cp "$OUT/cluster-$r-$med.json" "$OUT/cluster-$r.json"
-        log "$r: calibration run $med of ${CAL_RUNS:-1} has the median core efficiency"
+        log "$r: calibration run $med of ${CAL_RUNS:-1} has the median fitted ${CAL_FIT:-core-efficiency}"
         "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     fi
     for rep in $(seq "$REPS"); do

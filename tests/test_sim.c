@@ -173,6 +173,101 @@ static void test_replication(void **state) {
     free_plan(p);
 }
 
+/* A replicated stage's all-reduce overlaps the backward before it, bucket by bucket, as the
+ * runtime's gradient buckets do: sim_costs_from_profile forms the buckets from the last layer
+ * down (SIM_BUCKET_BYTES each), and the ring of a bucket ready halfway through the backward is
+ * done by the backward's end; what is left moves after it. Worked by hand below. */
+static void test_bucket_overlap(void **state) {
+    (void)state;
+    ProfileLayer L[3];
+    memset(L, 0, sizeof L);
+    for (int i = 0; i < 3; i++) L[i].fwd_s = 0.01, L[i].bwd_s = 0.02;
+    L[0].param_bytes = 1000;
+    L[1].param_bytes = 2 << 20;   /* with layer 2 past the bucket size: one bucket with it */
+    L[2].param_bytes = 3 << 20;
+    Profile prof = {.n_layers = 3, .layers = L, .input_bytes = 0};
+    Plan *p = make_plan(1, (int[]){2});
+    free(p->stages[0].layers);
+    p->stages[0].n_layers = 3, p->stages[0].layers = malloc(3 * sizeof(int));
+    for (int i = 0; i < 3; i++) p->stages[0].layers[i] = i;
+    Schedule s;
+    build(p, SCHED_DP, 8, 1, 0, &s);
+    SimCosts c;
+    Err err = {0};
+    assert_int_equal(sim_costs_from_profile(&s, &prof, &c, &err), PD_OK);
+    assert_int_equal(c.stage[0].n_buckets, 2);
+    assert_near(c.stage[0].bucket_bytes[0], 5 << 20, 0);
+    assert_near(c.stage[0].bucket_ready[0], 2.0 / 3, 1e-12);   /* layers 2 and 1 of the backward */
+    assert_near(c.stage[0].bucket_bytes[1], 1000, 0);
+    assert_near(c.stage[0].bucket_ready[1], 1.0, 1e-12);
+    /* 2 replicas, r = 2: a bucket's ring moves its bytes once. Bucket 0 (5 MiB) is ready 40 ms
+     * into the 60 ms backward and takes 10 ms at this rate: done before the backward ends; bucket
+     * 1 (1000 bytes) moves after it. A round: 30 + 60 ms of compute and 1000 bytes. */
+    const double bw = (5 << 20) / 0.010;
+    Cluster cl = {.n_levels = 1, .level = {{2, bw, 0}}};
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, (0.09 + 1000 / bw) / 2, 1e-9);
+    sim_result_release(&r);
+    /* a quarter of the rate: 40 ms from 40 ms into the backward on, 20 of them left at its end,
+     * then bucket 1 */
+    cl.level[0].bandwidth = bw / 4;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, (0.09 + 0.020 + 1000 / (bw / 4)) / 2, 1e-9);
+    sim_result_release(&r);
+    /* without buckets (costs made by hand): the whole ring after the backward */
+    c.stage[0].n_buckets = 0;
+    run(&s, &c, &cl, &r);
+    assert_near(r.time_per_minibatch_s, (0.09 + ((5 << 20) + 1000) / (bw / 4)) / 2, 1e-9);
+    sim_result_release(&r);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
+/* Cluster.wake_s: a worker that waited on a receive resumes wake_s late, but only where its
+ * machine's cores are all computing for others as it wakes. Four stages of 1f1b-flush on one
+ * machine: with 2 cores a waking stage often finds both busy, and the minibatch takes longer;
+ * with a core per worker nothing changes. */
+static void test_wake(void **state) {
+    (void)state;
+    Plan *p = make_plan(4, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B_FLUSH, 8, 4, 0, &s);
+    SimCosts c = uniform_costs(4, 0.01, 0.02);
+    SimResult r0, r1;
+    for (int cores = 2; cores <= 4; cores += 2) {
+        Cluster cl = {.n_levels = 1, .level = {{4, 1e15, 0}}, .cores_per_machine = cores};
+        run(&s, &c, &cl, &r0);
+        cl.wake_s = 0.003;
+        run(&s, &c, &cl, &r1);
+        if (cores == 2) assert_true(r1.time_per_minibatch_s > r0.time_per_minibatch_s + 0.001);   /* 0.270 -> 0.272 s */
+        else assert_near(r1.time_per_minibatch_s, r0.time_per_minibatch_s, 1e-12);
+        sim_result_release(&r0);
+        sim_result_release(&r1);
+    }
+    /* the cluster file carries it, and refuses it negative */
+    Cluster w = {.n_levels = 1, .level = {{2, 1e9, 0}}, .wake_s = 0.004};
+    cJSON *o = cJSON_CreateObject();
+    cluster_to_json(&w, o);   /* written, then read as a plan file carries it */
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    o = cJSON_Parse(text);
+    free(text);
+    Cluster back;
+    Err err = {0};
+    if (cluster_from_json(o, "w.json", &back, &err) != PD_OK) fail_msg("%s", err.msg);
+    assert_near(back.wake_s, 0.004, 0);
+    cJSON_Delete(o);
+    o = cJSON_Parse("{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e9}], \"wake_s\": -1}");
+    assert_int_not_equal(cluster_from_json(o, "neg.json", &back, &err), PD_OK);
+    assert_non_null(strstr(err.msg, "wake_s"));
+    cJSON_Delete(o);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
 /* The full oracle of a run's times (below). */
 static void check_times(const Schedule *s, const SimCosts *c, const Cluster *cl, const SimResult *r);
 
@@ -1271,7 +1366,7 @@ static void test_scale(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
-        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
+        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bucket_overlap), cmocka_unit_test(test_wake),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
         cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
         cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),

@@ -20,7 +20,7 @@ typedef struct TrainOpts {
         *save, *calibrated, *calibrated_cluster, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
-        lr_sched, warmup, decay_steps, wire, precision;
+        lr_sched, warmup, decay_steps, wire, precision, fit_wake;
     SchedKind kind;
     double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
@@ -41,6 +41,13 @@ static int set_wire(TrainOpts *o, const char *v) {
     if (!strcmp(v, "fp32")) o->wire = RT_WIRE_FP32;
     else if (!strcmp(v, "bf16")) o->wire = RT_WIRE_BF16;
     else return cli_usage_error("train", "--wire expects fp32 or bf16, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_fit(TrainOpts *o, const char *v) {
+    if (!strcmp(v, "core-efficiency")) o->fit_wake = 0;
+    else if (!strcmp(v, "wake")) o->fit_wake = 1;
+    else return cli_usage_error("train", "--fit expects core-efficiency or wake, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -180,6 +187,10 @@ static const Flag FLAGS[] = {
     STR("--calibrated-cluster", "FILE", calibrated_cluster,
         "with --profile and a plan whose workers share cores: write the plan's cluster with the core efficiency at "
         "which the simulator predicts this run's time per unit, to re-plan from (plan --cluster)"),
+    CHOICE("--fit", "WHAT", set_fit,
+           "what --calibrated-cluster fits: core-efficiency (default: every core's speed while all compute) or "
+           "wake (the seconds a worker loses waking from a wait while the cores are busy; the core efficiency "
+           "stays the plan's)"),
     STR("--progress-file", "FILE.jsonl", progress_file,
         "at every checkpoint, append a JSON line: each rank's compute, wait and busy ms per unit "
         "of the segment beside the prediction (with --profile; pipedream launch reads it)"),
@@ -362,16 +373,24 @@ static int write_calibrated(const char *path, Profile *prof, const Plan *plan, c
 /* --calibrated-cluster: the plan's cluster with core_efficiency fitted to this run (rt_summarize).
  * Rank 0, after the run. */
 static int write_calibrated_cluster(const char *path, const Plan *plan, const RtTrainSummary *sum, Err *err) {
-    if (!isfinite(sum->fitted_core_efficiency))
-        return err_set(err, PD_EINVAL, "--calibrated-cluster: no core efficiency to write: %s", sum->fitted_note);
+    const int wake = isfinite(sum->fitted_wake_s);
+    if (!wake && !isfinite(sum->fitted_core_efficiency))
+        return err_set(err, PD_EINVAL, "--calibrated-cluster: nothing fitted to write: %s", sum->fitted_note);
     Cluster cl = plan->cluster;
-    cl.core_efficiency = sum->fitted_core_efficiency;
+    if (wake) cl.wake_s = sum->fitted_wake_s;
+    else cl.core_efficiency = sum->fitted_core_efficiency;
     cJSON *o = cJSON_CreateObject();
     PD_ASSERT(o);
     cluster_to_json(&cl, o);
     int rc = pd_json_save(o, path, err);
     cJSON_Delete(o);
     if (rc) return rc;
+    if (wake) {
+        fprintf(stderr, "calibrated cluster: %s (wake %.3f ms, was %.3f: the simulator then predicts %.3f ms per unit, "
+                "the run measured %.3f; %s)\n", path, 1e3 * sum->fitted_wake_s, 1e3 * plan->cluster.wake_s,
+                sum->fitted_time_per_unit_ms, sum->time_per_unit_ms, sum->fitted_note);
+        return PD_OK;
+    }
     fprintf(stderr, "calibrated cluster: %s (core efficiency %.3f, was %.3f: the simulator then predicts %.3f ms per unit, "
             "the run measured %.3f; %s)\n", path, sum->fitted_core_efficiency,
             plan->cluster.core_efficiency > 0 ? plan->cluster.core_efficiency : 1.0, sum->fitted_time_per_unit_ms,
@@ -448,7 +467,8 @@ int cmd_train(int argc, char **argv) {
                         .profile = have_prof ? &prof : NULL, .progress_file = o.progress_file, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
                         .recompute = o.recompute, .save = o.save, .precision = o.precision,
-                        .fit_core_efficiency = o.calibrated_cluster != NULL};
+                        .fit_core_efficiency = o.calibrated_cluster != NULL && !o.fit_wake,
+                        .fit_wake = o.calibrated_cluster != NULL && o.fit_wake};
     if (o.calibrated && !have_prof) {
         rc = err_set(&err, PD_EINVAL, "--calibrated-profile needs --profile (the profile to calibrate)");
         goto out;

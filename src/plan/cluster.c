@@ -40,6 +40,8 @@ int cluster_check(const Cluster *cl, Err *err) {
     if (!(cl->memory_per_worker >= 0) || !isfinite(cl->memory_per_worker))
         return err_set(err, PD_EINVAL, "memory_per_worker must be >= 0 bytes (0 = unlimited), got %g",
                        cl->memory_per_worker);
+    if (!(cl->wake_s >= 0 && cl->wake_s <= 10))
+        return err_set(err, PD_EINVAL, "wake_s must be in [0, 10] seconds, got %g", cl->wake_s);
     if (!(cl->core_efficiency >= 0 && cl->core_efficiency <= 1))
         return err_set(err, PD_EINVAL, "core_efficiency must be in (0, 1] (0: 1, as alone), got %g",
                        cl->core_efficiency);
@@ -100,6 +102,7 @@ void cluster_to_json(const Cluster *cl, cJSON *clj) {
     if (cl->net_cpu_per_byte > 0) cJSON_AddItemToObject(clj, "net_cpu_per_byte", pd_json_num(cl->net_cpu_per_byte));
     if (cl->core_efficiency > 0 && cl->core_efficiency < 1)
         cJSON_AddItemToObject(clj, "core_efficiency", pd_json_num(cl->core_efficiency));
+    if (cl->wake_s > 0) cJSON_AddItemToObject(clj, "wake_s", pd_json_num(cl->wake_s));
     if (cl->n_hosts > 0) {
         cJSON *hs = cJSON_AddArrayToObject(clj, "hosts");
         for (int h = 0; h < cl->n_hosts; h++) {
@@ -145,6 +148,7 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     if ((rc = jobj_int(&j, "cores_per_machine", 0, 0, 1 << 20, &out->cores_per_machine, err))) return rc;
     if ((rc = jobj_num(&j, "net_cpu_per_byte", 0, 0, 1, &out->net_cpu_per_byte, err))) return rc;
     if ((rc = jobj_num(&j, "core_efficiency", 0, 0, 1, &out->core_efficiency, err))) return rc;
+    if ((rc = jobj_num(&j, "wake_s", 0, 0, 10, &out->wake_s, err))) return rc;
     const cJSON *hosts = jobj_get(&j, "hosts");
     if (hosts) {
         if (!cJSON_IsArray(hosts))

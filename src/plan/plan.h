@@ -48,6 +48,13 @@ typedef struct Cluster {
      * slicing between them): 0 or 1: as alone. bench/core_efficiency.sh measures it. The
      * simulator scales the shares of a machine's cores by it (cluster_core_efficiency). */
     double core_efficiency;
+    /* Seconds a worker loses each time it resumes from a wait: a receive whose message had not
+     * arrived when the worker reached it, or an all-reduce it waited in. Where ranks share
+     * cores, the waking rank polls (comm_mpi.c's naps) and then waits for a core held by a
+     * computing rank; a schedule that blocks and wakes often (1f1b-flush, micro-batches) pays
+     * it often. 0: nothing. `train --calibrated-cluster` fits it to a run; only the simulator
+     * uses it (the planner's DP does not). */
+    double wake_s;
     /* A heterogeneous cluster: host[r] describes worker r (r < n_hosts); the others, and every
      * worker when n_hosts is 0, are as the levels say. A message from a to b moves at the
      * least of the level's bandwidth and a's and b's own (cluster_link_bandwidth); a worker's

@@ -903,10 +903,12 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
     return rc;
 }
 
-/* The simulator's time per unit for the run's schedule at core efficiency e (NAN on error). */
-static double sim_at(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e) {
+/* The simulator's time per unit for the run's schedule at core efficiency e, or with wake set at
+ * wake cost e (NAN on error). */
+static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e, int wake) {
     Cluster cl = *so->cluster;
-    cl.core_efficiency = e;
+    if (wake) cl.wake_s = e;
+    else cl.core_efficiency = e;
     SimOpts o = *so;
     o.cluster = &cl;
     SimResult r;
@@ -915,6 +917,58 @@ static double sim_at(const Schedule *s, const SimCosts *costs, const SimOpts *so
     double t = s->n_units > 0 ? 1e3 * r.makespan_s / s->n_units : NAN;
     sim_result_release(&r);
     return t;
+}
+
+static double sim_at(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e) {
+    return sim_at_what(s, costs, so, e, 0);
+}
+
+/* RtTrainSpec.fit_wake: the wake cost w in [0, 50 ms] at which the simulator's run of these units
+ * takes the measured time per unit, the core efficiency staying the plan's. The prediction rises
+ * with w (a waking worker is charged w where its machine's cores are all busy), so a bisection;
+ * at a bound where even 0 predicts slower than measured (or 50 ms faster); NAN where w does not
+ * enter (no wait meets busy cores, or the workers do not share cores). fitted_note says which. */
+enum { FIT_WAKE_MAX_MS = 50 };
+static void fit_wake(const Schedule *s, const SimCosts *costs, const SimOpts *so, RtTrainSummary *out) {
+    const double want = out->time_per_unit_ms, hi0 = FIT_WAKE_MAX_MS * 1e-3;
+    out->fitted_wake_s = out->fitted_time_per_unit_ms = NAN;
+    if (!so->cluster || so->cluster->cores_per_machine <= 0) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
+                 "workers do not share cores, and the wake cost does not enter the prediction");
+        return;
+    }
+    if (!(want > 0)) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "no time per unit was measured");
+        return;
+    }
+    double lo = 0, hi = hi0, t_lo = sim_at_what(s, costs, so, lo, 1), t_hi = sim_at_what(s, costs, so, hi, 1);
+    if (!(t_hi > 0) || !(t_lo > 0)) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
+        return;
+    }
+    if (t_hi - t_lo < 1e-6 * t_lo) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the wake cost here "
+                 "(no wait ends while the cores are busy)");
+        return;
+    }
+    if (want <= t_lo || want >= t_hi) {
+        const int fast = want <= t_lo;
+        out->fitted_wake_s = fast ? lo : hi;
+        out->fitted_time_per_unit_ms = fast ? t_lo : t_hi;
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
+                 "predicts at wake %g ms (%.3f): %g ms is the nearest", want, fast ? "faster" : "slower",
+                 1e3 * (fast ? lo : hi), fast ? t_lo : t_hi, 1e3 * (fast ? lo : hi));
+        return;
+    }
+    for (int i = 0; i < 30; i++) {
+        double mid = 0.5 * (lo + hi), t = sim_at_what(s, costs, so, mid, 1);
+        if (!(t > 0)) break;
+        if (t < want) lo = mid;
+        else hi = mid;
+    }
+    out->fitted_wake_s = 0.5 * (lo + hi);
+    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, out->fitted_wake_s, 1);
+    snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
 }
 
 /* RtTrainSpec.fit_core_efficiency: the core efficiency E in [0.05, 1] at which the simulator's
@@ -1028,8 +1082,9 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->overhead_pct = 100 * overhead;
     out->data_mean = mean, out->data_std = std;
     out->predicted_time_per_unit_ms = out->predicted_steady_ms = NAN;
-    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = NAN;
-    snprintf(out->fitted_note, sizeof out->fitted_note, "%s", sp->fit_core_efficiency ? "no profile given" : "not asked");
+    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = out->fitted_wake_s = NAN;
+    snprintf(out->fitted_note, sizeof out->fitted_note, "%s",
+             sp->fit_core_efficiency || sp->fit_wake ? "no profile given" : "not asked");
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
@@ -1119,6 +1174,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         sim_result_release(&sr);
         snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
         if (sp->fit_core_efficiency) fit_core_efficiency(s, &costs, &so, out);
+        if (sp->fit_wake) fit_wake(s, &costs, &so, out);
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }

@@ -383,6 +383,8 @@ typedef struct RtTrainSpec {
     int precision;               /* RtConfig.precision */
     int fit_core_efficiency;     /* with a profile: find the core efficiency at which the simulator
                                   * predicts the run's time per unit (RtTrainSummary.fitted_*) */
+    int fit_wake;                /* the same for the cluster's wake_s (plan.h), the core efficiency
+                                  * staying the plan's */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -439,6 +441,7 @@ typedef struct RtTrainSummary {
      * simulator's run of the same units takes the measured time per unit (NAN: not fitted;
      * fitted_note says why), and that prediction */
     double fitted_core_efficiency, fitted_time_per_unit_ms;
+    double fitted_wake_s;        /* RtTrainSpec.fit_wake: the wake_s found (NAN: not fitted) */
     char fitted_note[160];
     uint64_t resumed_from;       /* minibatches done by the checkpoint resumed from (0: fresh) */
     int checkpoints;             /* written by this run */

@@ -82,6 +82,29 @@ int sim_costs_from_profile(const Schedule *s, const Profile *prof, SimCosts *out
             }
         }
     }
+    /* the gradient buckets, as the runtime forms them (rt_buckets): from the last layer down */
+    for (int i = 0; i < s->n_stages && !rc; i++) {
+        const SchedStage *st = &s->stages[i];
+        double total = 0, done = 0, acc = 0;
+        for (int k = 0; k < st->n_layers; k++) {
+            double tB[4];
+            layer_times(&prof->layers[st->layers[k]], tB);
+            total += tB[1];
+        }
+        for (int k = st->n_layers - 1; k >= 0; k--) {
+            const ProfileLayer *L = &prof->layers[st->layers[k]];
+            double tB[4];
+            layer_times(L, tB);
+            done += tB[1];
+            acc += L->param_bytes;
+            if ((acc >= SIM_BUCKET_BYTES || k == 0) && acc > 0) {
+                int b = c[i].n_buckets < SIM_MAX_BUCKETS ? c[i].n_buckets++ : SIM_MAX_BUCKETS - 1;
+                c[i].bucket_bytes[b] += acc;
+                c[i].bucket_ready[b] = total > 0 ? done / total : 1.0;
+                acc = 0;
+            }
+        }
+    }
     /* the kernels' scratch: one arena per thread, each slot as large as the stage's largest
      * request; between the profile's batch B and one sample, affine in the batch */
     for (int i = 0; i < s->n_stages && !rc; i++) {
@@ -212,7 +235,9 @@ typedef struct Group {   /* all-reduce state of one stage */
     double bytes;     /* what each replica sends around the ring, 2 (r - 1) / r x the stage's
                        * parameter bytes (0: no transfers, the cost is latency alone) */
     double lat;       /* the ring's latencies, 2 (r - 1) x its slowest level's */
+    double bw;        /* the ring's rate: its slowest hop's bandwidth */
     int pending;      /* its ring's transfers still on the links */
+    double bucket_at[SIM_MAX_BUCKETS];   /* when the last replica to arrive so far had bucket b */
 } Group;
 
 /* A transfer of a ring all-reduce (FlowMsg.kind; bnd is the stage): not a Msg. */
@@ -631,14 +656,26 @@ static void flow_start(Engine *e, double now, int a, int b, double bytes, int ki
 
 /* Stage st's all-reduce is over at t1: every replica leaves its all-reduce instruction then.
  * self: the replica that runs on from it (run_worker's caller), or -1 (all were waiting). */
+/* What worker q pays to resume from a wait (Cluster.wake_s): only where its machine's cores are
+ * shared and, as it wakes, every one of them is computing for another worker (it then waits
+ * for one); a free core takes it at once. */
+static double wake_s(const Engine *e, int q) {
+    const Cluster *cl = e->o->cluster;
+    if (!cl || !(cl->wake_s > 0) || !e->shared) return 0;
+    int n = 0, m = q / e->per;
+    for (int k = m * e->per; k < (m + 1) * e->per && k < e->s->n_ranks; k++) n += k != q && e->ws[k].blocked == 3;
+    return n >= e->cores ? cl->wake_s : 0;
+}
+
 static void group_release(Engine *e, int st, double t1, int self) {
     Group *gr = &e->groups[st];
     for (int k = 0; k < e->s->stages[st].replicas; k++) {
         int peer = e->s->stages[st].ranks[k];
         WState *pw = &e->ws[peer];
         e->r->start[peer][pw->pc] = gr->tmax;   /* the collective itself; waiting shows as idle */
-        e->r->end[peer][pw->pc] = t1;
-        pw->clock = t1;
+        /* every replica waited, but the one arriving last where the ring had nothing left */
+        pw->clock = t1 + (peer != self ? wake_s(e, peer) : 0);
+        e->r->end[peer][pw->pc] = pw->clock;
         if (peer != self) {
             PD_ASSERT(pw->blocked == 2);
             pw->blocked = 0;
@@ -648,6 +685,7 @@ static void group_release(Engine *e, int st, double t1, int self) {
     }
     gr->arrived = 0;
     gr->tmax = 0;
+    for (int b = 0; b < SIM_MAX_BUCKETS; b++) gr->bucket_at[b] = 0;
 }
 
 /* One transfer of stage st's ring all-reduce ended at t. After the last, the ring's latencies
@@ -707,6 +745,7 @@ static void group_init(Engine *e, int st) {
         if (x < bw) bw = x;
     }
     gr->bytes = 2.0 * (r - 1) / r * e->c->stage[st].param_bytes;
+    gr->bw = bw;
     gr->lat = 2.0 * (r - 1) * cl->level[lv].latency;
     gr->cost = gr->bytes / bw + gr->lat;
 }
@@ -729,6 +768,46 @@ static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
            : in->op == OP_BACKWARD                        ? sc->bwd_s
            : in->op == OP_BACKWARD_B                      ? (fused ? sc->bwd_s : sim_bwd_in(sc))
                                                           : (fused_w ? 0 : sim_bwd_w(sc));
+}
+
+/* Worker rank reaches its all-reduce, instruction i: when it had each gradient bucket of the
+ * stage, from the backward before the all-reduce (the last compute instruction before i; the
+ * sends and receives between are skipped); a bucket is ready once its share of that backward
+ * (SimStageCost.bucket_ready) is done. Without such a backward, at the all-reduce. The group
+ * keeps, per bucket, the latest over its replicas. */
+static void bucket_times(Engine *e, int rank, int i, Group *gr, const SimStageCost *sc) {
+    const SchedWorker *sw = &e->s->workers[rank];
+    double b0 = e->ws[rank].clock, b1 = b0;
+    for (int j = i - 1; j >= 0; j--) {
+        int op = sw->ins[j].op;
+        if (op == OP_SEND_ACT || op == OP_SEND_GRAD || op == OP_RECV_ACT || op == OP_RECV_GRAD) continue;
+        if (op == OP_BACKWARD || op == OP_BACKWARD_B || op == OP_BACKWARD_W) {
+            b1 = e->r->end[rank][j];
+            b0 = e->r->start[rank][j];
+            /* a split backward run as one (BI then its BW): the whole of it */
+            if (op == OP_BACKWARD_W && j > 0 && sw->ins[j - 1].op == OP_BACKWARD_B) b0 = e->r->start[rank][j - 1];
+        }
+        break;
+    }
+    for (int b = 0; b < sc->n_buckets; b++) {
+        double t = b0 + sc->bucket_ready[b] * (b1 - b0);
+        if (t > gr->bucket_at[b]) gr->bucket_at[b] = t;
+    }
+}
+
+/* The bytes of the ring each replica has sent by the time the last replica arrives (gr->tmax):
+ * the buckets one after the other at the ring's rate, each from when every replica had it. */
+static double ring_moved(const Group *gr, const SimStageCost *sc, int r) {
+    double moved = 0, t = 0;
+    for (int b = 0; b < sc->n_buckets; b++) {
+        double start = gr->bucket_at[b] > t ? gr->bucket_at[b] : t;
+        if (start >= gr->tmax) break;
+        double bytes = 2.0 * (r - 1) / r * sc->bucket_bytes[b], dur = bytes / gr->bw;
+        if (start + dur > gr->tmax) return moved + (gr->tmax - start) * gr->bw;
+        moved += bytes;
+        t = start + dur;
+    }
+    return moved;
 }
 
 /* Advances worker w until it finishes or blocks. Returns PD_OK or an error (mismatch). */
@@ -823,8 +902,8 @@ static int run_worker(Engine *e, int rank) {
                 return PD_OK;
             }
             if (!w->blocked) st[i] = w->clock;
+            if (m->arrive > w->clock) w->clock = m->arrive + wake_s(e, rank);   /* it waited: it wakes */
             w->blocked = 0;
-            if (m->arrive > w->clock) w->clock = m->arrive;
             en[i] = w->clock;
             msg_remove(e, m);
             break;
@@ -842,6 +921,7 @@ static int run_worker(Engine *e, int rank) {
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: all-reduce for version %d meets version %d", rank,
                                i, in->version, gr->version);
             if (w->clock > gr->tmax) gr->tmax = w->clock;
+            bucket_times(e, rank, i, gr, &e->c->stage[g]);
             gr->arrived++;
             if (gr->arrived < s->stages[g].replicas) {
                 w->blocked = 2;
@@ -853,12 +933,17 @@ static int run_worker(Engine *e, int rank) {
                  * in flight there (flow_start); every replica waits until the last of them
                  * arrives (allreduce_done) */
                 const int r = s->stages[g].replicas;
-                w->blocked = 2;
-                gr->pending = r;
-                for (int k = 0; k < r; k++)
-                    flow_start(e, gr->tmax, s->stages[g].ranks[k], s->stages[g].ranks[(k + 1) % r], gr->bytes,
-                               FLOW_ALLREDUCE, -1, g, -1);
-                return PD_OK;
+                const double rest = gr->bytes - ring_moved(gr, &e->c->stage[g], r);
+                if (rest > 1e-9 * gr->bytes) {
+                    w->blocked = 2;
+                    gr->pending = r;
+                    for (int k = 0; k < r; k++)
+                        flow_start(e, gr->tmax, s->stages[g].ranks[k], s->stages[g].ranks[(k + 1) % r], rest,
+                                   FLOW_ALLREDUCE, -1, g, -1);
+                    return PD_OK;
+                }
+                group_release(e, g, gr->tmax + gr->lat, rank);   /* all of it went during the backward */
+                break;
             }
             group_release(e, g, gr->tmax + gr->cost, rank);   /* latency alone, or no cluster */
             break;

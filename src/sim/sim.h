@@ -25,7 +25,12 @@
  *     receive blocks until it has arrived. So compute and communication overlap;
  *   - an all-reduce starts when the last replica arrives and takes the ring time
  *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
- *     it blocks its workers (no link contention with point-to-point transfers);
+ *     it blocks its workers. The runtime starts the ring on each gradient bucket as soon as
+ *     the backward before the all-reduce has finished the bucket's layers
+ *     (SimStageCost.n_buckets), so the part of the ring that fits in that backward (bucket by
+ *     bucket, at the ring's rate, from the time the last replica has the bucket) is done when
+ *     the last replica arrives; the rest then moves on the links, shared with the transfers in
+ *     flight;
  *   - a step takes the stage's measured optimizer step (SimStageCost.step_s) plus SimOpts.step_s;
  *     a flush takes no time. */
 #ifndef PD_SIM_H
@@ -37,6 +42,11 @@
 #include "plan.h"
 #include "profile.h"
 #include "schedule.h"
+
+/* The runtime's default gradient bucket (RT_BUCKET_BYTES, runtime's rt_impl.h; a test checks
+ * they agree) and the most buckets a stage's costs list. */
+#define SIM_BUCKET_BYTES ((double)(4 << 20))
+enum { SIM_MAX_BUCKETS = 32 };
 
 typedef struct SimStageCost {
     double fwd_s, bwd_s;    /* per unit on one replica (a recompute takes fwd_s) */
@@ -66,6 +76,15 @@ typedef struct SimStageCost {
      * [0, t_B]; per stage the sum over its layers (the optimizer step taken out of both backward
      * times first). All 0 when the profile has no small-batch times: times then scale linearly. */
     double fwd_fixed_s, bwd_fixed_s, bwd_in_fixed_s, bwd_w_fixed_s;
+    /* A replicated stage's gradient buckets, which the runtime all-reduces while the backward
+     * before the all-reduce runs (runtime.c, rt_buckets): from the stage's last layer down, a
+     * bucket closes once it holds SIM_BUCKET_BYTES of parameters, the first layer closing the
+     * last. In the order they become ready: bucket_bytes[b] its parameter bytes, bucket_ready[b]
+     * the share of the stage's backward time done when it is (the backward times of its layers
+     * and of every later one, over the stage's). Beyond SIM_MAX_BUCKETS the rest go into the
+     * last. n_buckets 0: one all-reduce after the backward. */
+    int n_buckets;
+    double bucket_bytes[SIM_MAX_BUCKETS], bucket_ready[SIM_MAX_BUCKETS];
 } SimStageCost;
 
 static inline double sim_bwd_in(const SimStageCost *c) { return c->bwd_in_s + c->bwd_w_s > 0 ? c->bwd_in_s : c->bwd_s / 2; }

@@ -293,6 +293,36 @@ PY
         "$PD" plan "$tmp/prof.json" --cluster "$tmp/$m.cc.json" --straight -o "$tmp/$m.pc2.json" >/dev/null 2>&1 ||
             fail "$m: plan --cluster on the calibrated cluster"
         want "$m" plain fitted_core_efficiency null ;;
+    --fit)   # wake: the fitted wake cost makes the simulator predict what the run measured
+        errs "$m" fitbad "fit expects core-efficiency or wake" -- --fit nope
+        [ "$m" = one ] && return
+        [ -f "$tmp/pc.json" ] || fail "$m: --fit needs the plan of the --calibrated-cluster check"
+        ok "$m" fw0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule gpipe
+        # the profile scaled so that at no wake cost the simulator predicts half of what that run
+        # measured: 2 stages on 1 core, each activation's wait ending while the other computes
+        python3 - "$tmp/prof.json" "$tmp/$m.fw0.out" "$tmp/$m.wprof.json" <<'PY' || fail "$m: scaling the profile"
+import json, sys
+p, s = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+k = s["time_per_unit_ms"] / (2 * s["predicted_time_per_unit_ms"])
+for l in p["layers"]:
+    for f in list(l):
+        if f.endswith("_s"): l[f] *= k
+json.dump(p, open(sys.argv[3], "w"))
+PY
+        ok "$m" fw -- --plan "$tmp/pc.json" --profile "$tmp/$m.wprof.json" --schedule gpipe \
+            --calibrated-cluster "$tmp/$m.fw.json" --fit wake
+        python3 - "$tmp/$m.fw.err" "$tmp/$m.fw.json" "$tmp/$m.fw.out" <<'PY' || fail "$m: --fit wake: $(grep calibrated "$tmp/$m.fw.err")"
+import json, re, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
+w, pred, meas = map(float, re.search(r"wake ([0-9.]+) ms, was 0.000: the simulator then predicts ([0-9.]+) "
+                                     r"ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
+assert 0 < w < 50 and abs(pred - meas) <= 2e-3 * meas, line
+c = json.load(open(sys.argv[2]))
+s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+assert abs(c["wake_s"] * 1e3 - w) <= 5e-4 + 1e-9 and abs(c["wake_s"] * 1e3 - s["fitted_wake_ms"]) <= 1e-9, (c, w, s)
+assert s["fitted_core_efficiency"] is None and "core_efficiency" not in c, (c, s)
+PY
+        want "$m" plain fitted_wake_ms null ;;
     --trace) python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/$m.trace.json" ||
         fail "$m: --trace" ;;
     --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
