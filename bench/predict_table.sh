@@ -18,7 +18,9 @@
 #   is then predicted from that plan (the calibration run itself is not in the table). CAL_RUNS
 #   (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
 #   (core-efficiency): what the calibration fits (`train --fit`): core-efficiency, or wake (the
-#   cost of waking from a wait while the cores are busy; the core efficiency stays the measured one).
+#   cost of waking from a wait while the cores are busy; the core efficiency stays the cluster's).
+#   CAL_STEPS ("KIND:FIT ...", default "CAL_KIND:CAL_FIT"): several such steps in turn, each on
+#   the plan and cluster the one before left, e.g. "1f1b:core-efficiency 1f1b-flush:wake".
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,15 +40,20 @@ for r in $RATES; do
     "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
         --net-cpu "$nc" --core-efficiency "$CE" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     if [ "${CALIBRATE:-0}" -gt 0 ]; then
-        for c in $(seq "${CAL_RUNS:-1}"); do
-            timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
-                --plan "$OUT/straight-$r.json" --schedule "${CAL_KIND:-1f1b}" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
-                --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r-$c.json" --fit "${CAL_FIT:-core-efficiency}" \
-                >"$OUT/raw/$r-calibrate-$c.json" 2>"$OUT/raw/$r-calibrate-$c.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$r-calibrate-$c.err")"; exit 1; }
-            log "$r: $(grep "^calibrated cluster:" "$OUT/raw/$r-calibrate-$c.err")"
-        done
-        # the run with the median fitted value: one slow or fast minute does not set the table
-        med=$(python3 - "$OUT/cluster-$r" "${CAL_RUNS:-1}" "${CAL_FIT:-core-efficiency}" <<'PY'
+        step=0
+        for cs in ${CAL_STEPS:-${CAL_KIND:-1f1b}:${CAL_FIT:-core-efficiency}}; do
+            step=$((step + 1))
+            ck=${cs%%:*} cf=${cs#*:}
+            for c in $(seq "${CAL_RUNS:-1}"); do
+                id=$r-calibrate-$step-$c
+                timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+                    --plan "$OUT/straight-$r.json" --schedule "$ck" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
+                    --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r-$step-$c.json" --fit "$cf" \
+                    >"$OUT/raw/$id.json" 2>"$OUT/raw/$id.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$id.err")"; exit 1; }
+                log "$r: $ck: $(grep "^calibrated cluster:" "$OUT/raw/$id.err")"
+            done
+            # the run with the median fitted value: one slow or fast minute does not set the table
+            med=$(python3 - "$OUT/cluster-$r-$step" "${CAL_RUNS:-1}" "$cf" <<'PY'
 import json, sys
 key, dflt = ("wake_s", 0.0) if sys.argv[3] == "wake" else ("core_efficiency", 1.0)
 e = sorted((json.load(open(f"{sys.argv[1]}-{c}.json")).get(key, dflt), c)
@@ -54,9 +61,10 @@ e = sorted((json.load(open(f"{sys.argv[1]}-{c}.json")).get(key, dflt), c)
 print(e[(len(e) - 1) // 2][1])
 PY
 )
-        cp "$OUT/cluster-$r-$med.json" "$OUT/cluster-$r.json"
-        log "$r: calibration run $med of ${CAL_RUNS:-1} has the median fitted ${CAL_FIT:-core-efficiency}"
-        "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+            cp "$OUT/cluster-$r-$step-$med.json" "$OUT/cluster-$r.json"
+            log "$r: calibration run $med of ${CAL_RUNS:-1} ($ck) has the median fitted $cf"
+            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+        done
     fi
     for rep in $(seq "$REPS"); do
         for k in $KINDS; do
