@@ -919,103 +919,61 @@ static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpt
     return t;
 }
 
-static double sim_at(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e) {
-    return sim_at_what(s, costs, so, e, 0);
-}
-
-/* RtTrainSpec.fit_wake: the wake cost w in [0, 50 ms] at which the simulator's run of these units
- * takes the measured time per unit, the core efficiency staying the plan's. The prediction rises
- * with w (a waking worker is charged w where its machine's cores are all busy), so a bisection;
- * at a bound where even 0 predicts slower than measured (or 50 ms faster); NAN where w does not
- * enter (no wait meets busy cores, or the workers do not share cores). fitted_note says which. */
+/* RtTrainSpec.fit_core_efficiency / fit_wake: the value of one of the plan's cluster's figures
+ * at which the simulator's run of these units takes the measured time per unit:
+ *   - the core efficiency E in [0.05, 1] (the prediction falls as E rises:
+ *     cluster_core_efficiency scales every share of a busy machine's cores by E);
+ *   - the wake cost w in [0, 50 ms], the core efficiency staying the plan's (the prediction
+ *     rises with w: a waking worker is charged w where its machine's cores are all busy).
+ * A bisection, 30 halvings. Where even the bound that predicts fastest is slower than the run
+ * (or the other faster), that bound; where the figure does not enter the prediction (the
+ * workers do not share cores; no more computing workers than cores; no wait ends on busy
+ * cores), NAN. fitted_note says which; fitted_time_per_unit_ms is the prediction at the value. */
 enum { FIT_WAKE_MAX_MS = 50 };
-static void fit_wake(const Schedule *s, const SimCosts *costs, const SimOpts *so, RtTrainSummary *out) {
-    const double want = out->time_per_unit_ms, hi0 = FIT_WAKE_MAX_MS * 1e-3;
-    out->fitted_wake_s = out->fitted_time_per_unit_ms = NAN;
-    if (!so->cluster || so->cluster->cores_per_machine <= 0) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
-                 "workers do not share cores, and the wake cost does not enter the prediction");
-        return;
-    }
-    if (!(want > 0)) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "no time per unit was measured");
-        return;
-    }
-    double lo = 0, hi = hi0, t_lo = sim_at_what(s, costs, so, lo, 1), t_hi = sim_at_what(s, costs, so, hi, 1);
-    if (!(t_hi > 0) || !(t_lo > 0)) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
-        return;
-    }
-    if (t_hi - t_lo < 1e-6 * t_lo) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the wake cost here "
-                 "(no wait ends while the cores are busy)");
-        return;
-    }
-    if (want <= t_lo || want >= t_hi) {
-        const int fast = want <= t_lo;
-        out->fitted_wake_s = fast ? lo : hi;
-        out->fitted_time_per_unit_ms = fast ? t_lo : t_hi;
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
-                 "predicts at wake %g ms (%.3f): %g ms is the nearest", want, fast ? "faster" : "slower",
-                 1e3 * (fast ? lo : hi), fast ? t_lo : t_hi, 1e3 * (fast ? lo : hi));
-        return;
-    }
-    for (int i = 0; i < 30; i++) {
-        double mid = 0.5 * (lo + hi), t = sim_at_what(s, costs, so, mid, 1);
-        if (!(t > 0)) break;
-        if (t < want) lo = mid;
-        else hi = mid;
-    }
-    out->fitted_wake_s = 0.5 * (lo + hi);
-    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, out->fitted_wake_s, 1);
-    snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
-}
-
-/* RtTrainSpec.fit_core_efficiency: the core efficiency E in [0.05, 1] at which the simulator's
- * run of these units takes the measured time per unit. The prediction falls as E rises
- * (cluster_core_efficiency: every share of a busy machine's cores scales by E), so a
- * bisection: 30 halvings, E to 1e-9. Where even E = 1 predicts slower than measured (or
- * E = 0.05 faster), that bound; where E does not enter (workers do not share cores), NAN.
- * fitted_note says which. */
-static void fit_core_efficiency(const Schedule *s, const SimCosts *costs, const SimOpts *so, RtTrainSummary *out) {
+static void fit_cluster(const Schedule *s, const SimCosts *costs, const SimOpts *so, int wake, RtTrainSummary *out) {
     const double want = out->time_per_unit_ms;
-    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = NAN;
+    const char *what = wake ? "wake cost" : "core efficiency";
+    double *got = wake ? &out->fitted_wake_s : &out->fitted_core_efficiency;
+    *got = out->fitted_time_per_unit_ms = NAN;
     if (!so->cluster || so->cluster->cores_per_machine <= 0) {
         snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
-                 "workers do not share cores, and the core efficiency does not enter the prediction");
+                 "workers do not share cores, and the %s does not enter the prediction", what);
         return;
     }
     if (!(want > 0)) {
         snprintf(out->fitted_note, sizeof out->fitted_note, "no time per unit was measured");
         return;
     }
-    double lo = 0.05, hi = 1.0, t_hi = sim_at(s, costs, so, hi), t_lo = sim_at(s, costs, so, lo);
-    if (!(t_hi > 0) || !(t_lo > 0)) {
+    /* fast: the bound that predicts the shorter time; slow: the other */
+    double fast = wake ? 0 : 1.0, slow = wake ? FIT_WAKE_MAX_MS * 1e-3 : 0.05;
+    const double t_fast = sim_at_what(s, costs, so, fast, wake), t_slow = sim_at_what(s, costs, so, slow, wake);
+    if (!(t_fast > 0) || !(t_slow > 0)) {
         snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
         return;
     }
-    if (t_lo - t_hi < 1e-6 * t_hi) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the core efficiency "
-                 "here (no more computing workers than cores)");
+    if (t_slow - t_fast < 1e-6 * t_fast) {
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the %s here (%s)", what,
+                 wake ? "no wait ends while the cores are busy" : "no more computing workers than cores");
         return;
     }
-    if (want <= t_hi || want >= t_lo) {   /* the nearest the model comes: a bound */
-        const int fast = want <= t_hi;
-        out->fitted_core_efficiency = fast ? hi : lo;
-        out->fitted_time_per_unit_ms = fast ? t_hi : t_lo;
+    const double unit = wake ? 1e3 : 1;   /* reported in ms, or as is */
+    if (want <= t_fast || want >= t_slow) {   /* the nearest the model comes: a bound */
+        const int faster = want <= t_fast;
+        *got = faster ? fast : slow;
+        out->fitted_time_per_unit_ms = faster ? t_fast : t_slow;
         snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
-                 "predicts at core efficiency %g (%.3f): %g is the nearest", want, fast ? "faster" : "slower",
-                 fast ? hi : lo, fast ? t_hi : t_lo, fast ? hi : lo);
+                 "predicts at %s %g%s (%.3f): %g%s is the nearest", want, faster ? "faster" : "slower", what,
+                 unit * *got, wake ? " ms" : "", out->fitted_time_per_unit_ms, unit * *got, wake ? " ms" : "");
         return;
     }
     for (int i = 0; i < 30; i++) {
-        double mid = 0.5 * (lo + hi), t = sim_at(s, costs, so, mid);
+        double mid = 0.5 * (fast + slow), t = sim_at_what(s, costs, so, mid, wake);
         if (!(t > 0)) break;
-        if (t > want) lo = mid;
-        else hi = mid;
+        if (t > want) slow = mid;
+        else fast = mid;
     }
-    out->fitted_core_efficiency = 0.5 * (lo + hi);
-    out->fitted_time_per_unit_ms = sim_at(s, costs, so, out->fitted_core_efficiency);
+    *got = 0.5 * (fast + slow);
+    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, *got, wake);
     snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
 }
 
@@ -1173,8 +1131,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
         sim_result_release(&sr);
         snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
-        if (sp->fit_core_efficiency) fit_core_efficiency(s, &costs, &so, out);
-        if (sp->fit_wake) fit_wake(s, &costs, &so, out);
+        if (sp->fit_core_efficiency) fit_cluster(s, &costs, &so, 0, out);
+        if (sp->fit_wake) fit_cluster(s, &costs, &so, 1, out);
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }
