@@ -101,20 +101,16 @@ static void fold_r(void *p, size_t k0, size_t k1) {
     const DenseJob *j = p;
     const KConv *cv = j->cv;
     const size_t P = (size_t)cv->oh * cv->ow, HW = (size_t)cv->h * cv->w, RS = (size_t)cv->r * cv->s;
-    float acc[64];
     for (size_t k = k0; k < k1; k++)
         for (int c = 0; c < cv->c; c++) {
-            float *sum = RS <= 64 ? acc : j->dw + (k * (size_t)cv->c + (size_t)c) * RS;
-            float *dwk = j->dw + (k * (size_t)cv->c + (size_t)c) * RS;
-            if (sum == acc || j->set) memset(sum, 0, sizeof(float) * RS);
+            float *restrict dwk = j->dw + (k * (size_t)cv->c + (size_t)c) * RS;
+            if (j->set) memset(dwk, 0, sizeof(float) * RS);   /* then as onto zeros */
             for (size_t o = 0; o < P; o++) {
                 const float *restrict dr = j->d->dm + (k * P + o) * j->d->cols + (size_t)c * HW;
                 const int32_t *restrict tap = j->d->tap + o * HW;
                 for (size_t i = 0; i < HW; i++)
-                    if (tap[i] >= 0) sum[tap[i]] += dr[i];
+                    if (tap[i] >= 0) dwk[tap[i]] += dr[i];
             }
-            if (sum == acc)
-                for (size_t t = 0; t < RS; t++) dwk[t] = j->set ? acc[t] : dwk[t] + acc[t];
         }
 }
 

@@ -510,12 +510,10 @@ static void pool_fwd_blk8_avx2(const PoolJob *j, size_t p0, size_t p1) {
 static void pool_fwd_blk_r(void *p, size_t p0, size_t p1) {
     const PoolJob *j = p;
 #if defined(__AVX2__)
-    if (j->blk == 8) {
-        pool_fwd_blk8_avx2(j, p0, p1);
-        return;
-    }
-#endif
+    if (j->blk == 8) pool_fwd_blk8_avx2(j, p0, p1);
+#else
     if (j->blk == 8) pool_fwd_blk_body(j, p0, p1, 8);
+#endif
     else pool_fwd_blk_body(j, p0, p1, 16);
 }
 

@@ -82,6 +82,18 @@ errs() { # errs MODE NAME PATTERN ARGS...: train fails (exit 1 or 2) with PATTER
     tr "$mode" "$name" "$@" && fail "$mode: train $* succeeded"
     grep -q "$pat" "$tmp/$mode.$name.err" || fail "$mode: train $*: $(tail -3 "$tmp/$mode.$name.err")"
 }
+scale_profile() { # scale_profile RUN.out D OUT.json: prof.json with every time scaled so that the
+                 # simulator predicts 1/D of what the run (its summary in RUN.out) measured
+    python3 - "$tmp/prof.json" "$1" "$2" "$3" <<'PY'
+import json, sys
+p, s = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+k = s["time_per_unit_ms"] / (float(sys.argv[3]) * s["predicted_time_per_unit_ms"])
+for l in p["layers"]:
+    for f in list(l):
+        if f.endswith("_s"): l[f] *= k
+json.dump(p, open(sys.argv[4], "w"))
+PY
+}
 metric_lines() { grep -c "^{\"$2\":" "$1"; }
 workers_of() { case $1 in one) echo 1 ;; *) echo 2 ;; esac; }
 
@@ -269,15 +281,7 @@ PY
         ok "$m" cc0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json"
         # the profile scaled so that at core efficiency 1 the simulator predicts a third of what
         # that run measured: the fit lands inside (0.05, 1), near 1/3 if this run is as fast
-        python3 - "$tmp/prof.json" "$tmp/$m.cc0.out" "$tmp/$m.sprof.json" <<'PY' || fail "$m: scaling the profile"
-import json, sys
-p, s = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
-k = s["time_per_unit_ms"] / (3 * s["predicted_time_per_unit_ms"])
-for l in p["layers"]:
-    for f in list(l):
-        if f.endswith("_s"): l[f] *= k
-json.dump(p, open(sys.argv[3], "w"))
-PY
+        scale_profile "$tmp/$m.cc0.out" 3 "$tmp/$m.sprof.json" || fail "$m: scaling the profile"
         ok "$m" cc -- --plan "$tmp/pc.json" --profile "$tmp/$m.sprof.json" --calibrated-cluster "$tmp/$m.cc.json"
         python3 - "$tmp/$m.cc.err" "$tmp/$m.cc.json" "$tmp/$m.cc.out" <<'PY' || fail "$m: --calibrated-cluster: $(grep calibrated "$tmp/$m.cc.err")"
 import json, re, sys
@@ -300,15 +304,7 @@ PY
         ok "$m" fw0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule gpipe
         # the profile scaled so that at no wake cost the simulator predicts half of what that run
         # measured: 2 stages on 1 core, each activation's wait ending while the other computes
-        python3 - "$tmp/prof.json" "$tmp/$m.fw0.out" "$tmp/$m.wprof.json" <<'PY' || fail "$m: scaling the profile"
-import json, sys
-p, s = json.load(open(sys.argv[1])), json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
-k = s["time_per_unit_ms"] / (2 * s["predicted_time_per_unit_ms"])
-for l in p["layers"]:
-    for f in list(l):
-        if f.endswith("_s"): l[f] *= k
-json.dump(p, open(sys.argv[3], "w"))
-PY
+        scale_profile "$tmp/$m.fw0.out" 2 "$tmp/$m.wprof.json" || fail "$m: scaling the profile"
         ok "$m" fw -- --plan "$tmp/pc.json" --profile "$tmp/$m.wprof.json" --schedule gpipe \
             --calibrated-cluster "$tmp/$m.fw.json" --fit wake
         python3 - "$tmp/$m.fw.err" "$tmp/$m.fw.json" "$tmp/$m.fw.out" <<'PY' || fail "$m: --fit wake: $(grep calibrated "$tmp/$m.fw.err")"
