@@ -15,7 +15,8 @@
  *  - The zero-bubble kinds (zb-h1, zb-h2: backward split into BI and BW) equal sequential SGD
  *    as above, and their final weights equal 1f1b-flush's BITWISE (same units, same flush
  *    points, same order of every gradient addition); threads equal the emulation bitwise.
- * And the profiler's output for a small MLP. The MPI transport is checked by
+ * And the profiler's output for a small MLP, and the simulator's gradient buckets against the
+ * runtime's. The MPI transport is checked by
  * tests/cli/runtime_mpi.sh. */
 #include "rt_fixture.h"
 #include "testutil.h"
@@ -28,6 +29,7 @@
 
 #include "kernels.h"
 #include "runtime.h"
+#include "rt_impl.h"
 #include "sim.h"
 
 static char mlp_path[64], cnn_path[64];
@@ -501,6 +503,59 @@ static void test_profiler(void **state) {
     assert_int_equal(rt_profile(mlp_path, &o, &p, &err), PD_EINVAL);
 }
 
+/* The simulator's gradient buckets are the runtime's: on vgg16 (16.8 MB and 2.4 MB linear
+ * layers, convolutions of every size), for one stage of every layer and for a two-stage cut,
+ * sim_costs_from_profile forms as many buckets as rt_buckets with its default size
+ * (SIM_BUCKET_BYTES against RT_BUCKET_BYTES), of the same bytes, each ready once the backward
+ * has passed the layers rt_buckets puts in it and those after. */
+static void test_buckets_agree(void **state) {
+    (void)state;
+    Err err = {0};
+    Model *m = model_load(tu_src("models/vgg16.json"), &err);
+    if (!m) fail_msg("%s", err.msg);
+    int nl = model_n_layers(m);
+    assert_true(nl <= 32);
+    ProfileLayer L[32];
+    memset(L, 0, sizeof L);
+    for (int i = 0; i < nl; i++) {
+        L[i].fwd_s = 0.001;
+        L[i].bwd_s = 0.001 * (i + 1);   /* unequal, so a shifted boundary changes the ready share */
+        L[i].param_bytes = 4.0 * (double)(model_param_offset(m, i + 1) - model_param_offset(m, i));
+    }
+    Profile prof = {.minibatch = 8, .n_layers = nl, .layers = L};
+    int cut = nl / 2;
+    const int one[] = {0, nl}, two[] = {0, cut, nl};
+    for (int c = 0; c < 2; c++) {
+        int n_stages = c + 1;
+        TPlan tp;
+        tplan(&tp, n_stages, c ? two : one, (int[]){2, 1});
+        Schedule s;
+        SchedOpts so = {.kind = c ? SCHED_1F1B : SCHED_DP, .n_minibatches = 4, .n_micro = 1};
+        if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
+        SimCosts sc;
+        if (sim_costs_from_profile(&s, &prof, &sc, &err)) fail_msg("%s", err.msg);
+        for (int st = 0; st < n_stages; st++) {
+            const int *b = c ? two : one;
+            int layer[32];
+            size_t lo[32], n[32];
+            int nb = rt_buckets(m, b[st], b[st + 1], 0, layer, lo, n);
+            assert_true(nb > (st == n_stages - 1 ? 1 : 0));   /* the linear layers make several */
+            assert_int_equal(sc.stage[st].n_buckets, nb);
+            double total = 0;
+            for (int i = b[st]; i < b[st + 1]; i++) total += L[i].bwd_s;
+            for (int k = 0; k < nb; k++) {
+                assert_true(sc.stage[st].bucket_bytes[k] == 4.0 * (double)n[k]);
+                double done = 0;
+                for (int i = layer[k]; i < b[st + 1]; i++) done += L[i].bwd_s;
+                assert_true(fabs(sc.stage[st].bucket_ready[k] - done / total) < 1e-12);
+            }
+        }
+        sim_costs_release(&sc);
+        sched_release(&s);
+    }
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_emulation),
@@ -510,6 +565,7 @@ int main(void) {
         cmocka_unit_test(test_zb_deadlock),
         cmocka_unit_test(test_bad_launch),
         cmocka_unit_test(test_profiler),
+        cmocka_unit_test(test_buckets_agree),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

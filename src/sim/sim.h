@@ -43,7 +43,7 @@
 #include "profile.h"
 #include "schedule.h"
 
-/* The runtime's default gradient bucket (RT_BUCKET_BYTES, runtime's rt_impl.h; a test checks
+/* The runtime's default gradient bucket (RT_BUCKET_BYTES, runtime's rt_impl.h; test_runtime checks
  * they agree) and the most buckets a stage's costs list. */
 #define SIM_BUCKET_BYTES ((double)(4 << 20))
 enum { SIM_MAX_BUCKETS = 32 };
