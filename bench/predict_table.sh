@@ -14,13 +14,16 @@
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
 #   STEPS (80), NET_CPU (0: plan without the network's CPU), CORE_EFF (E instead of measuring it), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
 #   CALIBRATE (0): at every rate, first CALIBRATE minibatches of CAL_KIND (1f1b) on the plan with
-#   `train --calibrated-cluster`, and the plan made again on the fitted cluster; every schedule
-#   is then predicted from that plan (the calibration run itself is not in the table). CAL_RUNS
+#   `train --calibrated-cluster`; every schedule is then predicted on the fitted cluster (the calibration run itself is not in the table). CAL_RUNS
 #   (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
 #   (core-efficiency): what the calibration fits (`train --fit`): core-efficiency, or wake (the
 #   cost of waking from a wait while the cores are busy; the core efficiency stays the cluster's).
 #   CAL_STEPS ("KIND:FIT ...", default "CAL_KIND:CAL_FIT"): several such steps in turn, each on
 #   the plan and cluster the one before left, e.g. "1f1b:core-efficiency 1f1b-flush:wake".
+#   The fitted cluster replaces the plan's and its stages stay, so that every calibration step
+#   and every schedule of the table run on the stages the calibration measured (a fit holds
+#   for the plan it was made on: the wake cost above all). CAL_REPLAN=1: plan again on the
+#   fitted cluster instead (`plan --cluster --straight`, which may move the cuts).
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +66,16 @@ PY
 )
             cp "$OUT/cluster-$r-$step-$med.json" "$OUT/cluster-$r.json"
             log "$r: calibration run $med of ${CAL_RUNS:-1} ($ck) has the median fitted $cf"
-            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+            if [ "${CAL_REPLAN:-0}" = 1 ]; then
+                "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+            else   # the same stages, predicted on the fitted cluster
+                python3 - "$OUT/straight-$r.json" "$OUT/cluster-$r.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["cluster"] = json.load(open(sys.argv[2]))
+json.dump(plan, open(sys.argv[1], "w"), indent=1)
+PY
+            fi
         done
     fi
     for rep in $(seq "$REPS"); do
