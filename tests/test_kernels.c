@@ -178,7 +178,10 @@ static double pool_loss(void *p) {
     return tk_dot(c->r, c->y, (size_t)c->n * c->c * c->oh * c->ow);
 }
 
-static void check_pool(int n, int ch, int h, int w, int k, int s) {
+/* The kernel against the reference (forward bit for bit, backward); fd: also the reference's
+ * gradient against finite differences (random values: the more windows, the likelier two values
+ * of one lie within the step, so the wide shapes leave it out). */
+static void check_pool(int n, int ch, int h, int w, int k, int s, int fd) {
     int oh = (h - k) / s + 1, ow = (w - k) / s + 1;
     size_t nx = (size_t)n * ch * h * w, ny = (size_t)n * ch * oh * ow;
     PoolCtx c = {tk_rand(nx, 20, -1, 1), pd_alloc_f32(ny), tk_rand(ny, 21, -1, 1), calloc(ny, 4),
@@ -197,24 +200,46 @@ static void check_pool(int n, int ch, int h, int w, int k, int s) {
     assert_int_equal(tu_compare("maxpool bwd", dx, rdx, nx, 1e-6, 1e-6), 0);
     tk_sub(rdx, pre, nx);
     float *g = pd_alloc_f32(nx);
-    if (nx > 5) c.x[5] = 5.0f;   // undo the tie before differentiating
-    kern_maxpool_fwd_ref(c.x, c.y, c.am, n, ch, h, w, k, s);
-    memset(rdx, 0, sizeof(float) * nx);
-    kern_maxpool_bwd_ref(c.r, c.am, rdx, n, ch, h, w, k, s);
-    tk_fd(pool_loss, &c, c.x, nx, 1e-3f, g);
-    tk_check_grad("maxpool dx", rdx, g, nx, 1e-3);
+    if (fd) {
+        if (nx > 5) c.x[5] = 5.0f;   // undo the tie before differentiating
+        kern_maxpool_fwd_ref(c.x, c.y, c.am, n, ch, h, w, k, s);
+        memset(rdx, 0, sizeof(float) * nx);
+        kern_maxpool_bwd_ref(c.r, c.am, rdx, n, ch, h, w, k, s);
+        tk_fd(pool_loss, &c, c.x, nx, 1e-3f, g);
+        tk_check_grad("maxpool dx", rdx, g, nx, 1e-3);
+    }
     float *all[] = {c.x, c.y, c.r, y, pre, dx, rdx, g};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
     free(c.am);
     free(am);
 }
 
+/* Plain 2x2 pooling on wide rows of three values, so most windows hold ties (in a row or across
+ * the two), and an infinity: values and argmax equal the reference's bit for bit. */
+static void check_ties_pool(void) {
+    const int n = 2, ch = 2, h = 6, w = 36, oh = 3, ow = 18;
+    size_t nx = (size_t)n * ch * h * w, ny = (size_t)n * ch * oh * ow;
+    float *x = pd_alloc_f32(nx), *y = pd_alloc_f32(ny), *ry = pd_alloc_f32(ny);
+    int32_t *am = calloc(ny, 4), *ram = calloc(ny, 4);
+    for (size_t i = 0; i < nx; i++) x[i] = (float)((i * 7 + i / 5) % 3) - 1.0f;
+    x[3] = -INFINITY, x[w + 10] = INFINITY, x[2 * w + 17] = -INFINITY;
+    kern_maxpool_fwd(x, y, am, n, ch, h, w, 2, 2);
+    kern_maxpool_fwd_ref(x, ry, ram, n, ch, h, w, 2, 2);
+    assert_memory_equal(y, ry, ny * sizeof(float));
+    assert_memory_equal(am, ram, ny * 4);
+    pd_free(x), pd_free(y), pd_free(ry);
+    free(am), free(ram);
+}
+
 static void test_maxpool(void **state) {
     (void)state;
-    check_pool(2, 3, 8, 8, 2, 2);
-    check_pool(3, 2, 7, 9, 2, 2);    // odd sizes: last row/column dropped
-    check_pool(2, 2, 7, 6, 3, 2);    // overlapping windows
-    check_pool(1, 3, 5, 5, 3, 1);
+    check_pool(2, 3, 8, 8, 2, 2, 1);
+    check_pool(3, 2, 7, 9, 2, 2, 1);    // odd sizes: last row/column dropped
+    check_pool(2, 2, 7, 6, 3, 2, 1);    // overlapping windows
+    check_pool(1, 3, 5, 5, 3, 1, 1);
+    check_pool(2, 3, 6, 40, 2, 2, 0);   // rows of 20 windows: vector blocks of 8 and a tail of 4
+    check_pool(1, 2, 5, 17, 2, 2, 0);   // 8 windows and an odd last column dropped
+    check_ties_pool();
 }
 
 /* ---- global average pool --------------------------------------------------------------- */

@@ -374,6 +374,38 @@ typedef struct PoolJob {
     int blk;   /* blocked kernels: channels per block (8 or 16) */
 } PoolJob;
 
+#if defined(__AVX2__)
+/* Even and odd floats of the 16 at p, each 8 in order: the two columns of 8 pooling windows. */
+static inline void pool2_split(const float *p, __m256 *even, __m256 *odd) {
+    const __m256 lo = _mm256_loadu_ps(p), hi = _mm256_loadu_ps(p + 8);
+    const __m256 e = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), o = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* One output row of the 2x2, stride 2 pool, 8 windows at a time in AVX2 registers, with the
+ * scalar loop's compares (a > b, ordered) and selects, so the same values and argmax bits;
+ * returns the first window left for it. Rows r0, r1 of the input; i0 the index of r0[0]. */
+static int pool2_row_avx2(const float *r0, const float *r1, float *yo, int32_t *ao, int32_t i0, int w, int ow) {
+    const __m256i step = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), wv = _mm256_set1_epi32(w);
+    int ox = 0;
+    for (; ox + 8 <= ow; ox += 8) {
+        __m256 a0, a1, b0, b1;
+        pool2_split(r0 + 2 * ox, &a0, &a1);
+        pool2_split(r1 + 2 * ox, &b0, &b1);
+        const __m256 ta = _mm256_cmp_ps(a1, a0, _CMP_GT_OQ), tb = _mm256_cmp_ps(b1, b0, _CMP_GT_OQ);
+        const __m256 ma = _mm256_blendv_ps(a0, a1, ta), mb = _mm256_blendv_ps(b0, b1, tb);
+        const __m256 tm = _mm256_cmp_ps(mb, ma, _CMP_GT_OQ);
+        const __m256i c = _mm256_add_epi32(_mm256_set1_epi32(i0 + 2 * ox), step);
+        const __m256i ia = _mm256_sub_epi32(c, _mm256_castps_si256(ta));   /* a true mask is -1 */
+        const __m256i ib = _mm256_sub_epi32(_mm256_add_epi32(c, wv), _mm256_castps_si256(tb));
+        _mm256_storeu_ps(yo + ox, _mm256_blendv_ps(ma, mb, tm));
+        _mm256_storeu_si256((__m256i *)(void *)(ao + ox), _mm256_blendv_epi8(ia, ib, _mm256_castps_si256(tm)));
+    }
+    return ox;
+}
+#endif
+
 static void pool_fwd_r(void *p, size_t p0, size_t p1) {   // planes [p0, p1)
     const PoolJob *j = p;
     const int h = j->h, w = j->w, k = j->k, stride = j->stride, oh = j->oh, ow = j->ow;
@@ -389,7 +421,12 @@ static void pool_fwd_r(void *p, size_t p0, size_t p1) {   // planes [p0, p1)
                 float *restrict yo = yp + oy * ow;
                 int32_t *restrict ao = ap + oy * ow;
                 const int32_t i0 = 2 * oy * w;
-                for (int ox = 0; ox < ow; ox++) {
+#if defined(__AVX2__)
+                int ox = pool2_row_avx2(r0, r1, yo, ao, i0, w, ow);
+#else
+                int ox = 0;
+#endif
+                for (; ox < ow; ox++) {
                     const float a0 = r0[2 * ox], a1 = r0[2 * ox + 1], b0 = r1[2 * ox], b1 = r1[2 * ox + 1];
                     const int32_t c = i0 + 2 * ox;
                     const int ta = a1 > a0, tb = b1 > b0;
