@@ -14,8 +14,8 @@
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
 #   STEPS (80), NET_CPU (0: plan without the network's CPU), CORE_EFF (E instead of measuring it), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
 #   CALIBRATE (0): at every rate, first CALIBRATE minibatches of CAL_KIND (1f1b) on the plan with
-#   `train --calibrated-cluster`; every schedule is then predicted on the fitted cluster (the calibration run itself is not in the table). CAL_RUNS
-#   (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
+#   `train --calibrated-cluster`; every schedule is then predicted on the fitted cluster (the
+#   calibration run itself is not in the table). CAL_RUNS (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
 #   (core-efficiency): what the calibration fits (`train --fit`): core-efficiency, or wake (the
 #   cost of waking from a wait while the cores are busy; the core efficiency stays the cluster's).
 #   CAL_STEPS ("KIND:FIT ...", default "CAL_KIND:CAL_FIT"): several such steps in turn, each on
