@@ -15,8 +15,9 @@
 #   STEPS (80), NET_CPU (0: plan without the network's CPU), CORE_EFF (E instead of measuring it), PDC_NAME (cluster name, default pdpred). ~15 min with the defaults on 2 cores.
 #   CALIBRATE (0): at every rate, first CALIBRATE minibatches of CAL_KIND (1f1b) on the plan with
 #   `train --calibrated-cluster`; every schedule is then predicted on the fitted cluster (the
-#   calibration run itself is not in the table). CAL_RUNS (1) such runs, and the one whose fitted value is the median sets the cluster. CAL_FIT
-#   (core-efficiency): what the calibration fits (`train --fit`): core-efficiency, or wake (the
+#   calibration run itself is not in the table). CAL_RUNS (1) such runs, and the one whose
+#   fitted value is the median sets the cluster. CAL_FIT (core-efficiency): what the calibration
+#   fits (`train --fit`): core-efficiency, or wake (the
 #   cost of waking from a wait while the cores are busy; the core efficiency stays the cluster's).
 #   CAL_STEPS ("KIND:FIT ...", default "CAL_KIND:CAL_FIT"): several such steps in turn, each on
 #   the plan and cluster the one before left, e.g. "1f1b:core-efficiency 1f1b-flush:wake".
@@ -68,11 +69,13 @@ PY
             log "$r: calibration run $med of ${CAL_RUNS:-1} ($ck) has the median fitted $cf"
             if [ "${CAL_REPLAN:-0}" = 1 ]; then
                 "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
-            else   # the same stages, predicted on the fitted cluster
+            else   # the same stages, predicted on the fitted cluster (the planner's simulated
+                   # figure, made on the cluster before, is dropped; `train` predicts anew)
                 python3 - "$OUT/straight-$r.json" "$OUT/cluster-$r.json" <<'PY'
 import json, sys
 plan = json.load(open(sys.argv[1]))
 plan["cluster"] = json.load(open(sys.argv[2]))
+plan.get("predicted", {}).pop("simulated", None)
 json.dump(plan, open(sys.argv[1], "w"), indent=1)
 PY
             fi

@@ -16,8 +16,7 @@
  *    as above, and their final weights equal 1f1b-flush's BITWISE (same units, same flush
  *    points, same order of every gradient addition); threads equal the emulation bitwise.
  * And the profiler's output for a small MLP, and the simulator's gradient buckets against the
- * runtime's. The MPI transport is checked by
- * tests/cli/runtime_mpi.sh. */
+ * runtime's. The MPI transport is checked by tests/cli/runtime_mpi.sh. */
 #include "rt_fixture.h"
 #include "testutil.h"
 
