@@ -279,9 +279,11 @@ PY
         "$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e10 --cores 1 --straight -o "$tmp/pc.json" >/dev/null 2>&1 ||
             fail "plan --cores 1"
         ok "$m" cc0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json"
-        # the profile scaled so that at core efficiency 1 the simulator predicts a third of what
-        # that run measured: the fit lands inside (0.05, 1), near 1/3 if this run is as fast
-        scale_profile "$tmp/$m.cc0.out" 3 "$tmp/$m.sprof.json" || fail "$m: scaling the profile"
+        # the profile scaled so that at core efficiency 1 the simulator predicts a fifth of what
+        # that run measured: the fit lands inside (0.05, 1), near 1/5 if this run is as fast, and
+        # still inside if it runs up to 5 times faster or 4 times slower (tiny units on a loaded
+        # machine: runs of one command have differed 2x)
+        scale_profile "$tmp/$m.cc0.out" 5 "$tmp/$m.sprof.json" || fail "$m: scaling the profile"
         ok "$m" cc -- --plan "$tmp/pc.json" --profile "$tmp/$m.sprof.json" --calibrated-cluster "$tmp/$m.cc.json"
         python3 - "$tmp/$m.cc.err" "$tmp/$m.cc.json" "$tmp/$m.cc.out" <<'PY' || fail "$m: --calibrated-cluster: $(grep calibrated "$tmp/$m.cc.err")"
 import json, re, sys
@@ -302,9 +304,10 @@ PY
         [ "$m" = one ] && return
         [ -f "$tmp/pc.json" ] || fail "$m: --fit needs the plan of the --calibrated-cluster check"
         ok "$m" fw0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule gpipe
-        # the profile scaled so that at no wake cost the simulator predicts half of what that run
-        # measured: 2 stages on 1 core, each activation's wait ending while the other computes
-        scale_profile "$tmp/$m.fw0.out" 2 "$tmp/$m.wprof.json" || fail "$m: scaling the profile"
+        # the profile scaled so that at no wake cost the simulator predicts a sixth of what that
+        # run measured: 2 stages on 1 core, each activation's wait ending while the other
+        # computes; a margin for this run being faster than that one (2x has been seen)
+        scale_profile "$tmp/$m.fw0.out" 6 "$tmp/$m.wprof.json" || fail "$m: scaling the profile"
         ok "$m" fw -- --plan "$tmp/pc.json" --profile "$tmp/$m.wprof.json" --schedule gpipe \
             --calibrated-cluster "$tmp/$m.fw.json" --fit wake
         python3 - "$tmp/$m.fw.err" "$tmp/$m.fw.json" "$tmp/$m.fw.out" <<'PY' || fail "$m: --fit wake: $(grep calibrated "$tmp/$m.fw.err")"
