@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""scale_on_paper.py: the simulator against published transformer pipeline results it was not
+built on, from analytic profiles (tools/gpt_analytic.py).
+
+    bench/scale_on_paper.py [--pipedream build/pipedream] [--out DIR]
+
+The published figures (Megatron-LM's README, as in the repository sail-sg/zero-bubble-pipeline-
+parallelism, file Megatron.md and images/model_table.png):
+
+* Megatron-Core r0.8.0, the 177B GPT (96 blocks, width 12288, sequence 4096, vocabulary
+  131072) on H100s at a batch of 1152 sequences, strong-scaled from 96 to 4608 GPUs: model
+  FLOPs utilisation (MFU) 47% at 96 GPUs and 42% at 4608; at 2304 GPUs (tensor 8, pipeline 6,
+  data 48) 432.8 TFLOP/s per GPU, 44%.
+* Megatron-LM's GPT-3 175B example (examples/gpt3/train_gpt3_175b_distributed.sh: 96 blocks,
+  width 12288, sequence 2048, tensor 8, pipeline 16, micro-batch 1, batch 1536, 1F1B without
+  interleaving) on 1024 A100s: about 32 s per step, 138 TFLOP/s per GPU, 44% of peak. Those
+  138 TFLOP/s count the forward twice (32 s gives 138 only with 96 B s l h^2 FLOPs, the count
+  with activation recomputation), so the runs recompute and the simulation does too.
+
+One number is fitted: the share of the peak a block reaches (`--efficiency`), on the 96-GPU
+point, where 576 micro-batches per pipeline leave almost no bubble. Everything else is
+predicted: the bubble, the point-to-point transfers and the data-parallel all-reduce at 2304
+and 4608 GPUs, and the A100 run with the same share of the A100's peak.
+
+Assumed where the sources are silent (each a flag of gpt_analytic.py): tensor 8 and pipeline 6
+at every point of the strong scaling (the table's row), data parallelism making up the rest;
+micro-batches of one sequence; 400 GB/s between H100 servers (8 x 400 Gbit/s), 200 GB/s
+between A100 servers (8 x 200 Gbit/s); gradients reduced in fp32 by reduce-scatter (2 bytes a
+parameter of ring all-reduce volume); peaks 989 TFLOP/s (H100 SXM, dense bf16) and 312 (A100).
+The H100 runs' schedule is not published; 1F1B and interleaved (2 and 4 chunks) are shown. The
+interleaved kind runs one replica per stage here, so its rows simulate one pipeline and add
+the all-reduce time the 1F1B pair of simulations shows for the same stages."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL = os.path.join(HERE, '..', 'tools', 'gpt_analytic.py')
+
+H100 = dict(peak=989e12, bandwidth=4e11)
+A100 = dict(peak=312e12, bandwidth=2e11)
+GPT177 = dict(layers=96, hidden=12288, seq=4096, vocab=131072, tp=8)
+GPT175 = dict(layers=96, hidden=12288, seq=2048, vocab=51200, tp=8)   # GPT-2 BPE, padded
+
+
+def simulate(pd, work, model, hw, pp, dp, batch, eff, chunks=1, recompute=False):
+    """Seconds per optimizer step and the step's model FLOPs (3 passes)."""
+    d = os.path.join(work, 'pp%d-dp%d-b%d-c%d' % (pp, dp, batch, chunks))
+    args = [sys.executable, TOOL, '--pp', str(pp), '--dp', str(dp), '--global-batch', str(batch),
+            '--chunks', str(chunks), '--efficiency', repr(eff), '--out', d]
+    for k, v in list(model.items()) + list(hw.items()):
+        args += ['--' + k, repr(v) if isinstance(v, float) else str(v)]
+    info = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    kind = 'interleaved' if chunks > 1 else '1f1b-flush'
+    cmd = [pd, 'simulate', os.path.join(d, 'plan.json'), '--profile', os.path.join(d, 'profile.json'),
+           '--schedule', kind, '--microbatches', str(batch), '--minibatches', '3', '--json']
+    if recompute:
+        cmd.append('--recompute')
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return r['time_per_minibatch_s'], info['step_flops']
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--pipedream', default=os.path.join(HERE, '..', 'build', 'pipedream'))
+    ap.add_argument('--out', default=None, help='folder for the generated files and table.md')
+    a = ap.parse_args()
+    t0 = time.time()
+    work = a.out or os.path.join('/tmp', 'scale_on_paper.%d' % os.getpid())
+    os.makedirs(work, exist_ok=True)
+    pd = a.pipedream
+
+    def mfu(model, hw, gpus, pp, dp, batch, eff, chunks=1):
+        t, f = simulate(pd, work, model, hw, pp, dp, batch, eff)
+        if chunks > 1:      # one pipeline, plus the all-reduce the 1F1B pair shows
+            t1, _ = simulate(pd, work, model, hw, pp, 1, batch // dp, eff)
+            ti, _ = simulate(pd, work, model, hw, pp, 1, batch // dp, eff, chunks)
+            t = ti + (t - t1)
+        return f / (gpus * hw['peak'] * t), t
+
+    # The fit: MFU 47% at 96 GPUs (tensor 8, pipeline 6, data 2).
+    eff = 0.5
+    for _ in range(4):
+        m, _ = mfu(GPT177, H100, 96, 6, 2, 1152, eff)
+        eff *= 0.47 / m
+    rows = []
+    for gpus, dp, pub in ((96, 2, 0.47), (2304, 48, 432.8e12 / H100["peak"]), (4608, 96, 0.42)):
+        preds = []
+        for chunks in (1, 2, 4):
+            if chunks > 1 and dp == 2:
+                preds.append(None)
+                continue
+            m, t = mfu(GPT177, H100, gpus, 6, dp, 1152, eff, chunks)
+            preds.append((m, t))
+        rows.append((gpus, dp, pub, preds))
+
+    lines = ['efficiency fitted at 96 H100s: %.4f of the peak per block' % eff, '',
+             '| run | GPUs | tensor x pipeline x data | published | predicted 1F1B | '
+             'interleaved, 2 chunks | 4 chunks |', '| --- | ---: | --- | ---: | ---: | ---: | ---: |']
+
+    def cell(p, pub):
+        if p is None:
+            return '(fitted)' if pub else ''
+        return '%.1f%% (%.2f s; %.2f)' % (100 * p[0], p[1], p[0] / pub)
+    for gpus, dp, pub, preds in rows:
+        c = [cell(p, pub) for p in preds]
+        if gpus == 96:
+            c = ['%.1f%% (%.2f s, fitted)' % (100 * preds[0][0], preds[0][1]), '', '']
+        lines.append('| 177B, H100, batch 1152 | %d | 8 x 6 x %d | %s MFU | %s | %s | %s |'
+                     % (gpus, dp, '%.1f%%' % (100 * pub) if gpus == 2304 else '%d%%' % (100 * pub),
+                        c[0], c[1], c[2]))
+
+    # GPT-3 175B on 1024 A100s, 1F1B, recomputation: time per step against ~32 s.
+    t, f = simulate(pd, work, GPT175, A100, 16, 8, 1536, eff, recompute=True)
+    tf = f * 4.0 / 3.0 / (1024 * t) / 1e12
+    lines.append('| GPT-3 175B, A100, batch 1536 | 1024 | 8 x 16 x 8 | ~32 s, 138 TFLOP/s | '
+                 '%.1f s, %.0f TFLOP/s (%.2f) | | |' % (t, tf, 32.0 / t))
+    text = '\n'.join(lines) + '\n'
+    sys.stdout.write(text)
+    with open(os.path.join(work, 'table.md'), 'w') as f:
+        f.write(text)
+    write_result(text, t0)
+
+
+def write_result(text, t0):
+    """bench/results/<UTC date>-<time>-scale-on-paper.md, as bench/lib/result.sh writes them
+    (PD_RESULTS=DIR elsewhere; empty: none). The figures depend on the binary, not the machine."""
+    root = os.path.join(HERE, '..')
+    d = os.environ.get('PD_RESULTS', os.path.join(root, 'bench', 'results'))
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    stamp = time.strftime('%Y-%m-%d-%H%M', time.gmtime(t0))
+    path = os.path.join(d, stamp + '-scale-on-paper.md')
+    if os.path.exists(path):
+        path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M%S', time.gmtime(t0)) + '-scale-on-paper.md')
+    commit = subprocess.run(['git', '-C', root, 'describe', '--always', '--dirty'], capture_output=True,
+                            text=True).stdout.strip() or 'unknown'
+    head = ['# scale-on-paper', '',
+            '- date: %s' % time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t0)),
+            '- command: `bench/scale_on_paper.py %s`' % ' '.join(sys.argv[1:]),
+            '- commit: %s' % commit, '']
+    with open(path, 'w') as f:
+        f.write('\n'.join(head) + '\n' + text)
+    print('wrote', path, file=sys.stderr)
+
+
+if __name__ == '__main__':
+    main()
