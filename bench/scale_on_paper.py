@@ -38,7 +38,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOOL = os.path.join(HERE, '..', 'tools', 'gpt_analytic.py')
+ROOT = os.path.normpath(os.path.join(HERE, '..'))
+TOOL = os.path.join(ROOT, 'tools', 'gpt_analytic.py')
 
 H100 = dict(peak=989e12, bandwidth=4e11)
 A100 = dict(peak=312e12, bandwidth=2e11)
@@ -65,7 +66,7 @@ def simulate(pd, work, model, hw, pp, dp, batch, eff, chunks=1, recompute=False)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('--pipedream', default=os.path.join(HERE, '..', 'build', 'pipedream'))
+    ap.add_argument('--pipedream', default=os.path.join(ROOT, 'build', 'pipedream'))
     ap.add_argument('--out', default=None, help='folder for the generated files and table.md')
     a = ap.parse_args()
     t0 = time.time()
@@ -128,7 +129,7 @@ def main():
 def write_result(text, t0):
     """bench/results/<UTC date>-<time>-scale-on-paper.md, as bench/lib/result.sh writes them
     (PD_RESULTS=DIR elsewhere; empty: none). The figures depend on the binary, not the machine."""
-    root = os.path.join(HERE, '..')
+    root = ROOT
     d = os.environ.get('PD_RESULTS', os.path.join(root, 'bench', 'results'))
     if not d:
         return
