@@ -29,7 +29,11 @@ between A100 servers (8 x 200 Gbit/s); gradients reduced in fp32 by reduce-scatt
 parameter of ring all-reduce volume); peaks 989 TFLOP/s (H100 SXM, dense bf16) and 312 (A100).
 The H100 runs' schedule is not published; 1F1B and interleaved (2 and 4 chunks) are shown. The
 interleaved kind runs one replica per stage here, so its rows simulate one pipeline and add
-the all-reduce time the 1F1B pair of simulations shows for the same stages."""
+the all-reduce time the 1F1B pair of simulations shows for the same stages.
+
+Last, VGG-16 on the authors' profile: the planner's plan at 1 GB/s (their optimizer's default)
+for 4, 8 and 16 workers beside the configurations their repository publishes, each simulated
+with 1f1b, as speedups over one worker."""
 import argparse
 import json
 import os
@@ -119,11 +123,55 @@ def main():
     tf = f * 4.0 / 3.0 / (1024 * t) / 1e12
     lines.append('| GPT-3 175B, A100, batch 1536 | 1024 | 8 x 16 x 8 | ~32 s, 138 TFLOP/s | '
                  '%.1f s, %.0f TFLOP/s (%.2f) | | |' % (t, tf, 32.0 / t))
+    lines += [''] + vgg16_rows(pd, work)
     text = '\n'.join(lines) + '\n'
     sys.stdout.write(text)
     with open(os.path.join(work, 'table.md'), 'w') as f:
         f.write(text)
     write_result(text, t0)
+
+
+# PipeDream's own VGG-16 configurations (msr-fiddle/pipedream, runtime/image_classification/
+# models/vgg16/gpus=N/hybrid_conf.json and stage0.py): n - 1 replicas of the first stage, which
+# holds the first AUTHORS_CUT[n] modules, and one worker for the rest.
+AUTHORS_CUT = {4: 17, 8: 22, 16: 31}
+
+
+def vgg16_rows(pd, work):
+    prof = os.path.join(ROOT, 'tests', 'data', 'pipedream-profiles', 'vgg16', 'graph.txt')
+
+    def sim(plan):
+        r = subprocess.run([pd, 'simulate', plan, '--profile', prof, '--minibatches', '200', '--json'],
+                           check=True, capture_output=True, text=True)
+        return json.loads(r.stdout)['time_per_minibatch_s']
+
+    def shape(stages):
+        return ' + '.join('%d x %d-%d' % (s['replicas'], s['layers'][0], s['layers'][-1]) for s in stages)
+    out = ['| workers | the planner at 1 GB/s | simulated speedup | the authors\' configuration | '
+           'simulated speedup |', '| ---: | --- | ---: | --- | ---: |']
+    one = None
+    for n in (1, 4, 8, 16):
+        plan = os.path.join(work, 'vgg16-%d.json' % n)
+        subprocess.run([pd, 'plan', prof, '--workers', str(n), '--bandwidth', '1e9', '-o', plan],
+                       check=True, capture_output=True, text=True)
+        t = sim(plan)
+        if n == 1:
+            one = t
+            continue
+        p = json.load(open(plan))
+        cut, last = AUTHORS_CUT[n], p['n_layers'] - 1
+        q = dict(p, noam=-(-n // (n - 1)),
+                 predicted={k: v for k, v in p['predicted'].items() if k != 'simulated'},
+                 stages=[{'layers': list(range(cut + 1)), 'replicas': n - 1, 'ranks': list(range(n - 1)),
+                          'compute_s': 0, 'time_s': 0},
+                         {'layers': list(range(cut + 1, last + 1)), 'replicas': 1, 'ranks': [n - 1],
+                          'compute_s': 0, 'time_s': 0}])
+        qpath = os.path.join(work, 'vgg16-%d-authors.json' % n)
+        with open(qpath, 'w') as f:
+            json.dump(q, f)
+        out.append('| %d | %s | %.2fx | %s | %.2fx |' % (n, shape(p['stages']), one / t, shape(q['stages']),
+                                                         one / sim(qpath)))
+    return out
 
 
 def write_result(text, t0):
