@@ -20,7 +20,7 @@ typedef struct TrainOpts {
         *save, *calibrated, *calibrated_cluster, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
-        lr_sched, warmup, decay_steps, wire, precision, fit_wake;
+        lr_sched, warmup, decay_steps, wire, precision, fit;
     SchedKind kind;
     double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
@@ -45,9 +45,10 @@ static int set_wire(TrainOpts *o, const char *v) {
 }
 
 static int set_fit(TrainOpts *o, const char *v) {
-    if (!strcmp(v, "core-efficiency")) o->fit_wake = 0;
-    else if (!strcmp(v, "wake")) o->fit_wake = 1;
-    else return cli_usage_error("train", "--fit expects core-efficiency or wake, got \"%s\"", v);
+    if (!strcmp(v, "core-efficiency")) o->fit = RT_FIT_CORE_EFFICIENCY;
+    else if (!strcmp(v, "wake")) o->fit = RT_FIT_WAKE;
+    else if (!strcmp(v, "link-rate")) o->fit = RT_FIT_LINK_RATE;
+    else return cli_usage_error("train", "--fit expects core-efficiency, wake or link-rate, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -185,12 +186,14 @@ static const Flag FLAGS[] = {
     STR("--calibrated-profile", "FILE", calibrated,
         "with --profile: write it again with each stage's layers scaled to the compute this run measured, to re-plan from"),
     STR("--calibrated-cluster", "FILE", calibrated_cluster,
-        "with --profile and a plan whose workers share cores: write the plan's cluster with the core efficiency at "
-        "which the simulator predicts this run's time per unit, to re-plan from (plan --cluster)"),
+        "with --profile and a plan: write the plan's cluster with the figure --fit names (by default the core "
+        "efficiency, for a plan whose workers share cores) at which the simulator predicts this run's time per "
+        "unit, to re-plan from (plan --cluster)"),
     CHOICE("--fit", "WHAT", set_fit,
            "what --calibrated-cluster fits: core-efficiency (default: every core's speed while all compute) or "
            "wake (the seconds a worker loses waking from a wait while the cores are busy; the core efficiency "
-           "stays the plan's)"),
+           "stays the plan's) or link-rate (one factor on every link's bandwidth: the share of the cluster "
+           "file's rates the run achieved)"),
     STR("--progress-file", "FILE.jsonl", progress_file,
         "at every checkpoint, append a JSON line: each rank's compute, wait and busy ms per unit "
         "of the segment beside the prediction (with --profile; pipedream launch reads it)"),
@@ -370,14 +373,15 @@ static int write_calibrated(const char *path, Profile *prof, const Plan *plan, c
     return PD_OK;
 }
 
-/* --calibrated-cluster: the plan's cluster with core_efficiency fitted to this run (rt_summarize).
- * Rank 0, after the run. */
+/* --calibrated-cluster: the plan's cluster with the figure --fit names fitted to this run
+ * (rt_summarize). Rank 0, after the run. */
 static int write_calibrated_cluster(const char *path, const Plan *plan, const RtTrainSummary *sum, Err *err) {
-    const int wake = isfinite(sum->fitted_wake_s);
-    if (!wake && !isfinite(sum->fitted_core_efficiency))
+    const int wake = isfinite(sum->fitted_wake_s), link = isfinite(sum->fitted_link_scale);
+    if (!wake && !link && !isfinite(sum->fitted_core_efficiency))
         return err_set(err, PD_EINVAL, "--calibrated-cluster: nothing fitted to write: %s", sum->fitted_note);
     Cluster cl = plan->cluster;
     if (wake) cl.wake_s = sum->fitted_wake_s;
+    else if (link) cluster_scale_bandwidth(&cl, sum->fitted_link_scale);
     else cl.core_efficiency = sum->fitted_core_efficiency;
     cJSON *o = cJSON_CreateObject();
     PD_ASSERT(o);
@@ -385,16 +389,16 @@ static int write_calibrated_cluster(const char *path, const Plan *plan, const Rt
     int rc = pd_json_save(o, path, err);
     cJSON_Delete(o);
     if (rc) return rc;
-    if (wake) {
-        fprintf(stderr, "calibrated cluster: %s (wake %.3f ms, was %.3f: the simulator then predicts %.3f ms per unit, "
-                "the run measured %.3f; %s)\n", path, 1e3 * sum->fitted_wake_s, 1e3 * plan->cluster.wake_s,
-                sum->fitted_time_per_unit_ms, sum->time_per_unit_ms, sum->fitted_note);
-        return PD_OK;
-    }
-    fprintf(stderr, "calibrated cluster: %s (core efficiency %.3f, was %.3f: the simulator then predicts %.3f ms per unit, "
-            "the run measured %.3f; %s)\n", path, sum->fitted_core_efficiency,
-            plan->cluster.core_efficiency > 0 ? plan->cluster.core_efficiency : 1.0, sum->fitted_time_per_unit_ms,
-            sum->time_per_unit_ms, sum->fitted_note);
+    char what[96];
+    if (wake)
+        snprintf(what, sizeof what, "wake %.3f ms, was %.3f", 1e3 * sum->fitted_wake_s, 1e3 * plan->cluster.wake_s);
+    else if (link)
+        snprintf(what, sizeof what, "link rate %.3f of the plan's on every link", sum->fitted_link_scale);
+    else
+        snprintf(what, sizeof what, "core efficiency %.3f, was %.3f", sum->fitted_core_efficiency,
+                 plan->cluster.core_efficiency > 0 ? plan->cluster.core_efficiency : 1.0);
+    fprintf(stderr, "calibrated cluster: %s (%s: the simulator then predicts %.3f ms per unit, the run measured "
+            "%.3f; %s)\n", path, what, sum->fitted_time_per_unit_ms, sum->time_per_unit_ms, sum->fitted_note);
     return PD_OK;
 }
 
@@ -467,15 +471,18 @@ int cmd_train(int argc, char **argv) {
                         .profile = have_prof ? &prof : NULL, .progress_file = o.progress_file, .eval_every = o.eval_every, .target_accuracy = o.target,
                         .no_stash = o.no_stash, .staleness = o.staleness, .staleness_warmup = o.staleness_warmup,
                         .recompute = o.recompute, .save = o.save, .precision = o.precision,
-                        .fit_core_efficiency = o.calibrated_cluster != NULL && !o.fit_wake,
-                        .fit_wake = o.calibrated_cluster != NULL && o.fit_wake};
+                        .fit = !o.calibrated_cluster ? RT_FIT_NONE : o.fit ? o.fit : RT_FIT_CORE_EFFICIENCY};
     if (o.calibrated && !have_prof) {
         rc = err_set(&err, PD_EINVAL, "--calibrated-profile needs --profile (the profile to calibrate)");
         goto out;
     }
-    if (o.calibrated_cluster && (!have_prof || !plan || plan->cluster.cores_per_machine <= 0)) {
-        rc = err_set(&err, PD_EINVAL, "--calibrated-cluster needs --profile and a --plan made with --cores (workers "
-                     "sharing a machine's cores: the core efficiency says how fast they compute then)");
+    if (o.calibrated_cluster && (!have_prof || !plan)) {
+        rc = err_set(&err, PD_EINVAL, "--calibrated-cluster needs --profile and a --plan (the cluster to calibrate)");
+        goto out;
+    }
+    if (o.calibrated_cluster && o.fit != RT_FIT_LINK_RATE && plan->cluster.cores_per_machine <= 0) {
+        rc = err_set(&err, PD_EINVAL, "--calibrated-cluster needs a --plan made with --cores (workers sharing a "
+                     "machine's cores: the core efficiency and the wake cost are about them); --fit link-rate does not");
         goto out;
     }
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;

@@ -56,6 +56,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "predicted_steady_time_per_unit_ms", s->predicted_steady_ms);
     num(o, "fitted_core_efficiency", s->fitted_core_efficiency);
     num(o, "fitted_wake_ms", 1e3 * s->fitted_wake_s);
+    num(o, "fitted_link_scale", s->fitted_link_scale);
     num(o, "overhead_pct", s->overhead_pct);
     num(o, "wall_s", s->wall_s);
     num(o, "data_mean", s->data_mean);

@@ -63,6 +63,12 @@ double cluster_own_bandwidth(const Cluster *cl, int r) {
     return r >= 0 && r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
 }
 
+void cluster_scale_bandwidth(Cluster *cl, double f) {
+    PD_ASSERT(f > 0);
+    for (int i = 0; i < cl->n_levels; i++) cl->level[i].bandwidth *= f;
+    for (int r = 0; r < cl->n_hosts; r++) cl->host[r].bandwidth *= f;   /* 0 (none) stays 0 */
+}
+
 double cluster_link_bandwidth(const Cluster *cl, int a, int b) {
     int lv = cluster_link_level(cl, a, b);
     double bw = cl->level[lv < 0 ? 0 : lv].bandwidth, x = cluster_own_bandwidth(cl, a), y = cluster_own_bandwidth(cl, b);

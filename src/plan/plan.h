@@ -68,6 +68,8 @@ typedef struct Cluster {
 double cluster_link_bandwidth(const Cluster *cl, int a, int b);
 /* Worker r's own link rate (Cluster.host), bytes/s; infinite when it has none. */
 double cluster_own_bandwidth(const Cluster *cl, int r);
+/* Multiplies every bandwidth of the cluster, its levels' and its hosts' own links, by f > 0. */
+void cluster_scale_bandwidth(Cluster *cl, double f);
 /* The speed of each of a machine's cores, relative to one computing alone, while n of its workers
  * compute: 1 for one, core_efficiency (E) once every core is busy (n >= cores), in
  * between in proportion, 1 - (1 - E) (n - 1) / (cores - 1); 1 without cores_per_machine or E. */

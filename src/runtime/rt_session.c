@@ -903,11 +903,13 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
     return rc;
 }
 
-/* The simulator's time per unit for the run's schedule at core efficiency e, or with wake set at
- * wake cost e (NAN on error). */
-static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e, int wake) {
+/* The simulator's time per unit for the run's schedule with one figure of the plan's cluster set
+ * to e (RT_FIT_*: the core efficiency, the wake cost, or a factor on every link's bandwidth);
+ * NAN on error. */
+static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e, int what) {
     Cluster cl = *so->cluster;
-    if (wake) cl.wake_s = e;
+    if (what == RT_FIT_WAKE) cl.wake_s = e;
+    else if (what == RT_FIT_LINK_RATE) cluster_scale_bandwidth(&cl, e);
     else cl.core_efficiency = e;
     SimOpts o = *so;
     o.cluster = &cl;
@@ -919,25 +921,30 @@ static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpt
     return t;
 }
 
-/* RtTrainSpec.fit_core_efficiency / fit_wake: the value of one of the plan's cluster's figures
- * at which the simulator's run of these units takes the measured time per unit:
+/* RtTrainSpec.fit: the value of one of the plan's cluster's figures at which the simulator's run
+ * of these units takes the measured time per unit:
  *   - the core efficiency E in [0.05, 1] (the prediction falls as E rises:
  *     cluster_core_efficiency scales every share of a busy machine's cores by E);
  *   - the wake cost w in [0, 50 ms], the core efficiency staying the plan's (the prediction
- *     rises with w: a waking worker is charged w where its machine's cores are all busy).
+ *     rises with w: a waking worker is charged w where its machine's cores are all busy);
+ *   - the link rate: a factor f in [0.05, 4] on every bandwidth of the cluster, its levels' and
+ *     its hosts' own (the prediction falls as f rises): the share of the nominal rates the run's
+ *     transfers and all-reduces achieved, where they set its pace.
  * A bisection, 30 halvings. Where even the bound that predicts fastest is slower than the run
  * (or the other faster), that bound; where the figure does not enter the prediction (the
  * workers do not share cores; no more computing workers than cores; no wait ends on busy
- * cores), NAN. fitted_note says which; fitted_time_per_unit_ms is the prediction at the value. */
+ * cores; no transfer is on the run's critical path), NAN. fitted_note says which;
+ * fitted_time_per_unit_ms is the prediction at the value. */
 enum { FIT_WAKE_MAX_MS = 50 };
-static void fit_cluster(const Schedule *s, const SimCosts *costs, const SimOpts *so, int wake, RtTrainSummary *out) {
+static void fit_cluster(const Schedule *s, const SimCosts *costs, const SimOpts *so, int what, RtTrainSummary *out) {
     const double want = out->time_per_unit_ms;
-    const char *what = wake ? "wake cost" : "core efficiency";
-    double *got = wake ? &out->fitted_wake_s : &out->fitted_core_efficiency;
+    const int wake = what == RT_FIT_WAKE, link = what == RT_FIT_LINK_RATE;
+    const char *name = wake ? "wake cost" : link ? "link rate" : "core efficiency";
+    double *got = wake ? &out->fitted_wake_s : link ? &out->fitted_link_scale : &out->fitted_core_efficiency;
     *got = out->fitted_time_per_unit_ms = NAN;
-    if (!so->cluster || so->cluster->cores_per_machine <= 0) {
+    if (!link && (!so->cluster || so->cluster->cores_per_machine <= 0)) {
         snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
-                 "workers do not share cores, and the %s does not enter the prediction", what);
+                 "workers do not share cores, and the %s does not enter the prediction", name);
         return;
     }
     if (!(want > 0)) {
@@ -945,35 +952,37 @@ static void fit_cluster(const Schedule *s, const SimCosts *costs, const SimOpts 
         return;
     }
     /* fast: the bound that predicts the shorter time; slow: the other */
-    double fast = wake ? 0 : 1.0, slow = wake ? FIT_WAKE_MAX_MS * 1e-3 : 0.05;
-    const double t_fast = sim_at_what(s, costs, so, fast, wake), t_slow = sim_at_what(s, costs, so, slow, wake);
+    double fast = wake ? 0 : link ? 4.0 : 1.0, slow = wake ? FIT_WAKE_MAX_MS * 1e-3 : 0.05;
+    const double t_fast = sim_at_what(s, costs, so, fast, what), t_slow = sim_at_what(s, costs, so, slow, what);
     if (!(t_fast > 0) || !(t_slow > 0)) {
         snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
         return;
     }
     if (t_slow - t_fast < 1e-6 * t_fast) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the %s here (%s)", what,
-                 wake ? "no wait ends while the cores are busy" : "no more computing workers than cores");
+        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the %s here (%s)", name,
+                 wake ? "no wait ends while the cores are busy"
+                 : link ? "nothing crosses a link" : "no more computing workers than cores");
         return;
     }
     const double unit = wake ? 1e3 : 1;   /* reported in ms, or as is */
+    const char *suffix = wake ? " ms" : "";
     if (want <= t_fast || want >= t_slow) {   /* the nearest the model comes: a bound */
         const int faster = want <= t_fast;
         *got = faster ? fast : slow;
         out->fitted_time_per_unit_ms = faster ? t_fast : t_slow;
         snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
-                 "predicts at %s %g%s (%.3f): %g%s is the nearest", want, faster ? "faster" : "slower", what,
-                 unit * *got, wake ? " ms" : "", out->fitted_time_per_unit_ms, unit * *got, wake ? " ms" : "");
+                 "predicts at %s %g%s (%.3f): %g%s is the nearest", want, faster ? "faster" : "slower", name,
+                 unit * *got, suffix, out->fitted_time_per_unit_ms, unit * *got, suffix);
         return;
     }
     for (int i = 0; i < 30; i++) {
-        double mid = 0.5 * (fast + slow), t = sim_at_what(s, costs, so, mid, wake);
+        double mid = 0.5 * (fast + slow), t = sim_at_what(s, costs, so, mid, what);
         if (!(t > 0)) break;
         if (t > want) slow = mid;
         else fast = mid;
     }
     *got = 0.5 * (fast + slow);
-    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, *got, wake);
+    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, *got, what);
     snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
 }
 
@@ -1040,9 +1049,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->overhead_pct = 100 * overhead;
     out->data_mean = mean, out->data_std = std;
     out->predicted_time_per_unit_ms = out->predicted_steady_ms = NAN;
-    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = out->fitted_wake_s = NAN;
-    snprintf(out->fitted_note, sizeof out->fitted_note, "%s",
-             sp->fit_core_efficiency || sp->fit_wake ? "no profile given" : "not asked");
+    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = out->fitted_wake_s = out->fitted_link_scale = NAN;
+    snprintf(out->fitted_note, sizeof out->fitted_note, "%s", sp->fit != RT_FIT_NONE ? "no profile given" : "not asked");
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
@@ -1131,8 +1139,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
         sim_result_release(&sr);
         snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
-        if (sp->fit_core_efficiency) fit_cluster(s, &costs, &so, 0, out);
-        if (sp->fit_wake) fit_cluster(s, &costs, &so, 1, out);
+        if (sp->fit != RT_FIT_NONE) fit_cluster(s, &costs, &so, sp->fit, out);
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }

@@ -77,6 +77,7 @@ typedef struct RtConfig {
 } RtConfig;
 
 enum { RT_WIRE_FP32 = 0, RT_WIRE_BF16 = 1 };
+enum { RT_FIT_NONE = 0, RT_FIT_CORE_EFFICIENCY, RT_FIT_WAKE, RT_FIT_LINK_RATE };
 
 /* The optimizer steps a stage takes over a run of `minibatches` (0: s's own) of kind s->kind:
  * one per minibatch, or one per round of r minibatches where the stage's r replicas average
@@ -381,10 +382,11 @@ typedef struct RtTrainSpec {
     int recompute;               /* keep only stage inputs; recompute the forward before backward */
     const char *save;            /* write the final weights here (rt_weights_save); NULL: no file */
     int precision;               /* RtConfig.precision */
-    int fit_core_efficiency;     /* with a profile: find the core efficiency at which the simulator
-                                  * predicts the run's time per unit (RtTrainSummary.fitted_*) */
-    int fit_wake;                /* the same for the cluster's wake_s (plan.h), the core efficiency
-                                  * staying the plan's */
+    int fit;                     /* RT_FIT_*: with a profile, the figure of the plan's cluster at which
+                                  * the simulator predicts the run's time per unit
+                                  * (RtTrainSummary.fitted_*): its core efficiency; its wake_s
+                                  * (plan.h), the core efficiency staying the plan's; or one factor
+                                  * on every link's bandwidth (levels and hosts) */
 } RtTrainSpec;
 
 /* One evaluation during a run: after `minibatches` (of the whole run, resumed ones included),
@@ -437,11 +439,12 @@ typedef struct RtTrainSummary {
                                           * (the run's wall time over its units) should be */
     double predicted_steady_ms;          /* the simulator's steady state per unit (sim.h's
                                           * time_per_unit_s): the figure a long run approaches */
-    /* RtTrainSpec.fit_core_efficiency: the plan's cluster's core_efficiency at which the
+    /* RtTrainSpec.fit, RT_FIT_CORE_EFFICIENCY: the plan's cluster's core_efficiency at which the
      * simulator's run of the same units takes the measured time per unit (NAN: not fitted;
      * fitted_note says why), and that prediction */
     double fitted_core_efficiency, fitted_time_per_unit_ms;
-    double fitted_wake_s;        /* RtTrainSpec.fit_wake: the wake_s found (NAN: not fitted) */
+    double fitted_wake_s;        /* RT_FIT_WAKE: the wake_s found (NAN: not fitted) */
+    double fitted_link_scale;    /* RT_FIT_LINK_RATE: the factor on every bandwidth (NAN: not fitted) */
     char fitted_note[160];
     uint64_t resumed_from;       /* minibatches done by the checkpoint resumed from (0: fresh) */
     int checkpoints;             /* written by this run */

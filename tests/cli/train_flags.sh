@@ -272,7 +272,7 @@ PY
         errs "$m" calnp "needs --profile" -- --calibrated-profile "$tmp/$m.x.json" ;;
     --calibrated-cluster)   # the fitted core efficiency makes the simulator predict what the run measured
         if [ "$m" = one ]; then
-            errs "$m" ccnp "needs --profile and a --plan made with --cores" -- --calibrated-cluster "$tmp/x.json"
+            errs "$m" ccnp "needs --profile and a --plan" -- --calibrated-cluster "$tmp/x.json"
             return
         fi
         errs "$m" ccnc "made with --cores" -- --profile "$tmp/prof.json" --calibrated-cluster "$tmp/$m.x.json"
@@ -300,7 +300,7 @@ PY
             fail "$m: plan --cluster on the calibrated cluster"
         want "$m" plain fitted_core_efficiency null ;;
     --fit)   # wake: the fitted wake cost makes the simulator predict what the run measured
-        errs "$m" fitbad "fit expects core-efficiency or wake" -- --fit nope
+        errs "$m" fitbad "fit expects core-efficiency, wake or link-rate" -- --fit nope
         [ "$m" = one ] && return
         [ -f "$tmp/pc.json" ] || fail "$m: --fit needs the plan of the --calibrated-cluster check"
         ok "$m" fw0 -- --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule gpipe
@@ -321,7 +321,45 @@ s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
 assert abs(c["wake_s"] * 1e3 - w) <= 5e-4 + 1e-9 and abs(c["wake_s"] * 1e3 - s["fitted_wake_ms"]) <= 1e-9, (c, w, s)
 assert s["fitted_core_efficiency"] is None and "core_efficiency" not in c, (c, s)
 PY
-        want "$m" plain fitted_wake_ms null ;;
+        want "$m" plain fitted_wake_ms null
+        # link-rate: a plan without --cores whose link alone would take about what a run measured
+        # per unit; its compute a tenth of that: the fitted factor on the bandwidth makes the
+        # simulator predict the run, inside (0.05, 4) for a run up to 4x faster or 20x slower
+        "$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e10 --straight -o "$tmp/pl.json" >/dev/null 2>&1 ||
+            fail "$m: plan for --fit link-rate"
+        ok "$m" fl0 -- --plan "$tmp/pl.json" --profile "$tmp/prof.json"
+        scale_profile "$tmp/$m.fl0.out" 10 "$tmp/$m.lprof.json" || fail "$m: scaling the profile"
+        bw=$(python3 - "$tmp/prof.json" "$tmp/pl.json" "$tmp/$m.fl0.out" <<'PY'
+import json, sys
+p, pl = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+cut = pl["stages"][0]["layers"][-1]
+print("%.6g" % (p["layers"][cut]["activation_bytes"] / (1e-3 * s["time_per_unit_ms"])))
+PY
+) || fail "$m: the link rate for --fit link-rate"
+        python3 - "$tmp/pl.json" "$bw" "$tmp/$m.pl2.json" <<'PY' || fail "$m: the plan at $bw bytes/s"
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["cluster"]["levels"][0]["bandwidth"] = float(sys.argv[2])
+p["predicted"].pop("simulated", None)
+json.dump(p, open(sys.argv[3], "w"))
+PY
+        ok "$m" fl -- --plan "$tmp/$m.pl2.json" --profile "$tmp/$m.lprof.json" --calibrated-cluster "$tmp/$m.fl.json" \
+            --fit link-rate
+        python3 - "$tmp/$m.fl.err" "$tmp/$m.fl.json" "$tmp/$m.fl.out" "$bw" <<'PY' || fail "$m: --fit link-rate: $(grep calibrated "$tmp/$m.fl.err")"
+import json, re, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
+f, pred, meas = map(float, re.search(r"link rate ([0-9.]+) of the plan's on every link: the simulator then predicts "
+                                     r"([0-9.]+) ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
+assert 0.05 < f < 4 and abs(pred - meas) <= 2e-3 * meas, line
+c = json.load(open(sys.argv[2]))
+s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
+bw = float(sys.argv[4])
+assert abs(c["levels"][0]["bandwidth"] / bw - s["fitted_link_scale"]) <= 1e-5 * s["fitted_link_scale"], (c, s, bw)
+assert abs(s["fitted_link_scale"] - f) <= 5e-4 + 1e-9, (s, f)
+assert s["fitted_core_efficiency"] is None and s["fitted_wake_ms"] is None, s
+PY
+        want "$m" plain fitted_link_scale null ;;
     --trace) python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['traceEvents']" "$tmp/$m.trace.json" ||
         fail "$m: --trace" ;;
     --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
