@@ -13,9 +13,15 @@
 # (medians) and the margin (straight split over planner's plan) measured and predicted, also
 # written to OUT/table.md.
 #
+# CALIBRATE=N first runs the straight split for N minibatches with `train --calibrated-cluster
+# --fit link-rate` (CAL_RUNS runs, the median fit): the share of the links' nominal rates its
+# transfers achieved. The straight split keeps its stages with the fitted cluster; the planner
+# plans again on it; the rounds then run and predict both from the fitted cluster.
+#
 # usage: bench/hetero_margin.sh [--out DIR] [--pd BINARY]   (as root)
 #   Environment: FAST (1gbit), SLOW (10mbit), REPS (3), STEPS_STRAIGHT (16), STEPS_PLAN (200),
-#   PDC_NAME (pdhet). About 5 minutes with the defaults on 2 cores.
+#   CALIBRATE (0: none), CAL_RUNS (3), PDC_NAME (pdhet). About 5 minutes with the defaults on 2
+#   cores, 2 more with CALIBRATE=16.
 # The cluster is taken down on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +29,7 @@ cd "$(dirname "$0")/.."
 . bench/lib/emulated.sh
 emu_args out/hetero-margin "$@"
 : "${FAST:=1gbit}" "${SLOW:=10mbit}" "${REPS:=3}" "${STEPS_STRAIGHT:=16}" "${STEPS_PLAN:=200}"
+: "${CALIBRATE:=0}" "${CAL_RUNS:=3}"
 NAME=${PDC_NAME:-pdhet}
 emu_setup hetero_margin.sh
 # the test set cut to 512 images (idx files: a 16- or 8-byte header, then the records)
@@ -48,6 +55,32 @@ JSON
 log "cluster: 4 hosts at $FAST, hosts 0 and 1 at $SLOW"
 EMU_UP=1
 tools/cluster.sh up 4 --rate "$FAST" --host-rate "0=$SLOW,1=$SLOW" --name "$NAME" >&2
+if [ "$CALIBRATE" -gt 0 ]; then
+    for c in $(seq "$CAL_RUNS"); do
+        timeout --kill-after=20 900 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+            --plan "$OUT/straight.json" --schedule 1f1b --steps "$CALIBRATE" --minibatch 64 --threads 1 \
+            --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cal-$c.json" --fit link-rate \
+            >"$OUT/raw/cal-$c.json" 2>"$OUT/raw/cal-$c.err" || { log "calibration $c: $(tail -1 "$OUT/raw/cal-$c.err")"; exit 1; }
+        log "calibration $c: $(grep '^calibrated cluster' "$OUT/raw/cal-$c.err")"
+    done
+    # the median fit; the straight split keeps its stages, the planner plans again
+    python3 - "$OUT" "$CAL_RUNS" <<'PY'
+import json, sys
+out, n = sys.argv[1], int(sys.argv[2])
+runs = sorted((json.loads(open(f"{out}/raw/cal-{c}.json").read().strip().splitlines()[-1])["fitted_link_scale"], c)
+              for c in range(1, n + 1))
+f, c = runs[(n - 1) // 2]
+cl = json.load(open(f"{out}/cal-{c}.json"))
+json.dump(cl, open(f"{out}/cluster-calibrated.json", "w"), indent=1)
+p = json.load(open(f"{out}/straight.json"))
+p["cluster"] = {k: v for k, v in cl.items() if k not in ("format", "version")}
+p["predicted"].pop("simulated", None)
+json.dump(p, open(f"{out}/straight.json", "w"), indent=1)
+print(f"link rate {f:.3f} of the nominal (calibration run {c} of {n}, the median)", file=sys.stderr)
+PY
+    "$PD" plan "$PROF" --cluster "$OUT/cluster-calibrated.json" -o "$OUT/plan.json" >"$OUT/plan.txt"
+    log "calibrated: the straight split keeps its stages; the planner planned again on the fitted links"
+fi
 : >"$OUT/runs.tsv"
 for rep in $(seq "$REPS"); do
     for p in straight plan; do
