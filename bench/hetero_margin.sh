@@ -80,9 +80,9 @@ print(f"link rate {f:.3f} of the nominal (calibration run {c} of {n}, the median
 PY
     cp "$OUT/plan.json" "$OUT/plan-nominal.json"
     "$PD" plan "$PROF" --cluster "$OUT/cluster-calibrated.json" -o "$OUT/plan.json" >"$OUT/plan.txt"
-    same=$(python3 -c 'import json,sys; a,b=(json.load(open(f))["stages"] for f in sys.argv[1:]); print("the same stages" if [(s["layers"],s["ranks"]) for s in a]==[(s["layers"],s["ranks"]) for s in b] else "other stages")' \
+    same=$(python3 -c 'import json,sys; a,b=(json.load(open(f))["stages"] for f in sys.argv[1:]); print("the same stages as" if [(s["layers"],s["ranks"]) for s in a]==[(s["layers"],s["ranks"]) for s in b] else "other stages than")' \
         "$OUT/plan-nominal.json" "$OUT/plan.json")
-    log "calibrated: the straight split keeps its stages; the planner planned again on the fitted links: $same than on the nominal ones"
+    log "calibrated: the straight split keeps its stages; the planner planned again on the fitted links: $same on the nominal ones"
 fi
 : >"$OUT/runs.tsv"
 for rep in $(seq "$REPS"); do
