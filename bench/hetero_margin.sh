@@ -55,31 +55,10 @@ JSON
 log "cluster: 4 hosts at $FAST, hosts 0 and 1 at $SLOW"
 EMU_UP=1
 tools/cluster.sh up 4 --rate "$FAST" --host-rate "0=$SLOW,1=$SLOW" --name "$NAME" >&2
-if [ "$CALIBRATE" -gt 0 ]; then
-    for c in $(seq "$CAL_RUNS"); do
-        timeout --kill-after=20 900 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
-            --plan "$OUT/straight.json" --schedule 1f1b --steps "$CALIBRATE" --minibatch 64 --threads 1 \
-            --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cal-$c.json" --fit link-rate \
-            >"$OUT/raw/cal-$c.json" 2>"$OUT/raw/cal-$c.err" || { log "calibration $c: $(tail -1 "$OUT/raw/cal-$c.err")"; exit 1; }
-        log "calibration $c: $(grep '^calibrated cluster' "$OUT/raw/cal-$c.err")"
-    done
-    # the median fit; the straight split keeps its stages, the planner plans again
-    python3 - "$OUT" "$CAL_RUNS" <<'PY'
-import json, sys
-out, n = sys.argv[1], int(sys.argv[2])
-runs = sorted((json.loads(open(f"{out}/raw/cal-{c}.json").read().strip().splitlines()[-1])["fitted_link_scale"], c)
-              for c in range(1, n + 1))
-f, c = runs[(n - 1) // 2]
-cl = json.load(open(f"{out}/cal-{c}.json"))
-json.dump(cl, open(f"{out}/cluster-calibrated.json", "w"), indent=1)
-p = json.load(open(f"{out}/straight.json"))
-p["cluster"] = {k: v for k, v in cl.items() if k not in ("format", "version")}
-p["predicted"].pop("simulated", None)
-json.dump(p, open(f"{out}/straight.json", "w"), indent=1)
-print(f"link rate {f:.3f} of the nominal (calibration run {c} of {n}, the median)", file=sys.stderr)
-PY
+if [ "$CALIBRATE" -gt 0 ]; then   # the straight split keeps its stages, the planner plans again
+    emu_calibrate "$OUT/straight.json" 1f1b link-rate "$CALIBRATE" "$CAL_RUNS" "$OUT/cal"
     cp "$OUT/plan.json" "$OUT/plan-nominal.json"
-    "$PD" plan "$PROF" --cluster "$OUT/cluster-calibrated.json" -o "$OUT/plan.json" >"$OUT/plan.txt"
+    "$PD" plan "$PROF" --cluster "$OUT/cal.json" -o "$OUT/plan.json" >"$OUT/plan.txt"
     same=$(python3 -c 'import json,sys; a,b=(json.load(open(f))["stages"] for f in sys.argv[1:]); print("the same stages as" if [(s["layers"],s["ranks"]) for s in a]==[(s["layers"],s["ranks"]) for s in b] else "other stages than")' \
         "$OUT/plan-nominal.json" "$OUT/plan.json")
     log "calibrated: the straight split keeps its stages; the planner planned again on the fitted links: $same on the nominal ones"

@@ -48,36 +48,10 @@ for r in $RATES; do
         for cs in ${CAL_STEPS:-${CAL_KIND:-1f1b}:${CAL_FIT:-core-efficiency}}; do
             step=$((step + 1))
             ck=${cs%%:*} cf=${cs#*:}
-            for c in $(seq "${CAL_RUNS:-1}"); do
-                id=$r-calibrate-$step-$c
-                timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
-                    --plan "$OUT/straight-$r.json" --schedule "$ck" --steps "$CALIBRATE" --minibatch 64 --threads 1 \
-                    --profile "$PROF" --data "$OUT/data" --calibrated-cluster "$OUT/cluster-$r-$step-$c.json" --fit "$cf" \
-                    >"$OUT/raw/$id.json" 2>"$OUT/raw/$id.err" || { log "$r: calibration failed: $(tail -1 "$OUT/raw/$id.err")"; exit 1; }
-                log "$r: $ck: $(grep "^calibrated cluster:" "$OUT/raw/$id.err")"
-            done
-            # the run with the median fitted value: one slow or fast minute does not set the table
-            med=$(python3 - "$OUT/cluster-$r-$step" "${CAL_RUNS:-1}" "$cf" <<'PY'
-import json, sys
-key, dflt = ("wake_s", 0.0) if sys.argv[3] == "wake" else ("core_efficiency", 1.0)
-e = sorted((json.load(open(f"{sys.argv[1]}-{c}.json")).get(key, dflt), c)
-           for c in range(1, int(sys.argv[2]) + 1))
-print(e[(len(e) - 1) // 2][1])
-PY
-)
-            cp "$OUT/cluster-$r-$step-$med.json" "$OUT/cluster-$r.json"
-            log "$r: calibration run $med of ${CAL_RUNS:-1} ($ck) has the median fitted $cf"
+            emu_calibrate "$OUT/straight-$r.json" "$ck" "$cf" "$CALIBRATE" "${CAL_RUNS:-1}" "$OUT/cluster-$r-$step"
+            cp "$OUT/cluster-$r-$step.json" "$OUT/cluster-$r.json"
             if [ "${CAL_REPLAN:-0}" = 1 ]; then
                 "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
-            else   # the same stages, predicted on the fitted cluster (the planner's simulated
-                   # figure, made on the cluster before, is dropped; `train` predicts anew)
-                python3 - "$OUT/straight-$r.json" "$OUT/cluster-$r.json" <<'PY'
-import json, sys
-plan = json.load(open(sys.argv[1]))
-plan["cluster"] = json.load(open(sys.argv[2]))
-plan.get("predicted", {}).pop("simulated", None)
-json.dump(plan, open(sys.argv[1], "w"), indent=1)
-PY
             fi
         done
     fi

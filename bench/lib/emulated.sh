@@ -15,6 +15,11 @@
 #   emu_profile [PREC]     vgg16 at minibatch 64, 1 thread, the median of 5 rounds, compute precision PREC
 #                          (default fp32), into $OUT/prof.json (sets PROF)
 #   emu_core_efficiency    bench/core_efficiency.sh's E, or $CORE_EFF when given (sets CE, logs it)
+#   emu_calibrate PLAN KIND FIT STEPS RUNS PRE
+#                          RUNS runs of STEPS minibatches of KIND on PLAN with `train
+#                          --calibrated-cluster PRE-<run>.json --fit FIT` (outputs PRE-<run>.out,
+#                          .err); the run whose fitted value is the median writes PRE.json, and
+#                          PLAN takes that cluster, keeping its stages
 
 emu_args() {
     OUT=$1 PD=build/pipedream
@@ -72,4 +77,35 @@ emu_profile() {
 emu_core_efficiency() {
     CE=${CORE_EFF:-$(bench/core_efficiency.sh --pd "$PD" --pairs 3 2>"$OUT/core-efficiency.txt")}
     log "core efficiency $CE"
+}
+
+emu_calibrate() {
+    local plan=$1 kind=$2 fit=$3 steps=$4 runs=$5 pre=$6 c med
+    for c in $(seq "$runs"); do
+        timeout --kill-after=20 900 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
+            --plan "$plan" --schedule "$kind" --steps "$steps" --minibatch 64 --threads 1 --profile "$PROF" \
+            --data "$OUT/data" --calibrated-cluster "$pre-$c.json" --fit "$fit" >"$pre-$c.out" 2>"$pre-$c.err" ||
+            { log "calibration failed: $(tail -1 "$pre-$c.err")"; exit 1; }
+        log "$kind: $(grep '^calibrated cluster:' "$pre-$c.err")"
+    done
+    # the run with the median fitted value: one slow or fast minute does not set the cluster
+    med=$(python3 - "$pre" "$runs" "$fit" <<'PY'
+import json, sys
+pre, n = sys.argv[1], int(sys.argv[2])
+key = {"core-efficiency": "fitted_core_efficiency", "wake": "fitted_wake_ms", "link-rate": "fitted_link_scale"}[sys.argv[3]]
+v = sorted((json.loads(open(f"{pre}-{c}.out").read().strip().splitlines()[-1])[key], c) for c in range(1, n + 1))
+print(v[(n - 1) // 2][1])
+PY
+)
+    cp "$pre-$med.json" "$pre.json"
+    log "calibration run $med of $runs ($kind) has the median fitted $fit"
+    # the same stages on the fitted cluster; the planner's simulated figure, made on the cluster
+    # before, is dropped (`train` predicts anew)
+    python3 - "$plan" "$pre.json" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+plan["cluster"] = json.load(open(sys.argv[2]))
+plan.get("predicted", {}).pop("simulated", None)
+json.dump(plan, open(sys.argv[1], "w"), indent=1)
+PY
 }
