@@ -44,6 +44,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'bench', 'lib'))
+import result  # noqa: E402  (bench/lib/result.py)
 
 TORCH_CHILD = r'''
 import os, sys, time, json, contextlib
@@ -228,28 +230,14 @@ def main():
 
 
 def write_result(md, t0, load0):
-    """The run's result file, as bench/lib/result.sh writes it for the shell scripts:
-    bench/results/<UTC date>-<time>-bench-vs-pytorch.md (PD_RESULTS=DIR elsewhere; empty: none)."""
-    d = os.environ.get('PD_RESULTS', os.path.join(ROOT, 'bench', 'results'))
-    if not d:
-        return
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M', time.gmtime(t0)) + '-bench-vs-pytorch.md')
-    if os.path.exists(path):   # a run started in the same minute: keep both
-        path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M%S', time.gmtime(t0)) + '-bench-vs-pytorch.md')
+    """The run's result file (bench/lib/result.py): bench/results/<UTC date>-<time>-bench-vs-pytorch.md."""
     sh = lambda c: subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
     cpu = sh("sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1") or 'unknown CPU'
-    head = ['# bench-vs-pytorch', '',
-            '- date: %s to %s' % (time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t0)),
-                                  time.strftime('%H:%M:%S UTC', time.gmtime())),
-            '- command: `/usr/bin/python3 bench/bench_vs_pytorch.py %s`' % ' '.join(sys.argv[1:]),
-            '- commit: %s' % (sh('git -C %s describe --always --dirty' % ROOT) or 'unknown'),
-            '- machine: %s; %s; %d cores; torch %s; OPENBLAS_CORETYPE=%s' % (
-                sh('uname -srm'), cpu, os.cpu_count(), torch_version(), os.environ.get('OPENBLAS_CORETYPE', '')),
-            '- load average: %s at the start, %s at the end' % (load0, loadavg()), '']
-    with open(path, 'w') as f:
-        f.write('\n'.join(head + md) + '\n')
-    print('wrote', path, file=sys.stderr)
+    result.write_result('bench-vs-pytorch', '/usr/bin/python3 bench/bench_vs_pytorch.py %s' % ' '.join(sys.argv[1:]),
+                        md, t0, ['machine: %s; %s; %d cores; torch %s; OPENBLAS_CORETYPE=%s' % (
+                            sh('uname -srm'), cpu, os.cpu_count(), torch_version(),
+                            os.environ.get('OPENBLAS_CORETYPE', '')),
+                            'load average: %s at the start, %s at the end' % (load0, loadavg())])
 
 
 def loadavg():

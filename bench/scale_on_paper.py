@@ -44,6 +44,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, '..'))
 TOOL = os.path.join(ROOT, 'tools', 'gpt_analytic.py')
+sys.path.insert(0, os.path.join(HERE, 'lib'))
+import result  # noqa: E402  (bench/lib/result.py)
 
 H100 = dict(peak=989e12, bandwidth=4e11)
 A100 = dict(peak=312e12, bandwidth=2e11)
@@ -78,42 +80,34 @@ def main():
     os.makedirs(work, exist_ok=True)
     pd = a.pipedream
 
-    def mfu(model, hw, gpus, pp, dp, batch, eff, chunks=1):
-        t, f = simulate(pd, work, model, hw, pp, dp, batch, eff)
-        if chunks > 1:      # one pipeline, plus the all-reduce the 1F1B pair shows
-            t1, _ = simulate(pd, work, model, hw, pp, 1, batch // dp, eff)
-            ti, _ = simulate(pd, work, model, hw, pp, 1, batch // dp, eff, chunks)
-            t = ti + (t - t1)
-        return f / (gpus * hw['peak'] * t), t
+    def mfu(f, gpus, hw, t):
+        return f / (gpus * hw['peak'] * t)
 
     # The fit: MFU 47% at 96 GPUs (tensor 8, pipeline 6, data 2).
     eff = 0.5
     for _ in range(4):
-        m, _ = mfu(GPT177, H100, 96, 6, 2, 1152, eff)
-        eff *= 0.47 / m
+        t, f = simulate(pd, work, GPT177, H100, 6, 2, 1152, eff)
+        eff *= 0.47 / mfu(f, 96, H100, t)
     rows = []
     for gpus, dp, pub in ((96, 2, 0.47), (2304, 48, 432.8e12 / H100["peak"]), (4608, 96, 0.42)):
-        preds = []
-        for chunks in (1, 2, 4):
-            if chunks > 1 and dp == 2:
-                preds.append(None)
-                continue
-            m, t = mfu(GPT177, H100, gpus, 6, dp, 1152, eff, chunks)
-            preds.append((m, t))
+        t, f = simulate(pd, work, GPT177, H100, 6, dp, 1152, eff)
+        preds = [(mfu(f, gpus, H100, t), t)]
+        if dp > 2:   # interleaved: one pipeline, plus the all-reduce the 1F1B pair shows
+            t1, _ = simulate(pd, work, GPT177, H100, 6, 1, 1152 // dp, eff)
+            for chunks in (2, 4):
+                ti, _ = simulate(pd, work, GPT177, H100, 6, 1, 1152 // dp, eff, chunks)
+                preds.append((mfu(f, gpus, H100, ti + t - t1), ti + t - t1))
         rows.append((gpus, dp, pub, preds))
 
     lines = ['efficiency fitted at 96 H100s: %.4f of the peak per block' % eff, '',
              '| run | GPUs | tensor x pipeline x data | published | predicted 1F1B | '
              'interleaved, 2 chunks | 4 chunks |', '| --- | ---: | --- | ---: | ---: | ---: | ---: |']
 
-    def cell(p, pub):
-        if p is None:
-            return '(fitted)' if pub else ''
-        return '%.1f%% (%.2f s; %.2f)' % (100 * p[0], p[1], p[0] / pub)
     for gpus, dp, pub, preds in rows:
-        c = [cell(p, pub) for p in preds]
+        c = ['%.1f%% (%.2f s; %.2f)' % (100 * m, t, m / pub) for m, t in preds]
         if gpus == 96:
-            c = ['%.1f%% (%.2f s, fitted)' % (100 * preds[0][0], preds[0][1]), '', '']
+            c[0] = '%.1f%% (%.2f s, fitted)' % (100 * preds[0][0], preds[0][1])
+        c += [''] * (3 - len(c))
         lines.append('| 177B, H100, batch 1152 | %d | 8 x 6 x %d | %s MFU | %s | %s | %s |'
                      % (gpus, dp, '%.1f%%' % (100 * pub) if gpus == 2304 else '%d%%' % (100 * pub),
                         c[0], c[1], c[2]))
@@ -128,7 +122,8 @@ def main():
     sys.stdout.write(text)
     with open(os.path.join(work, 'table.md'), 'w') as f:
         f.write(text)
-    write_result(text, t0)
+    # the figures depend on the binary only, not on the machine's speed
+    result.write_result('scale-on-paper', 'bench/scale_on_paper.py ' + ' '.join(sys.argv[1:]), text, t0)
 
 
 # PipeDream's own VGG-16 configurations (msr-fiddle/pipedream, runtime/image_classification/
@@ -172,29 +167,6 @@ def vgg16_rows(pd, work):
         out.append('| %d | %s | %.2fx | %s | %.2fx |' % (n, shape(p['stages']), one / t, shape(q['stages']),
                                                          one / sim(qpath)))
     return out
-
-
-def write_result(text, t0):
-    """bench/results/<UTC date>-<time>-scale-on-paper.md, as bench/lib/result.sh writes them
-    (PD_RESULTS=DIR elsewhere; empty: none). The figures depend on the binary, not the machine."""
-    root = ROOT
-    d = os.environ.get('PD_RESULTS', os.path.join(root, 'bench', 'results'))
-    if not d:
-        return
-    os.makedirs(d, exist_ok=True)
-    stamp = time.strftime('%Y-%m-%d-%H%M', time.gmtime(t0))
-    path = os.path.join(d, stamp + '-scale-on-paper.md')
-    if os.path.exists(path):
-        path = os.path.join(d, time.strftime('%Y-%m-%d-%H%M%S', time.gmtime(t0)) + '-scale-on-paper.md')
-    commit = subprocess.run(['git', '-C', root, 'describe', '--always', '--dirty'], capture_output=True,
-                            text=True).stdout.strip() or 'unknown'
-    head = ['# scale-on-paper', '',
-            '- date: %s' % time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(t0)),
-            '- command: `bench/scale_on_paper.py %s`' % ' '.join(sys.argv[1:]),
-            '- commit: %s' % commit, '']
-    with open(path, 'w') as f:
-        f.write('\n'.join(head) + '\n' + text)
-    print('wrote', path, file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -140,8 +140,7 @@ def main():
         json.dump(plan, f, indent=1)
 
     micro = a.global_batch // a.micro_batch
-    step_flops = micro * sum(3.0 * (block_f if l['type'] == 'block' else head_f if l['name'] == 'head'
-                                    else 0.0) for l in layers)
+    step_flops = micro * 3.0 * (a.layers * block_f + head_f)   # forward + backward, the embedding none
     json.dump({'model': model, 'devices': a.tp * workers, 'microbatches_per_step': micro,
                'step_flops': step_flops}, sys.stdout)
     sys.stdout.write('\n')
