@@ -94,6 +94,19 @@ for l in p["layers"]:
 json.dump(p, open(sys.argv[4], "w"))
 PY
 }
+fitted() {   # fitted ERR REGEX LO HI: ERR's "calibrated cluster:" line says REGEX (one group: the
+             # fitted value), that the simulator then predicts what the run measured (within 0.2%),
+             # and "fitted", with the value inside (LO, HI); prints the value
+    python3 - "$@" <<'PY'
+import re, sys
+err, rx, lo, hi = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+line = [l for l in open(err) if l.startswith("calibrated cluster: ")][0]
+v, pred, meas = map(float, re.search(rx + r": the simulator then predicts ([0-9.]+) ms per unit, "
+                                     r"the run measured ([0-9.]+); fitted\)", line).groups())
+assert lo < v < hi and abs(pred - meas) <= 2e-3 * meas, line
+print(v)
+PY
+}
 metric_lines() { grep -c "^{\"$2\":" "$1"; }
 workers_of() { case $1 in one) echo 1 ;; *) echo 2 ;; esac; }
 
@@ -285,12 +298,11 @@ PY
         # machine: runs of one command have differed 2x)
         scale_profile "$tmp/$m.cc0.out" 5 "$tmp/$m.sprof.json" || fail "$m: scaling the profile"
         ok "$m" cc -- --plan "$tmp/pc.json" --profile "$tmp/$m.sprof.json" --calibrated-cluster "$tmp/$m.cc.json"
-        python3 - "$tmp/$m.cc.err" "$tmp/$m.cc.json" "$tmp/$m.cc.out" <<'PY' || fail "$m: --calibrated-cluster: $(grep calibrated "$tmp/$m.cc.err")"
-import json, re, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
-e, pred, meas = map(float, re.search(r"core efficiency ([0-9.]+), was [0-9.]+: the simulator then predicts ([0-9.]+) "
-                                     r"ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
-assert 0.05 < e < 1 and abs(pred - meas) <= 2e-3 * meas, line
+        e=$(fitted "$tmp/$m.cc.err" "core efficiency ([0-9.]+), was [0-9.]+" 0.05 1) ||
+            fail "$m: --calibrated-cluster: $(grep calibrated "$tmp/$m.cc.err")"
+        python3 - "$e" "$tmp/$m.cc.json" "$tmp/$m.cc.out" <<'PY' || fail "$m: --calibrated-cluster: the file or summary"
+import json, sys
+e = float(sys.argv[1])
 c = json.load(open(sys.argv[2]))
 s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
 assert c["cores_per_machine"] == 1, c
@@ -310,12 +322,11 @@ PY
         scale_profile "$tmp/$m.fw0.out" 6 "$tmp/$m.wprof.json" || fail "$m: scaling the profile"
         ok "$m" fw -- --plan "$tmp/pc.json" --profile "$tmp/$m.wprof.json" --schedule gpipe \
             --calibrated-cluster "$tmp/$m.fw.json" --fit wake
-        python3 - "$tmp/$m.fw.err" "$tmp/$m.fw.json" "$tmp/$m.fw.out" <<'PY' || fail "$m: --fit wake: $(grep calibrated "$tmp/$m.fw.err")"
-import json, re, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
-w, pred, meas = map(float, re.search(r"wake ([0-9.]+) ms, was 0.000: the simulator then predicts ([0-9.]+) "
-                                     r"ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
-assert 0 < w < 50 and abs(pred - meas) <= 2e-3 * meas, line
+        w=$(fitted "$tmp/$m.fw.err" "wake ([0-9.]+) ms, was 0.000" 0 50) ||
+            fail "$m: --fit wake: $(grep calibrated "$tmp/$m.fw.err")"
+        python3 - "$w" "$tmp/$m.fw.json" "$tmp/$m.fw.out" <<'PY' || fail "$m: --fit wake: the file or summary"
+import json, sys
+w = float(sys.argv[1])
 c = json.load(open(sys.argv[2]))
 s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
 assert abs(c["wake_s"] * 1e3 - w) <= 5e-4 + 1e-9 and abs(c["wake_s"] * 1e3 - s["fitted_wake_ms"]) <= 1e-9, (c, w, s)
@@ -346,12 +357,11 @@ json.dump(p, open(sys.argv[3], "w"))
 PY
         ok "$m" fl -- --plan "$tmp/$m.pl2.json" --profile "$tmp/$m.lprof.json" --calibrated-cluster "$tmp/$m.fl.json" \
             --fit link-rate
-        python3 - "$tmp/$m.fl.err" "$tmp/$m.fl.json" "$tmp/$m.fl.out" "$bw" <<'PY' || fail "$m: --fit link-rate: $(grep calibrated "$tmp/$m.fl.err")"
-import json, re, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("calibrated cluster: ")][0]
-f, pred, meas = map(float, re.search(r"link rate ([0-9.]+) of the plan's on every link: the simulator then predicts "
-                                     r"([0-9.]+) ms per unit, the run measured ([0-9.]+); fitted\)", line).groups())
-assert 0.05 < f < 4 and abs(pred - meas) <= 2e-3 * meas, line
+        f=$(fitted "$tmp/$m.fl.err" "link rate ([0-9.]+) of the plan's on every link" 0.05 4) ||
+            fail "$m: --fit link-rate: $(grep calibrated "$tmp/$m.fl.err")"
+        python3 - "$f" "$tmp/$m.fl.json" "$tmp/$m.fl.out" "$bw" <<'PY' || fail "$m: --fit link-rate: the file or summary"
+import json, sys
+f = float(sys.argv[1])
 c = json.load(open(sys.argv[2]))
 s = json.loads(open(sys.argv[3]).read().strip().splitlines()[-1])
 bw = float(sys.argv[4])
