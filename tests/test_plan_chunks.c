@@ -193,7 +193,7 @@ static void test_shape(void **state) {
     unlink(path);
     p->stages[5].ranks[0] = 0;   /* not round-robin */
     assert_int_equal(plan_validate(p, 8, &err), PD_EINVAL);
-    assert_non_null(strstr(err.msg, "stage 5 must have one replica on rank 1"));
+    assert_non_null(strstr(err.msg, "replica 0 of stage 5 must be on rank 1"));
     plan_free(p);
     /* plan_interleave: a straight plan of 8 stages on 8 workers -> 2 chunks on 4 */
     Cluster c8 = {.n_levels = 1, .level = {{8, 1e9, 0}}};
@@ -207,6 +207,40 @@ static void test_shape(void **state) {
     for (int s = 0; s < 8; s++) assert_int_equal(p->stages[s].ranks[0], s % 4);
     assert_int_equal(plan_validate(p, 8, &err), PD_OK);
     assert_true(fabs(p->pipeline_s - 0.030) < 1e-12);
+    plan_free(p);
+    /* plan_interleave with data parallelism: 4 stages of 2 replicas each (8 workers) -> 2
+     * chunks on 2 positions of 2 replicas (4 workers), replica j of stage s on rank (s mod 2) 2 + j */
+    Cluster c4 = {.n_levels = 1, .level = {{4, 1e9, 0}}};
+    p = plan_new(&prof, &c4, &so, &err);
+    assert_non_null(p);
+    assert_int_equal(p->n_stages, 4);
+    for (int s = 0; s < 4; s++) {
+        free(p->stages[s].ranks);
+        p->stages[s].ranks = malloc(2 * sizeof(int));
+        p->stages[s].replicas = 2;
+        p->stages[s].ranks[0] = 2 * s, p->stages[s].ranks[1] = 2 * s + 1;
+    }
+    p->n_workers = 8;
+    p->cluster.level[0].workers = 8;
+    p->stages[3].replicas = 1;   /* unequal replicas: refused, p unchanged */
+    assert_int_equal(plan_interleave(p, 2, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "stage 3 has 1 replicas and stage 0 2"));
+    assert_int_equal(p->stages[1].ranks[0], 2);
+    p->stages[3].replicas = 2;
+    assert_int_equal(plan_interleave(p, 2, &err), PD_OK);
+    assert_int_equal(p->n_workers, 4);
+    assert_int_equal(p->noam, 2);
+    static const int want[4][2] = {{0, 1}, {2, 3}, {0, 1}, {2, 3}};
+    for (int s = 0; s < 4; s++)
+        for (int j = 0; j < 2; j++) assert_int_equal(p->stages[s].ranks[j], want[s][j]);
+    assert_int_equal(plan_validate(p, 8, &err), PD_OK);
+    p->stages[2].ranks[1] = 3;   /* replica 1 of stage 2 off its pipeline */
+    assert_int_equal(plan_validate(p, 8, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "replica 1 of stage 2 must be on rank 1"));
+    p->stages[2].ranks[1] = 1;
+    p->stages[1].replicas = 1;
+    assert_int_equal(plan_validate(p, 8, &err), PD_EINVAL);
+    assert_non_null(strstr(err.msg, "stage 1 has 1 replicas, stage 0 has 2"));
     plan_free(p);
     /* refused combinations */
     o.cost_model = COST_PIPEDREAM;

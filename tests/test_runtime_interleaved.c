@@ -54,16 +54,22 @@ static RtConfig config(const char *model, const Schedule *s) {
     return c;
 }
 
-/* The straight plan of n_stages one-replica stages [bounds[i], bounds[i+1]) interleaved in V
- * chunks, and its schedule. */
-static void build(TPlan *tp, Schedule *s, int n_stages, const int *bounds, int V, int steps, int M, int recompute) {
-    int reps[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+/* The plan of n_stages stages [bounds[i], bounds[i+1]) with d replicas each interleaved in V
+ * chunks (d pipelines), and its schedule. */
+static void build_d(TPlan *tp, Schedule *s, int n_stages, const int *bounds, int V, int d, int steps, int M,
+                    int recompute) {
+    int reps[8];
+    for (int i = 0; i < 8; i++) reps[i] = d;
     Err err = {0};
     tplan(tp, n_stages, bounds, reps);
     if (plan_interleave(&tp->p, V, &err)) fail_msg("plan_interleave: %s", err.msg);
     SchedOpts so = {.kind = SCHED_INTERLEAVED, .n_minibatches = steps, .n_micro = M, .recompute = recompute};
     if (sched_build(&tp->p, &so, s, &err)) fail_msg("sched_build: %s", err.msg);
     assert_int_equal(s->n_chunks, V);
+}
+
+static void build(TPlan *tp, Schedule *s, int n_stages, const int *bounds, int V, int steps, int M, int recompute) {
+    build_d(tp, s, n_stages, bounds, V, 1, steps, M, recompute);
 }
 
 static void release(RtWorkerResult *res, int n) {
@@ -91,14 +97,14 @@ static void assert_same(const char *what, const RtWorkerResult *a, const RtWorke
 
 /* (a) threads == sequential SGD up to summation order, stage by stage; (b) emulation ==
  * threads bitwise; (c) --recompute == without, bitwise, on threads and emulation. */
-static void run_case(const char *model, int n_stages, const int *bounds, int V, int M) {
+static void run_case_d(const char *model, int n_stages, const int *bounds, int V, int d, int M) {
     const int steps = rt_oracle_steps(model == cnn_path, 8);
     TPlan tp;
     Schedule s, sr;
-    build(&tp, &s, n_stages, bounds, V, steps, M, 0);
-    build(&tp, &sr, n_stages, bounds, V, steps, M, 1);
+    build_d(&tp, &s, n_stages, bounds, V, d, steps, M, 0);
+    build_d(&tp, &sr, n_stages, bounds, V, d, steps, M, 1);
     int W = s.n_ranks;
-    assert_int_equal(W, n_stages / V);
+    assert_int_equal(W, n_stages / V * d);
     RtConfig cfg = config(model, &s), cfgr = config(model, &sr);
     RtWorkerResult th[8], em[8], thr[8], emr[8];
     memset(th, 0, sizeof th), memset(em, 0, sizeof em), memset(thr, 0, sizeof thr), memset(emr, 0, sizeof emr);
@@ -108,7 +114,7 @@ static void run_case(const char *model, int n_stages, const int *bounds, int V, 
     if (rt_run_threads(&cfgr, thr, &err)) fail_msg("threads --recompute: %s", err.msg);
     if (rt_emulate(&cfgr, emr, &err)) fail_msg("emulation --recompute: %s", err.msg);
     char what[96];
-    snprintf(what, sizeof what, "interleaved %d stages V=%d M=%d", n_stages, V, M);
+    snprintf(what, sizeof what, "interleaved %d stages V=%d d=%d M=%d", n_stages, V, d, M);
     /* (a) */
     size_t np;
     float *want = rt_sequential(model, &train, steps, M, 8, &np);
@@ -118,8 +124,8 @@ static void run_case(const char *model, int n_stages, const int *bounds, int V, 
     for (int r = 0; r < W; r++) {
         const SchedWorker *sw = &s.workers[r];
         assert_int_equal(th[r].n_chunks, V);
-        assert_int_equal(th[r].n_fwd, steps * M * V);
-        assert_int_equal(th[r].n_bwd, steps * M * V);
+        assert_int_equal(th[r].n_fwd, steps * M / d * V);
+        assert_int_equal(th[r].n_bwd, steps * M / d * V);
         size_t off = 0;
         for (int c = 0; c < V; c++) {
             const SchedStage *st = &s.stages[sw->stages[c]];
@@ -129,11 +135,11 @@ static void run_case(const char *model, int n_stages, const int *bounds, int V, 
             snprintf(t, sizeof t, "%s: stage %d (rank %d chunk %d)", what, sw->stages[c], r, c);
             assert_int_equal(tu_compare(t, th[r].params + off, want + model_param_offset(m, first), n, 2e-4, 2e-5), 0);
             assert_int_equal(th[r].chunk_crc[c], pd_crc32(th[r].params + off, n * sizeof(float)));
-            assert_int_equal(th[r].chunk_fwd[c], steps * M);
+            assert_int_equal(th[r].chunk_fwd[c], steps * M / d);
             off += n;
         }
         assert_int_equal(off, th[r].n_params);
-        total += off;
+        if (sw->replica == 0) total += off;
         /* the ledger: every chunk's weights, gradients and momentum; one version (flush) */
         assert_int_equal(th[r].mem.params, off * sizeof(float));
         assert_int_equal(th[r].mem.grads, off * sizeof(float));
@@ -141,14 +147,14 @@ static void run_case(const char *model, int n_stages, const int *bounds, int V, 
         assert_true(th[r].mem.slots >= V * (1 + SCHED_SLOTS_AHEAD));
     }
     assert_int_equal(total, np);
-    /* the last stage's loss history: every unit once */
-    int last_rank = s.stages[n_stages - 1].ranks[0];
-    assert_int_equal(th[last_rank].units_done, steps * M);
-    for (int r = 0; r < W; r++)
-        if (r != last_rank) assert_int_equal(th[r].units_done, 0);
+    /* the last stage's loss history: every unit once, each replica (pipeline) its M / d */
+    for (int r = 0; r < W; r++) {
+        int last = s.workers[r].stages[V - 1] == n_stages - 1;
+        assert_int_equal(th[r].units_done, last ? steps * M / d : 0);
+    }
     /* (b), (c) */
     assert_same(what, th, em, W);
-    snprintf(what, sizeof what, "interleaved %d stages V=%d M=%d --recompute", n_stages, V, M);
+    snprintf(what, sizeof what, "interleaved %d stages V=%d d=%d M=%d --recompute", n_stages, V, d, M);
     assert_same(what, th, thr, W);
     assert_same(what, thr, emr, W);
     print_message("%s: weights = sequential SGD, emulation and --recompute bitwise\n", what);
@@ -157,6 +163,10 @@ static void run_case(const char *model, int n_stages, const int *bounds, int V, 
     release(th, W), release(em, W), release(thr, W), release(emr, W);
     sched_release(&s);
     sched_release(&sr);
+}
+
+static void run_case(const char *model, int n_stages, const int *bounds, int V, int M) {
+    run_case_d(model, n_stages, bounds, V, 1, M);
 }
 
 static void test_interleaved_equals_sequential(void **state) {
@@ -171,6 +181,20 @@ static void test_interleaved_equals_sequential(void **state) {
     run_case(mlp9_path, 8, b8, 2, 8);   /* 4 workers of 2 chunks */
     int c4[] = {0, 2, 4, 5, 7};         /* conv+bn | pool+flatten | linear | dropout+linear */
     run_case(cnn_path, 4, c4, 2, 4);
+}
+
+/* Data parallelism over whole interleaved pipelines: every stage d replicas, replica j of each
+ * stage pipeline j, the chunks' gradients all-reduced before the step; the same oracle. */
+static void test_interleaved_replicated(void **state) {
+    (void)state;
+    int b4[] = {0, 2, 3, 4, 5};
+    run_case_d(mlp_path, 4, b4, 2, 2, 4);   /* 2 pipelines of 2 workers, 2 micro-batches each: all forwards first */
+    run_case_d(mlp_path, 4, b4, 2, 2, 8);
+    run_case_d(mlp_path, 4, b4, 2, 3, 12);  /* 6 workers */
+    int b8[] = {0, 2, 3, 4, 5, 6, 7, 8, 9};
+    run_case_d(mlp9_path, 8, b8, 4, 2, 8);  /* 4 workers of 4 chunks */
+    int c4[] = {0, 2, 4, 5, 7};
+    run_case_d(cnn_path, 4, c4, 2, 2, 8);   /* batch norm's statistics per replica, dropout per unit */
 }
 
 /* A run continued from another's final state (init: each rank's chunks concatenated, unit_base
@@ -223,6 +247,7 @@ static void test_interleaved_deadlock(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_interleaved_equals_sequential),
+        cmocka_unit_test(test_interleaved_replicated),
         cmocka_unit_test(test_interleaved_continue),
         cmocka_unit_test(test_interleaved_deadlock),
     };

@@ -988,20 +988,25 @@ static void test_random_plans(void **state) {
     print_message("vertical sync: at most %d versions alive at a stage; %d replicated plans refused\n", worst_vs, vs_fail);
 }
 
-/* Interleaved plans (V chunks round-robin on P ranks) and the zb kinds on straight plans, with
- * recomputation or not, random costs and a two-level cluster: no deadlock, every time as the
- * model's equations give (check_times), one weight version. A list with two instructions
- * swapped so that a receive precedes the send it needs is reported as a deadlock. */
+/* Interleaved plans (V chunks round-robin on P positions, d = 1..3 replicated pipelines) and the
+ * zb kinds on straight plans, with recomputation or not, random costs and a two-level cluster:
+ * no deadlock, every time as the model's equations give (check_times), one weight version. A
+ * list with two instructions swapped so that a receive precedes the send it needs is reported
+ * as a deadlock. */
 static void test_new_kinds_random(void **state) {
     (void)state;
     Rng rng;
     rng_init(&rng, 12, 300, 0);
     for (int trial = 0; trial < 150; trial++) {
         int P = 2 + (int)rng_below(&rng, 5), V = 2 + (int)rng_below(&rng, 3), S = P * V;
-        int M = P * (1 + (int)rng_below(&rng, 3)), N = 1 + (int)rng_below(&rng, 3), rc = (int)rng_below(&rng, 2);
-        Plan *p = make_plan(S, NULL);
-        for (int i = 0; i < S; i++) p->stages[i].ranks[0] = i % P;
-        p->n_workers = P;
+        int d = 1 + (int)rng_below(&rng, 3);
+        int M = P * d * (1 + (int)rng_below(&rng, 3)), N = 1 + (int)rng_below(&rng, 3), rc = (int)rng_below(&rng, 2);
+        int reps[24];
+        for (int i = 0; i < S; i++) reps[i] = d;
+        Plan *p = make_plan(S, NULL), *pd = make_plan(S, reps);
+        for (int i = 0; i < S; i++)
+            for (int j = 0; j < d; j++) pd->stages[i].ranks[j] = (i % P) * d + j;
+        pd->n_workers = P * d;
         SimCosts c = uniform_costs(S, 0, 0);
         for (int i = 0; i < S; i++) {
             c.stage[i].fwd_s = 0.5 + rng_uniform_f64(&rng);
@@ -1014,24 +1019,25 @@ static void test_new_kinds_random(void **state) {
         SchedOpts o = {.kind = SCHED_INTERLEAVED, .n_minibatches = N, .n_micro = M, .recompute = rc};
         Schedule s;
         Err err = {0};
-        if (sched_build(p, &o, &s, &err)) fail_msg("interleaved %d x %d, M %d: %s", P, V, M, err.msg);
+        if (sched_build(pd, &o, &s, &err)) fail_msg("interleaved %d x %d x %d, M %d: %s", P, V, d, M, err.msg);
         SimResult r;
         SimOpts so = {&cl, 1, 0, 0, 0, 0};
         if (sim_run(&s, &c, &so, &r, &err)) {
             sched_dump(&s, stderr, 1, 0);
-            fail_msg("interleaved %d workers x %d chunks, %d x %d: %s", P, V, N, M, err.msg);
+            fail_msg("interleaved %d positions x %d chunks x %d pipelines, %d x %d: %s", P, V, d, N, M, err.msg);
         }
         check_times(&s, &c, &cl, &r);
         for (int i = 0; i < S; i++) assert_int_equal(r.versions_alive[i], 1);
         sim_result_release(&r);
         {
-            SchedWorker *w = &s.workers[P - 1];
+            SchedWorker *w = &s.workers[(P - 1) * d];
             int j = -1;
             for (int i = 0; i < w->n && j < 0; i++)
                 if (w->ins[i].op == OP_RECV_ACT && w->ins[i].chunk == V - 1) j = i;
             PD_ASSERT(j >= 0);
-            /* the last stage's first activation receive, moved to the front of worker P-1's list,
-             * waits for a unit worker 0 sends only after it receives from worker P-1 */
+            /* the last stage's first activation receive, moved to the front of the list of
+             * position P-1 (pipeline 0), waits for a unit worker 0 sends only after it receives
+             * from there */
             Instr moved = w->ins[j];
             memmove(w->ins + 1, w->ins, (size_t)j * sizeof *w->ins);
             w->ins[0] = moved;
@@ -1053,6 +1059,7 @@ static void test_new_kinds_random(void **state) {
         }
         sim_costs_release(&c);
         free_plan(p);
+        free_plan(pd);
     }
 }
 

@@ -21,8 +21,9 @@ is its parameters x --grad-bytes, the bytes one replica's ring all-reduce moves 
 (2 for gradients reduce-scattered in fp32, whose volume is half a ring all-reduce's of 4 bytes,
 with the parameters' all-gather overlapped with the next forward).
 
-Writes OUT/profile.json, OUT/cluster.json and OUT/plan.json (--chunks V: V x pp straight
-stages, one replica each, for `simulate --schedule interleaved`). Prints the model FLOPs of one
+Writes OUT/profile.json, OUT/cluster.json and OUT/plan.json (--chunks V: V x pp stages placed
+round-robin on the pp positions, --dp replicas each, replica j of every stage one whole
+pipeline, for `simulate --schedule interleaved`). Prints the model FLOPs of one
 step of --global-batch sequences as JSON on stdout."""
 import argparse
 import json
@@ -71,8 +72,6 @@ def main():
     stages = a.pp * a.chunks
     if a.layers % stages:
         die('%d blocks do not split into %d equal stages (pp x chunks)' % (a.layers, stages))
-    if a.chunks > 1 and a.dp > 1:
-        die('--chunks: the interleaved schedule runs one replica per stage (--dp 1)')
     if a.global_batch % (a.dp * a.micro_batch):
         die('--global-batch %d is not a multiple of dp x micro-batch (%d)'
             % (a.global_batch, a.dp * a.micro_batch))
@@ -118,7 +117,8 @@ def main():
             idx = idx + [len(layers) - 1]
         reps = a.dp
         compute = sum(layers[i]['forward_s'] + layers[i]['backward_s'] for i in idx)
-        ranks = [k % a.pp] if a.chunks > 1 else list(range(rank, rank + reps))
+        # interleaved: replica j of stage k on rank (k mod pp) dp + j, replica j of every stage one pipeline
+        ranks = [(k % a.pp) * reps + j for j in range(reps)] if a.chunks > 1 else list(range(rank, rank + reps))
         rank += reps
         plan_stages.append({'layers': idx, 'replicas': reps, 'ranks': ranks,
                             'compute_s': compute, 'time_s': compute / reps})

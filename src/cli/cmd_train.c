@@ -108,8 +108,9 @@ static const Flag FLAGS[] = {
            "parameter owners without waiting), interleaved (several stages per worker; the "
            "default for a plan written by 'pipedream plan --chunks V')"),
     INT("--chunks", "V", chunks, 2, RT_MAX_CHUNKS,
-        "interleave a straight plan of S one-replica stages: stage i on worker i mod (S / V), "
-        "V stages per worker (implies --schedule interleaved; needs 2 or more workers)"),
+        "interleave a plan of S stages with the same d replicas each: replica j of stage i on worker "
+        "(i mod (S / V)) d + j, V stages per worker, d whole pipelines (implies --schedule interleaved; "
+        "needs 2 or more workers a pipeline)"),
     INT("--microbatches", "M", micro, 1, 65536,
         "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved "
         "(interleaved: a multiple of the workers; default: one per worker of the plan), and "

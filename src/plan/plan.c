@@ -51,23 +51,27 @@ void plan_free(Plan *p) {
 }
 
 int plan_interleave(Plan *p, int V, Err *err) {
-    int S = p->n_stages;
+    int S = p->n_stages, d = p->stages[0].replicas;
     if (V < 2 || S % V || S / V < 2)
         return err_set(err, PD_EINVAL, "cannot interleave %d stages in %d chunks: need V >= 2 dividing the stages and at "
                        "least 2 workers", S, V);
     for (int s = 0; s < S; s++)
-        if (p->stages[s].replicas != 1)
-            return err_set(err, PD_EINVAL, "cannot interleave: stage %d has %d replicas (plan with --straight)", s,
-                           p->stages[s].replicas);
+        if (p->stages[s].replicas != d)
+            return err_set(err, PD_EINVAL, "cannot interleave: stage %d has %d replicas and stage 0 %d; interleaving "
+                           "replicates whole pipelines (plan with --straight, or every stage alike)", s,
+                           p->stages[s].replicas, d);
     int W = S / V;
     double *per = calloc((size_t)W, sizeof(double));
     PD_ASSERT(per);
-    for (int s = 0; s < S; s++) p->stages[s].ranks[0] = s % W, per[s % W] += p->stages[s].time_s;
+    for (int s = 0; s < S; s++) {
+        for (int j = 0; j < d; j++) p->stages[s].ranks[j] = (s % W) * d + j;
+        per[s % W] += p->stages[s].time_s;
+    }
     p->pipeline_s = 0;
     for (int w = 0; w < W; w++)
         if (per[w] > p->pipeline_s) p->pipeline_s = per[w];
     free(per);
-    p->n_workers = W;
+    p->n_workers = W * d;
     p->noam = W;
     p->chunks = V;
     p->opts.chunks = V;
@@ -125,14 +129,21 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
             rc = err_set(err, PD_EINVAL, "stages are not contiguous: layer %d (stage %d) feeds layer %d (stage %d)", a,
                          stage_of[a], b, stage_of[b]);
     }
-    if (!rc && p->chunks > 1) {   /* interleaved: V x W one-replica stages round-robin on W ranks */
-        if (p->n_stages != p->chunks * p->n_workers)
-            rc = err_set(err, PD_EINVAL, "an interleaved plan of %d chunks on %d workers needs %d stages, not %d", p->chunks,
-                         p->n_workers, p->chunks * p->n_workers, p->n_stages);
-        for (int s = 0; s < p->n_stages && !rc; s++)
-            if (p->stages[s].replicas != 1 || p->stages[s].ranks[0] != s % p->n_workers)
-                rc = err_set(err, PD_EINVAL, "interleaved plan: stage %d must have one replica on rank %d", s,
-                             s % p->n_workers);
+    if (!rc && p->chunks > 1) {   /* interleaved: V x W stages round-robin on W pipeline positions, each with
+                                   * d replicas: replica j of stage s on rank (s mod W) d + j */
+        int d = p->stages[0].replicas, W = d > 0 ? p->n_workers / d : 0;
+        if (W * d != p->n_workers || p->n_stages != p->chunks * W)
+            rc = err_set(err, PD_EINVAL, "an interleaved plan of %d chunks on %d workers, %d replicas a stage, needs %d "
+                         "x %d / %d stages, not %d", p->chunks, p->n_workers, d, p->chunks, p->n_workers, d, p->n_stages);
+        for (int s = 0; s < p->n_stages && !rc; s++) {
+            if (p->stages[s].replicas != d)
+                rc = err_set(err, PD_EINVAL, "interleaved plan: stage %d has %d replicas, stage 0 has %d", s,
+                             p->stages[s].replicas, d);
+            for (int j = 0; j < d && !rc; j++)
+                if (p->stages[s].ranks[j] != (s % W) * d + j)
+                    rc = err_set(err, PD_EINVAL, "interleaved plan: replica %d of stage %d must be on rank %d", j, s,
+                                 (s % W) * d + j);
+        }
         workers = p->n_workers;
     }
     if (!rc && workers != p->n_workers)

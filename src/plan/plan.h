@@ -195,10 +195,11 @@ Plan *plan_load(const char *path, Err *err);
 /* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. In an
  * interleaved plan (chunks >= 2): its first stage. */
 int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
-/* Turns a straight plan of S one-replica stages into an interleaved one of V chunks: stage i
- * on rank i mod (S / V), n_workers S / V, chunks V, pipeline_s the largest per-worker sum of
- * stage times. Fails (p unchanged) unless V >= 2 divides S, S / V >= 2 and every stage has
- * one replica. */
+/* Turns a plan of S stages with d replicas each into an interleaved one of V chunks on W = S / V
+ * pipeline positions: replica j of stage i on rank (i mod W) d + j (d = 1: rank i mod W),
+ * n_workers W d, chunks V, pipeline_s the largest per-position sum of stage times. Replica j of
+ * every stage is one whole pipeline (data parallelism over d pipelines). Fails (p unchanged)
+ * unless V >= 2 divides S, S / V >= 2 and every stage has the same replicas. */
 int   plan_interleave(Plan *p, int V, Err *err);
 /* Every plan of prof over all of cl's workers by our model's placement: each chain of cut
  * states (the partitioner's) with replicas summing to the workers (o->straight: one each),

@@ -145,6 +145,9 @@ int  rt_exec(Worker *w, int blocking, Err *err);
  * the kind all-reduces (every kind but asp), then, with gradient clipping, the group of every
  * rank that runs a stage (w->everyone). Collective over the stage's replicas, then over all. */
 int  rt_worker_group(Worker *w, Err *err);
+/* The first half of rt_worker_group alone: each chunk's group of its stage's replicas (x->group,
+ * for stages with two or more). */
+int  rt_worker_replica_groups(Worker *w, Err *err);
 /* The second half of rt_worker_group alone: w->everyone, with gradient clipping. */
 int  rt_worker_clip_group(Worker *w, Err *err);
 /* Runs w's list (bound, t_start set) to its end over MPI or threads: rt_exec, or rt_asp_exec

@@ -673,9 +673,7 @@ static int build_worker(Rank *R, Err *err) {
     int rc = rt_worker_init(w, R->c, &R->cfg, R->rank, &R->segres, err);
     if (rc) err_prefix(err, "rank %d (stage %d)", R->rank, R->stage);
     if ((rc = agree(R, rc, err))) return rc;
-    if (w->stage >= 0 && R->seg.stages[w->stage].replicas > 1 &&
-        (rc = comm_group_new(R->c, R->seg.stages[w->stage].ranks, R->seg.stages[w->stage].replicas, &w->group, err)))
-        return rc;
+    if ((rc = rt_worker_replica_groups(w, err))) return rc;
     if ((rc = rt_worker_clip_group(w, err))) return rc;
     R->built = 1;
     w->t_start = pd_now();

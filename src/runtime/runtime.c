@@ -1352,11 +1352,22 @@ void rt_result_release(RtWorkerResult *r) {
 
 /* ---- the three ways to run ---------------------------------------------------------------- */
 
-int rt_worker_group(Worker *w, Err *err) {
+int rt_worker_replica_groups(Worker *w, Err *err) {
     if (w->stage < 0 || w->s->kind == SCHED_ASP) return PD_OK;   /* asp all-reduces nothing */
-    const SchedStage *st = &w->s->stages[w->stage];
-    int rc = PD_OK;
-    if (st->replicas >= 2) rc = comm_group_new(w->c, st->ranks, st->replicas, &w->group, err);
+    /* chunk by chunk, so stage by stage ascending: the members of a group hold the same chunks
+     * (replicas of one pipeline position) and so create their groups in the same order */
+    for (int c = 0; c < w->n_chunk; c++) {
+        Worker *x = rt_chunk(w, c);
+        const SchedStage *st = &w->s->stages[x->stage];
+        if (st->replicas < 2) continue;
+        int rc = comm_group_new(w->c, st->ranks, st->replicas, &x->group, err);
+        if (rc) return rc;
+    }
+    return PD_OK;
+}
+
+int rt_worker_group(Worker *w, Err *err) {
+    int rc = rt_worker_replica_groups(w, err);
     return rc ? rc : rt_worker_clip_group(w, err);
 }
 
@@ -1522,21 +1533,26 @@ int rt_emulate(const RtConfig *cfg, RtWorkerResult *res, Err *err) {
             if (ws[r].pc != pc0) progress = 1;
             if (state[r] != RT_DONE) pending = 1;
         }
-        /* All-reduces whose whole group has arrived: sum in group rank order. */
+        /* All-reduces whose whole group has arrived: sum in group rank order. A rank at an
+         * all-reduce is at the one of the stage its instruction names (its chunk's, interleaved). */
         for (int st = 0; st < s->n_stages; st++) {
             const SchedStage *ss = &s->stages[st];
             int ready = ss->replicas > 1;
-            for (int j = 0; j < ss->replicas && ready; j++) ready = state[ss->ranks[j]] == RT_AT_AR;
+            for (int j = 0; j < ss->replicas && ready; j++) {
+                const Worker *wj = &ws[ss->ranks[j]];
+                ready = state[ss->ranks[j]] == RT_AT_AR && wj->sw->ins[wj->pc].peer == st;
+            }
             if (!ready) continue;
-            Worker *w0 = &ws[ss->ranks[0]];
-            for (int b = 0; b < w0->n_buckets; b++) {   /* bucket by bucket, as the transports do */
-                for (int j = 0; j < ss->replicas; j++) parts[j] = ws[ss->ranks[j]].dw + w0->bk_lo[b];
-                comm_sum_serial(parts, ss->replicas, w0->bk_n[b], rt_allreduce_op(s), w0->dw + w0->bk_lo[b]);
+            const int c = ws[ss->ranks[0]].sw->ins[ws[ss->ranks[0]].pc].chunk;
+            Worker *x0 = rt_chunk(&ws[ss->ranks[0]], c);
+            for (int b = 0; b < x0->n_buckets; b++) {   /* bucket by bucket, as the transports do */
+                for (int j = 0; j < ss->replicas; j++) parts[j] = rt_chunk(&ws[ss->ranks[j]], c)->dw + x0->bk_lo[b];
+                comm_sum_serial(parts, ss->replicas, x0->bk_n[b], rt_allreduce_op(s), x0->dw + x0->bk_lo[b]);
             }
             for (int j = 0; j < ss->replicas; j++) {
-                Worker *wj = &ws[ss->ranks[j]];
-                if (j) memcpy(wj->dw, w0->dw, wj->np * sizeof(float));
-                vstore_collect(wj, wj->pc);
+                Worker *wj = &ws[ss->ranks[j]], *xj = rt_chunk(wj, c);
+                if (j) memcpy(xj->dw, x0->dw, xj->np * sizeof(float));
+                for (int k = 0; k < wj->n_chunk; k++) vstore_collect(rt_chunk(wj, k), wj->pc);
                 wj->pc++;
                 state[wj->rank] = RT_BLOCKED;
             }

@@ -282,25 +282,27 @@ static int gen_zb(Gen *g, int rank) {
     return PD_OK;
 }
 
-/* interleaved (Megatron-LM's interleaved 1F1B, Narayanan et al. 2021), straight pipelines
- * only: p pipeline positions, V chunks per worker; the worker at position r holds stages
- * r, r + p, ..., r + (V-1) p (chunk c = stage r + c p). Per minibatch k of M micro-batches
- * (M a multiple of p) it runs M V forwards and M V backwards; the j-th forward is for chunk
- * (j mod pV) / p and micro-batch (j / pV) p + j mod p, the j-th backward for chunk
- * V - 1 - (j mod pV) / p and the same micro-batch. Warm-up: all M V forwards if M = p, else
- * min(2 (p - r - 1) + (V - 1) p, M V); then forward j + warm-up, backward j alternate; then the
- * remaining backwards. All read version k; then one all-reduce per replicated chunk (none:
- * straight), one step of every chunk to k + 1, flush. */
+/* interleaved (Megatron-LM's interleaved 1F1B, Narayanan et al. 2021): p pipeline positions,
+ * V chunks per worker; the worker at position r holds stages r, r + p, ..., r + (V-1) p (chunk
+ * c = stage r + c p). With d replicas of every stage, replica j of each is pipeline j, and it
+ * owns the units u of the minibatch with u mod d = j: m = M / d of them (a multiple of p), the
+ * l-th being k M + l d + j. Per minibatch k it runs m V forwards and m V backwards; the i-th
+ * forward is for chunk (i mod pV) / p and own micro-batch l = (i / pV) p + i mod p, the i-th
+ * backward for chunk V - 1 - (i mod pV) / p and the same l. Warm-up: all m V forwards if m = p,
+ * else min(2 (p - r - 1) + (V - 1) p, m V); then forward i + warm-up, backward i alternate; then
+ * the remaining backwards. All read version k; then one all-reduce per chunk over the chunk's d
+ * replicas (none when d = 1), one step of every chunk to k + 1, flush. */
 static int gen_interleaved(Gen *g, int rank) {
     Schedule *s = g->s;
     SchedWorker *w = &s->workers[rank];
-    int V = w->n_chunks, P = s->n_stages / V, r = w->stage, M = s->n_micro, total = M * V;
-    int warm = M == P ? total : 2 * (P - r - 1) + (V - 1) * P;
+    int V = w->n_chunks, P = s->n_stages / V, r = w->stage, d = s->stages[r].replicas, m = s->n_micro / d,
+        total = m * V;
+    int warm = m == P ? total : 2 * (P - r - 1) + (V - 1) * P;
     if (warm > total) warm = total;
     for (int k = 0; k < s->n_minibatches; k++) {
-        int base = k * M;
-#define IL_MB(j) (base + ((j) / (P * V)) * P + (j) % P)
-#define IL_FC(j) (((j) % (P * V)) / P)
+        int base = k * s->n_micro + w->replica;
+#define IL_MB(i) (base + (((i) / (P * V)) * P + (i) % P) * d)
+#define IL_FC(i) (((i) % (P * V)) / P)
         int nf = 0, nb = 0;
         while (nf < warm) emit_forward_c(s, w, IL_MB(nf), k, IL_FC(nf)), nf++;
         while (nb < total) {
@@ -330,17 +332,27 @@ void sched_release(Schedule *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* interleaved: the plan's stages must form V >= 2 rounds over p workers, one replica each,
- * stage i on the rank of stage i mod p (what `pipedream plan --chunks V` writes); each worker
- * gets its stages in ascending order as chunks 0..V-1, and M must be a multiple of p. */
+/* interleaved: the plan's stages must form V >= 2 rounds over p pipeline positions, stage i
+ * on the ranks of stage i mod p (what `pipedream plan --chunks V` writes). Every stage has the
+ * same d >= 1 replicas: replica j of every stage is pipeline j, a whole interleaved pipeline that
+ * runs the units u with u mod d = j. Each worker gets its stages in ascending order as chunks
+ * 0..V-1, and M must be a multiple of the p d workers (each pipeline a multiple of p). */
 static int interleave_workers(Schedule *s, Err *err) {
-    int S = s->n_stages, P = 0;
+    int S = s->n_stages, P = 0, d = s->stages[0].replicas;
+    for (int i = 0; i < S; i++)
+        if (s->stages[i].replicas != d)
+            return err_set(err, PD_EINVAL, "schedule interleaved: stage %d has %d replicas but stage 0 has %d; "
+                           "interleaved replicates whole pipelines, every stage alike", i, s->stages[i].replicas, d);
     for (int i = 0; i < S; i++) {
-        if (s->stages[i].replicas != 1)
-            return err_set(err, PD_EINVAL, "schedule interleaved: stage %d has %d replicas; interleaved runs straight "
-                           "pipelines only", i, s->stages[i].replicas);
         if (s->workers[s->stages[i].ranks[0]].stage >= 0) break;
-        s->workers[s->stages[i].ranks[0]].stage = i;   /* the first round: stage i is position i */
+        for (int j = 0; j < d; j++) {
+            SchedWorker *w = &s->workers[s->stages[i].ranks[j]];
+            if (w->stage >= 0)
+                return err_set(err, PD_EINVAL, "schedule interleaved: rank %d is replica %d of stage %d and holds "
+                               "stage %d already", s->stages[i].ranks[j], j, i, w->stage);
+            w->stage = i;   /* the first round: stage i is position i */
+            w->replica = j;
+        }
         P++;
     }
     if (P < 2)
@@ -351,22 +363,23 @@ static int interleave_workers(Schedule *s, Err *err) {
         return err_set(err, PD_EINVAL, "schedule interleaved: the plan has %d stages on %d workers; it needs V >= 2 "
                        "stages per worker, placed round-robin (pipedream plan --chunks V, or simulate --chunks V)", S, P);
     for (int i = P; i < S; i++)
-        if (s->stages[i].ranks[0] != s->stages[i % P].ranks[0])
-            return err_set(err, PD_EINVAL, "schedule interleaved: stage %d is on rank %d, but round-robin placement puts "
-                           "it on rank %d (the rank of stage %d)", i, s->stages[i].ranks[0], s->stages[i % P].ranks[0],
-                           i % P);
-    if (s->n_micro % P)
+        for (int j = 0; j < d; j++)
+            if (s->stages[i].ranks[j] != s->stages[i % P].ranks[j])
+                return err_set(err, PD_EINVAL, "schedule interleaved: replica %d of stage %d is on rank %d, but "
+                               "round-robin placement puts it on rank %d (replica %d of stage %d)", j, i,
+                               s->stages[i].ranks[j], s->stages[i % P].ranks[j], j, i % P);
+    if (s->n_micro % (P * d))
         return err_set(err, PD_EINVAL, "schedule interleaved: %d micro-batches per minibatch is not a multiple of the "
-                       "%d workers", s->n_micro, P);
+                       "%d workers", s->n_micro, P * d);
     s->n_chunks = V;
-    for (int i = 0; i < P; i++) {
-        SchedWorker *w = &s->workers[s->stages[i].ranks[0]];
-        w->replica = 0;
-        w->n_chunks = V;
-        w->stages = malloc((size_t)V * sizeof(int));
-        PD_ASSERT(w->stages);
-        for (int c = 0; c < V; c++) w->stages[c] = i + c * P;
-    }
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < d; j++) {
+            SchedWorker *w = &s->workers[s->stages[i].ranks[j]];
+            w->n_chunks = V;
+            w->stages = malloc((size_t)V * sizeof(int));
+            PD_ASSERT(w->stages);
+            for (int c = 0; c < V; c++) w->stages[c] = i + c * P;
+        }
     return PD_OK;
 }
 
@@ -503,9 +516,9 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         s->stages[i].warmup = o->kind == SCHED_MP || whole ? 1 : (later + r - 1) / r;
     }
     if (o->kind == SCHED_INTERLEAVED) {   /* the forwards before the first backward (gen_interleaved) */
-        int P = s->n_stages / s->n_chunks, total = s->n_micro * s->n_chunks;
+        int P = s->n_stages / s->n_chunks, m = s->n_micro / s->stages[0].replicas, total = m * s->n_chunks;
         for (int i = 0; i < s->n_stages; i++) {
-            int r = i % P, warm = s->n_micro == P ? total : 2 * (P - r - 1) + (s->n_chunks - 1) * P;
+            int r = i % P, warm = m == P ? total : 2 * (P - r - 1) + (s->n_chunks - 1) * P;
             s->stages[i].warmup = warm < total ? warm : total;
         }
     }

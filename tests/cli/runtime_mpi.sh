@@ -6,7 +6,8 @@
 #    test_runtime.c, so this closes the chain MPI = threads = emulation = oracle. So must
 #    gpipe, dp, 1f1b-flush, zb-h1 and zb-h2 (the split backward); zb-h1's and zb-h2's weights
 #    are also bitwise 1f1b-flush's (the same units, flushes and order of additions). So must
-#    interleaved (2 stages per rank), with and without --recompute, also = 1f1b-flush.
+#    interleaved (2 stages per rank), with and without --recompute, also = 1f1b-flush, and
+#    interleaved over two replicated pipelines = 1f1b-flush on the same replicated stages.
 #  - bad launches fail on every rank with a clear message and no hang: a plan for more
 #    ranks than started, a plan made for another model, --plan missing under mpirun.
 set -u
@@ -91,6 +92,26 @@ for extra in "" "--recompute"; do
     [ "$a" = "$f" ] || fail "interleaved $extra: weights $a differ from 1f1b-flush's $f"
     echo "ok: interleaved $extra: mpi = threads = 1f1b-flush ($a)"
 done
+# interleaved over two whole pipelines (every stage two replicas: 4 ranks, replica j of each
+# stage pipeline j) = threads = 1f1b-flush on the same replicated stages on 8 ranks: each
+# replica adds its own micro-batches in order, then the replicas' sums are added in rank order.
+sed -e 's/"workers": 4/"workers": 8/; s/"n_workers": 4, "noam": 4/"n_workers": 8, "noam": 4/' \
+    -e 's/"straight": true/"straight": false/' \
+    -e 's/"replicas": 1, "ranks": \[\([0-9]\)\]/"replicas": 2, "ranks": [R\1]/' "$tmp/p4.json" |
+    sed -e 's/\[R0\]/[0, 1]/; s/\[R1\]/[2, 3]/; s/\[R2\]/[4, 5]/; s/\[R3\]/[6, 7]/' >"$tmp/p4r.json"
+args="$MODEL --plan $tmp/p4r.json --microbatches 8 --steps 12 --minibatch 32 --timeout 60"
+"$PD" train $args --workers 8 --schedule 1f1b-flush >"$tmp/flush.out" 2>"$tmp/err" ||
+    fail "1f1b-flush on 8 replicated: $(tail -3 "$tmp/err")"
+$MPIRUN -np 4 "$PD" train $args --chunks 2 >"$tmp/mpi.out" 2>"$tmp/mpi.err" ||
+    fail "mpi interleaved replicated: $(tail -5 "$tmp/mpi.err")"
+"$PD" train $args --chunks 2 --workers 4 >"$tmp/thr.out" 2>"$tmp/thr.err" ||
+    fail "threads interleaved replicated: $(tail -5 "$tmp/thr.err")"
+a=$(crc "$tmp/mpi.out"); b=$(crc "$tmp/thr.out"); f=$(crc "$tmp/flush.out")
+[ -n "$a" ] || fail "mpi interleaved replicated: no weights_crc in $(cat "$tmp/mpi.out")"
+[ "$a" = "$b" ] || fail "interleaved replicated: MPI weights $a differ from threads $b"
+[ "$a" = "$f" ] || fail "interleaved replicated: weights $a differ from 1f1b-flush's $f"
+echo "ok: interleaved on 2 pipelines: mpi = threads = 1f1b-flush ($a)"
+args="$MODEL --plan $tmp/p4.json --microbatches 4 --steps 12 --minibatch 16 --timeout 60"
 $MPIRUN -np 2 "$PD" train $args --chunks 2 --microbatches 3 --minibatch 12 >"$tmp/out" 2>"$tmp/err" &&
     fail "interleaved with 3 micro-batches on 2 workers succeeded"
 grep -q "3 micro-batches per minibatch is not a multiple of the 2 workers" "$tmp/err" ||
