@@ -225,6 +225,51 @@ static void test_bucket_overlap(void **state) {
     free_plan(p);
 }
 
+/* Interleaved over two pipelines (2 positions x 2 chunks x 2 replicas): each chunk's gradient
+ * all-reduce may start at the chunk's own last backward, before the other chunk's backwards and
+ * all-reduces (runtime.c, last_backward_before_ar). With one bucket, ready at the backward's
+ * end, and a ring of T = 15 ms: chunk 0's all-reduce, whose last backward comes just before
+ * it, takes T; chunk 1's, whose last backward ended at least two backwards (40 ms) earlier, was
+ * done by the time the worker reaches it and takes no time. */
+static void test_interleaved_chunk_overlap(void **state) {
+    (void)state;
+    int reps[4] = {2, 2, 2, 2};
+    Plan *p = make_plan(4, reps);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++) p->stages[i].ranks[j] = (i % 2) * 2 + j;
+    p->n_workers = 4;
+    Schedule s;
+    build(p, SCHED_INTERLEAVED, 2, 8, 0, &s);
+    SimCosts c = uniform_costs(4, 0.010, 0.020);
+    const double T = 0.015, bytes = 1e6;
+    for (int i = 0; i < 4; i++) {
+        c.stage[i].param_bytes = bytes;
+        c.stage[i].n_buckets = 1;
+        c.stage[i].bucket_bytes[0] = bytes;
+        c.stage[i].bucket_ready[0] = 1.0;
+    }
+    Cluster cl = {.n_levels = 1, .level = {{4, bytes / T, 0}}};   /* r = 2: the ring moves the bytes once */
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    int seen[2] = {0, 0};
+    for (int w = 0; w < 4; w++) {
+        const SchedWorker *sw = &s.workers[w];
+        for (int i = 0; i < sw->n; i++) {
+            if (sw->ins[i].op != OP_ALLREDUCE) continue;
+            double d = r.end[w][i] - r.start[w][i];
+            if (sw->ins[i].chunk == 0) assert_near(d, T, 1e-9);
+            else assert_near(d, 0, 1e-9);
+            seen[sw->ins[i].chunk]++;
+        }
+    }
+    assert_int_equal(seen[0], 8);   /* 4 workers x 2 minibatches, each chunk */
+    assert_int_equal(seen[1], 8);
+    sim_result_release(&r);
+    sim_costs_release(&c);
+    sched_release(&s);
+    free_plan(p);
+}
+
 /* Cluster.wake_s: a worker that waited on a receive resumes wake_s late, but only where its
  * machine's cores are all computing for others as it wakes. Four stages of 1f1b-flush on one
  * machine: with 2 cores a waking stage often finds both busy, and the minibatch takes longer;
@@ -1373,7 +1418,8 @@ static void test_scale(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpipe_bubble),      cmocka_unit_test(test_1f1b_steady_state),
-        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bucket_overlap), cmocka_unit_test(test_wake),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
+        cmocka_unit_test(test_replication),       cmocka_unit_test(test_bucket_overlap), cmocka_unit_test(test_interleaved_chunk_overlap),
+        cmocka_unit_test(test_wake),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
         cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
         cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),

@@ -75,6 +75,9 @@ def main():
     if a.global_batch % (a.dp * a.micro_batch):
         die('--global-batch %d is not a multiple of dp x micro-batch (%d)'
             % (a.global_batch, a.dp * a.micro_batch))
+    if a.chunks > 1 and (a.global_batch // a.micro_batch) % (a.pp * a.dp):
+        die('--chunks: %d micro-batches a step is not a multiple of pp x dp (%d), as the interleaved '
+            'schedule needs' % (a.global_batch // a.micro_batch, a.pp * a.dp))
 
     b, s, h, V = a.micro_batch, a.seq, a.hidden, a.vocab
     rate = a.tp * a.peak * a.efficiency            # one worker's FLOP/s

@@ -308,13 +308,20 @@ static int bucket_allreduce(Worker *w, Err *err) {
     return rc;
 }
 
-/* True if the instruction after pc that is not a send or receive is an all-reduce: the
- * backward at pc is then the last before it and may start buckets. */
+/* True if the backward at pc is the last of its chunk before the chunk's all-reduce: the
+ * chunk's all-reduce comes before the step, with no backward of the chunk between (other
+ * chunks' instructions may: interleaved runs the later chunks' last backwards first, and each
+ * chunk's buckets then reduce during the others' backwards). Its gradient is then final, so
+ * the backward may start the buckets. */
 static int last_backward_before_ar(const Worker *w, int pc) {
+    const Instr *ins = w->sw->ins;
+    const int c = ins[pc].chunk;
     for (int k = pc + 1; k < w->sw->n; k++) {
-        int op = w->sw->ins[k].op;
+        int op = ins[k].op;
+        if (op == OP_STEP) return 0;
+        if (ins[k].chunk != c) continue;
         if (op == OP_ALLREDUCE) return 1;
-        if (op != OP_SEND_ACT && op != OP_SEND_GRAD && op != OP_RECV_ACT && op != OP_RECV_GRAD) return 0;
+        if (op == OP_BACKWARD || op == OP_BACKWARD_B || op == OP_BACKWARD_W) return 0;
     }
     return 0;
 }

@@ -771,16 +771,23 @@ static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
 }
 
 /* Worker rank reaches its all-reduce, instruction i: when it had each gradient bucket of the
- * stage, from the backward before the all-reduce (the last compute instruction before i; the
- * sends and receives between are skipped); a bucket is ready once its share of that backward
- * (SimStageCost.bucket_ready) is done. Without such a backward, at the all-reduce. The group
- * keeps, per bucket, the latest over its replicas. */
+ * stage, from the chunk's last backward before the all-reduce (after the previous step; the
+ * chunk's forwards, sends and receives and other chunks' instructions between are skipped); a
+ * bucket is ready once its share of that backward (SimStageCost.bucket_ready) is done. Without
+ * such a backward, at the all-reduce. The group keeps, per bucket, the latest over its
+ * replicas. */
 static void bucket_times(Engine *e, int rank, int i, Group *gr, const SimStageCost *sc) {
     const SchedWorker *sw = &e->s->workers[rank];
     double b0 = e->ws[rank].clock, b1 = b0;
     for (int j = i - 1; j >= 0; j--) {
         int op = sw->ins[j].op;
-        if (op == OP_SEND_ACT || op == OP_SEND_GRAD || op == OP_RECV_ACT || op == OP_RECV_GRAD) continue;
+        if (op == OP_STEP) break;
+        /* the chunk's last backward before its all-reduce, past other chunks' instructions
+         * (runtime.c, last_backward_before_ar) */
+        if (sw->ins[j].chunk != sw->ins[i].chunk) continue;
+        if (op == OP_SEND_ACT || op == OP_SEND_GRAD || op == OP_RECV_ACT || op == OP_RECV_GRAD || op == OP_FORWARD ||
+            op == OP_RECOMPUTE)
+            continue;
         if (op == OP_BACKWARD || op == OP_BACKWARD_B || op == OP_BACKWARD_W) {
             b1 = e->r->end[rank][j];
             b0 = e->r->start[rank][j];

@@ -3,8 +3,8 @@
 # against Megatron-LM's closed form 72 B s l h^2 (1 + s/6h + V/12lh); the simulator on its
 # plans against the closed forms of a flushed pipeline of equal stages: (m + p - 1) t for 1F1B
 # and (m + (p - 1)/V) t interleaved over V chunks (t: one micro-batch through one stage); data
-# parallelism over a free network costs nothing and over a slow one costs time; bad input is
-# refused.
+# parallelism (replicated 1F1B stages or whole interleaved pipelines) over a free network costs
+# nothing and over a slow one costs time; bad input is refused.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -51,22 +51,29 @@ for case in "6 12 1" "6 12 2" "6 12 4" "4 16 1" "8 8 2" "3 9 4"; do
 done
 
 # Data parallelism: 4 replicas of each of 4 stages take 4 x 8 micro-batches in the time one
-# pipeline takes 8 when the network is free, and longer over 1 GB/s.
-for bw in 1e15 1e9; do
-    python3 "$TOOL" --layers 16 --hidden 1024 --seq 1024 --vocab 1 --pp 4 --dp 4 --global-batch 32 --peak 1e12 \
-        --efficiency 1 --bandwidth $bw --latency 0 --out "$tmp/dp$bw" >/dev/null || fail "gpt_analytic.py dp $bw"
+# pipeline takes 8 when the network is free, and longer over 1 GB/s; so do 4 interleaved
+# pipelines of 2 chunks.
+for v in 1 2; do
+    kind=1f1b-flush
+    [ $v -gt 1 ] && kind=interleaved
+    for bw in 1e15 1e9; do
+        python3 "$TOOL" --layers 16 --hidden 1024 --seq 1024 --vocab 1 --pp 4 --dp 4 --chunks $v --global-batch 32 \
+            --peak 1e12 --efficiency 1 --bandwidth $bw --latency 0 --out "$tmp/dp$bw-$v" >/dev/null ||
+            fail "gpt_analytic.py dp $bw chunks $v"
+    done
+    python3 "$TOOL" --layers 16 --hidden 1024 --seq 1024 --vocab 1 --pp 4 --chunks $v --global-batch 8 --peak 1e12 \
+        --efficiency 1 --bandwidth 1e15 --latency 0 --out "$tmp/dp1-$v" >/dev/null || fail "gpt_analytic.py dp 1"
+    one=$(step_s "$tmp/dp1-$v" $kind 8)
+    free=$(step_s "$tmp/dp1e15-$v" $kind 32)
+    slow=$(step_s "$tmp/dp1e9-$v" $kind 32)
+    close "$free" "$one" 1e-4 || fail "$kind: 4 replicas on a free network: $free s, one pipeline $one s"
+    python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 1.01 * float(sys.argv[2]))' "$slow" "$free" ||
+        fail "$kind: 4 replicas at 1 GB/s: $slow s, no slower than on a free network ($free s)"
 done
-python3 "$TOOL" --layers 16 --hidden 1024 --seq 1024 --vocab 1 --pp 4 --global-batch 8 --peak 1e12 \
-    --efficiency 1 --bandwidth 1e15 --latency 0 --out "$tmp/dp1" >/dev/null || fail "gpt_analytic.py dp 1"
-one=$(step_s "$tmp/dp1" 1f1b-flush 8)
-free=$(step_s "$tmp/dp1e15" 1f1b-flush 32)
-slow=$(step_s "$tmp/dp1e9" 1f1b-flush 32)
-close "$free" "$one" 1e-4 || fail "4 replicas on a free network: $free s, one pipeline $one s"
-python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 1.01 * float(sys.argv[2]))' "$slow" "$free" ||
-    fail "4 replicas at 1 GB/s: $slow s, no slower than on a free network ($free s)"
 
-# Refused: blocks that do not split, interleaving with replicas, a batch the replicas cannot share.
-for args in "--layers 50 --pp 6 --global-batch 6" "--layers 48 --pp 6 --chunks 2 --dp 2 --global-batch 12" \
+# Refused: blocks that do not split, interleaved pipelines that cannot share the micro-batches
+# evenly, a batch the replicas cannot share, an efficiency over 1.
+for args in "--layers 50 --pp 6 --global-batch 6" "--layers 48 --pp 6 --chunks 2 --dp 2 --global-batch 6" \
     "--layers 48 --pp 6 --dp 4 --global-batch 6" "--layers 48 --pp 6 --global-batch 6 --efficiency 1.5"; do
     python3 "$TOOL" $args --hidden 64 --seq 16 --vocab 8 --peak 1e12 --bandwidth 1e9 \
         $(case "$args" in *efficiency*) ;; *) echo --efficiency 0.5 ;; esac) --out "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
