@@ -1,10 +1,13 @@
 /* test_plan_chunks.c: interleaved plans (`pipedream plan --chunks V`, plan_chunks.c).
- * Exhaustive search on random small chains and DAGs: every chain of predecessor-closed node
- * sets {} = D0 < D1 < ... < D_{VW} = all nodes (found by testing all 2^n subsets), stage i on
- * rank i mod W, its time max(compute, the boundaries before and after it at the bandwidth of
- * the link between the ranks, docs/explanation/planner.md); the DP's bottleneck must equal the minimum.
- * Also the plan's shape (round-robin ranks, chunks, noam), validation errors, the JSON round
- * trip and plan_interleave. */
+ * Exhaustive search on random small chains and DAGs, for every d dividing the W workers into
+ * P = W / d >= 2 positions: every chain of predecessor-closed node sets {} = D0 < D1 < ... <
+ * D_{VP} = all nodes (found by testing all 2^n subsets), replica j of stage i on rank
+ * (i mod P) d + j, its time max(our model's compute of d replicas, the boundaries before and
+ * after it at the bandwidth of the link between the positions, over d,
+ * docs/explanation/planner.md); the DP's bottleneck for each d must equal the minimum, the
+ * plan with --straight is d = 1's, and the plan without is the d whose plan predicts the
+ * shortest minibatch. Also the plan's shape (round-robin ranks, chunks, noam), validation
+ * errors, the JSON round trip and plan_interleave. */
 #include "testutil.h"
 
 #include <math.h>
@@ -21,7 +24,8 @@ static double uni(Rng *r, double lo, double hi) { return lo + (hi - lo) * rng_un
 typedef struct Brute {
     const Profile *prof;
     const Cluster *cl;
-    int n, W, NS;
+    const PlanOpts *o;
+    int n, W, NS, d;   /* d replicas a stage: P = W / d positions */
     uint32_t pred[MAXN], downs[1 << MAXN], full;
     int nd;
     double ratio, best;
@@ -58,11 +62,12 @@ static void rec(Brute *b, uint32_t D, int m, double cur) {
     for (int q = 0; q < b->nd; q++) {
         uint32_t E = b->downs[q];
         if ((E & D) != D || E == D) continue;
-        double C = 0;
+        double C = 0, Pb = 0;
         for (int v = 0; v < b->n; v++)
-            if ((E & ~D) >> v & 1) C += b->prof->layers[v].fwd_s + b->prof->layers[v].bwd_s;
-        double t = fmax(cur, C);
-        if (m > 0) t = fmax(t, link_t(b, (m - 1) % b->W, m % b->W, cut_bytes(b, D)));
+            if ((E & ~D) >> v & 1) C += b->prof->layers[v].fwd_s + b->prof->layers[v].bwd_s, Pb += b->prof->layers[v].param_bytes;
+        const int P = b->W / b->d;
+        double t = fmax(cur, plan_ours_stage_compute(b->cl, b->o, C, Pb, (m % P) * b->d, b->d));
+        if (m > 0) t = fmax(t, link_t(b, ((m - 1) % P) * b->d, (m % P) * b->d, cut_bytes(b, D)) / b->d);
         rec(b, E, m + 1, t);
     }
 }
@@ -71,7 +76,7 @@ static void test_exhaustive(void **state) {
     (void)state;
     Rng rng;
     rng_init(&rng, 21, 0, 0);
-    int checked = 0;
+    int checked = 0, checked_d[2] = {0, 0}, chose_d = 0;
     for (int trial = 0; trial < 300; trial++) {
         int dag = trial % 2, n = 2 + (int)rng_below(&rng, MAXN - 1);
         Profile prof = {0};
@@ -114,44 +119,82 @@ static void test_exhaustive(void **state) {
         o.chunks = 2 + (int)rng_below(&rng, 2);
         o.activation_compression = rng_below(&rng, 2) ? 0 : uni(&rng, 0.5, 4);
         b.ratio = o.activation_compression > 0 ? o.activation_compression : 1;
-        b.NS = o.chunks * b.W;
+        b.o = &o;
         b.full = (1u << n) - 1;
         for (uint32_t m = 1; m <= b.full; m++) {
             int closed = 1;
             for (int v = 0; v < n && closed; v++) closed = !((m >> v & 1) && (b.pred[v] & ~m));
             if (closed) b.downs[b.nd++] = m;
         }
-        b.best = NAN;
-        rec(&b, 0, 0, 0);
+        /* each d: the DP's bottleneck against the brute force's, and the plan's minibatch time */
+        PGraph g;
+        PStates st;
+        memset(&st, 0, sizeof st);
         Err err = {0};
-        Plan *p = plan_new(&prof, &cl, &o, &err);
-        if (isnan(b.best)) {   /* fewer cut states than stages */
-            assert_null(p);
-            assert_non_null(strstr(err.msg, "stages"));
-        } else {
-            if (!p) fail_msg("trial %d: %s", trial, err.msg);
+        if (pgraph_build(&prof, &g, &err) || pstates_build(&g, 4000000, &st, &err)) fail_msg("trial %d: %s", trial, err.msg);
+        double pipe[5] = {NAN, NAN, NAN, NAN, NAN};
+        int best_d = 0;
+        for (b.d = 1; b.d <= b.W / 2; b.d++) {
+            if (b.W % b.d) continue;
+            b.NS = o.chunks * (b.W / b.d);
+            b.best = NAN;
+            rec(&b, 0, 0, 0);
+            PSolution sol;
+            int rc = plan_dp_chunks_d(&st, &cl, &o, b.d, &sol, &err);
+            if (isnan(b.best)) {   /* fewer cut states than stages */
+                assert_int_equal(rc, PD_EINVAL);
+                assert_non_null(strstr(err.msg, "stages"));
+                continue;
+            }
+            if (rc) fail_msg("trial %d d=%d: %s", trial, b.d, err.msg);
             double bott = 0;
-            for (int s = 0; s < p->n_stages; s++) bott = fmax(bott, p->stages[s].time_s);
-            if (fabs(bott - b.best) > 1e-9 * b.best) fail_msg("trial %d: DP %.12g, brute force %.12g", trial, bott, b.best);
+            for (int q = 0; q < sol.n_stages; q++) bott = fmax(bott, sol.st[q].time_s);
+            if (fabs(bott - b.best) > 1e-9 * b.best)
+                fail_msg("trial %d d=%d: DP %.12g, brute force %.12g", trial, b.d, bott, b.best);
+            pipe[b.d] = sol.pipeline_s;
+            if (!best_d || sol.pipeline_s < pipe[best_d]) best_d = b.d;
+            checked_d[b.d > 1]++;
+            psolution_release(&sol);
+        }
+        pstates_release(&st);
+        pgraph_release(&g);
+        /* the planner: without --straight the d of the shortest minibatch, with it d = 1 */
+        for (int straight = 0; straight < 2; straight++) {
+            o.straight = straight;
+            int d = straight ? (isnan(pipe[1]) ? 0 : 1) : best_d;
+            Plan *p = plan_new(&prof, &cl, &o, &err);
+            if (!d) {
+                assert_null(p);
+                assert_non_null(strstr(err.msg, "stages"));
+                continue;
+            }
+            if (!p) fail_msg("trial %d: %s", trial, err.msg);
+            const int P = b.W / d;
             assert_int_equal(p->chunks, o.chunks);
             assert_int_equal(p->n_workers, b.W);
-            assert_int_equal(p->n_stages, b.NS);
+            assert_int_equal(p->n_stages, o.chunks * P);
+            assert_int_equal(p->noam, P);
             double per[8] = {0}, worst = 0;
-            for (int s = 0; s < p->n_stages; s++) {
-                assert_int_equal(p->stages[s].replicas, 1);
-                assert_int_equal(p->stages[s].ranks[0], s % b.W);
-                per[s % b.W] += p->stages[s].time_s;
+            for (int q = 0; q < p->n_stages; q++) {
+                assert_int_equal(p->stages[q].replicas, d);
+                for (int j = 0; j < d; j++) assert_int_equal(p->stages[q].ranks[j], (q % P) * d + j);
+                per[q % P] += p->stages[q].time_s;
             }
-            for (int w = 0; w < b.W; w++) worst = fmax(worst, per[w]);
+            for (int w = 0; w < P; w++) worst = fmax(worst, per[w]);
             assert_true(fabs(p->pipeline_s - worst) <= 1e-12 * worst);
+            assert_true(fabs(p->pipeline_s - pipe[d]) <= 1e-12 * pipe[d]);
             assert_int_equal(plan_validate(p, n, &err), PD_OK);
             checked++;
+            chose_d += d > 1;
             plan_free(p);
         }
         profile_release(&prof);
     }
-    print_message("%d interleaved plans equal to the exhaustive search\n", checked);
+    print_message("%d interleaved plans checked; the DP equal to the exhaustive search for %d one-replica and %d "
+                  "replicated solutions; %d plans chose replicas\n", checked, checked_d[0], checked_d[1], chose_d);
     assert_true(checked > 100);
+    assert_true(checked_d[1] > 30);
+    assert_true(chose_d > 5);
 }
 
 static void chain(Profile *prof, int n) {
@@ -174,6 +217,7 @@ static void test_shape(void **state) {
     Cluster cl = {.n_levels = 1, .level = {{4, 1e9, 0}}};
     PlanOpts o = {0};
     o.chunks = 2;
+    o.straight = 1;   /* one replica a stage (without: the d predicted fastest, test_exhaustive) */
     Err err = {0};
     Plan *p = plan_new(&prof, &cl, &o, &err);
     assert_non_null(p);
@@ -247,9 +291,17 @@ static void test_shape(void **state) {
     assert_null(plan_new(&prof, &cl, &o, &err));
     assert_non_null(strstr(err.msg, "--chunks"));
     o.cost_model = COST_OURS;
-    o.chunks = 3;   /* 12 stages from 8 layers */
+    o.chunks = 3;   /* 12 stages from 8 layers: refused one replica a stage, so 2 pipelines of 6 */
+    o.straight = 1;
     assert_null(plan_new(&prof, &cl, &o, &err));
     assert_non_null(strstr(err.msg, "needs 12 stages"));
+    o.straight = 0;
+    p = plan_new(&prof, &cl, &o, &err);
+    if (!p) fail_msg("--chunks 3 on 4 workers: %s", err.msg);
+    assert_int_equal(p->n_stages, 6);
+    assert_int_equal(p->stages[0].replicas, 2);
+    assert_int_equal(p->n_workers, 4);
+    plan_free(p);
     profile_release(&prof);
 }
 

@@ -4,8 +4,9 @@
  * two levels, random times, sizes, bandwidths and a memory limit that binds sometimes): the
  * brute force enumerates, independently of plan_enumerate, every chain of predecessor-closed
  * node sets {} = D0 < D1 < ... < DS = all nodes (all 2^n subsets tested) with every replica
- * vector summing to the workers on consecutive ranks, and every chain of 2W sets placed
- * round-robin (interleaved, 2 chunks); on each, every kind of the search's default set (dp
+ * vector summing to the workers on consecutive ranks, and for every d dividing the W workers
+ * into P >= 2 positions every chain of 2P sets of d replicas placed round-robin (interleaved, 2
+ * chunks, replica j of set i on rank (i mod P) d + j); on each, every kind of the search's default set (dp
  * once), micro-batches {1, 2, 4} x workers, with and without recomputation; each scored by
  * plan_search_score (the search's simulation). The search's choice must have the brute
  * force's minimum time per unit among the candidates that fit, fit itself, and its runner-up
@@ -30,7 +31,7 @@ static double uni(Rng *r, double lo, double hi) { return lo + (hi - lo) * rng_un
 typedef struct Brute {
     const Profile *prof;
     const Cluster *cl;
-    int n, W, V;
+    int n, W, V, d;   /* d: interleaved, the replicas of every stage */
     uint32_t pred[MAXN], downs[1 << MAXN], full;
     int nd;
     uint32_t chain[16];
@@ -54,7 +55,7 @@ static Plan *make(const Brute *b, int S) {
             if (set >> v & 1) st->layers[st->n_layers++] = v;
         st->replicas = b->rep[s];
         st->ranks = malloc(sizeof(int) * (size_t)st->replicas);
-        for (int r = 0; r < st->replicas; r++) st->ranks[r] = b->V > 1 ? s % b->W : rank++;
+        for (int r = 0; r < st->replicas; r++) st->ranks[r] = b->V > 1 ? (s % (b->W / b->d)) * b->d + r : rank++;
     }
     p->n_workers = b->W;
     p->chunks = b->V > 1 ? b->V : 0;
@@ -94,17 +95,17 @@ static void score_all(Brute *b, int S) {
 static void rec(Brute *b, int m, int used) {
     uint32_t D = m ? b->chain[m - 1] : 0;
     if (D == b->full) {
-        if (b->V > 1 ? m == b->V * b->W : used == b->W) score_all(b, m);
+        if (b->V > 1 ? m == b->V * (b->W / b->d) : used == b->W) score_all(b, m);
         return;
     }
-    if (b->V > 1 ? m == b->V * b->W : used == b->W) return;
+    if (b->V > 1 ? m == b->V * (b->W / b->d) : used == b->W) return;
     for (int q = 0; q < b->nd; q++) {
         uint32_t E = b->downs[q];
         if ((E & D) != D || E == D) continue;
         b->chain[m] = E;
         if (b->V > 1) {
-            b->rep[m] = 1;
-            rec(b, m + 1, used + 1);
+            b->rep[m] = b->d;
+            rec(b, m + 1, used + b->d);
         } else
             for (int r = 1; used + r <= b->W; r++) {
                 b->rep[m] = r;
@@ -186,7 +187,10 @@ static void test_exhaustive(void **state) {
         if (trial % 4) o.memory_limit = lo + (hi - lo) * uni(&rng, 0, 0.6);
         b.limit = o.memory_limit;
         b.best = NAN;
-        for (b.V = 1; b.V <= 2; b.V++) rec(&b, 0, 0);
+        b.V = 1, b.d = 1;
+        rec(&b, 0, 0);
+        for (b.V = 2, b.d = 1; b.d <= b.W / 2; b.d++)
+            if (b.W % b.d == 0) rec(&b, 0, 0);
         if (plan_search(&prof, &cl, &o, &r, &err)) fail_msg("trial %d: %s", trial, err.msg);
         assert_true(r.exhaustive);
         if (r.n_candidates != b.count)

@@ -351,9 +351,10 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *gp, const PStates *s
         st->time_s = sol.st[q].time_s;
     }
     free(stage_of);
-    if (o->chunks > 1) {   /* round-robin: stage q on rank q mod W */
-        int W = cluster_total_workers(cl);
-        for (int q = 0; q < sol.n_stages; q++) p->stages[q].ranks[0] = q % W;
+    if (o->chunks > 1) {   /* round-robin: replica j of stage q on rank (q mod P) d + j, P = W / d positions */
+        int W = cluster_total_workers(cl), d = p->stages[0].replicas, P = W / d;
+        for (int q = 0; q < sol.n_stages; q++)
+            for (int j = 0; j < d; j++) p->stages[q].ranks[j] = (q % P) * d + j;
         rank = W;
         p->chunks = o->chunks;
     }
@@ -618,9 +619,15 @@ void plan_print(const Plan *p, FILE *f) {
                                 p->cluster.level[l].workers, p->cluster.level[l].bandwidth);
     fprintf(f, "plan for %s: %d stage%s on %d of %d workers (levels innermost first: %s)\n", p->model, p->n_stages,
             p->n_stages == 1 ? "" : "s", p->n_workers, cluster_total_workers(&p->cluster), cl);
-    if (p->chunks > 1)
-        fprintf(f, "interleaved: %d chunks per worker, worker w runs stages w, w + %d, ... (--schedule interleaved)\n",
-                p->chunks, p->n_workers);
+    if (p->chunks > 1) {
+        int d = p->stages[0].replicas, P = p->n_workers / d;
+        if (d > 1)
+            fprintf(f, "interleaved: %d pipelines of %d workers, %d chunks per worker; replica j of stage i on rank "
+                    "(i mod %d) x %d + j (--schedule interleaved)\n", d, P, p->chunks, P, d);
+        else
+            fprintf(f, "interleaved: %d chunks per worker, worker w runs stages w, w + %d, ... (--schedule interleaved)\n",
+                    p->chunks, P);
+    }
     fprintf(f, "cost model: %s%s%s", plan_cost_model_name(p->opts.cost_model), p->opts.straight ? ", straight" : "",
             p->opts.allow_idle ? ", idle workers allowed" : "");
     if (p->opts.memory_limit > 0) fprintf(f, ", memory limit %.4g B", p->opts.memory_limit);

@@ -112,8 +112,10 @@ typedef struct PlanOpts {
     int overlap_allreduce;         /* ours: stage time max(compute, all-reduce) instead of the sum */
     int no_pruning;                /* testing: the compat DP's plain inner loops, no bounds */
     long max_states;               /* limit on cut states (0 = 4,000,000) */
-    int chunks;                    /* ours: V >= 2 writes an interleaved plan of V x workers straight
-                                    * stages, stage i on rank i mod workers (plan_chunks.c); 0/1: plain */
+    int chunks;                    /* ours: V >= 2 writes an interleaved plan of V x P stages with d
+                                    * replicas each on P = workers / d positions, the d predicted
+                                    * fastest (straight: 1), replica j of stage i on rank
+                                    * (i mod P) d + j (plan_chunks.c); 0/1: plain */
     /* ours: the bytes per worker a stage needs under memory_limit, instead of the 1F1B stash rule
      * (the schedule search's per-kind estimates); NULL: plan_ours_stash. in_bytes: what crosses
      * the cut before the stage (0 for the first). A plan made with it is not re-checked by
@@ -150,8 +152,8 @@ typedef struct Plan {
     int n_edges;
     int (*edges)[2];
     /* Added: stages per worker. 0 or 1: every rank runs one stage. V >= 2 (`pipedream plan
-     * --chunks V`): V x n_workers one-replica stages, stage i on rank i mod n_workers, for
-     * --schedule interleaved only. */
+     * --chunks V`): V x P stages with the same d replicas each, n_workers = P d, replica j of
+     * stage i on rank (i mod P) d + j, for --schedule interleaved only. */
     int chunks;
     /* The schedule a search chose for the plan (`plan --choose-schedule`; JSON "schedule"):
      * kind name ("" = none), micro-batches per minibatch, recomputation. */
@@ -203,7 +205,8 @@ int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
 int   plan_interleave(Plan *p, int V, Err *err);
 /* Every plan of prof over all of cl's workers by our model's placement: each chain of cut
  * states (the partitioner's) with replicas summing to the workers (o->straight: one each),
- * or with o->chunks = V >= 2 each chain of V x workers one-replica stages round-robin; stage
+ * or with o->chunks = V >= 2, for each d dividing the workers into P >= 2 positions (straight:
+ * d = 1), each chain of V x P stages of d replicas round-robin; stage
  * times by our cost model (o's compression and overlap; no memory limit). *out gets a
  * malloc'd array of *n plans (free each with plan_free, then the array). Fails with PD_EINVAL
  * ("more than LIMIT plans", nothing returned) when there are more than limit. */

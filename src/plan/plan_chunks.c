@@ -1,10 +1,13 @@
 /* plan_chunks.c: plans for the interleaved schedule (`pipedream plan --chunks V`, docs/explanation/planner.md).
- * V x W one-replica stages in a straight line, stage i on rank i mod W (worker w holds stages
- * w, w + W, ...). The DP splits the cut states into V W consecutive stages minimising the
- * bottleneck stage time max(C, boundary before, boundary after), with boundaries charged as in
- * our model (2 bytes / ratio / B_link + 2 latency_link, the link between ranks (i-1) mod W and
- * i mod W). A worker runs all its chunks per minibatch, so the plan's predicted time per
- * minibatch is the largest per-worker sum of its stages' times. */
+ * V x P stages in a straight line on P pipeline positions, each stage with d replicas (P d = the
+ * workers; d = 1 with --straight): replica j of stage i on rank (i mod P) d + j, replica j of
+ * every stage one whole pipeline. For each d the DP splits the cut states into V P consecutive
+ * stages minimising the bottleneck stage time max(C, boundary before, boundary after), a stage
+ * costed as our model costs d replicas (compute and their all-reduce over d, plan_ours.c) and a
+ * boundary as in our model (2 bytes / ratio / B_link + 2 latency_link, the link between the
+ * positions' first ranks, over d: each pipeline carries its share). A worker runs all its
+ * chunks per minibatch, so the plan's predicted time per minibatch is the largest per-position
+ * sum of its stages' times; the d with the smallest wins (ties: the fewer replicas). */
 #include "plan_impl.h"
 
 #include <math.h>
@@ -22,10 +25,22 @@ static double chunk_boundary(const Cluster *cl, double bytes, int a, int b) {
     return 2.0 * bytes / lv->bandwidth + 2.0 * lv->latency;
 }
 
-int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err) {
+/* Stage m (0-based) of a solution on P positions of d replicas: its compute (our model's for d
+ * replicas of C seconds and Pb parameter bytes) and the boundary before it (m >= 1). */
+static double chunk_stage(const Cluster *cl, const PlanOpts *o, double C, double Pb, int m, int P, int d) {
+    return plan_ours_stage_compute(cl, o, C, Pb, (m % P) * d, d);
+}
+static double chunk_cut(const Cluster *cl, double bytes, int m, int P, int d) {
+    return chunk_boundary(cl, bytes, ((m - 1) % P) * d, (m % P) * d) / d;
+}
+
+int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {
     memset(out, 0, sizeof *out);
-    const int n = s->n, W = cluster_total_workers(cl), V = o->chunks, NS = V * W;
-    if (W < 2) return err_set(err, PD_EINVAL, "--chunks needs at least 2 workers");
+    const int n = s->n, W = cluster_total_workers(cl), V = o->chunks;
+    if (d < 1 || W % d || W / d < 2)
+        return err_set(err, PD_EINVAL, "--chunks: %d replicas a stage do not split %d workers into 2 or more positions", d,
+                       W);
+    const int P = W / d, NS = V * P;
     if (NS > n)
         return err_set(err, PD_EINVAL, "--chunks %d on %d workers needs %d stages but the model has only %d cut states", V,
                        W, NS, n);
@@ -37,18 +52,19 @@ int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
 #define GI(j, m) G[(size_t)(j) * (NS + 1) + (m)]
     for (size_t x = 0; x < (size_t)n * (NS + 1); x++) G[x] = (CEnt){NAN, -1};
     for (int j = 0; j < n; j++) {
-        GI(j, 1) = (CEnt){s->C[j], -1};
+        GI(j, 1) = (CEnt){chunk_stage(cl, o, s->C[j], s->PAR[j], 0, P, d), -1};
         for (int k = 0; k < j; k++) {
             if (!pstates_before(s, k, j)) continue;
-            double C = s->C[j] - s->C[k];
+            double C = s->C[j] - s->C[k], Pb = s->PAR[j] - s->PAR[k];
             for (int m = 2; m <= NS && m <= j + 1; m++) {
                 const CEnt *pre = &GI(k, m - 1);
                 if (isnan(pre->t)) continue;
-                double bnd = chunk_boundary(cl, s->OX[k] / ratio, (m - 2) % W, (m - 1) % W);
-                double t = pre->t > C ? pre->t : C;
+                double bnd = chunk_cut(cl, s->OX[k] / ratio, m - 1, P, d);
+                double c = chunk_stage(cl, o, C, Pb, m - 1, P, d);
+                double t = pre->t > c ? pre->t : c;
                 if (bnd > t) t = bnd;
-                CEnt *d = &GI(j, m);
-                if (isnan(d->t) || t < d->t) *d = (CEnt){t, k};
+                CEnt *dst = &GI(j, m);
+                if (isnan(dst->t) || t < dst->t) *dst = (CEnt){t, k};
             }
         }
     }
@@ -64,7 +80,7 @@ int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
         PStageRange *st = &out->st[m - 1];
         st->to = j;
         st->from = GI(j, m).k;
-        st->replicas = 1;
+        st->replicas = d;
         j = st->from;
     }
     psolution_times_chunks(s, cl, o, out);
@@ -74,23 +90,54 @@ done:
     return rc;
 }
 
+int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err) {
+    memset(out, 0, sizeof *out);
+    const int W = cluster_total_workers(cl);
+    if (W < 2) return err_set(err, PD_EINVAL, "--chunks needs at least 2 workers");
+    int rc = PD_EINVAL;
+    Err first = {0};
+    for (int d = 1; d <= (o->straight ? 1 : W / 2); d++) {
+        if (W % d) continue;
+        PSolution x;
+        Err e = {0};
+        if (plan_dp_chunks_d(s, cl, o, d, &x, &e)) {
+            if (d == 1) first = e;   /* d = 1 has the most stages: its refusal is the one to report */
+            continue;
+        }
+        if (rc || x.pipeline_s < out->pipeline_s) {
+            if (!rc) psolution_release(out);
+            *out = x;
+            rc = PD_OK;
+        } else {
+            psolution_release(&x);
+        }
+    }
+    if (rc) {
+        if (first.code) *err = first;
+        else err_set(err, PD_EINVAL, "--chunks %d: no interleaved plan on %d workers", o->chunks, W);
+    }
+    return rc;
+}
+
 void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol) {
     const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
-    const int W = cluster_total_workers(cl), NS = sol->n_stages;
-    double *per = calloc((size_t)W, sizeof(double));
+    const int W = cluster_total_workers(cl), NS = sol->n_stages, d = sol->st[0].replicas, P = W / d;
+    double *per = calloc((size_t)P, sizeof(double));
     PD_ASSERT(per);
     for (int q = 0; q < NS; q++) {
         PStageRange *st = &sol->st[q];
-        st->time_s = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
+        double C = s->C[st->to] - (st->from >= 0 ? s->C[st->from] : 0);
+        double Pb = s->PAR[st->to] - (st->from >= 0 ? s->PAR[st->from] : 0);
+        st->time_s = chunk_stage(cl, o, C, Pb, q, P, d);
         if (q > 0) {
-            double bnd = chunk_boundary(cl, s->OX[st->from] / ratio, (q - 1) % W, q % W);
+            double bnd = chunk_cut(cl, s->OX[st->from] / ratio, q, P, d);
             if (bnd > st->time_s) st->time_s = bnd;
             if (bnd > sol->st[q - 1].time_s) sol->st[q - 1].time_s = bnd;
         }
     }
-    for (int q = 0; q < NS; q++) per[q % W] += sol->st[q].time_s;
+    for (int q = 0; q < NS; q++) per[q % P] += sol->st[q].time_s;
     sol->pipeline_s = 0;
-    for (int w = 0; w < W; w++)
+    for (int w = 0; w < P; w++)
         if (per[w] > sol->pipeline_s) sol->pipeline_s = per[w];
     free(per);
     sol->single_s = s->C[s->n - 1];

@@ -1,8 +1,9 @@
 /* plan_enum.c: every plan of a small model (the schedule search's exhaustive candidates,
  * src/sim/search.c): each chain of cut states D1 < D2 < ... < DS = every node (proper subsets)
  * with replicas r_i >= 1 summing to all the workers (straight: 1 each) on consecutive ranks,
- * or with o->chunks = V >= 2 each chain of V W one-replica stages placed round-robin. Stage
- * times by our model (plan_ours.c) or the interleaved one (plan_chunks.c). */
+ * or with o->chunks = V >= 2, for each d dividing the W workers into P = W / d >= 2 positions
+ * (straight: d = 1), each chain of V P stages of d replicas placed round-robin. Stage times by
+ * our model (plan_ours.c) or the interleaved one (plan_chunks.c). */
 #include "plan_impl.h"
 
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 typedef struct Enum {
     const PStates *s;
     int W, V, straight, limit;
+    int d;           /* interleaved: replicas of every stage (positions W / d) */
     long count;
     int *to, *rep;   /* the chain being built */
     /* building: */
@@ -47,7 +49,7 @@ static void rec(Enum *e, int k, int m, int used) {
     if (e->count > e->limit || e->rc) return;
     const PStates *s = e->s;
     int last = s->n - 1;
-    if (e->V > 1 ? m == e->V * e->W : used == e->W) {
+    if (e->V > 1 ? m == e->V * (e->W / e->d) : used == e->W) {
         if (k == last) emit(e, m);
         return;
     }
@@ -56,8 +58,8 @@ static void rec(Enum *e, int k, int m, int used) {
         if (k >= 0 && !pstates_before(s, k, j)) continue;
         e->to[m] = j;
         if (e->V > 1) {
-            e->rep[m] = 1;
-            rec(e, j, m + 1, used + 1);
+            e->rep[m] = e->d;
+            rec(e, j, m + 1, used + e->d);
         } else
             for (int r = 1; used + r <= e->W && (r == 1 || !e->straight); r++) {
                 e->rep[m] = r;
@@ -84,10 +86,13 @@ int plan_enumerate(const Profile *prof, const Cluster *cl, const PlanOpts *o, in
     PlanOpts po = *o;
     po.memory_limit = 0;
     po.allow_idle = 0;
-    Enum e = {&s, W, V, o->straight, limit, 0, malloc(sizeof(int) * (size_t)(maxS + 1)), malloc(sizeof(int) * (size_t)(maxS + 1)),
+    Enum e = {&s, W, V, o->straight, limit, 1, 0, malloc(sizeof(int) * (size_t)(maxS + 1)), malloc(sizeof(int) * (size_t)(maxS + 1)),
               0, prof, &g, cl, &po, NULL, 0, err, PD_OK};
     PD_ASSERT(e.to && e.rep);
-    rec(&e, -1, 0, 0);   /* count */
+    /* interleaved: every d that leaves 2 or more positions (straight: 1) */
+    const int dmax = V > 1 && !o->straight ? W / 2 : 1;
+    for (e.d = 1; e.d <= dmax; e.d++)
+        if (W % e.d == 0) rec(&e, -1, 0, 0);   /* count */
     if (e.count > limit) {
         rc = err_set(err, PD_EINVAL, "more than %d plans", limit);
     } else {
@@ -95,7 +100,8 @@ int plan_enumerate(const Profile *prof, const Cluster *cl, const PlanOpts *o, in
         e.out = malloc(sizeof(Plan *) * (size_t)(e.count + 1));
         PD_ASSERT(e.out);
         e.count = 0;
-        rec(&e, -1, 0, 0);
+        for (e.d = 1; e.d <= dmax && !e.rc; e.d++)
+            if (W % e.d == 0) rec(&e, -1, 0, 0);
         rc = e.rc;
         if (rc) {
             for (int i = 0; i < e.n; i++) plan_free(e.out[i]);

@@ -75,11 +75,14 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *g, const PStates *s,
                          const Cluster *cl, const PlanOpts *o, Err *err);
 /* Stage times of a solution whose ranges and replicas are set (ranks consecutive from 0), by
  * our model (time_s, pipeline_s = the largest, single_s, dp_s), or for an interleaved one
- * (round-robin ranks; pipeline_s = the largest per-worker sum). */
+ * (every stage d replicas, round-robin positions; pipeline_s = the largest per-position sum). */
 void psolution_times_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
 void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
-/* Interleaved plans (o->chunks >= 2): V x W one-replica stages, stage i on rank i mod W. */
+/* Interleaved plans (o->chunks >= 2): V x P stages of d replicas on P = W / d positions,
+ * replica j of stage i on rank (i mod P) d + j; the d (1 with o->straight) whose plan predicts
+ * the shortest minibatch. plan_dp_chunks_d: the best plan for one d. */
 int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
+int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err);
 
 /* Ours' cost of one stage and of one cut, shared with the exhaustive-search tests. */
 double plan_ours_stage_compute(const Cluster *cl, const PlanOpts *o, double C, double P, int first_rank, int r);

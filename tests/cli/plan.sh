@@ -85,6 +85,29 @@ grep -q "predicted time per minibatch: 205.520896 ms" "$tmp/out" || fail "vgg16 
 reps=$(flat "$tmp/vgg.json" | grep -o '"replicas":[0-9]*' | tr -dc '0-9\n' | tr '\n' ' ')
 [ "$reps" = "3 1 " ] || fail "vgg16 replicas '$reps', want '3 1 '"
 flat "$tmp/vgg.json" | grep -qF '"noam":2' || fail "vgg16 noam"
+# interleaved on the authors' vgg16, 8 workers at 100 GB/s: the planner chooses 4 pipelines of 2
+# workers (replica j of stage i on rank (i mod 2) 4 + j), predicted faster than the one-replica
+# plan --straight forces (16 stages on 8 workers); both written plans load and simulate
+"$PD" plan "$VGG" --workers 8 --bandwidth 1e11 --chunks 2 -o "$tmp/il.json" >"$tmp/out" 2>"$tmp/err" ||
+    fail "plan --chunks 2: $(cat "$tmp/err")"
+grep -qF "interleaved: 4 pipelines of 2 workers, 2 chunks per worker" "$tmp/out" || fail "--chunks 2: $(cat "$tmp/out")"
+ranks=$(flat "$tmp/il.json" | grep -o '"ranks":\[[0-9,]*\]' | tr '\n' ' ')
+[ "$ranks" = '"ranks":[0,1,2,3] "ranks":[4,5,6,7] "ranks":[0,1,2,3] "ranks":[4,5,6,7] ' ] || fail "--chunks 2 ranks: $ranks"
+"$PD" plan "$VGG" --workers 8 --bandwidth 1e11 --chunks 2 --straight -o "$tmp/ils.json" >"$tmp/out.s" 2>"$tmp/err" ||
+    fail "plan --chunks 2 --straight: $(cat "$tmp/err")"
+reps=$(flat "$tmp/ils.json" | grep -o '"replicas":[0-9]*' | sort -u | tr '\n' ' ')
+[ "$reps" = '"replicas":1 ' ] || fail "--chunks 2 --straight: replicas $reps"
+[ "$(flat "$tmp/ils.json" | grep -o '"replicas"' | wc -l)" -eq 16 ] || fail "--chunks 2 --straight: not 16 stages"
+t=$(grep -o 'predicted time per minibatch: [0-9.]*' "$tmp/out" | grep -o '[0-9.]*$')
+ts=$(grep -o 'predicted time per minibatch: [0-9.]*' "$tmp/out.s" | grep -o '[0-9.]*$')
+python3 -c "import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))" "$t" "$ts" ||
+    fail "--chunks 2: 4 pipelines predicted $t ms, not faster than one ($ts ms)"
+for f in il ils; do
+    "$PD" simulate "$tmp/$f.json" --profile "$VGG" --minibatches 2 >"$tmp/sim.out" 2>"$tmp/err" ||
+        fail "simulate $f: $(cat "$tmp/err")"
+    grep -q "^schedule interleaved: 2 minibatches x 8 micro-batches, 8 workers" "$tmp/sim.out" ||
+        fail "simulate $f: $(head -2 "$tmp/sim.out")"
+done
 # the simulator's choice: our vgg16 at 1.196e8 B/s on 2 cores
 OURS=$SRC/tests/data/profiles/vgg16_mb64.json
 expect_usage "--explain needs" "$OURS" --workers 4 --explain --no-simulate
