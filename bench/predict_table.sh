@@ -8,7 +8,9 @@
 # --net-cpu S --core-efficiency E`, E measured once by bench/core_efficiency.sh); every schedule of KINDS trained STEPS minibatches REPS times, the schedules taking
 # turns. Each run's summary carries the simulator's prediction for the same plan and profile
 # (`predicted_time_per_unit_ms`) beside what it measured (`time_per_unit_ms`). Prints a table
-# (medians) and writes it with every run's figures to OUT/table.md.
+# (medians) and writes it with every run's figures to OUT/table.md. The kind `interleaved` runs
+# on its own plan, `plan --chunks 2` with the same options (the planner chooses how many
+# data-parallel pipelines; with CALIBRATE, planned again on the fitted cluster).
 #
 # usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
@@ -55,12 +57,23 @@ for r in $RATES; do
             fi
         done
     fi
+    case " $KINDS " in *" interleaved "*)
+        if [ "${CALIBRATE:-0}" -gt 0 ]; then
+            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --chunks 2 -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
+        else
+            "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
+                --net-cpu "$nc" --core-efficiency "$CE" --chunks 2 -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
+        fi
+        log "$r: interleaved plan: $(sed -n 2p "$OUT/chunks-$r.txt")" ;;
+    esac
     for rep in $(seq "$REPS"); do
         for k in $KINDS; do
             id=$r-$k-$rep
             rc=0
+            plan=$OUT/straight-$r.json
+            [ "$k" = interleaved ] && plan=$OUT/chunks-$r.json
             timeout --kill-after=20 600 tools/cluster.sh run --name "$NAME" 4 "$PD" train models/vgg16.json \
-                --plan "$OUT/straight-$r.json" --schedule "$k" --steps "$STEPS" --minibatch 64 --threads 1 \
+                --plan "$plan" --schedule "$k" --steps "$STEPS" --minibatch 64 --threads 1 \
                 --profile "$PROF" --data "$OUT/data" >"$OUT/raw/$id.json" 2>"$OUT/raw/$id.err" || rc=$?
             if [ $rc != 0 ]; then log "$id: rc $rc ($(tail -1 "$OUT/raw/$id.err" | cut -c1-160))"; continue; fi
             python3 - "$OUT/raw/$id.json" "$r" "$k" "$rep" >>"$OUT/runs.tsv" <<'PY'
