@@ -10,7 +10,8 @@
 # (`predicted_time_per_unit_ms`) beside what it measured (`time_per_unit_ms`). Prints a table
 # (medians) and writes it with every run's figures to OUT/table.md. The kind `interleaved` runs
 # on its own plan, `plan --chunks 2` with the same options (the planner chooses how many
-# data-parallel pipelines; with CALIBRATE, planned again on the fitted cluster).
+# data-parallel pipelines, or IL_PIPELINES=D of them; with CALIBRATE, planned again on the
+# fitted cluster).
 #
 # usage: bench/predict_table.sh [--out DIR] [--pd BINARY]    (as root: the cluster needs namespaces)
 #   Environment: RATES ("1gbit 300mbit 100mbit"), KINDS ("dp 1f1b-flush 1f1b zb-h1"), REPS (3),
@@ -59,10 +60,12 @@ for r in $RATES; do
     fi
     case " $KINDS " in *" interleaved "*)
         if [ "${CALIBRATE:-0}" -gt 0 ]; then
-            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --chunks 2 -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
+            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --chunks 2 ${IL_PIPELINES:+--pipelines "$IL_PIPELINES"} \
+                -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
         else
             "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
-                --net-cpu "$nc" --core-efficiency "$CE" --chunks 2 -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
+                --net-cpu "$nc" --core-efficiency "$CE" --chunks 2 ${IL_PIPELINES:+--pipelines "$IL_PIPELINES"} \
+                -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
         fi
         log "$r: interleaved plan: $(sed -n 2p "$OUT/chunks-$r.txt")" ;;
     esac

@@ -16,7 +16,8 @@ static void help(FILE *f) {
             "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
-            "                      [--overlap-allreduce] [--max-states N] [--chunks V] [--units-per-step M]\n"
+            "                      [--overlap-allreduce] [--max-states N] [--chunks V [--pipelines D]]\n"
+            "                      [--units-per-step M]\n"
             "                      [--cores N] [--net-cpu S] [--core-efficiency E] [--exhaustive N] [--explain] [--no-simulate] [--pick K]\n"
             "                      [-o PLAN.json]\n"
             "       pipedream plan PROFILE ... --choose-schedule [--memory-limit BYTES] [--kinds K1,K2,...]\n"
@@ -68,6 +69,8 @@ static void help(FILE *f) {
             "                             each (P d = workers, the d predicted fastest; --straight: 1),\n"
             "                             replica j of stage i on rank (i mod P) d + j (--schedule\n"
             "                             interleaved)\n"
+            "  --pipelines D              with --chunks: d = D data-parallel pipelines, not the\n"
+            "                             planner's choice (D divides the workers, 2 or more each)\n"
             "  --choose-schedule          search partition x replication x schedule kind x micro-batches\n"
             "                             x chunks x recomputation for the fastest simulated plan whose\n"
             "                             worst worker's peak memory fits --memory-limit; prints the\n"
@@ -276,6 +279,9 @@ int cmd_plan(int argc, char **argv) {
             o.max_states = m;
         } else if (!strcmp(a, "--chunks")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &o.chunks)) return CLI_USAGE;
+        } else if (!strcmp(a, "--pipelines")) {
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &o.pipelines))
+                return CLI_USAGE;
         } else if (!strcmp(a, "--choose-schedule")) {
             choose = 1;
         } else if (!strcmp(a, "--candidates")) {
@@ -330,6 +336,7 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
+    if (o.pipelines && o.chunks < 2) return cli_usage_error("plan", "--pipelines goes with --chunks V (V >= 2)");
     if (search_flags && !choose)
         return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer and "
                                "--candidates go with --choose-schedule");

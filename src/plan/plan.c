@@ -237,6 +237,11 @@ static int opts_check(const PlanOpts *o, Err *err) {
     if (!(o->activation_compression >= 0) || !isfinite(o->activation_compression))
         return err_set(err, PD_EINVAL, "activation compression ratio must be > 0, got %g", o->activation_compression);
     if (o->chunks < 0 || o->chunks > 64) return err_set(err, PD_EINVAL, "chunks must be 1..64, got %d", o->chunks);
+    if (o->pipelines < 0) return err_set(err, PD_EINVAL, "pipelines must be >= 1, got %d", o->pipelines);
+    if (o->pipelines > 0 && o->chunks <= 1) return err_set(err, PD_EINVAL, "--pipelines goes with --chunks V");
+    if (o->pipelines > 1 && o->straight)
+        return err_set(err, PD_EINVAL, "--pipelines %d replicates every stage %d times; --straight allows one", o->pipelines,
+                       o->pipelines);
     if (o->chunks > 1 && (o->cost_model != COST_OURS || o->allow_idle))
         return err_set(err, PD_EINVAL, "--chunks plans with our cost model and every worker (no --cost-model pipedream, "
                        "no --allow-idle)");

@@ -116,6 +116,9 @@ typedef struct PlanOpts {
                                     * replicas each on P = workers / d positions, the d predicted
                                     * fastest (straight: 1), replica j of stage i on rank
                                     * (i mod P) d + j (plan_chunks.c); 0/1: plain */
+    int pipelines;                 /* with chunks >= 2: d, the data-parallel pipelines, given (>= 1,
+                                    * dividing the workers into 2 or more positions); 0: the
+                                    * planner's choice */
     /* ours: the bytes per worker a stage needs under memory_limit, instead of the 1F1B stash rule
      * (the schedule search's per-kind estimates); NULL: plan_ours_stash. in_bytes: what crosses
      * the cut before the stage (0 for the first). A plan made with it is not re-checked by

@@ -38,8 +38,7 @@ int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int
     memset(out, 0, sizeof *out);
     const int n = s->n, W = cluster_total_workers(cl), V = o->chunks;
     if (d < 1 || W % d || W / d < 2)
-        return err_set(err, PD_EINVAL, "--chunks: %d replicas a stage do not split %d workers into 2 or more positions", d,
-                       W);
+        return err_set(err, PD_EINVAL, "--chunks: %d pipelines do not split %d workers into pipelines of 2 or more", d, W);
     const int P = W / d, NS = V * P;
     if (NS > n)
         return err_set(err, PD_EINVAL, "--chunks %d on %d workers needs %d stages but the model has only %d cut states", V,
@@ -94,6 +93,7 @@ int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolu
     memset(out, 0, sizeof *out);
     const int W = cluster_total_workers(cl);
     if (W < 2) return err_set(err, PD_EINVAL, "--chunks needs at least 2 workers");
+    if (o->pipelines > 0) return plan_dp_chunks_d(s, cl, o, o->pipelines, out, err);
     int rc = PD_EINVAL;
     Err first = {0};
     for (int d = 1; d <= (o->straight ? 1 : W / 2); d++) {

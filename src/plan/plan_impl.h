@@ -79,8 +79,9 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *g, const PStates *s,
 void psolution_times_ours(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
 void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *sol);
 /* Interleaved plans (o->chunks >= 2): V x P stages of d replicas on P = W / d positions,
- * replica j of stage i on rank (i mod P) d + j; the d (1 with o->straight) whose plan predicts
- * the shortest minibatch. plan_dp_chunks_d: the best plan for one d. */
+ * replica j of stage i on rank (i mod P) d + j; d = o->pipelines when given, else the d (1 with
+ * o->straight) whose plan predicts the shortest minibatch. plan_dp_chunks_d: the best plan for
+ * one d. */
 int plan_dp_chunks(const PStates *s, const Cluster *cl, const PlanOpts *o, PSolution *out, Err *err);
 int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err);
 

@@ -102,7 +102,18 @@ t=$(grep -o 'predicted time per minibatch: [0-9.]*' "$tmp/out" | grep -o '[0-9.]
 ts=$(grep -o 'predicted time per minibatch: [0-9.]*' "$tmp/out.s" | grep -o '[0-9.]*$')
 python3 -c "import sys; sys.exit(not float(sys.argv[1]) < float(sys.argv[2]))" "$t" "$ts" ||
     fail "--chunks 2: 4 pipelines predicted $t ms, not faster than one ($ts ms)"
-for f in il ils; do
+# --pipelines 2 forces 2 pipelines of 4 workers; refused without --chunks, with --straight, and
+# where the pipelines do not split the workers
+"$PD" plan "$VGG" --workers 8 --bandwidth 1e11 --chunks 2 --pipelines 2 -o "$tmp/il2.json" >"$tmp/out.2" 2>"$tmp/err" ||
+    fail "plan --chunks 2 --pipelines 2: $(cat "$tmp/err")"
+grep -qF "interleaved: 2 pipelines of 4 workers, 2 chunks per worker" "$tmp/out.2" || fail "--pipelines 2: $(cat "$tmp/out.2")"
+[ "$(flat "$tmp/il2.json" | grep -o '"replicas":2' | wc -l)" -eq 8 ] || fail "--pipelines 2: not 8 stages of 2 replicas"
+expect_usage "--pipelines goes with --chunks" "$VGG" --workers 8 --pipelines 2
+for bad in "--pipelines 3" "--pipelines 8" "--pipelines 2 --straight"; do
+    "$PD" plan "$VGG" --workers 8 --chunks 2 $bad -o "$tmp/bad.json" >/dev/null 2>"$tmp/err" && fail "plan --chunks 2 $bad succeeded"
+    grep -q "pipelines" "$tmp/err" || fail "plan --chunks 2 $bad: $(cat "$tmp/err")"
+done
+for f in il ils il2; do
     "$PD" simulate "$tmp/$f.json" --profile "$VGG" --minibatches 2 >"$tmp/sim.out" 2>"$tmp/err" ||
         fail "simulate $f: $(cat "$tmp/err")"
     grep -q "^schedule interleaved: 2 minibatches x 8 micro-batches, 8 workers" "$tmp/sim.out" ||
