@@ -7,7 +7,8 @@
 #    gpipe, dp, 1f1b-flush, zb-h1 and zb-h2 (the split backward); zb-h1's and zb-h2's weights
 #    are also bitwise 1f1b-flush's (the same units, flushes and order of additions). So must
 #    interleaved (2 stages per rank), with and without --recompute, also = 1f1b-flush, and
-#    interleaved over two replicated pipelines = 1f1b-flush on the same replicated stages.
+#    interleaved over two replicated pipelines = 1f1b-flush on the same replicated stages, and
+#    resumed from a checkpoint half-way = uninterrupted.
 #  - bad launches fail on every rank with a clear message and no hang: a plan for more
 #    ranks than started, a plan made for another model, --plan missing under mpirun.
 set -u
@@ -111,6 +112,14 @@ a=$(crc "$tmp/mpi.out"); b=$(crc "$tmp/thr.out"); f=$(crc "$tmp/flush.out")
 [ "$a" = "$b" ] || fail "interleaved replicated: MPI weights $a differ from threads $b"
 [ "$a" = "$f" ] || fail "interleaved replicated: weights $a differ from 1f1b-flush's $f"
 echo "ok: interleaved on 2 pipelines: mpi = threads = 1f1b-flush ($a)"
+# stopped at a checkpoint after 6 of the 12 minibatches and resumed: the same weights, bitwise
+"$PD" train $args --chunks 2 --workers 4 --steps 6 --checkpoint-every 6 --checkpoint-dir "$tmp/ckr" >/dev/null 2>"$tmp/err" ||
+    fail "interleaved replicated, first half: $(tail -3 "$tmp/err")"
+"$PD" train $args --chunks 2 --workers 4 --resume "$tmp/ckr" >"$tmp/res.out" 2>"$tmp/err" ||
+    fail "interleaved replicated, resumed: $(tail -3 "$tmp/err")"
+grep -q '"resumed_from":6' "$tmp/res.out" || fail "interleaved replicated: not resumed: $(cat "$tmp/res.out")"
+[ "$(crc "$tmp/res.out")" = "$b" ] || fail "interleaved replicated: resumed weights $(crc "$tmp/res.out") differ from $b"
+echo "ok: interleaved on 2 pipelines: resumed from a checkpoint = uninterrupted"
 args="$MODEL --plan $tmp/p4.json --microbatches 4 --steps 12 --minibatch 16 --timeout 60"
 $MPIRUN -np 2 "$PD" train $args --chunks 2 --microbatches 3 --minibatch 12 >"$tmp/out" 2>"$tmp/err" &&
     fail "interleaved with 3 micro-batches on 2 workers succeeded"
