@@ -346,7 +346,9 @@ void plan_search_release(SearchResult *r) {
 
 void plan_search_shape(const Plan *p, char *buf, size_t n) {
     if (p->chunks > 1) {
-        snprintf(buf, n, "%d stages, %d per worker", p->n_stages, p->chunks);
+        int d = p->stages[0].replicas;
+        if (d > 1) snprintf(buf, n, "%d stages, %d per worker, %d pipelines", p->n_stages, p->chunks, d);
+        else snprintf(buf, n, "%d stages, %d per worker", p->n_stages, p->chunks);
         return;
     }
     int k = snprintf(buf, n, "%d stage%s", p->n_stages, p->n_stages == 1 ? "" : "s");

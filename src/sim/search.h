@@ -72,7 +72,7 @@ int  plan_same_partition(const Plan *a, const Plan *b);
 /* A hash of what plan_same_partition compares: equal partitions hash alike, so a list of
  * thousands deduplicates by comparing hashes first. */
 uint64_t plan_partition_hash(const Plan *p);
-/* "4 stages (replicas 2+1+1)" or "8 stages, 2 per worker" into buf. */
+/* "4 stages (replicas 2+1+1)", "8 stages, 2 per worker" or "4 stages, 2 per worker, 2 pipelines" into buf. */
 void plan_search_shape(const Plan *p, char *buf, size_t n);
 
 /* What a simulated run's time per unit went to. */
