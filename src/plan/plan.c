@@ -356,15 +356,13 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *gp, const PStates *s
         st->time_s = sol.st[q].time_s;
     }
     free(stage_of);
-    if (o->chunks > 1) {   /* round-robin: replica j of stage q on rank (q mod P) d + j, P = W / d positions */
-        int W = cluster_total_workers(cl), d = p->stages[0].replicas, P = W / d;
-        for (int q = 0; q < sol.n_stages; q++)
-            for (int j = 0; j < d; j++) p->stages[q].ranks[j] = (q % P) * d + j;
-        rank = W;
-        p->chunks = o->chunks;
-    }
     p->n_workers = rank;
     p->noam = (rank + p->stages[0].replicas - 1) / p->stages[0].replicas;
+    if (o->chunks > 1) {   /* the round-robin placement on the positions (workers, chunks, noam) */
+        Err e = {0};
+        int rc = plan_interleave(p, o->chunks, &e);
+        PD_ASSERTF(rc == PD_OK, "interleaving the solution: %s", e.msg);
+    }
     p->pipeline_s = sol.pipeline_s;
     p->single_s = sol.single_s;
     p->dp_s = sol.dp_s;
