@@ -44,8 +44,10 @@ for r in $RATES; do
     emu_up "$r"
     nc=$(emu_net_cpu "$r")   # the network stack's CPU per byte (NET_CPU=0: left out of the plans)
     log "$r: network CPU $nc s per byte"
-    "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
-        --net-cpu "$nc" --core-efficiency "$CE" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
+    # the rate's cluster as the plans see it (the straight plan's, and interleaved's uncalibrated)
+    cluster_opts=(--workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+        --net-cpu "$nc" --core-efficiency "$CE")
+    "$PD" plan "$PROF" "${cluster_opts[@]}" --straight -o "$OUT/straight-$r.json" >"$OUT/straight-$r.txt"
     if [ "${CALIBRATE:-0}" -gt 0 ]; then
         step=0
         for cs in ${CAL_STEPS:-${CAL_KIND:-1f1b}:${CAL_FIT:-core-efficiency}}; do
@@ -59,14 +61,9 @@ for r in $RATES; do
         done
     fi
     case " $KINDS " in *" interleaved "*)
-        if [ "${CALIBRATE:-0}" -gt 0 ]; then
-            "$PD" plan "$PROF" --cluster "$OUT/cluster-$r.json" --chunks 2 ${IL_PIPELINES:+--pipelines "$IL_PIPELINES"} \
-                -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
-        else
-            "$PD" plan "$PROF" --workers 4 --bandwidth "$(payload_bps "$r")" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" \
-                --net-cpu "$nc" --core-efficiency "$CE" --chunks 2 ${IL_PIPELINES:+--pipelines "$IL_PIPELINES"} \
-                -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
-        fi
+        [ "${CALIBRATE:-0}" -gt 0 ] && cluster_opts=(--cluster "$OUT/cluster-$r.json")
+        "$PD" plan "$PROF" "${cluster_opts[@]}" --chunks 2 ${IL_PIPELINES:+--pipelines "$IL_PIPELINES"} \
+            -o "$OUT/chunks-$r.json" >"$OUT/chunks-$r.txt"
         log "$r: interleaved plan: $(sed -n 2p "$OUT/chunks-$r.txt")" ;;
     esac
     for rep in $(seq "$REPS"); do
