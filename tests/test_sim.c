@@ -401,6 +401,59 @@ static void test_incoming_link(void **state) {
     free_plan(p);
 }
 
+/* A host's own latency (tools/cluster.sh --host-delay: the delay on what it receives) replaces
+ * the level's for every message into it, and only for those; it survives a cluster file. */
+static void test_host_latency(void **state) {
+    (void)state;
+    Plan *p = make_plan(2, NULL);
+    Schedule s;
+    build(p, SCHED_1F1B, 8, 1, 0, &s);
+    SimCosts c = uniform_costs(2, 0, 0);
+    c.stage[1].in_bytes = 1e6;   /* 1 MB each way at 10 MB/s: 0.1 s on the link */
+    Cluster cl = {.n_levels = 1, .level = {{2, 1e7, 0.01}}, .n_hosts = 2};
+    cl.host[1].latency = 0.03, cl.host[1].has_latency = 1;
+    assert_near(cluster_link_latency(&cl, 0, 1), 0.03, 0);
+    assert_near(cluster_link_latency(&cl, 1, 0), 0.01, 0);
+    assert_true(cluster_heterogeneous(&cl));
+    SimResult r;
+    run(&s, &c, &cl, &r);
+    int act = -1, grad = -1;
+    for (int i = 0; i < s.workers[0].n && act < 0; i++)
+        if (s.workers[0].ins[i].op == OP_SEND_ACT) act = i;
+    for (int i = 0; i < s.workers[1].n && grad < 0; i++)
+        if (s.workers[1].ins[i].op == OP_SEND_GRAD) grad = i;
+    assert_true(act >= 0 && grad >= 0);
+    assert_near(r.end[0][act] - r.start[0][act], 0.1 + 0.03, 1e-9);   /* into worker 1: its own */
+    assert_near(r.end[1][grad] - r.start[1][grad], 0.1 + 0.01, 1e-9);  /* into worker 0: the level's */
+    sim_result_release(&r);
+    cJSON *o = cJSON_Parse("{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e7, \"latency\": 0.01}], "
+                           "\"hosts\": [{\"latency\": 0}, {\"latency\": 0.03}]}");
+    Cluster got;
+    Err err = {0};
+    if (cluster_from_json(o, "c.json", &got, &err) != PD_OK) fail_msg("%s", err.msg);
+    cJSON_Delete(o);
+    assert_near(cluster_link_latency(&got, 1, 0), 0, 0);   /* a host's own 0 is 0, not the level's */
+    assert_near(cluster_link_latency(&got, 0, 1), 0.03, 0);
+    cJSON *back = cJSON_CreateObject();
+    cluster_to_json(&got, back);
+    char *text = cJSON_PrintUnformatted(back);
+    cJSON_Delete(back);
+    back = cJSON_Parse(text);
+    free(text);
+    Cluster again;
+    if (cluster_from_json(back, "back", &again, &err) != PD_OK) fail_msg("%s", err.msg);
+    cJSON_Delete(back);
+    assert_int_equal(again.host[0].has_latency, 1);
+    assert_near(cluster_link_latency(&again, 0, 1), 0.03, 0);
+    o = cJSON_Parse("{\"levels\": [{\"workers\": 2, \"bandwidth\": 1e7}], \"hosts\": [{\"latency\": -1}]}");
+    assert_int_not_equal(cluster_from_json(o, "c.json", &got, &err), PD_OK);
+    assert_non_null(strstr(err.msg, "latency"));
+    cJSON_Delete(o);
+    sched_release(&s);
+    sim_costs_release(&c);
+    free_plan(p);
+}
+
 /* A heterogeneous cluster: a host's own link caps every message to or from it, a host's speed
  * divides its compute, and both survive the cluster and plan files. */
 static void test_heterogeneous(void **state) {
@@ -1422,6 +1475,7 @@ int main(void) {
         cmocka_unit_test(test_wake),       cmocka_unit_test(test_bandwidth_bound), cmocka_unit_test(test_incoming_link),
         cmocka_unit_test(test_random_plans),      cmocka_unit_test(test_new_kinds_random),
         cmocka_unit_test(test_deadlock),          cmocka_unit_test(test_heterogeneous),
+        cmocka_unit_test(test_host_latency),
         cmocka_unit_test(test_memory),            cmocka_unit_test(test_costs_from_profile),
         cmocka_unit_test(test_pictures),          cmocka_unit_test(test_scale),
         cmocka_unit_test(test_net_cpu),

@@ -6,17 +6,25 @@
 # used (RFC 2544's benchmarking range): no route, NAT or forwarding leads anywhere else.
 # Each host's link is full duplex: its egress (the namespace side of its veth) and its ingress
 # (the bridge side) are each shaped to --rate (tc htb, acknowledgements first; or tc tbf with
-# --queue fifo); --delay (tc netem) is added on the
-# ingress. A packet from one host to another crosses one egress and one ingress: rate R,
-# one-way delay D, round trip 2D.
+# --queue fifo); --delay, --jitter and --loss (tc netem) are added on the ingress. A packet
+# from one host to another crosses one egress and one ingress: rate R, the receiver's one-way
+# delay D, round trip 2D.
 #
-#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--cpu C]
-#                      [--queue acks-first|fifo] [--name pdc]
+#   tools/cluster.sh up N [--rate 100mbit] [--host-rate I=R,...] [--delay 0ms] [--jitter 0ms]
+#                      [--loss 0%] [--host-delay I=D,...] [--host-jitter I=J,...]
+#                      [--host-loss I=P,...] [--cpu C] [--queue acks-first|fifo]
+#                      [--private-dirs] [--name pdc]
 #                                                  create or reconcile; --host-rate gives host I
-#                                                  its own link rate R (a heterogeneous cluster);
+#                                                  its own link rate R (a heterogeneous cluster),
+#                                                  --host-delay/-jitter/-loss its own netem
+#                                                  figures for what it receives;
 #                                                  --cpu caps each host's processes at C cores
 #                                                  (a cgroup CPU quota), so that hosts stop
-#                                                  sharing this machine's cores as one pool
+#                                                  sharing this machine's cores as one pool;
+#                                                  --private-dirs gives each host its own
+#                                                  /var/lib/pipedream-host (a mount namespace)
+#   tools/cluster.sh cluster-file                  the cluster as a pipedream-cluster JSON for
+#                                                  plan and simulate --cluster (stdout)
 #   tools/cluster.sh run NP CMD [ARGS...]          mpirun -np NP across the hosts (round robin)
 #   tools/cluster.sh run -- MPIRUN_ARGS...         mpirun with your own arguments (give -np)
 #   tools/cluster.sh run-torch NP CMD [ARGS...]    run, plus MASTER_ADDR/MASTER_PORT and
@@ -42,10 +50,12 @@ SUBNET=$NET.0/24
 BRIDGE_ADDR=$NET.254
 MAXHOSTS=200
 STATE_ROOT=/run/pipedream-cluster
+HOST_DIR=/var/lib/pipedream-host          # --private-dirs: each host's own directory, seen here
+DISK_ROOT=/var/lib/pipedream-cluster      # ... and where host I's lies: DISK_ROOT/NAME/hI
 TAG=pipedream-cluster
 
 die() { echo "$PROG: error: $*" >&2; exit 1; }
-usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--cpu C] [--queue acks-first|fifo] [--name NAME] | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | net-cpu [--mb MB] | mpirun-args | down   (--help)" >&2; exit 2; }
+usage_err() { echo "$PROG: error: $*" >&2; echo "usage: $PROG up N [--rate R] [--host-rate I=R,...] [--delay D] [--jitter J] [--loss P] [--host-delay I=D,...] [--host-jitter I=J,...] [--host-loss I=P,...] [--cpu C] [--queue acks-first|fifo] [--private-dirs] [--name NAME] | cluster-file | run NP CMD... | run -- MPIRUN_ARGS... | run-torch NP CMD... | exec I CMD... | status | net-cpu [--mb MB] | mpirun-args | down   (--help)" >&2; exit 2; }
 cannot() { echo "$PROG: error: this machine cannot $*" >&2; exit 3; }
 CAPS="(needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN: not an unprivileged container)"
 q() { "$@" >/dev/null 2>&1; }
@@ -77,7 +87,22 @@ ours() { [ "$(cat "/sys/class/net/$1/ifalias" 2>/dev/null)" = "$TAG:$NAME" ]; }
 
 # A rate/delay as tc understands it; rejects anything else early with a clear message.
 check_rate() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]] || usage_err "--rate: like 100mbit, 1gbit, 500kbit (got '$1')"; }
-check_delay() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || usage_err "--delay: like 1ms, 200us, 0ms (got '$1')"; }
+check_delay() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?(us|ms|s)$ ]] || usage_err "${2:---delay}: like 1ms, 200us, 0ms (got '$1')"; }
+check_loss() {   # (no awk: it runs before the tools are checked)
+    local whole
+    [[ $1 =~ ^([0-9]+)(\.[0-9]+)?%$ ]] && whole=$((10#${BASH_REMATCH[1]})) \
+        && { [ "$whole" -lt 100 ] || { [ "$whole" = 100 ] && [[ ${BASH_REMATCH[2]:-} =~ ^(\.0*)?$ ]]; }; } \
+        || usage_err "${2:---loss}: a percentage of packets, like 0.01%, 1%, 0% (got '$1')"
+}
+# check_host_list FLAG LIST N CHECK: I=V[,I=V...] with hosts 0..N-1 and each V passing CHECK
+check_host_list() {
+    local flag=$1 list=$2 n=$3 check=$4 kv
+    for kv in ${list//,/ }; do
+        [[ $kv =~ ^[0-9]+=.+$ ]] || usage_err "$flag: I=VALUE[,I=VALUE...], e.g. 2=40ms,3=40ms (got '$kv')"
+        [ "${kv%%=*}" -lt "$n" ] || usage_err "$flag: host ${kv%%=*} of $n (hosts are 0..$((n - 1)))"
+        $check "${kv#*=}" "$flag"
+    done
+}
 
 # --- up -------------------------------------------------------------------------------------
 # tc's rate in bytes/s, for the burst and the queue.
@@ -102,10 +127,10 @@ burst_of() { [ "$(($1 / 1000))" -gt 16384 ] && echo $(($1 / 1000)) || echo 16384
 #     NIC; behind 50 ms of its own data they held the incoming stream at 80-90% of the link
 #     (a 4-host ring all-reduce at 300 Mbit/s: docs/reference/cluster-sh.md).
 #   --queue fifo: one token bucket (tc tbf) with the same burst and queue for every packet.
-# DELAY: with acks-first, both leaves are netem queues with that delay (htb takes from them
-# as its rate allows), the bulk one holding the delay's and the 50 ms queue's packets.
+# NETEM (netem_of's arguments): with acks-first, both leaves are netem queues with them (htb
+# takes from them as its rate allows), the bulk one holding the delay's and the 50 ms queue's packets.
 shape_dir() {
-    local pre=$1 dev=$2 parent=$3 h=$4 r=$5 delay=${6:-} B b bits lim r2q
+    local pre=$1 dev=$2 parent=$3 h=$4 r=$5 netem=${6:-} B b bits lim r2q
     B=$(rate_bytes "$r"); b=$(burst_of "$B")
     if [ "$QUEUE" = fifo ]; then
         $pre tc qdisc add dev "$dev" $parent handle "$h": tbf rate "$r" burst "$b" latency 50ms \
@@ -121,13 +146,13 @@ shape_dir() {
     $pre tc class add dev "$dev" parent "$h": classid "$h":1 htb rate "$r" burst "$b" cburst "$b"
     $pre tc class add dev "$dev" parent "$h":1 classid "$h":10 htb rate $((bits / 30))bit ceil "$r" prio 0 burst "$b" cburst "$b"
     $pre tc class add dev "$dev" parent "$h":1 classid "$h":20 htb rate $((bits - bits / 30))bit ceil "$r" prio 1 burst "$b" cburst "$b"
-    if [ -n "$delay" ]; then
+    if [ -n "$netem" ]; then
         local pk   # packets: the 50 ms queue's and the delay's at the rate
-        pk=$(awk -v B="$B" -v d="$delay" 'BEGIN { s = d + 0; if (d ~ /us$/) s /= 1e6; else if (d ~ /ms$/) s /= 1e3;
-                                                         printf "%d", B * (0.05 + s) / 1514 + 64 }')
-        $pre tc qdisc add dev "$dev" parent "$h":10 handle $((h + 2)): netem delay "$delay" limit 10000 2>/dev/null \
-            && $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): netem delay "$delay" limit "$pk" 2>/dev/null \
-            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+        pk=$(awk -v B="$B" -v s="$(netem_secs "$netem")" 'BEGIN { printf "%d", B * (0.05 + s) / 1514 + 64 }')
+        # shellcheck disable=SC2086
+        $pre tc qdisc add dev "$dev" parent "$h":10 handle $((h + 2)): netem $netem limit 10000 2>/dev/null \
+            && $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): netem $netem limit "$pk" 2>/dev/null \
+            || cannot "$NETEM_CANNOT"
     else
         $pre tc qdisc add dev "$dev" parent "$h":20 handle $((h + 1)): bfifo limit "$lim"
     fi
@@ -135,32 +160,58 @@ shape_dir() {
         || cannot "classify packets by size (tc filter ... u32; CONFIG_NET_CLS_U32; or --queue fifo)"
 }
 
-# Host I's rate: its --host-rate, else --rate.
-rate_of() {
-    local i=$1 kv
-    for kv in ${HOST_RATES//,/ }; do [ "${kv%%=*}" = "$i" ] && { echo "${kv#*=}"; return; }; done
-    echo "$RATE"
+# host_val LIST I DEFAULT: host I's value in an I=V list (--host-rate ...), else DEFAULT.
+host_val() {
+    local kv
+    for kv in ${1//,/ }; do [ "${kv%%=*}" = "$2" ] && { echo "${kv#*=}"; return; }; done
+    echo "$3"
 }
+rate_of() { host_val "$HOST_RATES" "$1" "$RATE"; }
+delay_of() { host_val "$HOST_DELAYS" "$1" "$DELAY"; }
+jitter_of() { host_val "$HOST_JITTERS" "$1" "$JITTER"; }
+loss_of() { host_val "$HOST_LOSSES" "$1" "$LOSS"; }
+is_zero() { [[ $1 =~ ^0+(\.0+)?(us|ms|s|%)?$ ]]; }
+
+# Host I's netem arguments for what it receives, or nothing when it has no delay, jitter or
+# loss. With jitter, netem's rate (10gbit: it never holds a packet back) keeps the packets in
+# order: each leaves no earlier than the one before it, as on a path through one queue (plain
+# netem jitter reorders them, which TCP takes for losses).
+netem_of() {
+    local d j l a=""
+    d=$(delay_of "$1"); j=$(jitter_of "$1"); l=$(loss_of "$1")
+    if ! is_zero "$d" || ! is_zero "$j"; then
+        a="delay $d"
+        is_zero "$j" || a="$a $j rate 10gbit"
+    fi
+    is_zero "$l" || a="${a:+$a }loss $l"
+    echo "$a"
+}
+# the seconds a netem argument list holds a packet at most (its delay plus its jitter)
+netem_secs() {
+    echo "$*" | awk '{ s = 0; for (i = 1; i <= NF; i++) if ($i == "delay") { for (k = i + 1; k <= i + 2 && k <= NF; k++) {
+                          v = $k; if (v !~ /^[0-9.]+(us|ms|s)$/) break; x = v + 0
+                          if (v ~ /us$/) x /= 1e6; else if (v ~ /ms$/) x /= 1e3; s += x } }
+                     printf "%.6f", s }'
+}
+NETEM_CANNOT="attach a netem qdisc for --delay, --jitter or --loss (kernel without sch_netem, CONFIG_NET_SCH_NETEM; without --delay, --jitter and --loss none is needed)"
 
 no_ipv6() { [ ! -w "/proc/sys/net/ipv6/conf/$1/disable_ipv6" ] || echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; }
 
-has_delay() { ! [[ $DELAY =~ ^0+(\.0+)?(us|ms|s)$ ]]; }
-
 shape() {   # shape I: (re)apply the qdiscs of host I
-    local i=$1 ns veth r
-    ns=$(ns_of "$i"); veth=$(veth_of "$i"); r=$(rate_of "$i")
+    local i=$1 ns veth r ne
+    ns=$(ns_of "$i"); veth=$(veth_of "$i"); r=$(rate_of "$i"); ne=$(netem_of "$i")
     # Egress (the host sends): on the namespace side of the veth.
     q ip netns exec "$ns" tc qdisc del dev "$IFN" root || true
     shape_dir "ip netns exec $ns" "$IFN" root 1 "$r"
-    # Ingress (the host receives): on the bridge side's egress. The delay goes here, on
-    # forwarded packets, not on the sender's own queue where TCP small queues would count it
-    # against the socket: every host-to-host packet crosses exactly one such ingress.
+    # Ingress (the host receives): on the bridge side's egress. The delay, jitter and loss go
+    # here, on forwarded packets, not on the sender's own queue where TCP small queues would
+    # count them against the socket: every host-to-host packet crosses exactly one such ingress.
     q tc qdisc del dev "$veth" root || true
-    if has_delay && [ "$QUEUE" != fifo ]; then
-        shape_dir "" "$veth" root 1 "$r" "$DELAY"
-    elif has_delay; then
-        tc qdisc add dev "$veth" root handle 1: netem delay "$DELAY" limit 100000 2>/dev/null \
-            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+    if [ -n "$ne" ] && [ "$QUEUE" != fifo ]; then
+        shape_dir "" "$veth" root 1 "$r" "$ne"
+    elif [ -n "$ne" ]; then
+        # shellcheck disable=SC2086
+        tc qdisc add dev "$veth" root handle 1: netem $ne limit 100000 2>/dev/null || cannot "$NETEM_CANNOT"
         shape_dir "" "$veth" "parent 1:1" 10 "$r"
     else
         shape_dir "" "$veth" root 1 "$r"
@@ -201,12 +252,19 @@ cg_remove() {   # the cluster's groups, their processes gone (teardown ends them
 }
 
 cmd_up() {
-    local n="" ; RATE=100mbit; DELAY=0ms; HOST_RATES=""; CPU=""; QUEUE=acks-first
+    local n="" ; RATE=100mbit; DELAY=0ms; JITTER=0ms; LOSS=0%; HOST_RATES=""; HOST_DELAYS=""; HOST_JITTERS=""
+    HOST_LOSSES=""; CPU=""; QUEUE=acks-first; PRIVATE=0
     while [ $# -gt 0 ]; do
         case $1 in
             --rate) [ $# -ge 2 ] || usage_err "--rate needs a value"; RATE=$2; shift 2 ;;
             --host-rate) [ $# -ge 2 ] || usage_err "--host-rate needs I=RATE[,I=RATE...]"; HOST_RATES=$2; shift 2 ;;
             --delay) [ $# -ge 2 ] || usage_err "--delay needs a value"; DELAY=$2; shift 2 ;;
+            --jitter) [ $# -ge 2 ] || usage_err "--jitter needs a value"; JITTER=$2; shift 2 ;;
+            --loss) [ $# -ge 2 ] || usage_err "--loss needs a value"; LOSS=$2; shift 2 ;;
+            --host-delay) [ $# -ge 2 ] || usage_err "--host-delay needs I=D[,I=D...]"; HOST_DELAYS=$2; shift 2 ;;
+            --host-jitter) [ $# -ge 2 ] || usage_err "--host-jitter needs I=J[,I=J...]"; HOST_JITTERS=$2; shift 2 ;;
+            --host-loss) [ $# -ge 2 ] || usage_err "--host-loss needs I=P[,I=P...]"; HOST_LOSSES=$2; shift 2 ;;
+            --private-dirs) PRIVATE=1; shift ;;
             --cpu) [ $# -ge 2 ] || usage_err "--cpu needs a value"; CPU=$2; shift 2 ;;
             --queue) [ $# -ge 2 ] || usage_err "--queue needs a value"; QUEUE=$2; shift 2 ;;
             --name) [ $# -ge 2 ] || usage_err "--name needs a value"; NAME=$2; shift 2 ;;
@@ -215,18 +273,16 @@ cmd_up() {
         esac
     done
     [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAXHOSTS ] || usage_err "up N: N from 1 to $MAXHOSTS hosts (got '${n}')"
-    check_name; check_rate "$RATE"; check_delay "$DELAY"
+    check_name; check_rate "$RATE"; check_delay "$DELAY"; check_delay "$JITTER" --jitter; check_loss "$LOSS"
     [ "$QUEUE" = acks-first ] || [ "$QUEUE" = fifo ] || usage_err "--queue: acks-first or fifo (got '$QUEUE')"
     if [ -n "$CPU" ]; then
         [[ $CPU =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="$CPU" 'BEGIN { exit !(c >= 0.01 && c <= 1024) }' \
             || usage_err "--cpu: cores per host, from 0.01, like 0.5 or 2 (got '$CPU')"
     fi
-    local kv
-    for kv in ${HOST_RATES//,/ }; do
-        [[ $kv =~ ^[0-9]+=.+$ ]] || usage_err "--host-rate: I=RATE[,I=RATE...], e.g. 2=10mbit,3=10mbit (got '$kv')"
-        [ "${kv%%=*}" -lt "$n" ] || usage_err "--host-rate: host ${kv%%=*} of $n (hosts are 0..$((n - 1)))"
-        check_rate "${kv#*=}"
-    done
+    check_host_list --host-rate "$HOST_RATES" "$n" check_rate
+    check_host_list --host-delay "$HOST_DELAYS" "$n" check_delay
+    check_host_list --host-jitter "$HOST_JITTERS" "$n" check_delay
+    check_host_list --host-loss "$HOST_LOSSES" "$n" check_loss
     need_root_tools
     # A failed `up` that was creating the cluster leaves nothing behind (not half a cluster
     # that `run` would trip over); one reconciling a running cluster leaves it be.
@@ -254,14 +310,17 @@ cmd_up() {
     fi
     ip addr replace "$BRIDGE_ADDR/24" dev "$BR"
     ip link set "$BR" up
-    if has_delay; then   # before any host is touched
-        tc qdisc add dev "$BR" root netem delay "$DELAY" 2>/dev/null \
-            || cannot "attach a netem qdisc for --delay (kernel without sch_netem, CONFIG_NET_SCH_NETEM; --delay 0 needs none)"
+    local i ne
+    for ((i = 0; i < n; i++)); do   # netem, before any host is touched
+        ne=$(netem_of "$i")
+        [ -n "$ne" ] || continue
+        # shellcheck disable=SC2086
+        tc qdisc add dev "$BR" root netem $ne 2>/dev/null || cannot "$NETEM_CANNOT"
         tc qdisc del dev "$BR" root
-    fi
+        break
+    done
 
     # Hosts beyond N (a smaller `up` after a larger one) go.
-    local i
     for i in $(hosts); do [ "$i" -lt "$n" ] || del_host "$i"; done
 
     for ((i = 0; i < n; i++)); do
@@ -297,17 +356,34 @@ cmd_up() {
     done
 
     cpu_caps "$n"
+    if [ "$PRIVATE" = 1 ]; then   # the hosts' directories (kept by an `up` without the flag)
+        mkdir -p "$HOST_DIR" || die "cannot create $HOST_DIR"
+        for ((i = 0; i < n; i++)); do mkdir -p "$DISK_ROOT/$NAME/h$i" || die "cannot create $DISK_ROOT/$NAME/h$i"; done
+    fi
 
     # State: what `run` and `status` need; the rsh agent Open MPI launches its daemons with.
     mkdir -p "$STATE"
-    printf 'N=%s\nRATE=%s\nDELAY=%s\nHOST_RATES=%s\nCPU=%s\nQUEUE=%s\n' "$n" "$RATE" "$DELAY" "$HOST_RATES" "$CPU" "$QUEUE" >"$STATE/config"
+    printf 'N=%s\nRATE=%s\nDELAY=%s\nJITTER=%s\nLOSS=%s\nHOST_RATES=%s\nHOST_DELAYS=%s\nHOST_JITTERS=%s\nHOST_LOSSES=%s\nCPU=%s\nQUEUE=%s\nPRIVATE=%s\n' \
+        "$n" "$RATE" "$DELAY" "$JITTER" "$LOSS" "$HOST_RATES" "$HOST_DELAYS" "$HOST_JITTERS" "$HOST_LOSSES" "$CPU" "$QUEUE" \
+        "$PRIVATE" >"$STATE/config"
     : >"$STATE/hostfile"
     for ((i = 0; i < n; i++)); do echo "$(addr_of "$i") slots=64" >>"$STATE/hostfile"; done
     write_agent "$n"
 
     connectivity_check "$n"
     trap - EXIT
-    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}"
+    echo "cluster $NAME up: $n host(s) $(addr_of 0)..$(addr_of $((n - 1))) on $BR ($BRIDGE_ADDR), $(describe)"
+}
+
+# The cluster's links, cores and directories in words (up, status).
+describe() {
+    local JITTER=${JITTER:-0ms} LOSS=${LOSS:-0%} HOST_DELAYS=${HOST_DELAYS:-} HOST_JITTERS=${HOST_JITTERS:-} HOST_LOSSES=${HOST_LOSSES:-} x
+    x="each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${HOST_DELAYS:+ (hosts $HOST_DELAYS)}"
+    is_zero "$JITTER" && [ -z "$HOST_JITTERS" ] || x="$x, jitter $JITTER${HOST_JITTERS:+ (hosts $HOST_JITTERS)}"
+    is_zero "$LOSS" && [ -z "$HOST_LOSSES" ] || x="$x, loss $LOSS${HOST_LOSSES:+ (hosts $HOST_LOSSES)}"
+    x="$x${CPU:+, $CPU cores each}"
+    [ "${PRIVATE:-0}" = 0 ] || x="$x, a private $HOST_DIR each"
+    echo "$x"
 }
 
 write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's namespace
@@ -327,7 +403,12 @@ write_agent() {   # the plm_rsh_agent: ADDRESS CMD... -> CMD in that host's name
         # --cpu: into the host's group (by its number, the namespace name's suffix)
         local root; root=$(cg_root)
         [ -z "$CPU" ] || [ -z "$root" ] || echo "echo \$\$ >\"$root/h\${ns##*-h}/cgroup.procs\" || exit 255"
-        echo 'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec sh -c "$1"'"'"' "$ns" "$*"'
+        if [ "$PRIVATE" = 1 ]; then   # --private-dirs: the host's directory over HOST_DIR, in a mount namespace
+            echo "# --private-dirs: $HOST_DIR is $DISK_ROOT/$NAME/hI in host I's mount namespace."
+            echo 'exec ip netns exec "$ns" unshare --uts --mount --propagation private sh -c '"'"'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; mount --bind "$2" "$3" || exit 255; exec sh -c "$1"'"'"' "$ns" "$*" "'"$DISK_ROOT/$NAME"'/h${ns##*-h}" "'"$HOST_DIR"'"'
+        else
+            echo 'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec sh -c "$1"'"'"' "$ns" "$*"'
+        fi
     } >"$STATE/rsh.tmp"
     chmod 755 "$STATE/rsh.tmp"
     mv "$STATE/rsh.tmp" "$STATE/rsh"
@@ -417,6 +498,10 @@ teardown() {   # succeeds when there was something to remove
     rmdir "$STATE_ROOT" 2>/dev/null || true
     local root; root=$(cg_root)
     if [ -n "$root" ] && [ -d "$root" ]; then cg_remove "$root"; found=1; fi
+    # --private-dirs: the hosts' directories go with them, as a machine's disk goes with it
+    if [ -d "$DISK_ROOT/$NAME" ]; then rm -rf "${DISK_ROOT:?}/$NAME"; found=1; fi
+    rmdir "$DISK_ROOT" 2>/dev/null || true
+    [ -d "$DISK_ROOT" ] || rmdir "$HOST_DIR" 2>/dev/null || true   # empty: no other cluster has hosts there
     # Open MPI's session directories of the hosts (ompi.HOSTNAME.UID; each host's hostname is
     # its namespace's name): a daemon killed, or cut off by a link taken down, leaves its own.
     local d
@@ -496,6 +581,10 @@ cmd_exec() {
     [ ! -f "$STATE/config" ] || . "$STATE/config"
     root=$(cg_root)
     if [ -n "${CPU:-}" ] && [ -n "$root" ]; then echo $$ >"$root/h$i/cgroup.procs" || die "cannot join $root/h$i"; fi
+    if [ "${PRIVATE:-0}" = 1 ]; then
+        exec ip netns exec "$ns" unshare --uts --mount --propagation private sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; mount --bind "$1" "$2" || exit 255; shift 2; exec "$@"' \
+            "$ns" "$DISK_ROOT/$NAME/h$i" "$HOST_DIR" "$@"
+    fi
     exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" 2>/dev/null || echo "$0" >/proc/sys/kernel/hostname; exec "$@"' "$ns" "$@"
 }
 
@@ -556,6 +645,31 @@ print(f"{busy / nbytes:.3g}")' "$dst" "$port" "$mb" || { kill "$rpid" 2>/dev/nul
     wait "$rpid" || die "net-cpu: the receiver failed"
 }
 
+# The cluster file (docs/reference/formats.md) that describes the links up now: one level of N
+# workers at --rate's TCP payload (1448 bytes of each 1514-byte frame) and --delay's latency;
+# a host with a rate or delay of its own is listed under "hosts". Jitter and loss are not in it
+# (the simulator has neither); a worker per host (rank r on host r: run NP=N).
+secs_of() { awk -v d="$1" 'BEGIN { s = d + 0; if (d ~ /us$/) s /= 1e6; else if (d ~ /ms$/) s /= 1e3; printf "%.9g", s }'; }
+payload_of() { awk -v b="$(rate_bytes "$1")" 'BEGIN { printf "%.9g", b * 1448 / 1514 }'; }
+cmd_cluster_file() {
+    parse_name_only "$@"; check_name
+    [ -f "$STATE/config" ] || die "cluster $NAME is not up: $PROG up N [--name $NAME]"
+    # shellcheck disable=SC1091
+    . "$STATE/config"
+    local JITTER=${JITTER:-0ms} LOSS=${LOSS:-0%} HOST_DELAYS=${HOST_DELAYS:-} i hosts="" any=0 h
+    for ((i = 0; i < N; i++)); do
+        h=""
+        [ "$(rate_of "$i")" = "$RATE" ] || h="\"bandwidth\": $(payload_of "$(rate_of "$i")")"
+        [ "$(delay_of "$i")" = "$DELAY" ] || h="$h${h:+, }\"latency\": $(secs_of "$(delay_of "$i")")"
+        [ -z "$h" ] || any=1
+        hosts="$hosts${hosts:+, }{$h}"
+    done
+    printf '{"format": "pipedream-cluster", "version": 1,\n "levels": [{"workers": %s, "bandwidth": %s, "latency": %s}]' \
+        "$N" "$(payload_of "$RATE")" "$(secs_of "$DELAY")"
+    [ $any = 0 ] || printf ',\n "hosts": [%s]' "$hosts"
+    printf '}\n'
+}
+
 cmd_mpirun_args() {
     parse_name_only "$@"; load_state; mpi_base
     echo "${MPI_BASE[*]:2}"
@@ -568,7 +682,7 @@ cmd_status() {
     if [ -f "$STATE/config" ]; then
         # shellcheck disable=SC1091
         . "$STATE/config"
-        echo "cluster $NAME: $N host(s), each link $RATE full duplex${HOST_RATES:+ (hosts $HOST_RATES)}, one-way delay $DELAY${CPU:+, $CPU cores each}, queue ${QUEUE:-fifo}; bridge $BR $BRIDGE_ADDR"
+        echo "cluster $NAME: $N host(s), $(describe), queue ${QUEUE:-fifo}; bridge $BR $BRIDGE_ADDR"
     else
         echo "cluster $NAME: partial (no $STATE/config): $PROG down --name $NAME, then up"
     fi
@@ -597,6 +711,7 @@ case $cmd in
     exec) cmd_exec "$@" ;;
     status) cmd_status "$@" ;;
     mpirun-args) cmd_mpirun_args "$@" ;;
+    cluster-file) cmd_cluster_file "$@" ;;
     net-cpu) cmd_net_cpu "$@" ;;
     -h|--help|help) help ;;
     *) usage_err "unknown command '$cmd'" ;;

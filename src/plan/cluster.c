@@ -55,12 +55,20 @@ int cluster_check(const Cluster *cl, Err *err) {
         if (!(x->bandwidth >= 0) || !isfinite(x->bandwidth))
             return err_set(err, PD_EINVAL, "host %d: bandwidth must be > 0 bytes/s (0: the level's), got %g", h,
                            x->bandwidth);
+        if (x->has_latency && (!(x->latency >= 0) || !isfinite(x->latency)))
+            return err_set(err, PD_EINVAL, "host %d: latency must be >= 0 seconds, got %g", h, x->latency);
     }
     return PD_OK;
 }
 
 double cluster_own_bandwidth(const Cluster *cl, int r) {
     return r >= 0 && r < cl->n_hosts && cl->host[r].bandwidth > 0 ? cl->host[r].bandwidth : INFINITY;
+}
+
+double cluster_link_latency(const Cluster *cl, int a, int b) {
+    if (b >= 0 && b < cl->n_hosts && cl->host[b].has_latency) return cl->host[b].latency;
+    int lv = cluster_link_level(cl, a, b);
+    return cl->level[lv < 0 ? 0 : lv].latency;
 }
 
 void cluster_scale_bandwidth(Cluster *cl, double f) {
@@ -90,7 +98,8 @@ double cluster_worker_speed(const Cluster *cl, int r) {
 
 int cluster_heterogeneous(const Cluster *cl) {
     for (int h = 0; h < cl->n_hosts; h++)
-        if ((cl->host[h].speed > 0 && cl->host[h].speed != 1.0) || cl->host[h].bandwidth > 0) return 1;
+        if ((cl->host[h].speed > 0 && cl->host[h].speed != 1.0) || cl->host[h].bandwidth > 0 || cl->host[h].has_latency)
+            return 1;
     return 0;
 }
 
@@ -115,6 +124,7 @@ void cluster_to_json(const Cluster *cl, cJSON *clj) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddItemToObject(o, "speed", pd_json_num(cl->host[h].speed > 0 ? cl->host[h].speed : 1.0));
             if (cl->host[h].bandwidth > 0) cJSON_AddItemToObject(o, "bandwidth", pd_json_num(cl->host[h].bandwidth));
+            if (cl->host[h].has_latency) cJSON_AddItemToObject(o, "latency", pd_json_num(cl->host[h].latency));
             cJSON_AddItemToArray(hs, o);
         }
     }
@@ -158,7 +168,7 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
     const cJSON *hosts = jobj_get(&j, "hosts");
     if (hosts) {
         if (!cJSON_IsArray(hosts))
-            return err_set(err, PD_EINVAL, "%s: key \"hosts\": expected an array of {\"speed\", \"bandwidth\"}, "
+            return err_set(err, PD_EINVAL, "%s: key \"hosts\": expected an array of {\"speed\", \"bandwidth\", \"latency\"}, "
                            "worker 0 first", path);
         if (cJSON_GetArraySize(hosts) > PD_MAX_HOSTS)
             return err_set(err, PD_EINVAL, "%s: key \"hosts\": at most %d hosts", path, PD_MAX_HOSTS);
@@ -170,6 +180,8 @@ int cluster_from_json(const cJSON *root, const char *path, Cluster *out, Err *er
             x->speed = 1.0;
             if ((rc = jobj_num(&hj, "speed", 0, 1e-300, 1e300, &x->speed, err))) return rc;
             if ((rc = jobj_num(&hj, "bandwidth", 0, 1e-300, 1e300, &x->bandwidth, err))) return rc;
+            x->has_latency = jobj_has(&hj, "latency");
+            if ((rc = jobj_num(&hj, "latency", 0, 0, 1e30, &x->latency, err))) return rc;
             if ((rc = jobj_done(&hj, err))) return rc;
         }
         out->n_hosts = h;

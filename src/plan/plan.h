@@ -27,6 +27,10 @@ struct cJSON;
 typedef struct ClusterHost {
     double speed;       /* compute speed relative to the profile's machine (0 or 1: as profiled) */
     double bandwidth;   /* bytes/s of the worker's own link, each direction (0: only the level's) */
+    double latency;     /* with has_latency: seconds a message INTO this worker takes after its last
+                         * byte leaves, in place of the level's (the delay on a host's ingress,
+                         * tools/cluster.sh --host-delay) */
+    int has_latency;
 } ClusterHost;
 
 typedef struct Cluster {
@@ -66,6 +70,9 @@ typedef struct Cluster {
 /* The rate a message from worker a to worker b moves at: the joining level's bandwidth, capped
  * by either worker's own link. a == b: the level 0 bandwidth (not used for transfers). */
 double cluster_link_bandwidth(const Cluster *cl, int a, int b);
+/* The latency of a message from worker a to worker b: b's own (Cluster.host) when it has one,
+ * else the joining level's. */
+double cluster_link_latency(const Cluster *cl, int a, int b);
 /* Worker r's own link rate (Cluster.host), bytes/s; infinite when it has none. */
 double cluster_own_bandwidth(const Cluster *cl, int r);
 /* Multiplies every bandwidth of the cluster, its levels' and its hosts' own links, by f > 0. */

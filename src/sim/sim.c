@@ -644,7 +644,7 @@ static void flow_start(Engine *e, double now, int a, int b, double bytes, int ki
     Flow *f = &e->fl[id];
     int lv = cluster_link_level(cl, a, b);
     double bw = cl->level[lv].bandwidth;
-    *f = (Flow){.rem = bytes, .t_last = now, .latency = cl->level[lv].latency, .c_out = 1 / fmin(bw, cluster_own_bandwidth(cl, a)),
+    *f = (Flow){.rem = bytes, .t_last = now, .latency = cluster_link_latency(cl, a, b), .c_out = 1 / fmin(bw, cluster_own_bandwidth(cl, a)),
                 .c_in = 1 / fmin(bw, cluster_own_bandwidth(cl, b)), .src = a, .dst = b, .q = f->q, .q_cap = f->q_cap, .version = f->version,
                 .live = 1};
     f->q = grow(f->q, &f->q_cap, 1, sizeof(FlowMsg));
@@ -736,17 +736,19 @@ static void group_init(Engine *e, int st) {
     Group *gr = &e->groups[st];
     int r = g->replicas;
     if (r < 2 || !cl || cl->n_levels == 0) return;
-    int lv = 0;
-    double bw = INFINITY;   /* the ring moves at its slowest hop */
+    int lv = 0, own = 0;
+    double bw = INFINITY, hop_lat = 0;   /* the ring moves at its slowest hop, waits on its longest */
     for (int i = 0; i < r; i++) {
         int a = g->ranks[i], b = g->ranks[(i + 1) % r], l = cluster_link_level(cl, a, b);
         if (l > lv) lv = l;
         double x = cluster_link_bandwidth(cl, a, b);
         if (x < bw) bw = x;
+        own |= b < cl->n_hosts && cl->host[b].has_latency;
+        hop_lat = fmax(hop_lat, cluster_link_latency(cl, a, b));
     }
     gr->bytes = 2.0 * (r - 1) / r * e->c->stage[st].param_bytes;
     gr->bw = bw;
-    gr->lat = 2.0 * (r - 1) * cl->level[lv].latency;
+    gr->lat = 2.0 * (r - 1) * (own ? hop_lat : cl->level[lv].latency);   /* hosts' own: the longest hop's */
     gr->cost = gr->bytes / bw + gr->lat;
 }
 

@@ -21,8 +21,8 @@
  *     moves at most at the bandwidth of the cluster level joining them (cluster_link_level),
  *     capped by a's and b's own links (Cluster.host), and a link's rate is divided equally
  *     among its connections except where one is held lower elsewhere. A message arrives the
- *     level's latency after its last byte leaves (the latency does not hold the link); a
- *     receive blocks until it has arrived. So compute and communication overlap;
+ *     link's latency after its last byte leaves (cluster_link_latency: the receiver's own, else
+ *     the level's; the latency does not hold the link); a receive blocks until it has arrived. So compute and communication overlap;
  *   - an all-reduce starts when the last replica arrives and takes the ring time
  *     2 (r-1) / r * bytes / bw + 2 (r-1) * latency, at the slowest level among the group;
  *     it blocks its workers. The runtime starts the ring on each gradient bucket as soon as

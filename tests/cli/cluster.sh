@@ -10,6 +10,10 @@
 #    of lenet5 on 2 stages across the 2 hosts (Open MPI over TCP on the bridge; the byte
 #    counters of the shaped links see its activations) ends with weights bitwise equal to
 #    the same run on this host over shared memory;
+#  - with netem, --host-delay 1=15ms makes host 1's ingress its own: a 20 ms round trip (5 + 15);
+#  - `cluster-file` describes the links (TCP payload bytes/s, latency in seconds) for plan;
+#  - --private-dirs: each host sees its own /var/lib/pipedream-host (a file one host writes there
+#    is not in the other's), under `exec` and under `run`; `down` removes the hosts' directories;
 #  - --cpu 0.25 holds a busy loop in a host to about a quarter of a core (a cgroup quota), and
 #    `up` again without it removes the groups;
 #  - clear errors: bad usage, `run` on a cluster that is not up, not root, no iproute2;
@@ -54,6 +58,12 @@ bash "$CL" up 2 --cpu 0 --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fa
 grep -q -- "--cpu: cores per host" "$tmp/err" || fail "--cpu 0 message: $(cat "$tmp/err")"
 bash "$CL" up 2 --queue lifo --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--queue lifo: exit 2 expected"
 grep -q -- "--queue: acks-first or fifo" "$tmp/err" || fail "--queue lifo message: $(cat "$tmp/err")"
+bash "$CL" up 2 --loss 0.5 --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--loss 0.5: exit 2 expected"
+grep -q -- "--loss: a percentage" "$tmp/err" || fail "--loss 0.5 message: $(cat "$tmp/err")"
+bash "$CL" up 2 --host-delay 2=5ms --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--host-delay 2=5ms: exit 2 expected"
+grep -q -- "--host-delay: host 2 of 2" "$tmp/err" || fail "--host-delay 2=5ms message: $(cat "$tmp/err")"
+bash "$CL" up 2 --host-jitter 1=fast --name "$NAME" >/dev/null 2>"$tmp/err"; [ $? = 2 ] || fail "--host-jitter 1=fast: exit 2 expected"
+grep -q -- "--host-jitter: like 1ms" "$tmp/err" || fail "--host-jitter message: $(cat "$tmp/err")"
 bash "$CL" run --name "$NAME" 2 true >/dev/null 2>"$tmp/err"; [ $? = 1 ] || fail "run before up: exit 1 expected"
 grep -q "cluster $NAME is not up" "$tmp/err" || fail "run before up message: $(cat "$tmp/err")"
 if command -v setpriv >/dev/null; then
@@ -155,7 +165,24 @@ if [ -n "$DELAY" ]; then
     wait $r1
     python3 -c "import sys; sys.exit(0 if 9.5 <= $rtt <= 20 else 1)" || fail "round trip $rtt ms, expected ~10 ms for --delay 5ms"
     echo "ok: round trip h0 <-> h1 $rtt ms with --delay 5ms"
+    bash "$CL" up 2 --rate $RATE --delay $DELAY --host-delay 1=15ms --name "$NAME" >/dev/null 2>"$tmp/err" ||
+        fail "up --host-delay: $(cat "$tmp/err")"
+    inns 1 python3 "$tmp/net.py" echo $A1 & r1=$!
+    rtt=$(inns 0 python3 "$tmp/net.py" ping $A1) || fail "ping probe failed"
+    wait $r1
+    python3 -c "import sys; sys.exit(0 if 19.5 <= $rtt <= 30 else 1)" || fail "round trip $rtt ms, expected ~20 ms for 5 ms into h0, 15 into h1"
+    bash "$CL" cluster-file --name "$NAME" | grep -q '"hosts": \[{}, {"latency": 0.015}\]' ||
+        fail "cluster-file with --host-delay: $(bash "$CL" cluster-file --name "$NAME")"
+    echo "ok: round trip h0 <-> h1 $rtt ms with --host-delay 1=15ms"
 fi
+bash "$CL" cluster-file --name "$NAME" >"$tmp/cl.json" || fail "cluster-file"
+python3 - "$tmp/cl.json" "${DELAY:-0ms}" <<'PY' || fail "cluster-file: $(cat "$tmp/cl.json")"
+import json, sys
+c = json.load(open(sys.argv[1])); lv = c["levels"][0]; d = float(sys.argv[2][:-2]) / 1e3
+assert c["format"] == "pipedream-cluster" and lv["workers"] == 2, c
+assert abs(lv["bandwidth"] - 10e6 / 8 * 1448 / 1514) < 1 and abs(lv["latency"] - d) < 1e-12, c
+PY
+echo "ok: cluster-file: $(tr -d '\n' <"$tmp/cl.json")"
 
 # --- reshape in place, then 1f1b across the hosts = 1f1b on this host ---
 bash "$CL" up 2 --rate 200mbit --queue fifo --name "$NAME" >/dev/null 2>"$tmp/err" || fail "up at 200mbit: $(cat "$tmp/err")"
@@ -234,10 +261,24 @@ print(round((time.process_time() - c) / (time.time() - t), 3))') || fail "--cpu:
     *) fail "up --cpu: $(cat "$tmp/up")" ;;
 esac
 
+# --- --private-dirs: a directory of each host's own at one path ---
+bash "$CL" up 2 --rate 200mbit --private-dirs --name "$NAME" >/dev/null 2>"$tmp/err" || fail "up --private-dirs: $(cat "$tmp/err")"
+H=/var/lib/pipedream-host
+bash "$CL" exec --name "$NAME" 0 sh -c "echo zero >$H/who" || fail "--private-dirs: write on host 0"
+[ -e "$H/who" ] && fail "--private-dirs: host 0's file is in this machine's $H"
+bash "$CL" exec --name "$NAME" 1 sh -c "[ ! -e $H/who ] && echo one >$H/who" || fail "--private-dirs: host 1 sees host 0's file"
+timeout 60 bash "$CL" run --name "$NAME" 2 sh -c "echo \$(hostname) \$(cat $H/who)" >"$tmp/who" 2>"$tmp/err" ||
+    fail "--private-dirs: run: $(cat "$tmp/err")"
+[ "$(sort "$tmp/who" | tr '\n' ' ')" = "$NAME-h0 zero $NAME-h1 one " ] || fail "--private-dirs under run: $(cat "$tmp/who")"
+bash "$CL" status --name "$NAME" | grep -q "a private $H each" || fail "--private-dirs: status: $(bash "$CL" status --name "$NAME")"
+[ -f "/var/lib/pipedream-cluster/$NAME/h1/who" ] || fail "--private-dirs: host 1's directory is not /var/lib/pipedream-cluster/$NAME/h1"
+echo "ok: --private-dirs: each host has its own $H (exec and run)"
+
 # --- down, twice ---
 bash "$CL" down --name "$NAME" >"$tmp/down" 2>&1 || fail "down: $(cat "$tmp/down")"
 ip netns list | grep -q "^$NAME-" && fail "namespaces left: $(ip netns list)"
 ls /sys/class/net | grep -q "^$NAME-" && fail "links left: $(ls /sys/class/net)"
+[ -e "/var/lib/pipedream-cluster/$NAME" ] && fail "the hosts' directories left: /var/lib/pipedream-cluster/$NAME"
 bash "$CL" down --name "$NAME" >"$tmp/down" 2>&1 || fail "down again: $(cat "$tmp/down")"
 grep -q "nothing to remove" "$tmp/down" || fail "down again: $(cat "$tmp/down")"
 echo "ok: down removes everything; down again is a no-op ($(( $(date +%s) - t_start )) s)"
