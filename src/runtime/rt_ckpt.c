@@ -8,11 +8,18 @@
  * and std the inputs were standardised with. Checkpoints are taken where no minibatch is in
  * flight (the end of a segment of a session, rt_session.c), so no stashed versions or
  * activations need saving. A weights file holds the parameters, the state and the input
- * statistics only. The file layout itself (safetensors, atomic write, checksum) is ckpt.h's. */
+ * statistics only. The file layout itself (safetensors, atomic write, checksum) is ckpt.h's.
+ * Where the ranks' directories are not one (no shared filesystem), the file's copies: a second
+ * one on another rank's host after each write, and before a resume the newest complete
+ * checkpoint brought to every rank that lacks it, over the control plane. */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "runtime.h"
@@ -312,4 +319,211 @@ int rt_ckpt_opt_changes(const OptConfig *taken, const OptConfig *run, char *was,
         k++;
     }
     return k;
+}
+
+/* ---- copies on other hosts ------------------------------------------------------------------- */
+
+enum { CKPT_CHANNEL = 61 };           /* the control channel checkpoint files travel on (no other user) */
+#define CKPT_CHUNK ((size_t)32 << 20) /* bytes per control message: the memory a copy takes */
+
+int rt_ckpt_dir_of_rank(const char *dir, int rank, char *out, size_t n, Err *err) {
+    size_t k = 0;
+    for (const char *p = dir; *p; p++) {
+        char piece[16] = {*p, 0};
+        if (*p == '%') {
+            if (p[1] == 'r') snprintf(piece, sizeof piece, "%d", rank);
+            else if (p[1] != '%')
+                return err_set(err, PD_EINVAL, "checkpoint directory %.300s: '%%' starts %%r (the rank) or %%%% (a '%%'), "
+                               "not '%%%c'", dir, p[1] ? p[1] : ' ');
+            p++;
+        }
+        size_t len = strlen(piece);
+        if (k + len >= n) return err_set(err, PD_EINVAL, "checkpoint directory too long: %.200s...", dir);
+        memcpy(out + k, piece, len);
+        k += len;
+    }
+    out[k] = 0;
+    return PD_OK;
+}
+
+int rt_ckpt_spec_dirs(const char **checkpoint_dir, const char **resume, int rank, char dirs[2][4096], Err *err) {
+    const char **d[2] = {checkpoint_dir, resume};
+    for (int i = 0; i < 2; i++) {
+        if (!*d[i]) continue;
+        int rc = rt_ckpt_dir_of_rank(*d[i], rank, dirs[i], sizeof dirs[i], err);
+        if (rc) return rc;
+        *d[i] = dirs[i];
+    }
+    return PD_OK;
+}
+
+/* mkdir -p */
+static int make_dir(const char *dir, Err *err) {
+    char p[4096];
+    if ((size_t)snprintf(p, sizeof p, "%s", dir) >= sizeof p)
+        return err_set(err, PD_EINVAL, "checkpoint directory too long: %.200s...", dir);
+    for (char *q = p + 1;; q++) {
+        if (*q && *q != '/') continue;
+        char was = *q;
+        *q = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return err_set(err, PD_EIO, "cannot create the checkpoint directory %s: %s", p, strerror(errno));
+        if (!was) break;
+        *q = was;
+    }
+    return PD_OK;
+}
+
+static const char *base_name(const char *path) {
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+/* The file at path to rank `to`: its size (-1: unreadable), then chunks of CKPT_CHUNK bytes; a
+ * chunk that cannot be read goes as an empty message, which ends the copy on both sides. */
+static int send_file(Comm *c, int to, const char *path, double timeout_s, Err *err) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    int64_t size = f && fstat(fileno(f), &st) == 0 ? (int64_t)st.st_size : -1;
+    int e = errno;
+    int rc = comm_ctrl_send(c, to, CKPT_CHANNEL, &size, sizeof size, timeout_s, err);
+    if (size < 0) {
+        if (f) fclose(f);
+        return rc ? rc : err_set(err, PD_EIO, "cannot read %s to send it to rank %d: %s", path, to, strerror(e));
+    }
+    char *buf = malloc(CKPT_CHUNK);
+    PD_ASSERT(buf);
+    int bad = 0;
+    for (int64_t done = 0; !rc && !bad && done < size;) {
+        size_t k = (size_t)(size - done) < CKPT_CHUNK ? (size_t)(size - done) : CKPT_CHUNK;
+        bad = fread(buf, 1, k, f) != k;
+        rc = comm_ctrl_send(c, to, CKPT_CHANNEL, buf, bad ? 0 : k, timeout_s, err);
+        done += (int64_t)k;
+    }
+    free(buf);
+    fclose(f);
+    if (!rc && bad) rc = err_set(err, PD_EIO, "cannot read %s to send it to rank %d (changed while sent?)", path, to);
+    return rc;
+}
+
+/* The file rank `from` sends (send_file), written atomically to path and verified (ckpt_verify:
+ * the sizes and the checksum). A local write error still takes in the whole message. */
+static int recv_file(Comm *c, int from, const char *path, double timeout_s, Err *err) {
+    int64_t size = -1;
+    size_t got = 0;
+    int rc = comm_ctrl_recv(c, from, CKPT_CHANNEL, &size, sizeof size, &got, timeout_s, err);
+    if (rc) return rc;
+    if (got != sizeof size || size < 0)
+        return err_set(err, PD_EIO, "rank %d could not read its %s to send it", from, base_name(path));
+    Err werr = {0};
+    PdAtomicFile af;
+    int wrc = pd_atomic_open(&af, path, &werr);
+    char *buf = malloc(CKPT_CHUNK);
+    PD_ASSERT(buf);
+    for (int64_t done = 0; done < size;) {
+        size_t k = (size_t)(size - done) < CKPT_CHUNK ? (size_t)(size - done) : CKPT_CHUNK;
+        if ((rc = comm_ctrl_recv(c, from, CKPT_CHANNEL, buf, k, &got, timeout_s, err))) break;
+        if (got != k) {
+            rc = err_set(err, PD_EIO, "rank %d stopped sending %s after %" PRId64 " of %" PRId64 " bytes", from,
+                         base_name(path), done, size);
+            break;
+        }
+        if (!wrc) wrc = pd_atomic_write(&af, buf, k, &werr);
+        done += (int64_t)k;
+    }
+    free(buf);
+    if (rc) {
+        if (!wrc) close(af.fd), unlink(af.tmp);   /* the part received goes */
+        return rc;
+    }
+    if (!wrc) wrc = pd_atomic_commit(&af, &werr);
+    if (wrc) {
+        *err = werr;
+        return wrc;
+    }
+    return ckpt_verify(path, err);
+}
+
+int rt_ckpt_partner(Comm *c, const char *dir, double timeout_s, int *partner, Err *err) {
+    int rank = comm_rank(c), n = comm_size(c), rc = PD_OK, crc;
+    *partner = -1;
+    if (n < 2) return PD_OK;
+    int64_t tok[2] = {0, 0};
+    char marker[4200];
+    if (rank == 0) {
+        tok[0] = (int64_t)getpid(), tok[1] = (int64_t)(pd_now() * 1e9);
+        snprintf(marker, sizeof marker, "%s/.pipedream-dir-%" PRIx64 "-%" PRIx64, dir, (uint64_t)tok[0], (uint64_t)tok[1]);
+        FILE *f = fopen(marker, "wb");
+        if (!f || fclose(f) != 0)
+            rc = err_set(err, PD_EIO, "cannot write into the checkpoint directory %s: %s", dir, strerror(errno));
+    }
+    if ((crc = comm_bcast_i64(c, 0, tok, 2, timeout_s, err))) return crc;
+    snprintf(marker, sizeof marker, "%s/.pipedream-dir-%" PRIx64 "-%" PRIx64, dir, (uint64_t)tok[0], (uint64_t)tok[1]);
+    int64_t sees = rank == 0 || access(marker, F_OK) == 0, p = -1;
+    int64_t *all = rank == 0 ? calloc((size_t)n, sizeof *all) : NULL;
+    PD_ASSERT(rank != 0 || all);
+    crc = comm_gather_i64(c, 0, &sees, 1, all, timeout_s, err);
+    if (rank == 0) {
+        for (int r = 1; r < n && !crc; r++)
+            if (!all[r]) p = r;
+        unlink(marker);
+    }
+    free(all);
+    if (crc || (crc = comm_bcast_i64(c, 0, &p, 1, timeout_s, err))) return crc;
+    *partner = (int)p;
+    return rc;
+}
+
+int rt_ckpt_replicate(Comm *c, int partner, const char *path, double timeout_s, Err *err) {
+    int rank = comm_rank(c);
+    if (partner < 1) return PD_OK;
+    if (rank == 0) return send_file(c, partner, path, timeout_s, err);
+    if (rank != partner) return PD_OK;
+    int rc = recv_file(c, 0, path, timeout_s, err);
+    if (!rc) fprintf(stderr, "pipedream: rank %d: checkpoint's second copy %s\n", rank, path);
+    return rc;
+}
+
+int rt_ckpt_fetch_newest(Comm *c, const char *dir, double timeout_s, Err *err) {
+    int rank = comm_rank(c), n = comm_size(c), who = -1;
+    char have[4096] = "", want[4096];
+    uint64_t step;
+    int64_t mine = -1;
+    int rc = make_dir(dir, err);
+    if (!rc) rc = ckpt_latest(dir, have, sizeof have, err);
+    if (!rc && have[0] && ckpt_name_parse(base_name(have), &step)) mine = (int64_t)step;
+    int64_t *all = calloc((size_t)n, sizeof *all);
+    PD_ASSERT(all);
+    int crc = comm_gather_i64(c, 0, &mine, 1, all, timeout_s, err);
+    if (!crc) crc = comm_bcast_i64(c, 0, all, n, timeout_s, err);
+    if (crc) {
+        free(all);
+        return crc;   /* the control plane failed: every rank learns it so */
+    }
+    int64_t newest = -1;
+    int owner = -1;
+    for (int r = 0; r < n; r++)
+        if (all[r] > newest) newest = all[r], owner = r;
+    if (newest >= 0 && rank == owner) {
+        for (int r = 0; r < n; r++) {
+            if (all[r] == newest) continue;
+            int src = send_file(c, r, have, timeout_s, err);
+            if (!rc) rc = src;
+        }
+    } else if (newest >= 0 && all[rank] != newest) {
+        int prc = rt_ckpt_path(dir, (uint64_t)newest, want, sizeof want, err);
+        int frc = recv_file(c, owner, prc ? "/" : want, timeout_s, prc ? &(Err){0} : err);
+        if (!rc) rc = prc ? prc : frc;
+        if (!rc)
+            fprintf(stderr, "pipedream: rank %d: %s received from rank %d (the newest complete checkpoint; %s had %s)\n",
+                    rank, want, owner, dir, mine >= 0 ? base_name(have) : "none");
+    }
+    free(all);
+    Err e2 = {0};
+    int agreed = comm_agree_t(c, rc, timeout_s, &who, &e2);
+    if (agreed && !rc) {
+        if (e2.code) *err = e2;
+        else err_set(err, agreed, "rank %d could not take the newest checkpoint (its message says why)", who);
+    }
+    return agreed;
 }

@@ -59,6 +59,7 @@ typedef struct Rank {
     uint64_t resumed;            /* ... by the checkpoint resumed from */
     RtCkpt ck;                   /* resume / init: whole-model buffers (all ranks); rank 0: checkpoint assembly */
     int have_ck;
+    int ck_partner;              /* the rank that keeps a second copy of each checkpoint (-1: none) */
     char last_ckpt[4096];
     RtWorkerResult acc;          /* this worker's totals over segments */
     double t0;                   /* session start */
@@ -237,7 +238,7 @@ static int setup_local(Rank *R, Err *err) {
         R->train = R->reads_input ? &R->data.train : NULL;
         R->test = &R->data.test;
     }
-    if (R->rank == 0 && sp->checkpoint_dir && (rc = check_ckpt_dir(sp->checkpoint_dir, err))) return rc;
+    if (sp->checkpoint_dir && (rc = check_ckpt_dir(sp->checkpoint_dir, err))) return rc;
     if (sp->resume) {
         char path[4096];
         if ((rc = ckpt_latest(sp->resume, path, sizeof path, err))) return rc;
@@ -288,9 +289,13 @@ static int session_setup(Rank *R, Err *err) {
     R->first_input = probe->stages[0].ranks[0];
     for (int j = 1; j < probe->stages[0].replicas; j++)
         if (probe->stages[0].ranks[j] < R->first_input) R->first_input = probe->stages[0].ranks[j];
+    if (sp->resume && (rc = rt_ckpt_fetch_newest(R->c, sp->resume, R->timeout, err))) return rc;
     rc = setup_local(R, err);
     if (rc) err_prefix(err, "rank %d (stage %d)", rank, R->stage);
     if ((rc = agree(R, rc, err))) return rc;
+    R->ck_partner = -1;
+    if (sp->checkpoint_dir && (rc = agree(R, rt_ckpt_partner(R->c, sp->checkpoint_dir, R->timeout, &R->ck_partner, err), err)))
+        return rc;
     union {
         int64_t i;
         double d;
@@ -493,12 +498,13 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     }
     if (rc) err_prefix(err, "rank %d (stage %d): checkpoint after minibatch %llu", R->rank, R->stage,
                        (unsigned long long)R->mb_done);
-    /* nobody calls it the last checkpoint before everyone knows it was written */
+    /* nobody calls it the last checkpoint before everyone knows it was written, twice */
     if ((rc = agree(R, rc, err))) return rc;
+    if ((rc = agree(R, rt_ckpt_replicate(R->c, R->ck_partner, path, R->timeout, err), err))) return rc;
     snprintf(R->last_ckpt, sizeof R->last_ckpt, "%s", path);
     rt_fail_set_checkpoint(R->last_ckpt);
-    if (R->rank == 0) {
-        fprintf(stderr, "pipedream: checkpoint %s\n", R->last_ckpt);
+    if (R->rank == 0) fprintf(stderr, "pipedream: checkpoint %s\n", R->last_ckpt);
+    if (R->rank == 0 || R->rank == R->ck_partner) {
         Err e2 = {0};
         if (sp->keep_last > 0 && ckpt_prune(sp->checkpoint_dir, sp->keep_last, R->mb_done, &e2) < 0)
             pd_log(LOG_WARN, "--keep-last: %s", e2.msg);
@@ -1177,11 +1183,14 @@ out:
 /* ---- one rank --------------------------------------------------------------------------------- */
 
 static int session_rank(Comm *c, int rank, const Sess *S, Err *err) {
-    Rank R = {.S = S, .sp = S->spec, .c = c, .rank = rank, .timeout = S->spec->timeout_s, .t0 = pd_now()};
+    RtTrainSpec own = *S->spec;   /* this rank's checkpoint directories: %r made its number */
+    char own_dirs[2][4096];
+    Rank R = {.S = S, .sp = &own, .c = c, .rank = rank, .timeout = S->spec->timeout_s, .t0 = pd_now()};
     memset(&R.w, 0, sizeof R.w);
     R.data.mean = R.data.std = NAN;
     R.data_mean = R.data_std = NAN;
-    int rc = session_setup(&R, err);
+    int rc = rt_ckpt_spec_dirs(&own.checkpoint_dir, &own.resume, rank, own_dirs, err);
+    if (!rc) rc = session_setup(&R, err);
     if (!rc) rc = session_workers(&R, err);
     if (!rc) rc = session_segments(&R, err);
     if (!rc) rc = session_finish(&R, err);

@@ -261,6 +261,30 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err);
  * recorded, never a difference), as flags: was gets "--lr 0.001 --momentum 0.9", now the run's
  * values of the same flags (each n bytes). Returns how many differ. */
 int rt_ckpt_opt_changes(const OptConfig *taken, const OptConfig *run, char *was, char *now, size_t n);
+
+/* Checkpoints without a shared filesystem (docs/explanation/checkpoints.md): every rank has a
+ * checkpoint directory of its own, which may or may not be rank 0's. */
+/* dir with "%r" replaced by rank and "%%" by "%" into out (n bytes): a directory per rank on
+ * one machine. NULL stays NULL (*out untouched). PD_EINVAL for another "%" or a path too long. */
+int rt_ckpt_dir_of_rank(const char *dir, int rank, char *out, size_t n, Err *err);
+/* Both directories of a rank's run (RtTrainSpec.checkpoint_dir and .resume) so made, into
+ * dirs[0] and dirs[1], the pointers moved there. */
+int rt_ckpt_spec_dirs(const char **checkpoint_dir, const char **resume, int rank, char dirs[2][4096], Err *err);
+/* Collective, after every rank made its directory dir: the rank that keeps the second copy of
+ * each checkpoint, *partner (the same on every rank): the highest rank whose directory is not
+ * rank 0's (rank 0 writes a marker file there, each rank looks for it), -1 when every rank sees
+ * rank 0's directory (a shared filesystem: one copy). Returns this rank's error, if any, having
+ * done its part of the collective. */
+int rt_ckpt_partner(Comm *c, const char *dir, double timeout_s, int *partner, Err *err);
+/* Between rank 0 and partner (others, and partner -1: nothing): rank 0 sends the checkpoint
+ * file at path, partner writes the same bytes atomically to its own path and verifies them. */
+int rt_ckpt_replicate(Comm *c, int partner, const char *path, double timeout_s, Err *err);
+/* Collective, before a resume from dir (each rank's own): the ranks agree on the newest
+ * checkpoint complete in any of their directories, and those whose directory lacks it receive
+ * it from the lowest rank that has it, written atomically into dir (created if missing), so
+ * that ckpt_latest(dir) finds it everywhere. Nothing anywhere: PD_OK, nothing done. Every rank
+ * returns the same code (an agreement ends it); a failing rank's err says why. */
+int rt_ckpt_fetch_newest(Comm *c, const char *dir, double timeout_s, Err *err);
 /* A weights file (`train --save`): parameters, state, model name and the input statistics
  * (when finite), written atomically. */
 int rt_weights_save(const char *path, const Model *m, const float *params, const float *state, double data_mean,
