@@ -165,12 +165,15 @@ static const Flag FLAGS[] = {
     INT("--checkpoint-every", "N", checkpoint_every, 1, 1000000000,
         "checkpoint every N minibatches into --checkpoint-dir (the pipeline drains there, so "
         "the checkpoint is exact)"),
-    STR("--checkpoint-dir", "D", checkpoint_dir, "where checkpoints go (ckpt-<minibatches>.safetensors; created if missing)"),
+    STR("--checkpoint-dir", "D", checkpoint_dir,
+        "where checkpoints go (ckpt-<minibatches>.safetensors; created if missing), each rank's own: "
+        "where it is not rank 0's, a second rank keeps a copy; %r: the rank's number"),
     INT("--keep-last", "N", keep_last, 1, 1000000000,
         "keep only the newest N checkpoints of the run (default: all); never the one a resume needs"),
     STR("--resume", "D", resume,
         "continue from the newest complete checkpoint in D (same seed and optimizer; any plan, "
-        "schedule or worker count: tensors are named by layer)"),
+        "schedule or worker count: tensors are named by layer); the newest in any rank's D, sent "
+        "to the ranks whose D lacks it; %r: the rank's number"),
     INT("--eval-every", "N", eval_every, 1, 1000000000,
         "evaluate on the test set every N minibatches (the pipeline drains there); default: "
         "only after training"),
