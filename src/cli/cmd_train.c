@@ -114,7 +114,8 @@ static const Flag FLAGS[] = {
     INT("--microbatches", "M", micro, 1, 65536,
         "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved "
         "(interleaved: a multiple of the workers; default: one per worker of the plan), and "
-        "1f1b, which then steps once per minibatch (default 1: a step per unit)"),
+        "1f1b, which then steps once per minibatch (default on 2 or more workers: 4, or the largest count "
+        "below 4 that divides the minibatch; 1: a step per unit, PipeDream's original)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
     CHOICE("--wire", "FORMAT", set_wire,
            "fp32 (default) or bf16: activations and gradients between stages travel as bf16, half the bytes"),
@@ -331,7 +332,14 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
             return cli_usage_error(C, "interleaved needs --plan (make one with 'pipedream plan --chunks V') and 2 or "
                                    "more workers");
     }
-    if (o->micro == 0) o->micro = sched_default_micro(o->kind, o->workers);
+    if (o->micro == 0) {   /* the default; 1f1b's shrinks to a count that divides the minibatch */
+        o->micro = o->vsync ? 1 : sched_default_micro(o->kind, o->workers);
+        if (o->kind == SCHED_1F1B)
+            while (o->micro > 1 && o->batch % o->micro) o->micro--;
+        if (o->kind == SCHED_1F1B && o->workers > 1)
+            fprintf(stderr, "train: 1f1b with %d micro-batches per minibatch, one step each (the default; "
+                    "--microbatches 1 steps after every unit, PipeDream's original)\n", o->micro);
+    }
     int rc = CLI_OK;
     if (o->micro > 1 && !sched_kind_takes_micro(o->kind))
         rc = cli_usage_error(C, "--microbatches applies only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and "

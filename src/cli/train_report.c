@@ -45,6 +45,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "epochs", s->epochs);
     num(o, "units", s->units);
     num(o, "unit_batch", s->unit_batch);
+    num(o, "microbatches", s->unit_batch > 0 ? s->minibatch / s->unit_batch : NAN);
     num(o, "final_loss", s->final_loss);
     num(o, "mean_loss", s->mean_loss);
     num(o, "test_accuracy", s->test_accuracy);

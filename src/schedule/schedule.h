@@ -136,11 +136,19 @@ static inline int sched_kind_takes_micro(SchedKind k) { return sched_kind_microb
 static inline int sched_splits_minibatch(SchedKind k, int n_micro) {
     return sched_kind_microbatched(k) || n_micro > 1;
 }
+/* Micro-batches per minibatch of asynchronous 1f1b when none are given on two or more workers:
+ * a step per minibatch of 4 units, so a unit's gradient crosses at most one update (one unit
+ * per minibatch, PipeDream's original, makes stage 0's cross p - 1 and trains worse; it stays
+ * available as --microbatches 1). */
+#define SCHED_1F1B_DEFAULT_MICRO 4
 /* Micro-batches per minibatch when none are given: one per worker of the plan for a
  * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
- * 1 for the others. The default of `train`, `simulate` and the planner alike. */
+ * SCHED_1F1B_DEFAULT_MICRO for 1f1b on two or more workers, 1 for the others. The default of
+ * `train`, `simulate`, `launch` and the planner alike. */
 static inline int sched_default_micro(SchedKind k, int n_workers) {
-    return sched_kind_microbatched(k) && n_workers > 1 ? n_workers : 1;
+    if (n_workers <= 1) return 1;
+    if (sched_kind_microbatched(k)) return n_workers;
+    return k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1;
 }
 
 /* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
