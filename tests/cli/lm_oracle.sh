@@ -38,7 +38,7 @@ oracle seq --kind seq
 oracle 1f1b --kind 1f1b
 oracle vsync --kind 1f1b --vertical-sync
 oracle 2bw --kind 2bw
-ours 1f1b
+ours 1f1b --microbatches 1
 ours vsync --vertical-sync
 ours 2bw --schedule 2bw --microbatches 4
 "$PY" - "$tmp" <<'PY' || fail "pipelined runs differ from the oracle"

@@ -65,7 +65,7 @@ for opt in adam sgd; do
     R=$ADAM; [ $opt = sgd ] && R=$SGD
     for m in none predict lookahead lr-warmup predict+lr-warmup; do
         oracle $opt-$m $R --optimizer $opt --staleness $m
-        ours $opt-$m $R --plan "$tmp/p4.json" --staleness $m
+        ours $opt-$m $R --plan "$tmp/p4.json" --microbatches 1 --staleness $m
         CASES="$CASES $opt-$m"
     done
     # 1f1b with 2 micro-batches per minibatch: one step per minibatch, delays 2, 1, 1, 0
@@ -138,9 +138,9 @@ if command -v mpirun >/dev/null; then
     export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
     for m in predict lookahead+lr-warmup; do
         mpirun -np 4 --oversubscribe --bind-to none "$PD" train "$tmp/gpt.json" $SGD --plan "$tmp/p4.json" \
-            --resume "$tmp/ck0" --staleness $m --staleness-warmup 8 >"$tmp/mpi_$m.out" 2>"$tmp/mpi_$m.err" ||
+            --resume "$tmp/ck0" --microbatches 1 --staleness $m --staleness-warmup 8 >"$tmp/mpi_$m.out" 2>"$tmp/mpi_$m.err" ||
             fail "mpirun --staleness $m: $(tail -3 "$tmp/mpi_$m.err")"
-        ours thr-$m $SGD --plan "$tmp/p4.json" --staleness $m
+        ours thr-$m $SGD --plan "$tmp/p4.json" --microbatches 1 --staleness $m
         [ "$(crc "$tmp/mpi_$m.out")" = "$(crc "$tmp/pd_thr-$m.out")" ] || fail "MPI and threads differ with --staleness $m"
     done
 fi

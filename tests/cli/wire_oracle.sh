@@ -36,12 +36,12 @@ oracle seq32 --kind seq --save "$tmp/w_or_seq32.st"
 oracle 1f1b --kind 1f1b --wire bf16
 ours flush --schedule 1f1b-flush --microbatches 2 --wire bf16 --save "$tmp/w_pd_flush.st"
 ours flush32 --schedule 1f1b-flush --microbatches 2
-ours 1f1b --wire bf16
+ours 1f1b --microbatches 1 --wire bf16
 mpi=0
 if command -v mpirun >/dev/null; then
     export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"   # Open MPI's plugins are never freed
     timeout 300 mpirun --oversubscribe -np 4 "$PD" train "$tmp/gpt.json" $R --plan "$tmp/p4.json" --resume "$tmp/ck" \
-        --staleness none --wire bf16 >"$tmp/pd_mpi.out" 2>"$tmp/pd_mpi.err" || fail "MPI: $(tail -3 "$tmp/pd_mpi.err")"
+        --staleness none --microbatches 1 --wire bf16 >"$tmp/pd_mpi.out" 2>"$tmp/pd_mpi.err" || fail "MPI: $(tail -3 "$tmp/pd_mpi.err")"
     [ "$(crc "$tmp/pd_mpi.out")" = "$(crc "$tmp/pd_1f1b.out")" ] ||
         fail "MPI and threads differ: $(crc "$tmp/pd_mpi.out") vs $(crc "$tmp/pd_1f1b.out")"
     mpi=1
