@@ -332,10 +332,8 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
             return cli_usage_error(C, "interleaved needs --plan (make one with 'pipedream plan --chunks V') and 2 or "
                                    "more workers");
     }
-    if (o->micro == 0) {   /* the default; 1f1b's shrinks to a count that divides the minibatch */
-        o->micro = o->vsync ? 1 : sched_default_micro(o->kind, o->workers);
-        if (o->kind == SCHED_1F1B)
-            while (o->micro > 1 && o->batch % o->micro) o->micro--;
+    if (o->micro == 0) {
+        o->micro = o->vsync ? 1 : sched_default_micro_for(o->kind, o->workers, o->batch);
         if (o->kind == SCHED_1F1B && o->workers > 1)
             fprintf(stderr, "train: 1f1b with %d micro-batches per minibatch, one step each (the default; "
                     "--microbatches 1 steps after every unit, PipeDream's original)\n", o->micro);

@@ -150,6 +150,15 @@ static inline int sched_default_micro(SchedKind k, int n_workers) {
     if (sched_kind_microbatched(k)) return n_workers;
     return k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1;
 }
+/* The default for a minibatch of `minibatch` samples: sched_default_micro, 1f1b's lowered to
+ * the largest count that divides the minibatch (the micro-batched kinds keep theirs, and a
+ * minibatch they do not divide is the caller's error to report). */
+static inline int sched_default_micro_for(SchedKind k, int n_workers, int minibatch) {
+    int m = sched_default_micro(k, n_workers);
+    if (k == SCHED_1F1B)
+        while (m > 1 && minibatch % m) m--;
+    return m;
+}
 
 /* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
  * "zb-h2", "interleaved". */
