@@ -105,4 +105,16 @@ grep -q $'\r' "$tmp/err" && fail "stderr is not a TTY, yet got a live progress l
 # 20 Adam steps at lr 1e-3 already beat chance (10%) on the test set clearly
 "$PD" train $SRC/models/lenet5.json --steps 20 --optimizer adam --lr 0.001 >"$tmp/out" 2>/dev/null || fail "adam"
 awk -F'"test_accuracy":' '{split($2, a, ","); exit !(a[1] > 0.2)}' "$tmp/out" || fail "adam did not learn: $(cat "$tmp/out")"
+# 1f1b on 2 or more workers defaults to 4 micro-batches (fewer where 4 does not divide the
+# minibatch), says so and records it; --microbatches 1 is PipeDream's original
+"$PD" train $SRC/models/lenet5.json --workers 2 --steps 2 >"$tmp/out" 2>"$tmp/err" || fail "2 workers: $(tail -3 "$tmp/err")"
+grep -q '"microbatches":4,' "$tmp/out" || fail "default micro-batches: $(cat "$tmp/out")"
+grep -q "1f1b with 4 micro-batches per minibatch.*the default" "$tmp/err" || fail "default not said: $(cat "$tmp/err")"
+"$PD" train $SRC/models/lenet5.json --workers 2 --steps 2 --minibatch 30 >"$tmp/out" 2>/dev/null || fail "minibatch 30"
+grep -q '"microbatches":3,' "$tmp/out" || fail "minibatch 30: 3 micro-batches expected: $(cat "$tmp/out")"
+"$PD" train $SRC/models/lenet5.json --workers 2 --steps 2 --microbatches 1 >"$tmp/out" 2>"$tmp/err" || fail "--microbatches 1"
+grep -q '"microbatches":1,' "$tmp/out" || fail "--microbatches 1: $(cat "$tmp/out")"
+grep -q "the default" "$tmp/err" && fail "a default said where none was applied: $(cat "$tmp/err")"
+"$PD" train $SRC/models/lenet5.json --steps 2 >"$tmp/out" 2>/dev/null || fail "one worker"
+grep -q '"microbatches":1,' "$tmp/out" || fail "one worker: 1 micro-batch expected: $(cat "$tmp/out")"
 echo PASS
