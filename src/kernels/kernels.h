@@ -174,6 +174,17 @@ void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *
                         void *keep);
 void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, const void *keep, const float *w,
                         const float *y, const float *dy, float *dx, float *dw, float *db);
+/* Addition for tests: the oneDNN candidate with its activations' layout forced rather than
+ * chosen (fmt: KCONV_FMT_*, for src, dst, diff_src and diff_dst; the weights' stays chosen), so
+ * that the paths another CPU's choice takes (NHWC, the other block width) run on this one; and
+ * keep_any: x kept at float32 too, wherever the forward reorders it (keep_bytes then counts
+ * it). fmt KCONV_FMT_ANY is KCONV_DNNL's choice. PD_EINVAL where oneDNN refuses. */
+enum { KCONV_FMT_ANY, KCONV_FMT_NCHW, KCONV_FMT_NHWC, KCONV_FMT_NCHW8C, KCONV_FMT_NCHW16C, KCONV_FMT_COUNT };
+int  kern_conv2d_init_fmt(KConv *cv, int prec, int fmt, int keep_any, int n_max, int c, int h, int w, int k, int r,
+                          int s, int stride, int pad, int has_bias, int fuse_relu, Err *err);
+/* The x a forward kept for n samples (keep, in the primitives' layout and type) as float32
+ * NCHW, (n, C, H, W): what a test compares with x. Only where keep_bytes(n) > 0. */
+void kern_conv2d_keep_read(KConv *cv, int n, const void *keep, float *x);
 void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);
