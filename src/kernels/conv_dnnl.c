@@ -8,7 +8,10 @@
  * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o, nChw8c /
  * OIhw8i8o on AVX2) and every argument whose layout differs goes through a reorder, unless the
  * caller passes that activation already blocked (lay, KCONV_*_BLK: layers that keep
- * nChw{B}c, B = kern_blk_width(), between them).
+ * nChw{B}c, B = kern_blk_width(), between them). Nothing here assumes which layout oneDNN
+ * chose: every port compares the primitive's memory desc with the caller's (bf16 on AMX chooses
+ * NHWC, acdb, and then no blocked layout is offered), and kern_conv2d_init_fmt forces one, so
+ * that each layout's path runs on any CPU in the tests.
  * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought back
  * by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of writing
  * +=, or by kern_accumulate when dx is blocked; db is added by a loop. With fuse_relu, dy is
