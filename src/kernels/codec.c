@@ -10,7 +10,9 @@
  * scale and its inverse are computed once per row in scalar code; each value then goes through
  * the same operations in the same order (one multiply, or one fused multiply-add, then the
  * clamp and the rounding), and the maximum is exact in any order. A SIMD loop hands its tail to
- * the scalar one.
+ * the scalar one. The fused roundings are written out (fmaf, _fmadd_ps); every other a * b + c
+ * stays two roundings because the build is ISO C11 (CMAKE_C_EXTENSIONS OFF), where GCC fuses
+ * none on its own (-ffp-contract=off).
  *
  * The stochastic rounding draws u in [0, 1) for value i of a message from a counter-based
  * generator: two rounds of a 32-bit integer hash of i keyed by (seed, message id). No state,
