@@ -202,11 +202,95 @@ static float *from_blk(const float *b, int n, int c, int hw, int B) {
     return a;
 }
 
-/* The blocked layouts give bitwise the plain call's results, reordered: forward, and
- * backward onto prefilled gradients (whole, dx only, dW only), at n_max and at a smaller n
- * (the lazily created primitives must keep n_max's layouts); oneDNN's (x and y) and im2col's
- * (y only, k a multiple of the block), in this CPU's block width (kern_blk_width). And kern_conv2d_bwd_set: dx, and dW with db, written over
- * what they held, the numbers of a backward onto zeros, in every layout. */
+/* The layouts cv offers (kern_conv2d_layouts) are only ones whose channels fill the blocks: x
+ * where c is a multiple of B, y where k is. Which of them oneDNN chose is its business. */
+static int offered(const KConv *cv, const ConvCase *t, int B) {
+    const int lay = kern_conv2d_layouts(cv);
+    assert_int_equal(lay & ~(KCONV_X_BLK | KCONV_Y_BLK), 0);
+    if (t->c % B) assert_false(lay & KCONV_X_BLK);
+    if (t->k % B) assert_false(lay & KCONV_Y_BLK);
+    return lay;
+}
+
+/* For one descriptor, at n_max and at t->n: every layout it offers gives bitwise the plain
+ * call's results, reordered: forward, backward onto prefilled gradients (whole, dx only, dW
+ * only), and kern_conv2d_bwd_set (dx, and dW with db, written over what they held: the numbers
+ * of a backward onto zeros). Returns how many blocked layouts were run. */
+static int check_lays(KConv *cv, const ConvCase *t, int B, uint64_t tag0) {
+    const int layouts = offered(cv, t, B);
+    const int ns[2] = {t->n_max, t->n};
+    int ran = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const int n = ns[pass], xhw = t->h * t->w, yhw = cv->oh * cv->ow;
+        const size_t nx = (size_t)n * t->c * xhw, nw = (size_t)t->k * t->c * t->r * t->s, ny = (size_t)n * t->k * yhw;
+        const uint64_t tag = tag0 + 10 * pass;
+        float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1), *b = tk_rand(t->k, tag + 3, -1, 1);
+        float *dy = tk_rand(ny, tag + 4, -1, 1), *pre_x = tk_rand(nx, tag + 5, -1, 1);
+        float *pre_w = tk_rand(nw, tag + 6, -1, 1), *pre_b = tk_rand(t->k, tag + 7, -1, 1);
+        float *y = pd_alloc_f32(ny), *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, t->k);
+        kern_conv2d_fwd(cv, n, x, w, b, y);
+        kern_conv2d_bwd(cv, n, x, w, y, dy, dx, dw, db);
+        for (int lay = 0; lay <= 3; lay++) {
+            if (lay & ~layouts) continue;
+            ran += lay != 0;
+            const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
+            float *lx = xb ? to_blk(x, n, t->c, xhw, B) : tk_copy(x, nx);
+            float *ldy = yb ? to_blk(dy, n, t->k, yhw, B) : tk_copy(dy, ny);
+            float *lpre = xb ? to_blk(pre_x, n, t->c, xhw, B) : tk_copy(pre_x, nx);
+            float *ly = tk_rand(ny, tag + 8, -9, 9);   // garbage: forward must overwrite
+            float *ldx = tk_copy(lpre, nx), *ldw = tk_copy(pre_w, nw), *ldb = tk_copy(pre_b, t->k);
+            kern_conv2d_fwd_lay(cv, n, lay, lx, w, b, ly);
+            kern_conv2d_bwd_lay(cv, n, lay, lx, w, ly, ldy, ldx, ldw, ldb);
+            float *gy = yb ? from_blk(ly, n, t->k, yhw, B) : tk_copy(ly, ny);
+            float *gdx = xb ? from_blk(ldx, n, t->c, xhw, B) : tk_copy(ldx, nx);
+            assert_memory_equal(gy, y, sizeof(float) * ny);
+            assert_memory_equal(gdx, dx, sizeof(float) * nx);
+            assert_memory_equal(ldw, dw, sizeof(float) * nw);
+            assert_memory_equal(ldb, db, sizeof(float) * t->k);
+            /* the split passes */
+            float *ldx2 = tk_copy(lpre, nx), *ldw2 = tk_copy(pre_w, nw);
+            kern_conv2d_bwd_lay(cv, n, lay, lx, w, ly, ldy, ldx2, NULL, NULL);
+            kern_conv2d_bwd_lay(cv, n, lay, lx, w, ly, ldy, NULL, ldw2, NULL);
+            assert_memory_equal(ldx2, ldx, sizeof(float) * nx);
+            assert_memory_equal(ldw2, dw, sizeof(float) * nw);
+            /* dx written: over values no gradient has, whole and split */
+            float *ldx0 = pd_alloc_f32(nx), *ldx3 = tk_rand(nx, tag + 9, 1e6, 2e6), *ldx4 = tk_copy(ldx3, nx);
+            float *ldw3 = tk_copy(pre_w, nw);
+            kern_conv2d_bwd_lay(cv, n, lay, lx, w, ly, ldy, ldx0, NULL, NULL);   /* onto zeros */
+            kern_conv2d_bwd_set(cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx3, ldw3, NULL);
+            kern_conv2d_bwd_set(cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx4, NULL, NULL);
+            assert_int_equal(tu_compare("conv dx (set)", ldx3, ldx0, nx, 0, 0), 0);
+            assert_int_equal(tu_compare("conv dx (set, alone)", ldx4, ldx0, nx, 0, 0), 0);
+            assert_memory_equal(ldw3, dw, sizeof(float) * nw);   /* dW still added to */
+            /* dW and db written (KSET_DW), with and without dx, against onto zeros */
+            float *ldw0 = pd_alloc_f32(nw), *ldb0 = pd_alloc_f32(t->k);
+            float *ldw5 = tk_rand(nw, tag + 10, 1e6, 2e6), *ldb5 = tk_rand(t->k, tag + 11, 1e6, 2e6);
+            float *ldw6 = tk_copy(ldw5, nw), *ldb6 = tk_copy(ldb5, t->k), *ldx5 = tk_copy(ldx3, nx);
+            kern_conv2d_bwd_lay(cv, n, lay, lx, w, ly, ldy, NULL, ldw0, ldb0);
+            kern_conv2d_bwd_set(cv, n, lay, KSET_DW, lx, w, ly, ldy, NULL, ldw5, ldb5);
+            kern_conv2d_bwd_set(cv, n, lay, KSET_DX | KSET_DW, lx, w, ly, ldy, ldx5, ldw6, ldb6);
+            assert_int_equal(tu_compare("conv dw (set)", ldw5, ldw0, nw, 0, 0), 0);
+            assert_int_equal(tu_compare("conv dw (set, with dx)", ldw6, ldw0, nw, 0, 0), 0);
+            assert_int_equal(tu_compare("conv dx (set, with dw)", ldx5, ldx0, nx, 0, 0), 0);
+            if (t->bias) {
+                assert_int_equal(tu_compare("conv db (set)", ldb5, ldb0, t->k, 0, 0), 0);
+                assert_int_equal(tu_compare("conv db (set, with dx)", ldb6, ldb0, t->k, 0, 0), 0);
+            }
+            float *all[] = {lx, ldy, lpre, ly, ldx, ldw, ldb, gy, gdx, ldx2, ldw2, ldx0, ldx3, ldx4, ldw3,
+                            ldw0, ldb0, ldw5, ldb5, ldw6, ldb6, ldx5};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+        }
+        float *all[] = {x, w, b, dy, pre_x, pre_w, pre_b, y, dx, dw, db};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+    }
+    return ran;
+}
+
+/* The blocked layouts each descriptor offers (check_lays), oneDNN's (x and y, where its
+ * primitives chose nChw{B}c) and im2col's (y only, k a multiple of the block), in this CPU's
+ * block width (kern_blk_width), at both precisions: bf16 takes float32 nChw{B}c too, converted
+ * element-wise where the plain call reorders (both round to nearest even), so the results are
+ * bitwise the same as well. */
 static void test_conv_blocked_layouts(void **state) {
     (void)state;
     static const ConvCase cases[] = {
@@ -224,10 +308,7 @@ static void test_conv_blocked_layouts(void **state) {
         {3, 2, 1, 5, 5, 24, 3, 3, 1, 1, 1, 1, 0},    // three blocks of 8 (plain where the block is 16)
     };
     const size_t n_dnnl = sizeof cases / sizeof *cases, n_im = sizeof im2col_cases / sizeof *im2col_cases;
-    /* both precisions: bf16 takes float32 nChw16c too, converted element-wise where the plain
-     * call reorders (both round to nearest even), so the results are bitwise the same as well */
-    /* oneDNN picks nChw16c where the CPU has AVX-512 and nChw8c on an AVX2 one: kern_blk_width
-     * must say which (bf16 runs only on the former) */
+    /* the channel block of the blocked kernels: AVX-512's vector width in floats, else AVX2's */
     const int B = kern_blk_width();
     assert_int_equal(B, !strncmp(kern_cpu_isa(), "avx512", 6) ? 16 : 8);
     int skipped = 0;
@@ -245,71 +326,11 @@ static void test_conv_blocked_layouts(void **state) {
                                                t->k, t->r, t->s, t->stride, t->pad, t->bias, t->relu, &err),
                          PD_OK);
         assert_int_equal(cv.prec, prec);
-        const int layouts = kern_conv2d_layouts(&cv);
-        assert_int_equal(layouts, im ? (t->k % B ? 0 : KCONV_Y_BLK) : KCONV_X_BLK | KCONV_Y_BLK);
-        const int ns[2] = {t->n_max, t->n};
-        for (int pass = 0; pass < 2; pass++) {
-            const int n = ns[pass], xhw = t->h * t->w, yhw = cv.oh * cv.ow;
-            const size_t nx = (size_t)n * t->c * xhw, nw = (size_t)t->k * t->c * t->r * t->s, ny = (size_t)n * t->k * yhw;
-            const uint64_t tag = 5000 + 100 * ci + 10 * pass;
-            float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1), *b = tk_rand(t->k, tag + 3, -1, 1);
-            float *dy = tk_rand(ny, tag + 4, -1, 1), *pre_x = tk_rand(nx, tag + 5, -1, 1);
-            float *pre_w = tk_rand(nw, tag + 6, -1, 1), *pre_b = tk_rand(t->k, tag + 7, -1, 1);
-            float *y = pd_alloc_f32(ny), *dx = tk_copy(pre_x, nx), *dw = tk_copy(pre_w, nw), *db = tk_copy(pre_b, t->k);
-            kern_conv2d_fwd(&cv, n, x, w, b, y);
-            kern_conv2d_bwd(&cv, n, x, w, y, dy, dx, dw, db);
-            for (int lay = 0; lay <= 3; lay++) {
-                if (lay & ~layouts) continue;
-                const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
-                float *lx = xb ? to_blk(x, n, t->c, xhw, B) : tk_copy(x, nx);
-                float *ldy = yb ? to_blk(dy, n, t->k, yhw, B) : tk_copy(dy, ny);
-                float *lpre = xb ? to_blk(pre_x, n, t->c, xhw, B) : tk_copy(pre_x, nx);
-                float *ly = tk_rand(ny, tag + 8, -9, 9);   // garbage: forward must overwrite
-                float *ldx = tk_copy(lpre, nx), *ldw = tk_copy(pre_w, nw), *ldb = tk_copy(pre_b, t->k);
-                kern_conv2d_fwd_lay(&cv, n, lay, lx, w, b, ly);
-                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx, ldw, ldb);
-                float *gy = yb ? from_blk(ly, n, t->k, yhw, B) : tk_copy(ly, ny);
-                float *gdx = xb ? from_blk(ldx, n, t->c, xhw, B) : tk_copy(ldx, nx);
-                assert_memory_equal(gy, y, sizeof(float) * ny);
-                assert_memory_equal(gdx, dx, sizeof(float) * nx);
-                assert_memory_equal(ldw, dw, sizeof(float) * nw);
-                assert_memory_equal(ldb, db, sizeof(float) * t->k);
-                /* the split passes */
-                float *ldx2 = tk_copy(lpre, nx), *ldw2 = tk_copy(pre_w, nw);
-                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx2, NULL, NULL);
-                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, NULL, ldw2, NULL);
-                assert_memory_equal(ldx2, ldx, sizeof(float) * nx);
-                assert_memory_equal(ldw2, dw, sizeof(float) * nw);
-                /* dx written: over values no gradient has, whole and split */
-                float *ldx0 = pd_alloc_f32(nx), *ldx3 = tk_rand(nx, tag + 9, 1e6, 2e6), *ldx4 = tk_copy(ldx3, nx);
-                float *ldw3 = tk_copy(pre_w, nw);
-                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, ldx0, NULL, NULL);   /* onto zeros */
-                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx3, ldw3, NULL);
-                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX, lx, w, ly, ldy, ldx4, NULL, NULL);
-                assert_int_equal(tu_compare("conv dx (set)", ldx3, ldx0, nx, 0, 0), 0);
-                assert_int_equal(tu_compare("conv dx (set, alone)", ldx4, ldx0, nx, 0, 0), 0);
-                assert_memory_equal(ldw3, dw, sizeof(float) * nw);   /* dW still added to */
-                /* dW and db written (KSET_DW), with and without dx, against onto zeros */
-                float *ldw0 = pd_alloc_f32(nw), *ldb0 = pd_alloc_f32(t->k);
-                float *ldw5 = tk_rand(nw, tag + 10, 1e6, 2e6), *ldb5 = tk_rand(t->k, tag + 11, 1e6, 2e6);
-                float *ldw6 = tk_copy(ldw5, nw), *ldb6 = tk_copy(ldb5, t->k), *ldx5 = tk_copy(ldx3, nx);
-                kern_conv2d_bwd_lay(&cv, n, lay, lx, w, ly, ldy, NULL, ldw0, ldb0);
-                kern_conv2d_bwd_set(&cv, n, lay, KSET_DW, lx, w, ly, ldy, NULL, ldw5, ldb5);
-                kern_conv2d_bwd_set(&cv, n, lay, KSET_DX | KSET_DW, lx, w, ly, ldy, ldx5, ldw6, ldb6);
-                assert_int_equal(tu_compare("conv dw (set)", ldw5, ldw0, nw, 0, 0), 0);
-                assert_int_equal(tu_compare("conv dw (set, with dx)", ldw6, ldw0, nw, 0, 0), 0);
-                assert_int_equal(tu_compare("conv dx (set, with dw)", ldx5, ldx0, nx, 0, 0), 0);
-                if (t->bias) {
-                    assert_int_equal(tu_compare("conv db (set)", ldb5, ldb0, t->k, 0, 0), 0);
-                    assert_int_equal(tu_compare("conv db (set, with dx)", ldb6, ldb0, t->k, 0, 0), 0);
-                }
-                float *all[] = {lx, ldy, lpre, ly, ldx, ldw, ldb, gy, gdx, ldx2, ldw2, ldx0, ldx3, ldx4, ldw3,
-                                ldw0, ldb0, ldw5, ldb5, ldw6, ldb6, ldx5};
-                for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
-            }
-            float *all[] = {x, w, b, dy, pre_x, pre_w, pre_b, y, dx, dw, db};
-            for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
-        }
+        /* im2col's layouts are its own, not a library's choice */
+        if (im) assert_int_equal(kern_conv2d_layouts(&cv), t->k % B ? 0 : KCONV_Y_BLK);
+        print_message("  conv[%s, %s] c=%d k=%d: blocked layouts %d\n", im ? "im2col" : "dnnl",
+                      kern_precision_name(prec), t->c, t->k, kern_conv2d_layouts(&cv));
+        check_lays(&cv, t, B, 5000 + 100 * ci);
         kern_conv2d_release(&cv);
     }
     /* im2col: no blocked output where k does not fill the blocks */
@@ -320,6 +341,124 @@ static void test_conv_blocked_layouts(void **state) {
     kern_conv2d_release(&cv);
     if (skipped)
         tu_skip("%d of %zu cases: oneDNN runs no bf16 on this CPU (%s)", skipped, 2 * n_dnnl + n_im, kern_cpu_isa());
+}
+
+/* The oneDNN candidate with its activations' layout forced (kern_conv2d_init_fmt): NCHW, NHWC
+ * (what oneDNN picks for bf16 on AMX), nChw8c and nChw16c (the other CPU's block, or this one's)
+ * on this CPU, so every path a CPU's choice can lead to runs here. For each: the results against
+ * the reference kernels, every blocked layout the descriptor then offers bitwise against its
+ * plain calls (check_lays), and the kept x (keep_any: kept at float32 too, wherever the forward
+ * reorders it): read back it is x (bf16: x rounded), a forward that keeps gives the same y, a
+ * backward reading it the same gradients, and a kept x with its signs flipped negates dW alone,
+ * with x plain and, where offered, blocked (where a float32 x is already in the primitive's
+ * layout, nothing is kept or read). */
+static void test_conv_forced_layouts(void **state) {
+    (void)state;
+    static const ConvCase cases[] = {
+        /* n_max n  c  h  w  k  r  s st pad bias relu */
+        {3, 2, 16, 6, 5, 32, 3, 3, 1, 1, 1, 1, 0},
+        {2, 1, 6, 7, 7, 16, 3, 3, 2, 1, 0, 0, 0},   // c fills no block: padded in the blocked layouts
+        {2, 2, 32, 4, 4, 8, 1, 1, 1, 0, 1, 0, 0},   // k = 8: one block of 8, half of one of 16
+    };
+    static const char *names[KCONV_FMT_COUNT] = {"any", "nchw", "nhwc", "nChw8c", "nChw16c"};
+    const int B = kern_blk_width(), n_cases = sizeof cases / sizeof *cases;
+    int skipped = 0, ran_blk = 0;
+    for (int prec = 0; prec < KPREC_COUNT; prec++) {
+        if (prec == KPREC_BF16 && !kern_bf16_available()) {
+            skipped += (KCONV_FMT_COUNT - 1) * n_cases;
+            continue;
+        }
+        for (int fmt = KCONV_FMT_NCHW; fmt < KCONV_FMT_COUNT; fmt++)
+            for (int ci = 0; ci < n_cases; ci++) {
+                const ConvCase *t = &cases[ci];
+                KConv cv;
+                Err err = {0};
+                int rc = kern_conv2d_init_fmt(&cv, prec, fmt, 1, t->n_max, t->c, t->h, t->w, t->k, t->r, t->s,
+                                              t->stride, t->pad, t->bias, t->relu, &err);
+                if (rc) print_message("%s\n", err.msg);
+                if (rc && prec == KPREC_BF16 && strstr(err.msg, "unimplemented")) continue;   // no bf16 code for it
+                assert_int_equal(rc, PD_OK);
+                print_message("  conv[%s, %s] c=%d k=%d: blocked layouts %d, keeps %zu bytes\n", names[fmt],
+                              kern_precision_name(prec), t->c, t->k, kern_conv2d_layouts(&cv),
+                              kern_conv2d_keep_bytes(&cv, t->n_max));
+                const uint64_t tag = 9000 + 1000 * prec + 100 * fmt + 10 * ci;
+                const int ns[2] = {t->n_max, t->n};
+                for (int pass = 0; pass < 2; pass++) {
+                    const int n = ns[pass];
+                    const size_t nx = (size_t)n * t->c * t->h * t->w, nw = (size_t)t->k * t->c * t->r * t->s;
+                    const size_t ny = (size_t)n * t->k * cv.oh * cv.ow;
+                    float *x = tk_rand(nx, tag + 1, -1, 1), *w = tk_rand(nw, tag + 2, -1, 1);
+                    float *b = t->bias ? tk_rand(t->k, tag + 3, -1, 1) : NULL, *dy = tk_rand(ny, tag + 4, -1, 1);
+                    float *y = pd_alloc_f32(ny), *yr = pd_alloc_f32(ny);
+                    float *dx = pd_alloc_f32(nx), *dw = pd_alloc_f32(nw), *db = pd_alloc_f32(t->k);
+                    float *rdx = pd_alloc_f32(nx), *rdw = pd_alloc_f32(nw), *rdb = pd_alloc_f32(t->k);
+                    kern_conv2d_fwd(&cv, n, x, w, b, y);
+                    kern_conv2d_fwd_ref(&cv, n, x, w, b, yr);
+                    kern_conv2d_bwd_set(&cv, n, 0, KSET_DX | KSET_DW, x, w, y, dy, dx, dw, db);
+                    kern_conv2d_bwd_ref(&cv, n, x, w, y, dy, rdx, rdw, rdb);
+                    /* bf16: the relative error of 8 significant bits (test_kernels_bf16.c) */
+                    const double tol = prec == KPREC_BF16 ? 3e-2 : 1e-4;
+                    assert_int_equal(tu_compare("conv fwd", y, yr, ny, tol, tol), 0);
+                    assert_int_equal(tu_compare("conv dx", dx, rdx, nx, tol, tol), 0);
+                    assert_int_equal(tu_compare("conv dw", dw, rdw, nw, tol, tol * 10), 0);
+                    if (t->bias) assert_int_equal(tu_compare("conv db", db, rdb, t->k, tol, tol * 10), 0);
+                    /* the kept x, with x plain and (where offered) blocked */
+                    const size_t kb = kern_conv2d_keep_bytes(&cv, n);
+                    if (fmt != KCONV_FMT_NCHW || prec == KPREC_BF16) assert_true(kb >= nx * (prec ? 2 : 4));
+                    else assert_int_equal(kb, 0);
+                    for (int xb = 0; kb && xb <= (kern_conv2d_layouts(&cv) & KCONV_X_BLK); xb += KCONV_X_BLK) {
+                        char *keep = pd_alloc(kb);
+                        memset(keep, 0xab, kb);   // NaN as bf16 and float32: read where not written shows
+                        float *lx = xb ? to_blk(x, n, t->c, t->h * t->w, B) : tk_copy(x, nx);
+                        float *y1 = pd_alloc_f32(ny), *dx1 = pd_alloc_f32(nx), *dw1 = pd_alloc_f32(nw);
+                        float *db1 = pd_alloc_f32(t->k), *ldx = pd_alloc_f32(nx);
+                        kern_conv2d_fwd_kx(&cv, n, xb, lx, w, b, y1, keep);
+                        assert_memory_equal(y1, y, ny * sizeof(float));
+                        const int written = !xb || prec == KPREC_BF16;
+                        if (written) {
+                            float *back = pd_alloc_f32(nx), *want = tk_copy(x, nx);
+                            if (prec == KPREC_BF16) {
+                                uint16_t *h16 = pd_alloc(nx * 2);
+                                pd_bf16_pack(x, h16, nx);
+                                pd_bf16_unpack(h16, want, nx);
+                                pd_free(h16);
+                            }
+                            kern_conv2d_keep_read(&cv, n, keep, back);
+                            assert_memory_equal(back, want, nx * sizeof(float));
+                            pd_free(back);
+                            pd_free(want);
+                        }
+                        kern_conv2d_bwd_kx(&cv, n, xb, KSET_DX | KSET_DW, lx, keep, w, y, dy, ldx, dw1, db1);
+                        float *gdx = xb ? from_blk(ldx, n, t->c, t->h * t->w, B) : tk_copy(ldx, nx);
+                        assert_memory_equal(gdx, dx, nx * sizeof(float));
+                        assert_memory_equal(dw1, dw, nw * sizeof(float));
+                        if (t->bias) assert_memory_equal(db1, db, t->k * sizeof(float));
+                        if (written) {   // the backward reads the kept x, not x
+                            if (prec == KPREC_BF16)
+                                for (size_t i = 0; i < kb / 2; i++) ((uint16_t *)keep)[i] ^= 0x8000;
+                            else
+                                for (size_t i = 0; i < kb / 4; i++) ((uint32_t *)keep)[i] ^= 0x80000000u;
+                            kern_conv2d_bwd_kx(&cv, n, xb, KSET_DX | KSET_DW, lx, keep, w, y, dy, ldx, dw1, db1);
+                            float *gdx2 = xb ? from_blk(ldx, n, t->c, t->h * t->w, B) : tk_copy(ldx, nx);
+                            assert_memory_equal(gdx2, dx, nx * sizeof(float));
+                            for (size_t i = 0; i < nw; i++) assert_true(dw1[i] == -dw[i]);
+                            if (t->bias) assert_memory_equal(db1, db, t->k * sizeof(float));
+                            pd_free(gdx2);
+                        }
+                        float *all[] = {lx, y1, dx1, dw1, db1, ldx, gdx};
+                        for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+                        pd_free(keep);
+                    }
+                    float *all[] = {x, w, b, dy, y, yr, dx, dw, db, rdx, rdw, rdb};
+                    for (size_t i = 0; i < sizeof all / sizeof *all; i++) pd_free(all[i]);
+                }
+                ran_blk += check_lays(&cv, t, B, tag + 50);
+                kern_conv2d_release(&cv);
+            }
+    }
+    /* this CPU's own block, forced, is offered wherever the channels fill it */
+    assert_true(ran_blk > 0);
+    if (skipped) tu_skip("%d cases: oneDNN runs no bf16 on this CPU (%s)", skipped, kern_cpu_isa());
 }
 
 /* Max pooling on nChw8c and nChw16c (both on every CPU): the plain kernel's values and
@@ -441,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_conv_auto_choice),
         cmocka_unit_test(test_conv_dense_set),
         cmocka_unit_test(test_conv_blocked_layouts),
+        cmocka_unit_test(test_conv_forced_layouts),
         cmocka_unit_test(test_maxpool_blocked),
     };
     return tu_run_group(tests, NULL, NULL);

@@ -101,8 +101,22 @@ int kern_conv2d_init_algo(KConv *cv, int algo, int n_max, int c, int h, int w, i
                                  err);
 }
 
+static int conv_init(KConv *cv, int algo, int prec, const ConvDnnlForce *force, int n_max, int c, int h, int w, int k,
+                     int r, int s, int stride, int pad, int has_bias, int fuse_relu, Err *err);
+
 int kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h, int w, int k, int r, int s,
                           int stride, int pad, int has_bias, int fuse_relu, Err *err) {
+    return conv_init(cv, algo, prec, NULL, n_max, c, h, w, k, r, s, stride, pad, has_bias, fuse_relu, err);
+}
+
+int kern_conv2d_init_fmt(KConv *cv, int prec, int fmt, int keep_any, int n_max, int c, int h, int w, int k, int r,
+                         int s, int stride, int pad, int has_bias, int fuse_relu, Err *err) {
+    const ConvDnnlForce force = {.fmt = fmt, .keep_any = keep_any};
+    return conv_init(cv, KCONV_DNNL, prec, &force, n_max, c, h, w, k, r, s, stride, pad, has_bias, fuse_relu, err);
+}
+
+static int conv_init(KConv *cv, int algo, int prec, const ConvDnnlForce *force, int n_max, int c, int h, int w, int k,
+                     int r, int s, int stride, int pad, int has_bias, int fuse_relu, Err *err) {
     memset(cv, 0, sizeof *cv);
     PD_ASSERTF(algo >= 0 && algo < KCONV_ALGO_COUNT, "algo %d", algo);
     PD_ASSERTF(prec >= 0 && prec < KPREC_COUNT, "precision %d", prec);
@@ -127,7 +141,7 @@ int kern_conv2d_init_prec(KConv *cv, int algo, int prec, int n_max, int c, int h
     }
     if (im->algo != KCONV_IM2COL) {
         cv->prec = prec;   // im2col is float32 only
-        int rc = conv_dnnl_new(cv, im->algo == KCONV_DNNL, &im->dnnl, err);
+        int rc = conv_dnnl_new(cv, im->algo == KCONV_DNNL, force, &im->dnnl, err);
         if (rc) kern_conv2d_release(cv);
         return rc;
     }
@@ -394,6 +408,12 @@ void kern_conv2d_bwd_lay(KConv *cv, int n, int lay, const float *x, const float 
 size_t kern_conv2d_keep_bytes(const KConv *cv, int n) {
     const ConvImpl *im = cv->impl;
     return im && im->dnnl ? conv_dnnl_keep_bytes(im->dnnl, n) : 0;
+}
+
+void kern_conv2d_keep_read(KConv *cv, int n, const void *keep, float *x) {
+    ConvImpl *im = cv->impl;
+    PD_ASSERTF(im->dnnl && conv_dnnl_keep_bytes(im->dnnl, n), "conv2d: keeps nothing");
+    conv_dnnl_keep_read(im->dnnl, cv, n, keep, x);
 }
 
 void kern_conv2d_fwd_lay(KConv *cv, int n, int lay, const float *x, const float *w, const float *b, float *y) {

@@ -8,7 +8,10 @@
  * their layouts (format_tag_any, typically channel-blocked nChw16c / OIhw16i16o, nChw8c /
  * OIhw8i8o on AVX2) and every argument whose layout differs goes through a reorder, unless the
  * caller passes that activation already blocked (lay, KCONV_*_BLK: layers that keep
- * nChw{B}c, B = kern_blk_width(), between them).
+ * nChw{B}c, B = kern_blk_width(), between them). Nothing here assumes which layout oneDNN
+ * chose: every port compares the primitive's memory desc with the caller's (bf16 on AMX chooses
+ * NHWC, acdb, and then no blocked layout is offered), and kern_conv2d_init_fmt forces one, so
+ * that each layout's path runs on any CPU in the tests.
  * Outputs that accumulate (dx, dW) are always produced in a separate buffer and brought back
  * by a reorder with a sum post-op (dst = dst + reordered), which is oneDNN's way of writing
  * +=, or by kern_accumulate when dx is blocked; db is added by a loop. With fuse_relu, dy is
@@ -31,11 +34,10 @@
  * blocked the same way too, x or dy is converted element-wise (kern_f32_to_bf16) in place of the reorder.
  *
  * Threads: oneDNN here is the OpenMP build; see kern_set_threads in kern_basic.c. */
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
 #include <string.h>
 
 #include "conv_impl.h"
+#include "kernels_impl.h"
 
 typedef struct Port {
     dnnl_memory_t user;         /* caller's plain layout; data handle set per call */
@@ -64,27 +66,13 @@ typedef struct Prims {
 } Prims;
 
 struct ConvDnnl {
-    dnnl_engine_t eng;
-    dnnl_stream_t st;
     int use_any;
+    dnnl_format_tag_t fmt;   /* the activations' layout when forced (conv_dnnl_new's opts), else 0 */
+    int keep_any;            /* keep x at every precision where the primitives reorder it */
     size_t keep_per_sample;   /* bytes of kept bf16 x per sample (n_max's); 0: none kept */
     Prims slot[2];   /* [0]: n_max, [1]: the last other n */
     float *dbias;    /* (K) */
 };
-
-#define CK(call)                                                                                    \
-    do {                                                                                            \
-        dnnl_status_t s_ = (call);                                                                  \
-        if (s_ != dnnl_success) {                                                                   \
-            rc = err_set(err, PD_EINVAL, "conv2d (oneDNN): %s failed: %s", #call, dnnl_status2str(s_)); \
-            goto done;                                                                              \
-        }                                                                                           \
-    } while (0)
-#define RUN(call)                                                                                   \
-    do {                                                                                            \
-        dnnl_status_t s_ = (call);                                                                  \
-        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));                          \
-    } while (0)
 
 static void port_free(Port *p) {
     if (p->prim && p->prim != p->user) dnnl_memory_destroy(p->prim);
@@ -103,28 +91,28 @@ static int port_init(Port *p, dnnl_engine_t eng, const dnnl_memory_desc_t *user_
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t rpd = NULL;
-    CK(dnnl_memory_create(&p->user, user_md, eng, DNNL_MEMORY_NONE));
+    KDNNL_CK("conv2d", dnnl_memory_create(&p->user, user_md, eng, DNNL_MEMORY_NONE));
     if (dir != 2 && dnnl_memory_desc_equal(user_md, want)) {
         p->prim = p->user;
         return PD_OK;
     }
     p->bytes = dnnl_memory_desc_get_size(want);
     p->cvt = want->data_type == dnnl_bf16;
-    CK(dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
-    CK(dnnl_primitive_attr_create(&attr));
+    KDNNL_CK("conv2d", dnnl_memory_create(&p->prim, want, eng, DNNL_MEMORY_NONE));
+    KDNNL_CK("conv2d", dnnl_primitive_attr_create(&attr));
     if (dir == 2) {
-        CK(dnnl_post_ops_create(&po));
-        CK(dnnl_post_ops_append_sum(po, 1.0f));
-        CK(dnnl_primitive_attr_set_post_ops(attr, po));
+        KDNNL_CK("conv2d", dnnl_post_ops_create(&po));
+        KDNNL_CK("conv2d", dnnl_post_ops_append_sum(po, 1.0f));
+        KDNNL_CK("conv2d", dnnl_primitive_attr_set_post_ops(attr, po));
     }
-    if (dir == 0) CK(dnnl_reorder_primitive_desc_create(&rpd, user_md, eng, want, eng, attr));
-    else CK(dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, attr));
-    CK(dnnl_primitive_create(&p->reorder, rpd));
+    if (dir == 0) KDNNL_CK("conv2d", dnnl_reorder_primitive_desc_create(&rpd, user_md, eng, want, eng, attr));
+    else KDNNL_CK("conv2d", dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, attr));
+    KDNNL_CK("conv2d", dnnl_primitive_create(&p->reorder, rpd));
     if (dir == 2) {
         dnnl_primitive_desc_destroy(rpd);
         rpd = NULL;
-        CK(dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, NULL));
-        CK(dnnl_primitive_create(&p->reorder_set, rpd));
+        KDNNL_CK("conv2d", dnnl_reorder_primitive_desc_create(&rpd, want, eng, user_md, eng, NULL));
+        KDNNL_CK("conv2d", dnnl_primitive_create(&p->reorder_set, rpd));
     }
 done:
     if (rpd) dnnl_primitive_desc_destroy(rpd);
@@ -220,63 +208,63 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     dnnl_dims_t strides = {cv->stride, cv->stride}, pad = {cv->pad, cv->pad};
     dnnl_memory_desc_t src_u, wei_u, bias_u, dst_u, src_a, wei_a, dst_a;
     const dnnl_format_tag_t any = dnnl_format_tag_any;
-    CK(dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, dnnl_nchw));
-    CK(dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw));
-    CK(dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
-    CK(dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
-    const dnnl_format_tag_t act = d->use_any ? any : dnnl_nchw;
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&src_u, 4, sd, dnnl_f32, dnnl_nchw));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&wei_u, 4, wd, dnnl_f32, dnnl_oihw));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&bias_u, 1, bd, dnnl_f32, dnnl_a));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&dst_u, 4, dd, dnnl_f32, dnnl_nchw));
+    const dnnl_format_tag_t act = d->fmt ? d->fmt : d->use_any ? any : dnnl_nchw;
     /* bf16: the multiplied operands (src, weights, diff_dst) in bf16, reordered (converted) from
      * the caller's float32 by their ports; dst, diff_src, diff_weights and bias stay float32 */
     const dnnl_data_type_t mt = cv->prec == KPREC_BF16 ? dnnl_bf16 : dnnl_f32;
     const int B = kern_blk_width();
     const dnnl_format_tag_t blk_tag = B == 16 ? dnnl_nChw16c : dnnl_nChw8c;
     dnnl_memory_desc_t ddst_a;
-    CK(dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK ? blk_tag : act));
-    CK(dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, mt, d->use_any ? any : dnnl_oihw));
-    CK(dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK ? blk_tag : act));
-    CK(dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK ? blk_tag : act));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&src_a, 4, sd, mt, force & KCONV_X_BLK ? blk_tag : act));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&wei_a, 4, wd, mt, d->use_any ? any : dnnl_oihw));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&dst_a, 4, dd, dnnl_f32, force & KCONV_Y_BLK ? blk_tag : act));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&ddst_a, 4, dd, mt, force & KCONV_Y_BLK ? blk_tag : act));
     dnnl_memory_desc_t dsrc_a = src_a, dwei_a = wei_a;   // the gradients' outputs: float32
     dsrc_a.data_type = dnnl_f32;
     dwei_a.data_type = dnnl_f32;
     const dnnl_memory_desc_t *bias = cv->has_bias ? &bias_u : NULL;
 
-    CK(dnnl_primitive_attr_create(&attr));
-    CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+    KDNNL_CK("conv2d", dnnl_primitive_attr_create(&attr));
+    KDNNL_CK("conv2d", dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     dnnl_convolution_desc_t fd, dd_, wd_;
-    CK(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &src_a, &wei_a, bias,
+    KDNNL_CK("conv2d", dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &src_a, &wei_a, bias,
                                           &dst_a, strides, pad, pad));
     if (cv->fuse_relu) {
-        CK(dnnl_post_ops_create(&po));
-        CK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
-        CK(dnnl_primitive_attr_set_post_ops(attr, po));
+        KDNNL_CK("conv2d", dnnl_post_ops_create(&po));
+        KDNNL_CK("conv2d", dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
+        KDNNL_CK("conv2d", dnnl_primitive_attr_set_post_ops(attr, po));
     }
-    CK(dnnl_primitive_desc_create(&fpd, &fd, attr, d->eng, NULL));
+    KDNNL_CK("conv2d", dnnl_primitive_desc_create(&fpd, &fd, attr, kern_dnnl_engine(), NULL));
     if (po) {   // the backward primitives take no post-ops
         dnnl_post_ops_destroy(po);
         po = NULL;
         dnnl_primitive_attr_destroy(attr);
-        CK(dnnl_primitive_attr_create(&attr));
-        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+        KDNNL_CK("conv2d", dnnl_primitive_attr_create(&attr));
+        KDNNL_CK("conv2d", dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     }
-    CK(dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &dsrc_a, &wei_a, &ddst_a, strides,
+    KDNNL_CK("conv2d", dnnl_convolution_backward_data_desc_init(&dd_, dnnl_convolution_direct, &dsrc_a, &wei_a, &ddst_a, strides,
                                                 pad, pad));
-    CK(dnnl_primitive_desc_create(&dpd, &dd_, attr, d->eng, fpd));
-    CK(dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &dwei_a, bias, &ddst_a,
+    KDNNL_CK("conv2d", dnnl_primitive_desc_create(&dpd, &dd_, attr, kern_dnnl_engine(), fpd));
+    KDNNL_CK("conv2d", dnnl_convolution_backward_weights_desc_init(&wd_, dnnl_convolution_direct, &src_a, &dwei_a, bias, &ddst_a,
                                                    strides, pad, pad));
-    CK(dnnl_primitive_desc_create(&wpd, &wd_, attr, d->eng, fpd));
+    KDNNL_CK("conv2d", dnnl_primitive_desc_create(&wpd, &wd_, attr, kern_dnnl_engine(), fpd));
 
-    CK(dnnl_primitive_create(&p->fwd, fpd));
-    CK(dnnl_primitive_create(&p->bwd_data, dpd));
-    CK(dnnl_primitive_create(&p->bwd_w, wpd));
-    if ((rc = port_init(&p->f_src, d->eng, &src_u, qmd(fpd, dnnl_query_src_md), 0, err))) goto done;
-    if ((rc = port_init(&p->f_wei, d->eng, &wei_u, qmd(fpd, dnnl_query_weights_md), 0, err))) goto done;
-    if ((rc = port_init(&p->f_dst, d->eng, &dst_u, qmd(fpd, dnnl_query_dst_md), 1, err))) goto done;
-    if ((rc = port_init(&p->d_ddst, d->eng, &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, err))) goto done;
-    if ((rc = port_init(&p->d_wei, d->eng, &wei_u, qmd(dpd, dnnl_query_weights_md), 0, err))) goto done;
-    if ((rc = port_init(&p->d_dsrc, d->eng, &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, err))) goto done;
-    if ((rc = port_init(&p->w_src, d->eng, &src_u, qmd(wpd, dnnl_query_src_md), 0, err))) goto done;
-    if ((rc = port_init(&p->w_ddst, d->eng, &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, err))) goto done;
-    if ((rc = port_init(&p->w_dwei, d->eng, &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, err))) goto done;
+    KDNNL_CK("conv2d", dnnl_primitive_create(&p->fwd, fpd));
+    KDNNL_CK("conv2d", dnnl_primitive_create(&p->bwd_data, dpd));
+    KDNNL_CK("conv2d", dnnl_primitive_create(&p->bwd_w, wpd));
+    if ((rc = port_init(&p->f_src, kern_dnnl_engine(), &src_u, qmd(fpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_wei, kern_dnnl_engine(), &wei_u, qmd(fpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->f_dst, kern_dnnl_engine(), &dst_u, qmd(fpd, dnnl_query_dst_md), 1, err))) goto done;
+    if ((rc = port_init(&p->d_ddst, kern_dnnl_engine(), &dst_u, qmd(dpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_wei, kern_dnnl_engine(), &wei_u, qmd(dpd, dnnl_query_weights_md), 0, err))) goto done;
+    if ((rc = port_init(&p->d_dsrc, kern_dnnl_engine(), &src_u, qmd(dpd, dnnl_query_diff_src_md), 2, err))) goto done;
+    if ((rc = port_init(&p->w_src, kern_dnnl_engine(), &src_u, qmd(wpd, dnnl_query_src_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_ddst, kern_dnnl_engine(), &dst_u, qmd(wpd, dnnl_query_diff_dst_md), 0, err))) goto done;
+    if ((rc = port_init(&p->w_dwei, kern_dnnl_engine(), &wei_u, qmd(wpd, dnnl_query_diff_weights_md), 2, err))) goto done;
     /* backward-weights reads diff_dst in the same layout as backward-data (checked): one
      * reorder feeds both when a call wants dx and dW */
     p->share_ddst = p->d_ddst.reorder && dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_dst_md),
@@ -287,10 +275,10 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     /* (bf16: the bf16 operands in nChw{B}c too; callers pass float32 nChw{B}c, converted
      * element-wise into the call's scratch) */
     dnnl_memory_desc_t src_b, dst_b, srcm_b, dstm_b;
-    CK(dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, blk_tag));
-    CK(dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, blk_tag));
-    CK(dnnl_memory_desc_init_by_tag(&srcm_b, 4, sd, mt, blk_tag));
-    CK(dnnl_memory_desc_init_by_tag(&dstm_b, 4, dd, mt, blk_tag));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&src_b, 4, sd, dnnl_f32, blk_tag));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&dst_b, 4, dd, dnnl_f32, blk_tag));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&srcm_b, 4, sd, mt, blk_tag));
+    KDNNL_CK("conv2d", dnnl_memory_desc_init_by_tag(&dstm_b, 4, dd, mt, blk_tag));
     if (cv->c % B == 0 && dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), &srcm_b) &&
         dnnl_memory_desc_equal(qmd(dpd, dnnl_query_diff_src_md), &src_b) &&
         dnnl_memory_desc_equal(qmd(wpd, dnnl_query_src_md), &srcm_b))
@@ -301,12 +289,12 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
         p->blk |= KCONV_Y_BLK;
     /* the forward's converted x can serve backward-weights: bf16, the same layout, and (for a
      * batch size other than n_max) the size n_max's per sample promised the caller */
-    p->keep = cv->prec == KPREC_BF16 && p->f_src.cvt && p->w_src.cvt &&
+    p->keep = (cv->prec == KPREC_BF16 || d->keep_any) && p->f_src.reorder && p->w_src.reorder &&
               dnnl_memory_desc_equal(qmd(fpd, dnnl_query_src_md), qmd(wpd, dnnl_query_src_md)) &&
               p->f_src.bytes % (size_t)n == 0 && (n == cv->n_max || p->f_src.bytes == d->keep_per_sample * (size_t)n);
     if (cv->has_bias) {
-        CK(dnnl_memory_create(&p->f_bias, &bias_u, d->eng, DNNL_MEMORY_NONE));
-        CK(dnnl_memory_create(&p->w_dbias, &bias_u, d->eng, d->dbias));
+        KDNNL_CK("conv2d", dnnl_memory_create(&p->f_bias, &bias_u, kern_dnnl_engine(), DNNL_MEMORY_NONE));
+        KDNNL_CK("conv2d", dnnl_memory_create(&p->w_dbias, &bias_u, kern_dnnl_engine(), d->dbias));
     }
     p->sp_f = dnnl_memory_desc_get_size(qmd(fpd, dnnl_query_scratchpad_md));
     size_t spd = dnnl_memory_desc_get_size(qmd(dpd, dnnl_query_scratchpad_md));
@@ -318,9 +306,9 @@ static int prims_init(ConvDnnl *d, const KConv *cv, int n, int force, Prims *p, 
     BwdPlan bp = bwd_plan(p, cv, 0, 1, 1);
     p->arena = (fp.total > bp.total ? fp.total : bp.total) + 64;
     kern_scratch(KSCR_CONV, p->arena);
-    CK(dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
-    CK(dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
-    CK(dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), d->eng, DNNL_MEMORY_NONE));
+    KDNNL_CK("conv2d", dnnl_memory_create(&p->sp_fwd, qmd(fpd, dnnl_query_scratchpad_md), kern_dnnl_engine(), DNNL_MEMORY_NONE));
+    KDNNL_CK("conv2d", dnnl_memory_create(&p->sp_data, qmd(dpd, dnnl_query_scratchpad_md), kern_dnnl_engine(), DNNL_MEMORY_NONE));
+    KDNNL_CK("conv2d", dnnl_memory_create(&p->sp_w, qmd(wpd, dnnl_query_scratchpad_md), kern_dnnl_engine(), DNNL_MEMORY_NONE));
 done:
     if (fpd) dnnl_primitive_desc_destroy(fpd);
     if (dpd) dnnl_primitive_desc_destroy(dpd);
@@ -335,23 +323,26 @@ void conv_dnnl_free(ConvDnnl *d) {
     if (!d) return;
     prims_free(&d->slot[0]);
     prims_free(&d->slot[1]);
-    if (d->st) dnnl_stream_destroy(d->st);
-    if (d->eng) dnnl_engine_destroy(d->eng);
     pd_free(d->dbias);
     pd_free(d);
 }
 
-int conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err) {
+int conv_dnnl_new(const KConv *cv, int use_any, const ConvDnnlForce *force, ConvDnnl **out, Err *err) {
+    static const dnnl_format_tag_t tags[KCONV_FMT_COUNT] = {
+        [KCONV_FMT_ANY] = 0, [KCONV_FMT_NCHW] = dnnl_nchw, [KCONV_FMT_NHWC] = dnnl_nhwc,
+        [KCONV_FMT_NCHW8C] = dnnl_nChw8c, [KCONV_FMT_NCHW16C] = dnnl_nChw16c};
     int rc = PD_OK;
     ConvDnnl *d = pd_calloc(sizeof *d);
     *out = NULL;
     d->use_any = use_any;
+    if (force) {
+        PD_ASSERTF(force->fmt >= 0 && force->fmt < KCONV_FMT_COUNT, "layout %d", force->fmt);
+        d->fmt = tags[force->fmt];
+        d->keep_any = force->keep_any;
+    }
     d->dbias = pd_alloc_f32((size_t)cv->k);
-    CK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
-    CK(dnnl_stream_create(&d->st, d->eng, dnnl_stream_default_flags));
     rc = prims_init(d, cv, cv->n_max, 0, &d->slot[0], err);
     if (!rc && d->slot[0].keep) d->keep_per_sample = d->slot[0].f_src.bytes / (size_t)cv->n_max;
-done:
     if (rc) conv_dnnl_free(d);
     else *out = d;
     return rc;
@@ -368,12 +359,12 @@ static Prims *prims_for(ConvDnnl *d, const KConv *cv, int n) {
     return &d->slot[1];
 }
 
-static void set(dnnl_memory_t m, const void *ptr) { RUN(dnnl_memory_set_data_handle(m, (void *)ptr)); }
+static void set(dnnl_memory_t m, const void *ptr) { KDNNL_RUN(dnnl_memory_set_data_handle(m, (void *)ptr)); }
 
 /* Runs reorder r from `from` to `to`. */
 static void run_reorder(dnnl_stream_t st, dnnl_primitive_t r, dnnl_memory_t from, dnnl_memory_t to) {
     dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
-    RUN(dnnl_primitive_execute(r, st, 2, a));
+    KDNNL_RUN(dnnl_primitive_execute(r, st, 2, a));
 }
 
 /* Input port: the primitive's memory holding ptr's data. blk: ptr is already in the
@@ -394,6 +385,10 @@ static dnnl_memory_t port_in(dnnl_stream_t st, Port *p, const void *ptr, int blk
     return p->prim;
 }
 
+/* Whether a forward with x in this layout (xb: blocked) leaves x in keep: where its src port
+ * converts or reorders x (a float32 x already in the primitive's layout is used in place). */
+static int kept(const Prims *p, int xb) { return p->keep && (!xb || p->f_src.cvt); }
+
 int conv_dnnl_layouts(const ConvDnnl *d) { return d->slot[0].blk; }
 
 size_t conv_dnnl_keep_bytes(const ConvDnnl *d, int n) { return d->keep_per_sample * (size_t)n; }
@@ -402,25 +397,26 @@ void conv_dnnl_fwd(ConvDnnl *d, const KConv *cv, int n, int lay, const float *x,
                    float *y, void *keep) {
     if (n == 0) return;
     Prims *p = prims_for(d, cv, n);
+    dnnl_stream_t st = kern_dnnl_stream();
     PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
     const FwdPlan f = fwd_plan(p, lay);
     char *base = kern_scratch(KSCR_CONV, p->arena);
     set(p->sp_fwd, base + f.sp);
     const int yb = lay & KCONV_Y_BLK, out_reorder = p->f_dst.reorder && !yb;
     set(p->f_dst.prim, out_reorder ? base + f.dst : (void *)y);
-    char *src_at = keep && p->keep ? keep : base + f.src;   /* converted where the backward finds it */
-    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(d->st, &p->f_src, x, lay & KCONV_X_BLK, src_at)},
-                            {DNNL_ARG_WEIGHTS, port_in(d->st, &p->f_wei, w, 0, base + f.wei)},
+    char *src_at = keep && kept(p, lay & KCONV_X_BLK) ? keep : base + f.src;   /* converted where the backward finds it */
+    dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, port_in(st, &p->f_src, x, lay & KCONV_X_BLK, src_at)},
+                            {DNNL_ARG_WEIGHTS, port_in(st, &p->f_wei, w, 0, base + f.wei)},
                             {DNNL_ARG_DST, p->f_dst.prim},
                             {DNNL_ARG_SCRATCHPAD, p->sp_fwd},
                             {DNNL_ARG_BIAS, p->f_bias}};
     if (cv->has_bias) set(p->f_bias, b);
-    RUN(dnnl_primitive_execute(p->fwd, d->st, cv->has_bias ? 5 : 4, a));
+    KDNNL_RUN(dnnl_primitive_execute(p->fwd, st, cv->has_bias ? 5 : 4, a));
     if (out_reorder) {
         set(p->f_dst.user, y);
-        run_reorder(d->st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
+        run_reorder(st, p->f_dst.reorder, p->f_dst.prim, p->f_dst.user);
     }
-    RUN(dnnl_stream_wait(d->st));
+    KDNNL_RUN(dnnl_stream_wait(st));
 }
 
 void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const float *x, const void *keep,
@@ -432,6 +428,7 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
         return;
     }
     Prims *p = prims_for(d, cv, n);
+    dnnl_stream_t st = kern_dnnl_stream();
     PD_ASSERTF((lay & ~p->blk) == 0, "conv2d: layout %d not supported (%d)", lay, p->blk);
     if (!cv->has_bias) db = NULL;
     const int xb = lay & KCONV_X_BLK, yb = lay & KCONV_Y_BLK;
@@ -457,20 +454,20 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
             kern_relu_mask_bf16(y, dy, (uint16_t *)(base + bp.ddst), ny);
             set(ddst, base + bp.ddst);
         } else {
-            ddst = port_in(d->st, &p->d_ddst, g, yb, base + bp.ddst);
+            ddst = port_in(st, &p->d_ddst, g, yb, base + bp.ddst);
         }
         dnnl_exec_arg_t a[4] = {{DNNL_ARG_DIFF_DST, ddst},
-                                {DNNL_ARG_WEIGHTS, port_in(d->st, &p->d_wei, w, 0, base + bp.wei)},
+                                {DNNL_ARG_WEIGHTS, port_in(st, &p->d_wei, w, 0, base + bp.wei)},
                                 {DNNL_ARG_DIFF_SRC, p->d_dsrc.prim},
                                 {DNNL_ARG_SCRATCHPAD, p->sp_data}};
-        RUN(dnnl_primitive_execute(p->bwd_data, d->st, 4, a));
+        KDNNL_RUN(dnnl_primitive_execute(p->bwd_data, st, 4, a));
         if (dx_direct) {   // written
         } else if (xb) {   // dx is in diff_src's layout: += element-wise
-            RUN(dnnl_stream_wait(d->st));
+            KDNNL_RUN(dnnl_stream_wait(st));
             kern_accumulate(dx, (const float *)(base + bp.dsrc), nx);
         } else {
             set(p->d_dsrc.user, dx);
-            run_reorder(d->st, wr & KSET_DX ? p->d_dsrc.reorder_set : p->d_dsrc.reorder, p->d_dsrc.prim,
+            run_reorder(st, wr & KSET_DX ? p->d_dsrc.reorder_set : p->d_dsrc.reorder, p->d_dsrc.prim,
                         p->d_dsrc.user);   // dx = or += (sum post-op)
         }
     }
@@ -484,14 +481,14 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
             set(p->w_ddst.prim, base + bp.wddst);
             ddst = p->w_ddst.prim;
         } else {
-            ddst = port_in(d->st, &p->w_ddst, g, yb, base + bp.wddst);
+            ddst = port_in(st, &p->w_ddst, g, yb, base + bp.wddst);
         }
         dnnl_memory_t src;
-        if (keep && p->keep) {   // the forward's conversion, in this pass's layout
+        if (keep && kept(p, xb)) {   // the forward's conversion, in this pass's layout
             set(p->w_src.prim, keep);
             src = p->w_src.prim;
         } else {
-            src = port_in(d->st, &p->w_src, x, xb, base + bp.wsrc);
+            src = port_in(st, &p->w_src, x, xb, base + bp.wsrc);
         }
         dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, src},
                                 {DNNL_ARG_DIFF_DST, ddst},
@@ -499,16 +496,34 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
                                 {DNNL_ARG_SCRATCHPAD, p->sp_w},
                                 {DNNL_ARG_DIFF_BIAS, p->w_dbias}};
         set(p->w_dwei.prim, base + bp.dwei);
-        RUN(dnnl_primitive_execute(p->bwd_w, d->st, cv->has_bias ? 5 : 4, a));
+        KDNNL_RUN(dnnl_primitive_execute(p->bwd_w, st, cv->has_bias ? 5 : 4, a));
         if (dw) {
             set(p->w_dwei.user, dw);
-            run_reorder(d->st, wr & KSET_DW ? p->w_dwei.reorder_set : p->w_dwei.reorder, p->w_dwei.prim,
+            run_reorder(st, wr & KSET_DW ? p->w_dwei.reorder_set : p->w_dwei.reorder, p->w_dwei.prim,
                         p->w_dwei.user);   // dw = or +=
         }
     }
-    RUN(dnnl_stream_wait(d->st));
+    KDNNL_RUN(dnnl_stream_wait(st));
     if (db && (wr & KSET_DW))
         for (int k = 0; k < cv->k; k++) db[k] = 0.0f + d->dbias[k];   // as onto zeros
     else if (db)
         for (int k = 0; k < cv->k; k++) db[k] += d->dbias[k];
+}
+
+void conv_dnnl_keep_read(ConvDnnl *d, const KConv *cv, int n, const void *keep, float *x) {
+    Prims *p = prims_for(d, cv, n);
+    PD_ASSERTF(p->keep, "conv2d: nothing kept at n=%d", n);
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    const dnnl_memory_desc_t *from = NULL, *to = NULL;
+    KDNNL_RUN(dnnl_memory_get_memory_desc(p->f_src.prim, &from));
+    KDNNL_RUN(dnnl_memory_get_memory_desc(p->f_src.user, &to));
+    KDNNL_RUN(dnnl_reorder_primitive_desc_create(&rpd, from, kern_dnnl_engine(), to, kern_dnnl_engine(), NULL));
+    KDNNL_RUN(dnnl_primitive_create(&r, rpd));
+    set(p->f_src.prim, keep);
+    set(p->f_src.user, x);
+    run_reorder(kern_dnnl_stream(), r, p->f_src.prim, p->f_src.user);
+    KDNNL_RUN(dnnl_stream_wait(kern_dnnl_stream()));
+    dnnl_primitive_destroy(r);
+    dnnl_primitive_desc_destroy(rpd);
 }

@@ -11,7 +11,12 @@ typedef struct ConvDnnl ConvDnnl;
 /* Creates the primitives for n_max (and reorders, scratch); use_any lets oneDNN choose
  * its layouts (reorders to and from plain NCHW), otherwise all layouts are plain. PD_OK or
  * PD_EINVAL naming the oneDNN status; *out NULL on error. */
-int  conv_dnnl_new(const KConv *cv, int use_any, ConvDnnl **out, Err *err);
+typedef struct ConvDnnlForce {
+    int fmt;        /* KCONV_FMT_*: the activations' layout (src, dst and their gradients) */
+    int keep_any;   /* keep the forward's x at float32 too, where its port reorders it */
+} ConvDnnlForce;
+/* force: NULL, or what kern_conv2d_init_fmt imposes (kernels.h). */
+int  conv_dnnl_new(const KConv *cv, int use_any, const ConvDnnlForce *force, ConvDnnl **out, Err *err);
 void conv_dnnl_free(ConvDnnl *d);   /* NULL is fine */
 /* The activation layouts its callers may use (KCONV_X_BLK | KCONV_Y_BLK, kernels.h). */
 int  conv_dnnl_layouts(const ConvDnnl *d);
@@ -24,6 +29,8 @@ void conv_dnnl_bwd(ConvDnnl *d, const KConv *cv, int n, int lay, int wr, const f
                    const float *w, const float *y, const float *dy, float *dx, float *dw, float *db);
 /* Bytes of the bf16 x a forward keeps for n samples; 0: none. */
 size_t conv_dnnl_keep_bytes(const ConvDnnl *d, int n);
+/* The kept x of n samples back as float32 NCHW (kern_conv2d_keep_read). */
+void conv_dnnl_keep_read(ConvDnnl *d, const KConv *cv, int n, const void *keep, float *x);
 
 /* Dense candidate (conv_dense.c): the convolution as a (K*OH*OW) x (C*H*W) matrix, plain
  * layouts, float32. conv_dense_floats: that matrix's size; conv_dense_new refuses one over

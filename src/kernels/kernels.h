@@ -174,6 +174,17 @@ void kern_conv2d_fwd_kx(KConv *cv, int n, int lay, const float *x, const float *
                         void *keep);
 void kern_conv2d_bwd_kx(KConv *cv, int n, int lay, int set, const float *x, const void *keep, const float *w,
                         const float *y, const float *dy, float *dx, float *dw, float *db);
+/* Addition for tests: the oneDNN candidate with its activations' layout forced rather than
+ * chosen (fmt: KCONV_FMT_*, for src, dst, diff_src and diff_dst; the weights' stays chosen), so
+ * that the paths another CPU's choice takes (NHWC, the other block width) run on this one; and
+ * keep_any: x kept at float32 too, wherever the forward reorders it (keep_bytes then counts
+ * it). fmt KCONV_FMT_ANY is KCONV_DNNL's choice. PD_EINVAL where oneDNN refuses. */
+enum { KCONV_FMT_ANY, KCONV_FMT_NCHW, KCONV_FMT_NHWC, KCONV_FMT_NCHW8C, KCONV_FMT_NCHW16C, KCONV_FMT_COUNT };
+int  kern_conv2d_init_fmt(KConv *cv, int prec, int fmt, int keep_any, int n_max, int c, int h, int w, int k, int r,
+                          int s, int stride, int pad, int has_bias, int fuse_relu, Err *err);
+/* The x a forward kept for n samples (keep, in the primitives' layout and type) as float32
+ * NCHW, (n, C, H, W): what a test compares with x. Only where keep_bytes(n) > 0. */
+void kern_conv2d_keep_read(KConv *cv, int n, const void *keep, float *x);
 void kern_conv2d_fwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *b, float *y);
 void kern_conv2d_bwd_ref(const KConv *cv, int n, const float *x, const float *w, const float *y,
                          const float *dy, float *dx, float *dw, float *db);
@@ -415,5 +426,77 @@ void kern_attention_fwd_ref(const float *qkv, float *y, float *p, int n, int t, 
 void kern_attention_bwd_ref(const float *qkv, const float *p, const float *dy, float *dqkv, float *scratch, int n,
                             int t, int heads, int hd, int causal);
 /* ==== end of transformer kernels ============================================================ */
+
+/* ---- wire codecs: activations and gradients between pipeline stages (codec.c) -------------- */
+/* A message of n float32 values as bytes, plain data in and out (the runtime sends the bytes).
+ *   KCODEC_FP32  the floats as they are (4n bytes).
+ *   KCODEC_BF16  core's pd_bf16_pack / pd_bf16_unpack (2n bytes).
+ *   KCODEC_INT8  rows of `block` values (the last may be shorter), each with a float32 scale
+ *                s = maxabs / 127 and the values q = round(x / s) (nearest, ties to even) in
+ *                int8: ceil(n / block) * 4 + n bytes, the scales first, then the values.
+ *   KCODEC_INT4  groups of `block` values (32 or 64), each with a float32 scale s = maxabs / 7
+ *                and the values in -7..7 as 4-bit two's complement, two to a byte (value i in
+ *                byte i / 2, the low nibble first): ceil(n / block) * 4 + ceil(n / 2) bytes.
+ *                With stochastic rounding (KCodec.stochastic, for gradients) q = floor(x / s + u),
+ *                u uniform in [0, 1) from a counter-based generator of (seed, message id, index):
+ *                unbiased, and the same bits for the same seed and message on every run and CPU.
+ * Symmetric: decode gives q * s. Error: |x - decode(x)| <= s / 2 at nearest, < s stochastic.
+ * Non-finite input: the scale comes from the finite values of the row or group alone; +-Inf
+ * saturates to +-127 (+-7), NaN encodes as 0, and encode returns how many non-finite values it
+ * met, so a caller can fail naming them (a row of a NaN among finite values keeps its other
+ * values' precision). FP32 and BF16 carry them as they are (BF16: NaN the quiet one), and count
+ * them too. A row whose scale would be below FLT_MIN (maxabs under 127 * FLT_MIN, 7 * FLT_MIN)
+ * encodes as zeros with scale 0, and one reaching FLT_MAX takes the float below maxabs / qmax
+ * where qmax times that would overflow (so decode gives no Inf).
+ * Encode and decode run AVX-512, AVX2 or scalar code, whichever the CPU has (checked once at run
+ * time); the bytes and floats are the same on each. */
+enum { KCODEC_FP32, KCODEC_BF16, KCODEC_INT8, KCODEC_INT4, KCODEC_COUNT };
+typedef struct KCodec {
+    int codec;        /* KCODEC_* */
+    int block;        /* INT8: row length (>= 1); INT4: group size, 32 or 64; else unused */
+    int stochastic;   /* INT4: stochastic rounding (else nearest) */
+    uint64_t seed;    /* the stochastic rounding's seed */
+} KCodec;
+/* Bytes of n values encoded (the runtime's and the simulator's cost of a message). */
+size_t kern_codec_bytes(const KCodec *c, size_t n);
+/* "fp32", "bf16", "int8", "int4" and back (-1: unknown). */
+const char *kern_codec_name(int codec);
+int kern_codec_parse(const char *name);
+/* out: kern_codec_bytes(c, n) bytes. msg: the message's id (with the seed, it keys the
+ * stochastic rounding; ignored otherwise). Returns the count of non-finite values in x. */
+size_t kern_codec_encode(const KCodec *c, uint64_t msg, const float *x, size_t n, uint8_t *out);
+void   kern_codec_decode(const KCodec *c, const uint8_t *in, size_t n, float *y);
+
+/* Delta messages (after AQ-SGD): both ends keep a sample's last activation, the reference, as
+ * a store encoded by `ref` (KCODEC_INT8, _BF16 or _FP32; kern_codec_bytes(ref, n) bytes; a
+ * store of zero bytes is a zero reference, so a first message is x itself quantized). The
+ * sender sends c's encoding of x - r (c: INT8 or INT4); the receiver reconstructs y = r + q s
+ * (one rounding: fmaf), and both store y, so their references stay bitwise equal.
+ * delta_encode: tmp n floats; returns the non-finite count of x - r. delta_decode: y = r + q s. */
+size_t kern_codec_delta_encode(const KCodec *c, uint64_t msg, const float *x, const float *r, size_t n, uint8_t *out,
+                               float *tmp);
+void   kern_codec_delta_decode(const KCodec *c, const uint8_t *in, const float *r, size_t n, float *y);
+/* The reference of a store as floats, and a reconstruction stored (returns its non-finite count). */
+void   kern_codec_ref_load(const KCodec *ref, const uint8_t *store, size_t n, float *r);
+size_t kern_codec_ref_store(const KCodec *ref, const float *y, size_t n, uint8_t *store);
+/* The two ends in one call each. send: encodes x against store into out, then updates store
+ * with what the receiver will reconstruct (tmp: 2n floats). recv: y = the reconstruction, and
+ * the store updated. Both return the non-finite count (x - r; y). */
+size_t kern_codec_delta_send(const KCodec *c, const KCodec *ref, uint64_t msg, const float *x, size_t n,
+                             uint8_t *store, uint8_t *out, float *tmp);
+size_t kern_codec_delta_recv(const KCodec *c, const KCodec *ref, const uint8_t *in, size_t n, uint8_t *store,
+                             float *y);
+/* Error feedback (gradients): v = x + e, out = encode(v), e = v - decode(out), so the error of
+ * step t is sent with step t + 1. e: n floats carried between calls (zeros at first); tmp: n
+ * floats. Returns the non-finite count of v. */
+size_t kern_codec_ef_encode(const KCodec *c, uint64_t msg, const float *x, float *e, size_t n, uint8_t *out,
+                            float *tmp);
+/* Addition for tests: run the codecs' KCODEC_ISA_* code (KCODEC_ISA_AUTO: the best this CPU
+ * has, the default). PD_EINVAL where the CPU lacks that instruction set (nothing changes).
+ * Not thread-safe: call it with no codec running. */
+enum { KCODEC_ISA_AUTO = -1, KCODEC_ISA_SCALAR = 0, KCODEC_ISA_AVX2 = 1, KCODEC_ISA_AVX512 = 2, KCODEC_ISA_COUNT = 3 };
+int kern_codec_isa_force(int isa);
+/* The instruction set the codecs run now (KCODEC_ISA_*). */
+int kern_codec_isa(void);
 
 #endif

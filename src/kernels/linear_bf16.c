@@ -15,12 +15,10 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")
 #endif
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
 #include <pthread.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "kernels_impl.h"
 
 /* ---- precision names and conversion ------------------------------------------------------ */
 static const char *const PREC_NAMES[KPREC_COUNT] = {"fp32", "bf16"};
@@ -69,10 +67,7 @@ static int probe_pd(dnnl_engine_t eng, int conv) {
 }
 
 static void bf16_probe(void) {
-    dnnl_engine_t eng = NULL;
-    if (dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success) return;
-    g_bf16_ok = probe_pd(eng, 0) && probe_pd(eng, 1);
-    dnnl_engine_destroy(eng);
+    g_bf16_ok = probe_pd(kern_dnnl_engine(), 0) && probe_pd(kern_dnnl_engine(), 1);
 }
 
 int kern_bf16_available(void) {
@@ -145,24 +140,9 @@ typedef struct LinSlot {
 } LinSlot;
 
 typedef struct LinDnnl {
-    dnnl_engine_t eng;
-    dnnl_stream_t st;
     LinSlot slot[2];   /* [0]: n_max rows, [1]: the last other count */
 } LinDnnl;
 
-#define CK(call)                                                                                       \
-    do {                                                                                               \
-        dnnl_status_t s_ = (call);                                                                     \
-        if (s_ != dnnl_success) {                                                                      \
-            rc = err_set(err, PD_EINVAL, "linear (oneDNN bf16): %s failed: %s", #call, dnnl_status2str(s_)); \
-            goto done;                                                                                 \
-        }                                                                                              \
-    } while (0)
-#define RUN(call)                                                                   \
-    do {                                                                            \
-        dnnl_status_t s_ = (call);                                                  \
-        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));          \
-    } while (0)
 
 static void slot_free(LinSlot *s) {
     for (int i = 0; i < LM_COUNT; i++) {
@@ -201,29 +181,29 @@ static int slot_init(LinDnnl *l, LinSlot *s, int m, int in, int out, int has_bia
         dnnl_post_ops_t po = NULL;
         dnnl_primitive_desc_t pd = NULL;
         dnnl_matmul_desc_t md;
-        CK(dnnl_primitive_attr_create(&attr));
-        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+        KDNNL_CK("linear bf16", dnnl_primitive_attr_create(&attr));
+        KDNNL_CK("linear bf16", dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
         if (spec[i].acc) {   // dst += product
-            CK(dnnl_post_ops_create(&po));
-            CK(dnnl_post_ops_append_sum(po, 1.0f));
-            CK(dnnl_primitive_attr_set_post_ops(attr, po));
+            KDNNL_CK("linear bf16", dnnl_post_ops_create(&po));
+            KDNNL_CK("linear bf16", dnnl_post_ops_append_sum(po, 1.0f));
+            KDNNL_CK("linear bf16", dnnl_primitive_attr_set_post_ops(attr, po));
         }
-        CK(dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, spec[i].b, spec[i].d));
-        CK(dnnl_primitive_desc_create(&pd, &md, attr, l->eng, NULL));
-        CK(dnnl_primitive_create(&s->p[i], pd));
-        CK(dnnl_memory_create(&s->src[i], spec[i].s, l->eng, DNNL_MEMORY_NONE));
-        CK(dnnl_memory_create(&s->wei[i], spec[i].w, l->eng, DNNL_MEMORY_NONE));
-        CK(dnnl_memory_create(&s->dst[i], spec[i].d, l->eng, DNNL_MEMORY_NONE));
+        KDNNL_CK("linear bf16", dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, spec[i].b, spec[i].d));
+        KDNNL_CK("linear bf16", dnnl_primitive_desc_create(&pd, &md, attr, kern_dnnl_engine(), NULL));
+        KDNNL_CK("linear bf16", dnnl_primitive_create(&s->p[i], pd));
+        KDNNL_CK("linear bf16", dnnl_memory_create(&s->src[i], spec[i].s, kern_dnnl_engine(), DNNL_MEMORY_NONE));
+        KDNNL_CK("linear bf16", dnnl_memory_create(&s->wei[i], spec[i].w, kern_dnnl_engine(), DNNL_MEMORY_NONE));
+        KDNNL_CK("linear bf16", dnnl_memory_create(&s->dst[i], spec[i].d, kern_dnnl_engine(), DNNL_MEMORY_NONE));
         const dnnl_memory_desc_t *spd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         size_t need = spd ? dnnl_memory_desc_get_size(spd) : 0;
-        if (need) CK(dnnl_memory_create(&s->sp[i], spd, l->eng, DNNL_MEMORY_NONE));
+        if (need) KDNNL_CK("linear bf16", dnnl_memory_create(&s->sp[i], spd, kern_dnnl_engine(), DNNL_MEMORY_NONE));
         if (need > s->sp_bytes) s->sp_bytes = need;
     done:
         if (pd) dnnl_primitive_desc_destroy(pd);
         if (po) dnnl_post_ops_destroy(po);
         if (attr) dnnl_primitive_attr_destroy(attr);
     }
-    if (!rc && dnnl_memory_create(&s->bias, &bias, l->eng, DNNL_MEMORY_NONE) != dnnl_success)
+    if (!rc && dnnl_memory_create(&s->bias, &bias, kern_dnnl_engine(), DNNL_MEMORY_NONE) != dnnl_success)
         rc = err_set(err, PD_EINVAL, "linear (oneDNN bf16): bias memory rejected");
     if (rc) slot_free(s);
     return rc;
@@ -239,8 +219,6 @@ static void lin_free(LinDnnl *l) {
     if (!l) return;
     slot_free(&l->slot[0]);
     slot_free(&l->slot[1]);
-    if (l->st) dnnl_stream_destroy(l->st);
-    if (l->eng) dnnl_engine_destroy(l->eng);
     pd_free(l);
 }
 
@@ -254,11 +232,8 @@ int kern_linear_init(KLinear *k, int prec, int n_max, int in, int out, int has_b
     int rc = kern_precision_check(prec, err);
     if (rc) return rc;
     LinDnnl *l = pd_calloc(sizeof *l);
-    CK(dnnl_engine_create(&l->eng, dnnl_cpu, 0));
-    CK(dnnl_stream_create(&l->st, l->eng, dnnl_stream_default_flags));
     rc = slot_init(l, &l->slot[0], n_max, in, out, has_bias, err);
     if (!rc) kern_scratch(KSCR_BF16, arena_bytes(k, n_max, l->slot[0].sp_bytes));   // grown at build time
-done:
     if (rc) lin_free(l);
     else k->impl = l;
     return rc;
@@ -285,21 +260,21 @@ static LinSlot *slot_for(KLinear *k, int m) {
 /* Runs matmul i of s on (src, wei, dst); sp: the scratchpad's storage. */
 static void mm(LinDnnl *l, LinSlot *s, int i, const void *src, const void *wei, const float *bias, void *dst,
                void *sp) {
-    RUN(dnnl_memory_set_data_handle(s->src[i], (void *)src));
-    RUN(dnnl_memory_set_data_handle(s->wei[i], (void *)wei));
-    RUN(dnnl_memory_set_data_handle(s->dst[i], dst));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->src[i], (void *)src));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->wei[i], (void *)wei));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->dst[i], dst));
     dnnl_exec_arg_t a[5] = {{DNNL_ARG_SRC, s->src[i]}, {DNNL_ARG_WEIGHTS, s->wei[i]}, {DNNL_ARG_DST, s->dst[i]}};
     int na = 3;
     if (s->sp[i]) {
-        RUN(dnnl_memory_set_data_handle(s->sp[i], sp));
+        KDNNL_RUN(dnnl_memory_set_data_handle(s->sp[i], sp));
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, s->sp[i]};
     }
     if (bias) {
-        RUN(dnnl_memory_set_data_handle(s->bias, (void *)bias));
+        KDNNL_RUN(dnnl_memory_set_data_handle(s->bias, (void *)bias));
         a[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, s->bias};
     }
-    RUN(dnnl_primitive_execute(s->p[i], l->st, na, a));
-    RUN(dnnl_stream_wait(l->st));
+    KDNNL_RUN(dnnl_primitive_execute(s->p[i], kern_dnnl_stream(), na, a));
+    KDNNL_RUN(dnnl_stream_wait(kern_dnnl_stream()));
 }
 
 /* The call's arena: xb (m, in), wb (out, in), dyb (m, out), scratchpad. */

@@ -11,25 +11,11 @@
  * writes its outputs (=); the accumulating (+=) gradients of our contract go through
  * descriptor-owned scratch and a loop. */
 #include <math.h>
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl_debug.h>
 #include <string.h>
 
+#include "kernels_impl.h"
 #include "transformer_impl.h"
 
-#define CK(call)                                                                                          \
-    do {                                                                                                  \
-        dnnl_status_t s_ = (call);                                                                        \
-        if (s_ != dnnl_success) {                                                                         \
-            rc = err_set(err, PD_EINVAL, "%s (oneDNN): %s failed: %s", what, #call, dnnl_status2str(s_)); \
-            goto done;                                                                                    \
-        }                                                                                                 \
-    } while (0)
-#define RUN(call)                                                                   \
-    do {                                                                            \
-        dnnl_status_t s_ = (call);                                                  \
-        PD_ASSERTF(s_ == dnnl_success, "oneDNN: %s", dnnl_status2str(s_));          \
-    } while (0)
 
 enum { MAX_MEM = 10 };
 
@@ -45,8 +31,6 @@ struct TfDnnl {
     int kind;                    /* 0 layer norm, 1 softmax */
     int cols;
     float eps;
-    dnnl_engine_t eng;
-    dnnl_stream_t st;
     Slot slot[2];                /* [0]: rows_max, [1]: the last other row count */
 };
 
@@ -66,28 +50,28 @@ static int slot_init(TfDnnl *t, Slot *s, int rows, Err *err) {
     s->rows = rows;
     dnnl_dims_t dd = {rows, t->cols}, vd = {t->cols}, md_ = {rows};
     dnnl_memory_desc_t data, vec, stat;
-    CK(dnnl_memory_desc_init_by_tag(&data, 2, dd, dnnl_f32, dnnl_ab));
-    CK(dnnl_memory_desc_init_by_tag(&vec, 1, vd, dnnl_f32, dnnl_a));
-    CK(dnnl_memory_desc_init_by_tag(&stat, 1, md_, dnnl_f32, dnnl_a));
+    KDNNL_CK(what, dnnl_memory_desc_init_by_tag(&data, 2, dd, dnnl_f32, dnnl_ab));
+    KDNNL_CK(what, dnnl_memory_desc_init_by_tag(&vec, 1, vd, dnnl_f32, dnnl_a));
+    KDNNL_CK(what, dnnl_memory_desc_init_by_tag(&stat, 1, md_, dnnl_f32, dnnl_a));
     if (t->kind == 0) {
         dnnl_layer_normalization_desc_t fd, bd;
         unsigned flags = dnnl_use_scale | dnnl_use_shift;
-        CK(dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &data, &stat, t->eps, flags));
-        CK(dnnl_primitive_desc_create(&fpd, &fd, NULL, t->eng, NULL));
-        CK(dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &data, &data, &stat, t->eps, flags));
-        CK(dnnl_primitive_desc_create(&bpd, &bd, NULL, t->eng, fpd));
+        KDNNL_CK(what, dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &data, &stat, t->eps, flags));
+        KDNNL_CK(what, dnnl_primitive_desc_create(&fpd, &fd, NULL, kern_dnnl_engine(), NULL));
+        KDNNL_CK(what, dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &data, &data, &stat, t->eps, flags));
+        KDNNL_CK(what, dnnl_primitive_desc_create(&bpd, &bd, NULL, kern_dnnl_engine(), fpd));
         const dnnl_memory_desc_t *mds[MAX_MEM] = {&data, &data, &vec, &vec, &stat, &stat, &data, &data, &vec, &vec};
-        for (int i = 0; i < MAX_MEM; i++) CK(dnnl_memory_create(&s->mem[i], mds[i], t->eng, DNNL_MEMORY_NONE));
+        for (int i = 0; i < MAX_MEM; i++) KDNNL_CK(what, dnnl_memory_create(&s->mem[i], mds[i], kern_dnnl_engine(), DNNL_MEMORY_NONE));
     } else {
         dnnl_softmax_v2_desc_t fd, bd;
-        CK(dnnl_softmax_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_softmax_accurate, &data, &data, 1));
-        CK(dnnl_primitive_desc_create(&fpd, &fd, NULL, t->eng, NULL));
-        CK(dnnl_softmax_v2_backward_desc_init(&bd, dnnl_softmax_accurate, &data, &data, &data, 1));
-        CK(dnnl_primitive_desc_create(&bpd, &bd, NULL, t->eng, fpd));
-        for (int i = 0; i < 4; i++) CK(dnnl_memory_create(&s->mem[i], &data, t->eng, DNNL_MEMORY_NONE));
+        KDNNL_CK(what, dnnl_softmax_v2_forward_desc_init(&fd, dnnl_forward_training, dnnl_softmax_accurate, &data, &data, 1));
+        KDNNL_CK(what, dnnl_primitive_desc_create(&fpd, &fd, NULL, kern_dnnl_engine(), NULL));
+        KDNNL_CK(what, dnnl_softmax_v2_backward_desc_init(&bd, dnnl_softmax_accurate, &data, &data, &data, 1));
+        KDNNL_CK(what, dnnl_primitive_desc_create(&bpd, &bd, NULL, kern_dnnl_engine(), fpd));
+        for (int i = 0; i < 4; i++) KDNNL_CK(what, dnnl_memory_create(&s->mem[i], &data, kern_dnnl_engine(), DNNL_MEMORY_NONE));
     }
-    CK(dnnl_primitive_create(&s->fwd, fpd));
-    CK(dnnl_primitive_create(&s->bwd, bpd));
+    KDNNL_CK(what, dnnl_primitive_create(&s->fwd, fpd));
+    KDNNL_CK(what, dnnl_primitive_create(&s->bwd, bpd));
 done:
     if (fpd) dnnl_primitive_desc_destroy(fpd);
     if (bpd) dnnl_primitive_desc_destroy(bpd);
@@ -107,16 +91,11 @@ static Slot *slot_for(TfDnnl *t, int rows) {
 }
 
 static int tf_new(TfDnnl **out, int kind, int rows_max, int cols, float eps, Err *err) {
-    const char *what = kind == 0 ? "layernorm" : "softmax";
-    int rc = PD_OK;
     TfDnnl *t = pd_calloc(sizeof *t);
     t->kind = kind;
     t->cols = cols;
     t->eps = eps;
-    CK(dnnl_engine_create(&t->eng, dnnl_cpu, 0));
-    CK(dnnl_stream_create(&t->st, t->eng, dnnl_stream_default_flags));
-    rc = slot_init(t, &t->slot[0], rows_max, err);
-done:
+    int rc = slot_init(t, &t->slot[0], rows_max, err);
     if (rc) {
         tf_dnnl_free(t);
         t = NULL;
@@ -135,15 +114,13 @@ void tf_dnnl_free(TfDnnl *t) {
     if (!t) return;
     slot_free(&t->slot[0]);
     slot_free(&t->slot[1]);
-    if (t->st) dnnl_stream_destroy(t->st);
-    if (t->eng) dnnl_engine_destroy(t->eng);
     pd_free(t);
 }
 
 static void run(TfDnnl *t, dnnl_primitive_t p, int n, const dnnl_exec_arg_t *args, const void *const *ptr) {
-    for (int i = 0; i < n; i++) RUN(dnnl_memory_set_data_handle(args[i].memory, (void *)ptr[i]));
-    RUN(dnnl_primitive_execute(p, t->st, n, args));
-    RUN(dnnl_stream_wait(t->st));
+    for (int i = 0; i < n; i++) KDNNL_RUN(dnnl_memory_set_data_handle(args[i].memory, (void *)ptr[i]));
+    KDNNL_RUN(dnnl_primitive_execute(p, kern_dnnl_stream(), n, args));
+    KDNNL_RUN(dnnl_stream_wait(kern_dnnl_stream()));
 }
 
 void tf_dnnl_layernorm_fwd(TfDnnl *t, int rows, const float *x, const float *g, const float *b, float *y, float *mean,
@@ -200,8 +177,6 @@ struct TfAttn {
     int t, heads, hd;
     dnnl_data_type_t dt;   /* of every src and weights (f32, or bf16); dst is always f32 */
     float scale;
-    dnnl_engine_t eng;
-    dnnl_stream_t st;
     void *scratch;
     size_t scratch_bytes;
     MmSlot slot[2];
@@ -257,15 +232,15 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
         dnnl_primitive_attr_t attr = NULL;
         dnnl_primitive_desc_t pd = NULL;
         dnnl_matmul_desc_t md;
-        CK(dnnl_primitive_attr_create(&attr));
-        CK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
-        if (spec[i].scaled) CK(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &a->scale));
-        CK(dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, NULL, spec[i].d));
-        CK(dnnl_primitive_desc_create(&pd, &md, attr, a->eng, NULL));
-        CK(dnnl_primitive_create(&s->p[i], pd));
-        CK(dnnl_memory_create(&s->src[i], spec[i].s, a->eng, DNNL_MEMORY_NONE));
-        CK(dnnl_memory_create(&s->wei[i], spec[i].w, a->eng, DNNL_MEMORY_NONE));
-        CK(dnnl_memory_create(&s->dst[i], spec[i].d, a->eng, DNNL_MEMORY_NONE));
+        KDNNL_CK(what, dnnl_primitive_attr_create(&attr));
+        KDNNL_CK(what, dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+        if (spec[i].scaled) KDNNL_CK(what, dnnl_primitive_attr_set_output_scales(attr, 1, 0, &a->scale));
+        KDNNL_CK(what, dnnl_matmul_desc_init(&md, spec[i].s, spec[i].w, NULL, spec[i].d));
+        KDNNL_CK(what, dnnl_primitive_desc_create(&pd, &md, attr, kern_dnnl_engine(), NULL));
+        KDNNL_CK(what, dnnl_primitive_create(&s->p[i], pd));
+        KDNNL_CK(what, dnnl_memory_create(&s->src[i], spec[i].s, kern_dnnl_engine(), DNNL_MEMORY_NONE));
+        KDNNL_CK(what, dnnl_memory_create(&s->wei[i], spec[i].w, kern_dnnl_engine(), DNNL_MEMORY_NONE));
+        KDNNL_CK(what, dnnl_memory_create(&s->dst[i], spec[i].d, kern_dnnl_engine(), DNNL_MEMORY_NONE));
         const dnnl_memory_desc_t *spd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         size_t need = spd ? dnnl_memory_desc_get_size(spd) : 0;
         if (need > a->scratch_bytes) {   // grows only while slots are created (init, a new n)
@@ -273,7 +248,7 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
             a->scratch = pd_alloc(need);
             a->scratch_bytes = need;
         }
-        if (need) CK(dnnl_memory_create(&s->sp[i], spd, a->eng, DNNL_MEMORY_NONE));
+        if (need) KDNNL_CK(what, dnnl_memory_create(&s->sp[i], spd, kern_dnnl_engine(), DNNL_MEMORY_NONE));
     done:
         if (pd) dnnl_primitive_desc_destroy(pd);
         if (attr) dnnl_primitive_attr_destroy(attr);
@@ -283,18 +258,13 @@ static int mm_init(TfAttn *a, MmSlot *s, int n, Err *err) {
 }
 
 int tf_dnnl_attn_new(TfAttn **out, int n_max, int t, int heads, int hd, int bf16, Err *err) {
-    const char *what = "attention";
-    int rc = PD_OK;
     TfAttn *a = pd_calloc(sizeof *a);
     a->t = t;
     a->heads = heads;
     a->hd = hd;
     a->dt = bf16 ? dnnl_bf16 : dnnl_f32;
     a->scale = 1.0f / sqrtf((float)hd);
-    CK(dnnl_engine_create(&a->eng, dnnl_cpu, 0));
-    CK(dnnl_stream_create(&a->st, a->eng, dnnl_stream_default_flags));
-    rc = mm_init(a, &a->slot[0], n_max, err);
-done:
+    int rc = mm_init(a, &a->slot[0], n_max, err);
     if (rc) {
         tf_dnnl_attn_free(a);
         a = NULL;
@@ -307,8 +277,6 @@ void tf_dnnl_attn_free(TfAttn *a) {
     if (!a) return;
     mm_free(&a->slot[0]);
     mm_free(&a->slot[1]);
-    if (a->st) dnnl_stream_destroy(a->st);
-    if (a->eng) dnnl_engine_destroy(a->eng);
     pd_free(a->scratch);
     pd_free(a);
 }
@@ -324,16 +292,16 @@ void tf_dnnl_attn_mm(TfAttn *a, int which, int n, const void *src, const void *w
             PD_ASSERTF(rc == PD_OK, "%s", err.msg);
         }
     }
-    RUN(dnnl_memory_set_data_handle(s->src[which], (void *)src));
-    RUN(dnnl_memory_set_data_handle(s->wei[which], (void *)wei));
-    RUN(dnnl_memory_set_data_handle(s->dst[which], dst));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->src[which], (void *)src));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->wei[which], (void *)wei));
+    KDNNL_RUN(dnnl_memory_set_data_handle(s->dst[which], dst));
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, s->src[which]}, {DNNL_ARG_WEIGHTS, s->wei[which]},
                                {DNNL_ARG_DST, s->dst[which]}, {DNNL_ARG_SCRATCHPAD, s->sp[which]}};
     int na = 3;
     if (s->sp[which]) {
-        RUN(dnnl_memory_set_data_handle(s->sp[which], a->scratch));
+        KDNNL_RUN(dnnl_memory_set_data_handle(s->sp[which], a->scratch));
         na = 4;
     }
-    RUN(dnnl_primitive_execute(s->p[which], a->st, na, args));
-    RUN(dnnl_stream_wait(a->st));
+    KDNNL_RUN(dnnl_primitive_execute(s->p[which], kern_dnnl_stream(), na, args));
+    KDNNL_RUN(dnnl_stream_wait(kern_dnnl_stream()));
 }
