@@ -310,8 +310,12 @@ static void test_blocked_range_vs_layers(void **st) {
     Err err = {0};
     KConv probe;   /* the range's first convolution keeps oneDNN's blocked layout (nChw16c, or nChw8c on AVX2) */
     assert_int_equal(kern_conv2d_init_algo(&probe, KCONV_DNNL, n_max_of_blocked, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, &err), PD_OK);
-    assert_int_equal(kern_conv2d_layouts(&probe), KCONV_X_BLK | KCONV_Y_BLK);
+    const int blocked = kern_conv2d_layouts(&probe) == (KCONV_X_BLK | KCONV_Y_BLK);
     kern_conv2d_release(&probe);
+    if (!blocked) {   /* oneDNN chose a plain layout on this CPU (NHWC, say): no blocked range to test */
+        tu_skip("oneDNN chose no blocked layout for a 16-channel convolution on this CPU");
+        return;
+    }
     Model *m = model_parse(json, "blocked", &err);
     assert_non_null(m);
     const int nl = model_n_layers(m), n_max = n_max_of_blocked;
