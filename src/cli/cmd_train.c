@@ -224,7 +224,8 @@ static void help(void) {
         }
         char head[64];
         snprintf(head, sizeof head, "%s%s%s", f->name, f->arg ? " " : "", f->arg ? f->arg : "");
-        printf("  %-24s", head);
+        if (strlen(head) > 23) printf("  %s\n%26s", head, ""); /* a long flag: its text on the next line */
+        else printf("  %-24s", head);
         int col = 26;
         for (const char *p = f->help; *p;) {   /* words, wrapped at 100 columns under the first */
             size_t n = strcspn(p, " ");
