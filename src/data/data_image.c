@@ -59,7 +59,11 @@ static void jpeg_fail(j_common_ptr c) {
     longjmp(e->jump, 1);
 }
 
-static void jpeg_quiet(j_common_ptr c, int level) { (void)c, (void)level; }   /* warnings: corrupt data fails later */
+/* Counts warnings (level -1: damaged or truncated data, which the decoder pads over) without
+ * printing them; trace messages (level >= 0) are dropped. */
+static void jpeg_quiet(j_common_ptr c, int level) {
+    if (level < 0) c->err->num_warnings++;
+}
 
 static int jpeg_decode(const char *path, uint8_t **rgb, int *w, int *h, Err *err) {
     FILE *f = fopen(path, "rb");
