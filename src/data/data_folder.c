@@ -17,29 +17,39 @@
 #define FOLDER_MAX_CLASSES 100000
 #define CACHE_MAGIC "PDIMGC01"
 
+/* A folder entry: its name and what stat said of it (ok 0: stat failed, errno in err). */
+typedef struct Entry {
+    char *name;
+    struct stat st;
+    int ok, err;
+} Entry;
+
 typedef struct Names {
-    char **v;
+    Entry *v;
     size_t n, cap;
 } Names;
 
-static void names_add(Names *s, const char *name) {
+static void names_add(Names *s, const char *name, const struct stat *st, int err) {
     if (s->n == s->cap) {
         s->cap = s->cap ? 2 * s->cap : 64;
         s->v = realloc(s->v, s->cap * sizeof *s->v);
         PD_ASSERT(s->v);
     }
-    s->v[s->n] = strdup(name);
-    PD_ASSERT(s->v[s->n]);
-    s->n++;
+    Entry *e = &s->v[s->n++];
+    memset(e, 0, sizeof *e);
+    e->name = strdup(name);
+    PD_ASSERT(e->name);
+    if (st) e->st = *st, e->ok = 1;
+    e->err = err;
 }
 
 static void names_free(Names *s) {
-    for (size_t i = 0; i < s->n; i++) free(s->v[i]);
+    for (size_t i = 0; i < s->n; i++) free(s->v[i].name);
     free(s->v);
     memset(s, 0, sizeof *s);
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_entry(const void *a, const void *b) { return strcmp(((const Entry *)a)->name, ((const Entry *)b)->name); }
 
 /* buf = a/b; 0 when it does not fit. */
 static int join(char *buf, size_t n, const char *a, const char *b) {
@@ -57,22 +67,21 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The entries of dir that do not start with '.', sorted; dirs_only keeps subfolders only. */
+/* The entries of dir that do not start with '.', with their stat (relative to the open folder:
+ * no path walk per file), sorted; dirs_only keeps subfolders only. */
 static int list_dir(const char *dir, int dirs_only, Names *out, Err *err) {
     DIR *d = opendir(dir);
     if (!d) return err_set(err, PD_EIO, "%s: cannot open the folder: %s", dir, strerror(errno));
     struct dirent *e;
-    char p[4096];
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
-        if (dirs_only) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (!is_dir(p)) continue;
-        }
-        names_add(out, e->d_name);
+        struct stat st;
+        int ok = fstatat(dirfd(d), e->d_name, &st, 0) == 0, en = ok ? 0 : errno;
+        if (dirs_only && (!ok || !S_ISDIR(st.st_mode))) continue;
+        names_add(out, e->d_name, ok ? &st : NULL, en);
     }
     closedir(d);
-    if (out->n) qsort(out->v, out->n, sizeof *out->v, cmp_str);
+    if (out->n) qsort(out->v, out->n, sizeof *out->v, cmp_entry);
     return PD_OK;
 }
 
@@ -120,8 +129,8 @@ static int list_split(const char *dir, const char *split, const Names *classes, 
     int rc = list_dir(sdir, 1, &here, err);
     if (rc) return rc;
     for (size_t i = 0; i < here.n && !rc; i++)
-        if (!bsearch(&here.v[i], classes->v, classes->n, sizeof *classes->v, cmp_str))
-            rc = err_set(err, PD_EINVAL, "%s/%s: a class that %s/train does not have", sdir, here.v[i], dir);
+        if (!bsearch(&here.v[i], classes->v, classes->n, sizeof *classes->v, cmp_entry))
+            rc = err_set(err, PD_EINVAL, "%s/%s: a class that %s/train does not have", sdir, here.v[i].name, dir);
     names_free(&here);
     if (rc) return rc;
     uint64_t key = 14695981039346656037ull;
@@ -130,25 +139,26 @@ static int list_split(const char *dir, const char *split, const Names *classes, 
     fnv(&key, shape, sizeof shape);
     size_t cap = 0;
     for (size_t k = 0; k < classes->n && !rc; k++) {
-        if (!join(cdir, sizeof cdir, sdir, classes->v[k])) {
-            rc = err_set(err, PD_EINVAL, "%s/%s: path too long", sdir, classes->v[k]);
+        const char *cname = classes->v[k].name;
+        if (!join(cdir, sizeof cdir, sdir, cname)) {
+            rc = err_set(err, PD_EINVAL, "%s/%s: path too long", sdir, cname);
             break;
         }
         if (!is_dir(cdir)) {
-            rc = err_set(err, PD_EINVAL, "%s: missing (class %s of %s/train)", cdir, classes->v[k], dir);
+            rc = err_set(err, PD_EINVAL, "%s: missing (class %s of %s/train)", cdir, cname, dir);
             break;
         }
-        fnv(&key, classes->v[k], strlen(classes->v[k]) + 1);
+        fnv(&key, cname, strlen(cname) + 1);
         Names files = {0};
         if ((rc = list_dir(cdir, 0, &files, err))) break;
         if (files.n == 0) rc = err_set(err, PD_EINVAL, "%s: an empty class folder (no .png, .jpg or .jpeg image)", cdir);
         for (size_t i = 0; i < files.n && !rc; i++) {
-            struct stat st;
-            if (!join(p, sizeof p, cdir, files.v[i])) {
-                rc = err_set(err, PD_EINVAL, "%s/%s: path too long", cdir, files.v[i]);
-            } else if (stat(p, &st) != 0) {
-                rc = err_set(err, PD_EIO, "%s: cannot read: %s", p, strerror(errno));
-            } else if (!S_ISREG(st.st_mode) || !has_image_ext(files.v[i])) {
+            const struct stat st = files.v[i].st;
+            if (!join(p, sizeof p, cdir, files.v[i].name)) {
+                rc = err_set(err, PD_EINVAL, "%s/%s: path too long", cdir, files.v[i].name);
+            } else if (!files.v[i].ok) {
+                rc = err_set(err, PD_EIO, "%s: cannot read: %s", p, strerror(files.v[i].err));
+            } else if (!S_ISREG(st.st_mode) || !has_image_ext(files.v[i].name)) {
                 rc = err_set(err, PD_EINVAL, "%s: not an image file (a class folder holds .png, .jpg or .jpeg files)",
                              p);
             } else if (L->paths.n >= DATA_MAX_SAMPLES) {
@@ -160,10 +170,10 @@ static int list_split(const char *dir, const char *split, const Names *classes, 
                     PD_ASSERT(L->labels);
                 }
                 L->labels[L->paths.n] = (int32_t)k;
-                names_add(&L->paths, p);
+                names_add(&L->paths, p, NULL, 0);
                 int64_t meta[4] = {(int64_t)k, (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec,
                                    (int64_t)st.st_mtim.tv_nsec};
-                fnv(&key, files.v[i], strlen(files.v[i]) + 1);
+                fnv(&key, files.v[i].name, strlen(files.v[i].name) + 1);
                 fnv(&key, meta, sizeof meta);
             }
         }
@@ -280,7 +290,7 @@ int data_load_folder(const char *dir, const char *split, int c, int h, int w, Da
     }
     d.y = pd_alloc(d.n * sizeof(int32_t));
     memcpy(d.y, L.labels, d.n * sizeof(int32_t));
-    for (size_t i = 0; i < d.n && !rc; i++) rc = data_image_read(L.paths.v[i], c, h, w, d.pix + i * numel, err);
+    for (size_t i = 0; i < d.n && !rc; i++) rc = data_image_read(L.paths.v[i].name, c, h, w, d.pix + i * numel, err);
     if (rc) {
         data_release(&d);
         goto done;
