@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # data_tokens.sh: token shards (train --tokens) made by tools/bpe.py from the KJV's Genesis. The
 # tokenizer decodes its shards back to the text; gpt-mini with the shards' vocabulary (bpe.py
-# model) learns on them, over 4 stages with 1f1b-flush ending on the one-worker run's weights
-# byte for byte; test_loss_per_byte is test_loss over the validation targets' bytes per token
+# model) learns on them, over 4 stages with 1f1b-flush (threads, and MPI ranks) ending on the
+# one-worker run's weights byte for byte; test_loss_per_byte is test_loss over the validation targets' bytes per token
 # (counted here from the tokenizer); a model whose vocabulary is too small, a damaged shard and
 # a missing split are one error naming the cause. The byte-level run on the same text is
 # printed beside it.
@@ -34,6 +34,13 @@ A="$tmp/gm.json --tokens $tmp/sh --steps 24 --minibatch 8 --optimizer adam --lr 
 "$PD" train $A --workers 4 --plan "$tmp/p4.json" --save "$tmp/w4.st" >"$tmp/four.out" 2>"$tmp/four.err" ||
     fail "4 stages: $(tail -3 "$tmp/four.err")"
 cmp -s "$tmp/w1.st" "$tmp/w4.st" || fail "4 stages of 1f1b-flush ended on other weights than one worker"
+if command -v mpirun >/dev/null; then   # the same over 4 MPI ranks
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+    timeout 300 mpirun -np 4 --oversubscribe "$PD" train $A --plan "$tmp/p4.json" --save "$tmp/wm.st" >"$tmp/m.out" \
+        2>"$tmp/m.err" || fail "mpi: $(tail -3 "$tmp/m.err")"
+    cmp -s "$tmp/w1.st" "$tmp/wm.st" || fail "4 MPI ranks of 1f1b-flush ended on other weights than one worker"
+    echo "ok: 4 MPI ranks with 1f1b-flush save the one-worker run's weights byte for byte"
+fi
 "$PD" train "$SRC/models/gpt-mini.json" --text "$tmp/gen.txt" --steps 24 --minibatch 8 --optimizer adam --lr 1e-3 \
     >"$tmp/bytes.out" 2>"$tmp/err" || fail "byte-level run: $(tail -3 "$tmp/err")"
 python3 - "$tmp/m.jsonl" "$tmp/one.out" "$tmp/four.out" "$tmp/bytes.out" "$tmp/sh" <<'PY' || fail "token run"
