@@ -9,6 +9,7 @@
  * (rt_weights_load). Prints one JSON line on stdout. */
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "kernels.h"
@@ -63,6 +64,9 @@ int cmd_eval(int argc, char **argv) {
     if (!model) return cli_usage_error(c, "missing MODEL.json");
     if (!weights) return cli_usage_error(c, "missing --weights FILE");
     if (!!data + !!text + !!tokens > 1) return cli_usage_error(c, "--data, --text and --tokens exclude each other");
+    struct stat st;
+    if (tokens && (stat(tokens, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return cli_usage_error(c, "--tokens %s: not a directory (of token shards)", tokens);
     if (tokens) text = tokens;   /* a directory: data_splits_open reads its shards */
     Err err = {0};
     Model *m = NULL;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -280,6 +281,9 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     if (have_epochs && o->steps) return cli_usage_error(C, "--epochs and --steps exclude each other");
     if (!!o->data + !!o->text + !!o->tokens > 1) return cli_usage_error(C, "--data, --text and --tokens exclude each other");
     if (o->augment && (o->text || o->tokens)) return cli_usage_error(C, "--augment applies to images (--data) only");
+    struct stat st;
+    if (o->tokens && (stat(o->tokens, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return cli_usage_error(C, "--tokens %s: not a directory (of token shards)", o->tokens);
     if (o->augment) {
         DataAugment aug;
         Err e = {0};
