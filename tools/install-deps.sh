@@ -3,7 +3,7 @@
 # As root: apt-get. Otherwise prints the exact command to run and fails, so nothing
 # half-configured follows.
 set -euo pipefail
-PKGS="build-essential cmake pkg-config libopenblas-dev libdnnl-dev openmpi-bin libopenmpi-dev zlib1g-dev libcjson-dev libcmocka-dev dataset-fashion-mnist bible-kjv"
+PKGS="build-essential cmake pkg-config libopenblas-dev libdnnl-dev openmpi-bin libopenmpi-dev zlib1g-dev libcjson-dev libcmocka-dev libpng-dev libjpeg62-turbo-dev dataset-fashion-mnist bible-kjv"
 # --test: also what the tests' oracles need (PyTorch, never a dependency of pipedream itself)
 [ "${1:-}" != --test ] || PKGS="$PKGS python3-torch"
 missing=""

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -16,7 +17,7 @@
 #include "train_report.h"
 
 typedef struct TrainOpts {
-    const char *model, *plan, *data, *text, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
+    const char *model, *plan, *data, *text, *tokens, *augment, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
         *save, *calibrated, *calibrated_cluster, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
@@ -156,9 +157,16 @@ static const Flag FLAGS[] = {
            "(bf16 inputs, float32 accumulation; weights, gradients and optimizer stay float32)"),
     SECTION("data and weights"),
     STR("--data", "DIR", data,
-        "IDX image set (default " DATA_DEFAULT_IDX_DIR "), standardised "
-        "with its training split's mean and std"),
+        "images: IDX files (default " DATA_DEFAULT_IDX_DIR "), CIFAR-10 binary batches, or an image folder "
+        "(DIR/train/CLASS/*.png|jpg, DIR/test/CLASS/...), told apart by what DIR holds; standardised "
+        "with the training split's mean and std"),
+    STR("--augment", "SPEC", augment,
+        "augment the training images: crop=P (random crop of the image padded by P pixels), flip "
+        "(random left-right mirror), or both as crop=P,flip; seeded by --seed (default: none)"),
     STR("--text", "FILE", text, "or byte-level text for a language model (its last 5% held out; test_loss in nats per byte)"),
+    STR("--tokens", "DIR", tokens,
+        "or token shards in llm.c's format: DIR/*train*.bin to train on, DIR/*val*.bin to evaluate "
+        "(test_loss per token; per byte too with DIR/tokenizer.json)"),
     STR("--init", "W.safetensors", init,
         "start from these weights (--save, tools/export_torch.py, a checkpoint); optimizer fresh"),
     STR("--save", "W.safetensors", save, "write the final weights (and batch-norm state, input statistics)"),
@@ -276,7 +284,17 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     }
     if (!o->model) return cli_usage_error(C, "missing MODEL.json");
     if (have_epochs && o->steps) return cli_usage_error(C, "--epochs and --steps exclude each other");
-    if (o->data && o->text) return cli_usage_error(C, "--data and --text exclude each other");
+    if (!!o->data + !!o->text + !!o->tokens > 1) return cli_usage_error(C, "--data, --text and --tokens exclude each other");
+    if (o->augment && (o->text || o->tokens)) return cli_usage_error(C, "--augment applies to images (--data) only");
+    struct stat st;
+    if (o->tokens && (stat(o->tokens, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return cli_usage_error(C, "--tokens %s: not a directory (of token shards)", o->tokens);
+    if (o->augment) {
+        DataAugment aug;
+        Err e = {0};
+        if (data_augment_parse(o->augment, &aug, &e)) return cli_usage_error(C, "--augment: %s", e.msg);
+        data_splits_set_augment(&aug);
+    }
     if (o->init && o->resume) return cli_usage_error(C, "--init and --resume exclude each other");
     if (o->checkpoint_every && !o->checkpoint_dir) return cli_usage_error(C, "--checkpoint-every needs --checkpoint-dir");
     if (o->checkpoint_dir && !o->checkpoint_every) return cli_usage_error(C, "--checkpoint-dir needs --checkpoint-every");
@@ -474,7 +492,7 @@ int cmd_train(int argc, char **argv) {
     oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
                         .vertical_sync = o.vsync, .wire = o.wire, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
-                        .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text, .threads = o.threads,
+                        .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text ? o.text : o.tokens, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
                         .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,
                         .init_weights = o.init, .trace = o.trace || o.svg,
@@ -496,11 +514,22 @@ int cmd_train(int argc, char **argv) {
                      "machine's cores: the core efficiency and the wake cost are about them); --fit link-rate does not");
         goto out;
     }
+    double bytes_per_token = 0;   /* token shards: a test loss per byte beside the one per token */
+    if (o.tokens && rank == 0) {
+        Model *lm = model_load(o.model, &err);
+        if (!lm) {
+            rc = err.code ? err.code : PD_EINVAL;
+            goto out;
+        }
+        Shape in = model_input_shape(lm);
+        model_free(lm);
+        if (in.ndim == 1 && (rc = data_tokens_bytes_per_token(o.tokens, in.d[0], &bytes_per_token, &err))) goto out;
+    }
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
     if (rank == 0 && o.calibrated && (rc = write_calibrated(o.calibrated, &prof, plan, &sum, &err))) goto out;
     if (rank == 0) {
         TrainOutputs outs = {.metrics = o.metrics, .log_every = o.log_every, .trace = o.trace, .svg = o.svg,
-                             .curve = o.curve};
+                             .curve = o.curve, .bytes_per_token = bytes_per_token};
         rc = train_report(&sum, &outs, &err);
         if (!rc && o.calibrated_cluster) rc = write_calibrated_cluster(o.calibrated_cluster, plan, &sum, &err);
     }

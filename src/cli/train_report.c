@@ -21,7 +21,7 @@ static char *print_free(cJSON *o) {
     return t;
 }
 
-char *train_summary_json(const RtTrainSummary *s) {
+char *train_summary_json(const RtTrainSummary *s, double bytes_per_token) {
     cJSON *o = cJSON_CreateObject();
     PD_ASSERT(o);
     cJSON_AddStringToObject(o, "model", s->model);
@@ -50,6 +50,7 @@ char *train_summary_json(const RtTrainSummary *s) {
     num(o, "mean_loss", s->mean_loss);
     num(o, "test_accuracy", s->test_accuracy);
     num(o, "test_loss", s->test_loss);
+    if (bytes_per_token > 0) num(o, "test_loss_per_byte", s->test_loss / bytes_per_token);
     num(o, "samples_per_s", s->samples_per_s);
     num(o, "samples_per_cpu_s", s->samples_per_cpu_s);
     num(o, "time_per_unit_ms", s->time_per_unit_ms);
@@ -292,7 +293,7 @@ int train_report(const RtTrainSummary *s, const TrainOutputs *o, Err *err) {
         fprintf(stderr, "time per unit: measured %.3f ms; no prediction (%s)\n", s->time_per_unit_ms,
                 s->predicted_note[0] ? s->predicted_note : "no profile given");
     explain_miss(s);
-    char *line = train_summary_json(s);
+    char *line = train_summary_json(s, o->bytes_per_token);
     puts(line);
     fflush(stdout);
     int rc = PD_OK;

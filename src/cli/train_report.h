@@ -14,10 +14,12 @@ typedef struct TrainOutputs {
     const char *trace;     /* Chrome trace of every instruction */
     const char *svg;       /* measured timeline */
     const char *curve;     /* loss and accuracy curve */
+    double bytes_per_token;   /* token shards: the validation targets' mean length in bytes (0: unknown) */
 } TrainOutputs;
 
-/* The summary as one JSON object (malloc'd text, no newline). */
-char *train_summary_json(const RtTrainSummary *s);
+/* The summary as one JSON object (malloc'd text, no newline). bytes_per_token > 0 adds
+ * "test_loss_per_byte": test_loss / bytes_per_token (nats per byte of a token model). */
+char *train_summary_json(const RtTrainSummary *s, double bytes_per_token);
 /* One metrics line per evaluation (malloc'd text, no newline). */
 char *train_eval_json(const RtEvalPoint *e);
 /* One metrics line per log window (malloc'd text, no newline): after minibatch `step` (epoch:

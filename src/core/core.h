@@ -113,6 +113,7 @@ enum {
     RNG_STREAM_SHUFFLE = 2,   /* data order: substream = epoch */
     RNG_STREAM_DROPOUT = 3,   /* dropout: stream = RNG_STREAM_DROPOUT << 32 | layer, substream = minibatch */
     RNG_STREAM_SYNTH = 4,     /* synthetic data */
+    RNG_STREAM_AUGMENT = 5,   /* data augmentation: substream = global minibatch */
 };
 
 /* ---- clock and logging ----------------------------------------------------------- */

@@ -1,6 +1,7 @@
 /* data.c: the Dataset container, synthetic data, and the deterministic order of samples:
  * epoch permutations, minibatch positions, sharding over replicas, and a sampler that
- * caches one epoch's order. The file readers are in data_idx.c and data_cifar.c.
+ * caches one epoch's order. The file readers are in data_idx.c, data_cifar.c, data_folder.c
+ * and data_tokens.c.
  * Nothing here depends on which worker calls it: every result is a pure function of
  * (seed, epoch, index). */
 #include "data.h"
@@ -189,6 +190,7 @@ int data_sampler_get(DataSampler *s, uint64_t g, float *x, int32_t *y) {
         s->epoch = p.epoch;
     }
     data_batch(s->d, s->order, p.first, p.count, x, y);
+    if (s->d->aug.pad > 0 || s->d->aug.flip) data_augment_batch(s->d, s->seed, g, x, p.count);
     return p.count;
 }
 
@@ -196,6 +198,7 @@ void data_normalize(Dataset *d, float mean, float std) {
     PD_ASSERT(std > 0);
     size_t n = d->n * data_sample_numel(d);
     float inv = 1.0f / std;
+    d->black = (d->black - mean) * inv;
     if (d->pix) {   /* every element of byte b held lut[b]: the same operation on each */
         for (int b = 0; b < 256; b++) d->lut[b] = (d->lut[b] - mean) * inv;
         return;

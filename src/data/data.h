@@ -16,7 +16,9 @@
  *   - a replicated stage with `size` replicas (1F1B round-robin or data parallel over
  *     whole minibatches) gives global minibatches r, r+size, r+2*size, ... to replica r.
  *
- * Not here: augmentation, sequence data, prefetching threads. */
+ * Augmentation (random crop with padding, horizontal flip) is applied by data_sampler_get
+ * only, as a pure function of (seed, global minibatch, position): evaluation never sees it.
+ * Not here: prefetching threads. */
 #ifndef PD_DATA_H
 #define PD_DATA_H
 
@@ -27,6 +29,13 @@
 
 #define DATA_DEFAULT_IDX_DIR "/usr/share/datasets/fashion-mnist"
 #define DATA_MAX_SAMPLES 10000000u   /* a larger count in a header is rejected */
+
+/* Augmentation of image training samples (data_augment.c); zero = none. */
+typedef struct DataAugment {
+    int pad;     /* random crop: the sample padded by `pad` black pixels on every side, then a window
+                  * of its own size at an offset uniform in [0, 2 pad] x [0, 2 pad] */
+    int flip;    /* mirrored left-right with probability 1/2 */
+} DataAugment;
 
 typedef struct Dataset {
     size_t n;            /* samples */
@@ -42,6 +51,9 @@ typedef struct Dataset {
     int32_t *y;          /* (n, y_len), each in [0, n_classes), owned (pd_alloc) */
     int y_len;           /* targets per sample: 0 or 1 = one class label; T = a sequence's
                           * next-token targets (data_text_dataset) */
+    float black;         /* the value of a black pixel (0, then as data_normalize maps it): the padding
+                          * of a random crop */
+    DataAugment aug;     /* what data_sampler_get does to each sample (zero: nothing) */
 } Dataset;
 
 /* Targets per sample (y_len, at least 1). */
@@ -72,6 +84,35 @@ int data_load_idx(const char *dir, const char *split, Dataset *out, Err *err);
  * not a non-zero multiple of 3073, or a label > 9; *out is then zeroed. */
 int data_load_cifar10(const char *dir, const char *split, Dataset *out, Err *err);
 
+/* Reads an image folder split in torchvision's ImageFolder layout (data_folder.c):
+ * dir/<split>/<class>/<name>.png|.jpg|.jpeg (extension in any case). The classes are the
+ * subfolders of dir/train sorted by name (byte order); class k is label k, and dir/test must
+ * have the same class folders. Files whose names start with '.' are ignored. Each image is
+ * decoded (libpng, libjpeg-turbo) to RGB, converted to c channels (c = 1: luma
+ * (299 R + 587 G + 114 B) / 1000 rounded; a grey image gives its own values), and brought to
+ * (h, w): scaled with bilinear interpolation so that it covers (h, w) with its aspect ratio
+ * kept, then cropped at the centre (an image of size (h, w) is copied as it is). Samples are in
+ * class order, then name order; stored as bytes with lut b / 255, as data_load_idx.
+ * The decoded bytes are cached in dir/.pipedream-cache-<split>-<c>x<h>x<w>.bin, keyed by every
+ * file's path, size and modification time and by the shape; a valid cache is read instead of
+ * decoding, a stale or damaged one is rebuilt (written to a temporary file and renamed, so an
+ * interrupted write never leaves a partial cache). A directory that cannot be written is only
+ * not cached. *cached (if non-NULL) is set to 1 when the cache was read.
+ * Fails with PD_EIO / PD_EINVAL naming the file or folder: a missing split folder, a class
+ * folder with no image, a file without an image extension, an image that does not decode, a
+ * test class that training lacks. Caller owns *out (data_release). */
+int data_load_folder(const char *dir, const char *split, int c, int h, int w, Dataset *out, int *cached,
+                     Err *err);
+
+/* Decodes one PNG or JPEG file (chosen by its extension) into out (c, h, w) bytes, as
+ * data_load_folder does to each image (data_image.c). c is 1 or 3. PD_EINVAL naming path for
+ * a file that does not decode, PD_EIO when it cannot be read. */
+int data_image_read(const char *path, int c, int h, int w, uint8_t *out, Err *err);
+
+/* What kind of image set dir holds (NULL: the default IDX directory): "folder" (a train/ or
+ * test/ subfolder), "cifar10" (data_batch_1.bin or test_batch.bin) or "idx". */
+const char *data_dir_kind(const char *dir);
+
 /* Deterministic synthetic classification data: n samples (c, h, w), labels in
  * [0, n_classes). Each class has a prototype image p_k (uniform in [0,1]); sample i has
  * label y_i uniform and x_i = 0.5 * p_{y_i} + 0.5 * u with u uniform noise, so the data
@@ -85,13 +126,22 @@ int data_synthetic(size_t n, int c, int h, int w, int n_classes, uint64_t seed, 
  * (data_load_cifar10); dir NULL = that reader's default (cifar10 has none: an error). */
 int data_load(const char *kind, const char *dir, const char *split, Dataset *out, Err *err);
 
+/* Applies d->aug to count samples x (count, c, h, w) of global minibatch g, in place: sample i
+ * draws from the stream (seed, RNG_STREAM_AUGMENT, g) after samples 0..i-1, first the crop's
+ * x then y offset (pad > 0), then the flip (flip set). A pure function of (seed, g, i, x). */
+void data_augment_batch(const Dataset *d, uint64_t seed, uint64_t g, float *x, int count);
+/* Parses an augmentation flag's value: "crop=P" (P in 1..64), "flip", or both joined by ','
+ * (or "none"). PD_EINVAL naming the bad part. */
+int  data_augment_parse(const char *spec, DataAugment *out, Err *err);
+
 /* Keeps the first n samples (n <= d->n); for quick runs. */
 void data_truncate(Dataset *d, size_t n);
 
 /* ---- order ----------------------------------------------------------------------- */
 
 /* Standardises every value in place: x = (x - mean) * (1 / std) (torchvision's Normalize for
- * one channel). Training uses the training split's own statistics (data_stats). */
+ * one channel), and d->black with them. Training uses the training split's own statistics
+ * (data_stats). */
 void data_normalize(Dataset *d, float mean, float std);
 
 /* Minibatches per epoch: ceil(n / batch), or floor(n / batch) with drop_last. batch >= 1. */
@@ -145,8 +195,9 @@ typedef struct DataSampler {
 int  data_sampler_init(DataSampler *s, const Dataset *d, int batch, uint64_t seed, int shuffle, int drop_last,
                        Err *err);
 void data_sampler_release(DataSampler *s);
-/* Copies global minibatch g into x (batch, c, h, w) and y (batch); returns its sample count
- * (< batch only for a kept last partial batch). */
+/* Copies global minibatch g into x (batch, c, h, w) and y (batch), augmented as d->aug says
+ * (data_augment_batch with the sampler's seed); returns its sample count (< batch only for a
+ * kept last partial batch). */
 int  data_sampler_get(DataSampler *s, uint64_t g, float *x, int32_t *y);
 
 /* ==== text: byte-level language-model data (data_text.c) ===================================
@@ -203,6 +254,27 @@ int  data_text_sampler_get(TextSampler *s, uint64_t g, float *x, int32_t *y);
 int  data_text_dataset(const TextData *t, int test, Dataset *out, Err *err);
 /* ==== end of text ============================================================================ */
 
+/* ==== token shards (data_tokens.c) ===========================================================
+ * llm.c's format: a header of 256 little-endian int32 (magic DATA_TOKENS_MAGIC, version 1, the
+ * token count N), then N little-endian uint16 tokens. A shard directory holds a training split,
+ * the files whose names contain "train" and end in ".bin", and a validation split, those whose
+ * names contain "val" and end in ".bin" (each split's files concatenated in name order). A split of N tokens holds
+ * floor((N - 1) / T) sequences of context T laid out as the text's (data_text_dataset): x (1, 1, T)
+ * token ids, y (T) the next tokens. DIR/tokenizer.json (tools/bpe.py), when present, gives each
+ * token's length in bytes ("token_bytes"), so that a loss per token becomes one per byte. */
+#define DATA_TOKENS_MAGIC 20240520
+#define DATA_TOKENS_MAX (1u << 31)   /* tokens per split */
+
+/* Reads split "train" or "val" of dir as a Dataset (n_classes = the largest token + 1).
+ * Fails naming the file: no shard of that split, a bad magic, version or count, a size that is
+ * not the header's, or a split too short for one sequence of ctx tokens. Caller owns *out. */
+int data_tokens_dataset(const char *dir, const char *split, int ctx, Dataset *out, Err *err);
+/* The mean length in bytes of the validation split's targets (those of its sequences, as laid
+ * out for ctx), from dir/tokenizer.json: *bytes_per_token = 0 when there is no tokenizer.json.
+ * A test loss in nats per token divided by it is in nats per byte. */
+int data_tokens_bytes_per_token(const char *dir, int ctx, double *bytes_per_token, Err *err);
+/* ==== end of token shards ===================================================================== */
+
 /* ==== a model's data (data_fit.c) ===========================================================
  * What `pipedream train`, `pipedream eval` and a training session read, in one place: an IDX
  * image directory (Fashion-MNIST by default) or a plain-text file (byte-level language
@@ -225,13 +297,17 @@ typedef struct DataSplits {
  * decimals, as the published constants are: Fashion-MNIST's training split gives exactly
  * 0.2860 and 0.3530 (the values PyTorch recipes use), MNIST's 0.1307 and 0.3081. */
 void data_stats(const Dataset *d, double *mean, double *std);
-/* Checks that fit's model reads the data: text: input (T) and output (T, >= 256); images (d):
+/* Checks that fit's model reads the data: text: input (T) and output (T, >= 256), or with d
+ * (token shards) (T, >= d->n_classes); images (d):
  * input equal to a sample's (C, H, W), output (K) with K >= the data's classes. PD_EINVAL with
  * "<model>: input ... does not match the data's samples ..." or "<model>: output ... for N
  * classes" otherwise. */
 int  data_fit_check(const DataFit *fit, int text, const Dataset *d, Err *err);
-/* Reads the data for fit's model: text != NULL: that file; else the IDX set in dir (NULL =
- * DATA_DEFAULT_IDX_DIR). The training split only when want_train (its statistics then in
+/* Reads the data for fit's model: text != NULL: that file, or when text is a directory its
+ * token shards (train and val splits); else the image set in dir (NULL = DATA_DEFAULT_IDX_DIR):
+ * IDX files, CIFAR-10 batches or an image folder, as data_dir_kind tells, an image folder
+ * decoded to the model's input (data_load_folder). The training split of images gets the
+ * augmentation set by data_splits_set_augment. The training split only when want_train (its statistics then in
  * out->mean, out->std); the test split always. Checks the model against the data
  * (data_fit_check) before returning. Images are NOT standardised yet (a session agrees on the
  * statistics first): data_splits_standardise. Caller releases *out (data_splits_release). */
@@ -241,5 +317,8 @@ int  data_splits_open(const char *dir, const char *text, const DataFit *fit, int
  * to do). PD_EINVAL if std is not positive. */
 int  data_splits_standardise(DataSplits *d, double mean, double std, Err *err);
 void data_splits_release(DataSplits *d);   /* zeroed is fine */
+/* The augmentation data_splits_open gives every image training split from now on, in this
+ * process (the CLI's --augment; none by default). Set it before any reader starts. */
+void data_splits_set_augment(const DataAugment *a);
 
 #endif

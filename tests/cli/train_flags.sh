@@ -29,6 +29,13 @@ for pre, n in (("train", 320), ("t10k", 64)):
 words = "the of and to in that he shall unto for his i a lord they be is him not them it with all".split()
 with open(os.path.join(sys.argv[1], "t.txt"), "w") as f:
     for _ in range(400): f.write(" ".join(r.choice(words) for _ in range(8)) + ".\n")
+# the same text's bytes as token shards (llm.c's format), 10% held out
+b = open(os.path.join(sys.argv[1], "t.txt"), "rb").read()
+os.makedirs(os.path.join(sys.argv[1], "tok"))
+cut = len(b) * 9 // 10
+for name, part in (("t_train.bin", b[:cut]), ("t_val.bin", b[cut:])):
+    with open(os.path.join(sys.argv[1], "tok", name), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(part), *([0] * 253)) + struct.pack("<%dH" % len(part), *part))
 PY
 cat >"$tmp/gpt.json" <<'JSON'
 {"name": "gpt-tiny", "input": [16],
@@ -208,6 +215,14 @@ v = [x / 255 for x in b]; print(round(sum(v) / len(v), 4))")" ;;
         want "$m" text data_mean null
         python3 -c "import json,sys; v=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(not 1 < v['test_loss'] < 6)" \
             "$tmp/$m.text.out" || fail "$m: --text: test loss $(key "$m" text test_loss)" ;;
+    --tokens)
+        ok "$m" tok "$tmp/gpt.json --minibatch 8 --steps 3 --optimizer adam --lr 0.001" -- --tokens "$tmp/tok"
+        want "$m" tok data_mean null
+        python3 -c "import json,sys; v=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); sys.exit(not 1 < v['test_loss'] < 6)" \
+            "$tmp/$m.tok.out" || fail "$m: --tokens: test loss $(key "$m" tok test_loss)" ;;
+    --augment)
+        ok "$m" aug -- --augment crop=2,flip; differs "$m" aug
+        ok "$m" aug2 -- --augment crop=2,flip; same "$m" aug aug2 ;;
     --save)
         "$PD" eval "$SRC/models/lenet5.json" --data "$tmp/d" --weights "$tmp/$m.w.st" >"$tmp/$m.eval" 2>&1 ||
             fail "$m: eval of --save: $(cat "$tmp/$m.eval")"
