@@ -489,17 +489,6 @@ int rt_worker_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *err
     return rc;
 }
 
-void rt_result_release(RtWorkerResult *r) {
-    if (!r) return;
-    pd_free(r->params);
-    pd_free(r->final.state);
-    pd_free(r->final.opt_m);
-    pd_free(r->final.opt_v);
-    free(r->events);
-    free(r->hist);
-    memset(r, 0, sizeof *r);
-}
-
 /* ---- groups, and what the schedule allows -------------------------------------------------- */
 
 int rt_worker_replica_groups(Worker *w, Err *err) {
@@ -561,3 +550,4 @@ long rt_run_steps(const Schedule *s, int stage, long minibatches) {
     int r = s->stages[stage].replicas;   /* a round of r minibatches makes one step */
     return (n + r - 1) / r;
 }
+
