@@ -76,6 +76,19 @@ static int check_args(const Comm *c, const char *what, int peer, CommKind kind, 
     return PD_OK;
 }
 
+/* A new request of the transport's with its common part filled (not started). */
+static CommReq *req_new(Comm *c, int is_recv, int peer, CommKind kind, int64_t mb, Shape shape, float *buf) {
+    CommReq *r = c->ops->req_new(c);
+    r->is_recv = is_recv;
+    r->peer = peer;
+    r->tag = comm_tag(kind, mb, 0, c->tag_window);
+    r->kind = kind;
+    r->mb = mb;
+    r->shape = shape;
+    r->buf = buf;
+    return r;
+}
+
 int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Shape shape,
                const float *data, CommReq **req, Err *err) {
     *req = NULL;
@@ -91,14 +104,7 @@ int comm_isend(Comm *c, int peer, CommKind kind, int64_t mb, int64_t version, Sh
     for (int i = 0; i < shape.ndim; i++) h.dims[i] = shape.d[i];
     h.count = shape_numel(shape);
     h.crc = comm_header_crc(&h);
-    CommReq *r = c->ops->req_new(c);
-    r->is_recv = 0;
-    r->peer = peer;
-    r->tag = comm_tag(kind, mb, 0, c->tag_window);
-    r->kind = kind;
-    r->mb = mb;
-    r->shape = shape;
-    r->buf = NULL;
+    CommReq *r = req_new(c, 0, peer, kind, mb, shape, NULL);
     r->hdr = h;   /* the transport sends from here */
     rc = c->ops->isend(c, r, data, err);
     if (rc) {
@@ -114,14 +120,7 @@ int comm_irecv(Comm *c, int peer, CommKind kind, int64_t mb, Shape shape, float 
     *req = NULL;
     int rc = check_args(c, "receive", peer, kind, mb, shape, buf, err);
     if (rc) return rc;
-    CommReq *r = c->ops->req_new(c);
-    r->is_recv = 1;
-    r->peer = peer;
-    r->tag = comm_tag(kind, mb, 0, c->tag_window);
-    r->kind = kind;
-    r->mb = mb;
-    r->shape = shape;
-    r->buf = buf;
+    CommReq *r = req_new(c, 1, peer, kind, mb, shape, buf);
     rc = c->ops->irecv(c, r, shape_numel(shape), err);
     if (rc) {
         c->ops->req_free(c, r);

@@ -89,6 +89,14 @@ static void chunk_slots(const Schedule *s, int rank, const SchedWorkerInfo *wi, 
     *n_slots = mi + SCHED_SLOTS_AHEAD, *max_full = mf;
 }
 
+/* The last stage's loss history in res: (unit, loss, accuracy) for each forward of its list. */
+static void hist_alloc(const Worker *w, RtWorkerResult *res) {
+    int nf = 0;
+    for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
+    res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
+    PD_ASSERT(res->hist);
+}
+
 /* Builds w (cfg, s, c, rank, res, sw set) for its stage: chunk ci of the rank. lead: chunk 0,
  * whose Model it borrows (NULL for chunk 0 itself). p_off, s_off: where its parameters and
  * running statistics start in the rank's RtStageState (its chunks' ranges, concatenated). */
@@ -189,12 +197,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         model_init_params(w->m, w->first, w->last, cfg->seed, w->vbuf[0]);
         model_init_state(w->m, w->first, w->last, w->state);
     }
-    if (w->is_last) {
-        int nf = 0;
-        for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
-        res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
-        PD_ASSERT(res->hist);
-    }
+    if (w->is_last) hist_alloc(w, res);
     /* slots: most units in flight + those received ahead (SchedWorkerInfo.n_slots) */
     SchedWorkerInfo wi;
     if ((rc = sched_analyze_worker(s, rank, &wi, err))) return rc;
@@ -465,12 +468,7 @@ static int stage_bind(Worker *w, const RtConfig *cfg, RtWorkerResult *res, Err *
     if (need > w->n_slots)   /* segments only get shorter; a longer list needs a new worker */
         return err_set(err, PD_EINVAL, "rank %d: the list needs %d activation slots, %d were made", w->rank, need,
                        w->n_slots);
-    if (w->is_last) {
-        int nf = 0;
-        for (int i = 0; i < w->sw->n; i++) nf += w->sw->ins[i].op == OP_FORWARD;
-        res->hist = malloc(((size_t)nf * 3 + 1) * sizeof(float));
-        PD_ASSERT(res->hist);
-    }
+    if (w->is_last) hist_alloc(w, res);
     return PD_OK;
 }
 
