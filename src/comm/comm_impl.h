@@ -86,7 +86,7 @@ typedef struct CommOps {
     int (*barrier)(Comm *c, Err *err);
     int (*agree)(Comm *c, int rc, int *out, Err *err);   /* *out = max over ranks */
     void (*abort)(Comm *c, int code, const char *msg);
-    /* Sets up the transport's part of g (comm.c has checked the list, exchanged it with
+    /* Sets up the transport's part of g (comm.c has checked the list, comm_ctrl.c exchanged it with
      * the members and filled comm, rank, size, ranks): g->ctx. On failure g->ctx is NULL
      * and nothing is left to free. */
     int (*group_new)(CommGroup *g, Err *err);
