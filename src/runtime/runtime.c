@@ -207,8 +207,11 @@ static int load_unit(Worker *w, Slot *sl, int u, Err *err) {
     return comm_isend(w->c, dst, COMM_CTRL, u, 0, shape1(n * w->tlen), sl->labels_f, &sl->s_lab, err);
 }
 
-static int do_forward(Worker *w, const Instr *in, Err *err) {
+/* F: unit in->mb's forward on the weights it reads (rt_forward_weights): the input stage loads its
+ * data first, the last stage then computes its loss and the gradient of the logits. */
+static int exec_forward(Worker *w, const Instr *in, Err *err) {
     int rc;
+    w->res->chunk_fwd[in->chunk]++;
     Slot *sl = slot_for(w, in->mb, 1, err, &rc);
     if (!sl) return rc ? rc : err_set(err, PD_EINVAL, "rank %d: no free slot for unit %d", w->rank, in->mb);
     if (w->is_input && (rc = load_unit(w, sl, in->mb, err))) return rc;
@@ -249,7 +252,7 @@ static int do_forward(Worker *w, const Instr *in, Err *err) {
 
 /* Recompute: unit mb's forward again from its kept input, with its forward's version and
  * dropout key, into a lent context. Running statistics go to scratch: F updated the real ones. */
-static int do_recompute(Worker *w, const Instr *in, Err *err) {
+static int exec_recompute(Worker *w, const Instr *in, Err *err) {
     Slot *sl = slot_find(w, in->mb);
     PD_ASSERTF(sl && sl->version == in->version, "rank %d: recompute of unit %d (version %d) without its forward",
                w->rank, in->mb, in->version);
@@ -269,7 +272,7 @@ static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err);
 
 /* B, or the zb kinds' BI (in->op == OP_BACKWARD_B): the input gradient, and the weight
  * gradient of the layers that do not split; the unit then keeps its slot until its BW. */
-static int do_backward(Worker *w, const Instr *in, Err *err) {
+static int exec_backward(Worker *w, const Instr *in, Err *err) {
     int half = in->op == OP_BACKWARD_B;
     Slot *sl = slot_find(w, in->mb);
     PD_ASSERTF(sl && sl->grad_ready, "rank %d: backward of unit %d before its gradient", w->rank, in->mb);
@@ -347,7 +350,7 @@ static int unit_done(Worker *w, Slot *sl, const Instr *in, Err *err) {
  * (its activations and slot->keep), with the version its F and BI read; the unit leaves
  * flight. When it is the last compute before the all-reduce, gradient buckets start as its
  * layers finish, as after a whole backward. */
-static int do_backward_w(Worker *w, const Instr *in, Err *err) {
+static int exec_backward_w(Worker *w, const Instr *in, Err *err) {
     Slot *sl = slot_find(w, in->mb);
     PD_ASSERTF(sl && sl->version == in->version, "rank %d: weight pass of unit %d (version %d) without its forward",
                w->rank, in->mb, in->version);
@@ -528,13 +531,14 @@ static int exec_step(Worker *w, const Instr *in, int blocking, double c0, double
 }
 
 /* FL: no unit of any chunk is in flight. */
-static void exec_flush(const Worker *w) {
+static int exec_flush(const Worker *w) {
     for (int c = 0; c < w->n_chunk; c++) {
         const Worker *y = rt_chunk((Worker *)w, c);
         for (int k = 0; k < y->n_slots; k++)
             PD_ASSERTF(y->slots[k].unit < 0 || y->slots[k].version < 0, "rank %d: unit %d of stage %d in flight at a flush",
                        w->rank, y->slots[k].unit, y->stage);
     }
+    return PD_OK;
 }
 
 /* Posts the receives of the next few instructions after w->pc ahead, so they overlap compute.
@@ -575,16 +579,16 @@ int rt_exec(Worker *w, int blocking, Err *err) {
         switch ((InstrOp)in->op) {
         case OP_RECV_ACT:   rc = exec_recv_act(x, in, blocking, err); break;
         case OP_RECV_GRAD:  rc = exec_recv_grad(x, in, blocking, err); break;
-        case OP_FORWARD:    rc = do_forward(x, in, err), w->res->chunk_fwd[in->chunk]++; break;
+        case OP_FORWARD:    rc = exec_forward(x, in, err); break;
         case OP_BACKWARD:
-        case OP_BACKWARD_B: rc = do_backward(x, in, err); break;
-        case OP_BACKWARD_W: rc = do_backward_w(x, in, err); break;
-        case OP_RECOMPUTE:  rc = do_recompute(x, in, err); break;
+        case OP_BACKWARD_B: rc = exec_backward(x, in, err); break;
+        case OP_BACKWARD_W: rc = exec_backward_w(x, in, err); break;
+        case OP_RECOMPUTE:  rc = exec_recompute(x, in, err); break;
         case OP_SEND_ACT:   rc = exec_send_act(x, in, err); break;
         case OP_SEND_GRAD:  rc = exec_send_grad(x, in, err); break;
         case OP_ALLREDUCE:  rc = exec_allreduce(x, err); break;
         case OP_STEP:       rc = exec_step(w, in, blocking, t0, q0, err); break;
-        case OP_FLUSH:      exec_flush(w), rc = PD_OK; break;
+        case OP_FLUSH:      rc = exec_flush(w); break;
         default:   /* not an instruction of any list sched_build makes */
             rc = err_set(err, PD_EINVAL, "the runtime does not execute %s instructions", sched_op_name((InstrOp)in->op));
         }

@@ -751,7 +751,7 @@ static void group_init(Engine *e, int st) {
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
- * with its BW next is one whole backward, as the runtime runs it (runtime.c, do_backward).
+ * with its BW next is one whole backward, as the runtime runs it (runtime.c, exec_backward).
  * A step updates every stage the worker holds (its chunks). */
 static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
     const Instr *in = &sw->ins[i];
