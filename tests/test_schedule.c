@@ -680,9 +680,33 @@ static void test_microbatched_kinds(void **state) {
     free_plan(p);
 }
 
+/* The interleaved order written out by hand (Megatron-LM's get_model_chunk_id): 2 positions,
+ * 2 chunks, 4 own micro-batches. Forwards run micro-batches 0 1 on chunk 0, 0 1 on chunk 1,
+ * then 2 3 likewise; backwards the same micro-batches from the last chunk down. Warm-up at
+ * position r of P with V chunks: 2 (P - r - 1) + (V - 1) P, at most m V, all when m = P. */
+static void test_interleaved_order(void **st) {
+    (void)st;
+    static const int fchunk[8] = {0, 0, 1, 1, 0, 0, 1, 1}, micro[8] = {0, 1, 0, 1, 2, 3, 2, 3};
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(sched_interleaved_chunk(i, 2, 2, 1), fchunk[i]);
+        assert_int_equal(sched_interleaved_chunk(i, 2, 2, 0), 1 - fchunk[i]);
+        assert_int_equal(sched_interleaved_micro(i, 2, 2), micro[i]);
+    }
+    assert_int_equal(sched_interleaved_chunk(5, 2, 3, 1), 2);   /* 3 chunks: 0 0 1 1 2 2 */
+    assert_int_equal(sched_interleaved_chunk(5, 2, 3, 0), 0);
+    assert_int_equal(sched_interleaved_warmup(4, 2, 0, 8), 10);
+    assert_int_equal(sched_interleaved_warmup(4, 2, 3, 8), 4);
+    assert_int_equal(sched_interleaved_warmup(4, 2, 0, 4), 8);   /* m = P: every forward first */
+    assert_int_equal(sched_interleaved_warmup(2, 4, 0, 2), 8);
+    assert_int_equal(sched_interleaved_warmup(4, 3, 0, 4), 12);
+    assert_int_equal(plan_interleaved_rank(5, 2, 3, 1), 4);      /* stage 5 at position 1, replica 1 */
+    assert_int_equal(plan_interleaved_rank(2, 4, 1, 0), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_microbatched_kinds),
+        cmocka_unit_test(test_interleaved_order),
         cmocka_unit_test(test_analysis),        cmocka_unit_test(test_analysis_errors),
         cmocka_unit_test(test_analysis_random),
         cmocka_unit_test(test_1f1b_straight),   cmocka_unit_test(test_1f1b_round_robin),

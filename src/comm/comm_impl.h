@@ -1,4 +1,4 @@
-/* comm_impl.h: what comm.c and comm_ar.c (the common layer) and the two transports
+/* comm_impl.h: what comm.c, comm_ctrl.c and comm_ar.c (the common layer) and the two transports
  * (comm_mpi.c, comm_threads.c) share: the ops table, the Comm / CommReq / CommGroup structs.
  * The common layer builds and checks headers, computes tags and runs the deadline loop; a
  * transport only moves bytes and matches (source, tag). Not a public header. */
@@ -86,7 +86,7 @@ typedef struct CommOps {
     int (*barrier)(Comm *c, Err *err);
     int (*agree)(Comm *c, int rc, int *out, Err *err);   /* *out = max over ranks */
     void (*abort)(Comm *c, int code, const char *msg);
-    /* Sets up the transport's part of g (comm.c has checked the list, exchanged it with
+    /* Sets up the transport's part of g (comm.c has checked the list, comm_ctrl.c exchanged it with
      * the members and filled comm, rank, size, ranks): g->ctx. On failure g->ctx is NULL
      * and nothing is left to free. */
     int (*group_new)(CommGroup *g, Err *err);
@@ -162,6 +162,15 @@ struct CommGroup {
 
 /* Absolute deadline for a collective on c: 0 or pd_now() + timeout. */
 double comm_coll_deadline(const Comm *c);
+
+/* The CRC a header carries: of its bytes before the crc field (data and control headers). */
+static inline uint32_t comm_header_crc(const CommHeader *h) { return pd_crc32(h, offsetof(CommHeader, crc)); }
+
+/* comm_ctrl.c: the members of a new group (ranks, n; the caller among them) send each other
+ * their lists on the group set-up channel and compare them, within the collective deadline
+ * (comm_group_new, after its argument checks). PD_OK, or PD_ECOMM naming a missing member or
+ * a member whose list differs. */
+int comm_group_exchange(Comm *c, const int *ranks, int n, Err *err);
 
 /* The all-reduce engine (comm_ar.c).
  * comm_progress_mode reads PD_COMM_PROGRESS (comm.h) into *mode and *nap_ns: PD_OK, or

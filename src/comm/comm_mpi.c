@@ -8,7 +8,7 @@
  * summation order is unspecified): comm_ar.c runs a ring on the group messages this file
  * provides, one MPI message (MPI_BYTE) per piece or notice on the group's own communicator
  * (MPI_Comm_create_group over the listed ranks, group rank = list position).
- * Control blocks (comm.c's control plane) are one MPI message each (header and payload
+ * Control blocks (comm_ctrl.c's control plane) are one MPI message each (header and payload
  * packed, MPI_BYTE) on the channel's tag, above every data tag; a control receive matches
  * with MPI_Improbe (source by source, so it can give up at a deadline without taking
  * anything) and receives the matched message with MPI_Imrecv at its exact size. Sends in
@@ -469,7 +469,7 @@ static int m_group_new(CommGroup *g, Err *err) {
     MPI_Group world = MPI_GROUP_NULL, sub = MPI_GROUP_NULL;
     MPI_Comm gc = MPI_COMM_NULL;
     g->ctx = NULL;
-    /* the members have all arrived (comm.c exchanged the lists within the deadline), so
+    /* the members have all arrived (comm_ctrl.c exchanged the lists within the deadline), so
      * this blocking call does not wait for a missing one */
     int mrc = MPI_Comm_group(m->comm, &world);
     if (mrc == MPI_SUCCESS) mrc = MPI_Group_incl(world, g->size, g->ranks, &sub);   /* list order = group rank order */

@@ -11,7 +11,7 @@
  * control or another group's messages. Each endpoint counts events (deliveries to it,
  * aborts, closed endpoints) so that a waiter can sleep on its condition variable without
  * missing one.
- * Control blocks (comm.c's control plane) go through the same per-destination FIFO of
+ * Control blocks (comm_ctrl.c's control plane) go through the same per-destination FIFO of
  * unexpected messages, on their own tags; a control receive takes the first one from any of
  * its peers, waiting on the endpoint's condition variable.
  * What it does not: flow control (an unmatched send holds its copy until received).

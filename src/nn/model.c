@@ -58,8 +58,8 @@ static const LayerOps *const KINDS[] = {
 enum { N_KINDS = sizeof KINDS / sizeof KINDS[0] };
 
 const char *nn_shape_str(Shape s) {
-    static char bufs[4][64];
-    static int k;
+    static _Thread_local char bufs[4][64];   /* per thread: --workers builds one model per rank at once */
+    static _Thread_local int k;
     k = (k + 1) & 3;
     return shape_str(s, bufs[k], sizeof bufs[k]);
 }

@@ -175,7 +175,8 @@ extern const LayerOps LAYER_EMBED, LAYER_LAYERNORM, LAYER_ATTENTION, LAYER_GELU,
 /* Frees a layer's built resources and its sub-layer arrays (recursively). */
 void nn_layer_destroy(Layer *l);
 
-/* Shape helper for messages. */
-const char *nn_shape_str(Shape s);   /* rotating static buffers */
+/* Shape helper for messages: "(3, 8, 8)" in one of 4 buffers of the calling thread, used in
+ * turn (so up to 4 may appear in one message; threads never share them). */
+const char *nn_shape_str(Shape s);
 
 #endif

@@ -64,7 +64,7 @@ int plan_interleave(Plan *p, int V, Err *err) {
     double *per = calloc((size_t)W, sizeof(double));
     PD_ASSERT(per);
     for (int s = 0; s < S; s++) {
-        for (int j = 0; j < d; j++) p->stages[s].ranks[j] = (s % W) * d + j;
+        for (int j = 0; j < d; j++) p->stages[s].ranks[j] = plan_interleaved_rank(s, W, d, j);
         per[s % W] += p->stages[s].time_s;
     }
     p->pipeline_s = 0;
@@ -140,9 +140,9 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
                 rc = err_set(err, PD_EINVAL, "interleaved plan: stage %d has %d replicas, stage 0 has %d", s,
                              p->stages[s].replicas, d);
             for (int j = 0; j < d && !rc; j++)
-                if (p->stages[s].ranks[j] != (s % W) * d + j)
+                if (p->stages[s].ranks[j] != plan_interleaved_rank(s, W, d, j))
                     rc = err_set(err, PD_EINVAL, "interleaved plan: replica %d of stage %d must be on rank %d", j, s,
-                                 (s % W) * d + j);
+                                 plan_interleaved_rank(s, W, d, j));
         }
         workers = p->n_workers;
     }

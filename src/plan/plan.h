@@ -207,6 +207,9 @@ Plan *plan_load(const char *path, Err *err);
 /* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. In an
  * interleaved plan (chunks >= 2): its first stage. */
 int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
+/* Interleaved placement: on W pipeline positions of d replicas each, stage s runs at position
+ * s mod W, its replica j on rank (s mod W) d + j. */
+static inline int plan_interleaved_rank(int s, int W, int d, int j) { return (s % W) * d + j; }
 /* Turns a plan of S stages with d replicas each into an interleaved one of V chunks on W = S / V
  * pipeline positions: replica j of stage i on rank (i mod W) d + j (d = 1: rank i mod W),
  * n_workers W d, chunks V, pipeline_s the largest per-position sum of stage times. Replica j of

@@ -28,10 +28,10 @@ static double chunk_boundary(const Cluster *cl, double bytes, int a, int b) {
 /* Stage m (0-based) of a solution on P positions of d replicas: its compute (our model's for d
  * replicas of C seconds and Pb parameter bytes) and the boundary before it (m >= 1). */
 static double chunk_stage(const Cluster *cl, const PlanOpts *o, double C, double Pb, int m, int P, int d) {
-    return plan_ours_stage_compute(cl, o, C, Pb, (m % P) * d, d);
+    return plan_ours_stage_compute(cl, o, C, Pb, plan_interleaved_rank(m, P, d, 0), d);
 }
 static double chunk_cut(const Cluster *cl, double bytes, int m, int P, int d) {
-    return chunk_boundary(cl, bytes, ((m - 1) % P) * d, (m % P) * d) / d;
+    return chunk_boundary(cl, bytes, plan_interleaved_rank(m - 1, P, d, 0), plan_interleaved_rank(m, P, d, 0)) / d;
 }
 
 int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {

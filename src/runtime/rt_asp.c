@@ -83,19 +83,6 @@ static size_t shard_lo(size_t P, int R, int k) {
 static size_t len_of(const Asp *a, int o) { return a->lo[o + 1] - a->lo[o]; }
 static int units_of(const Asp *a, int p) { return p < a->N ? (a->N - p + a->R - 1) / a->R : 0; }
 
-static void trace_ev(Asp *a, int op, int mb, int version, double t0, double t1) {
-    Worker *w = a->w;
-    RtWorkerResult *r = w->res;
-    if (!w->cfg->trace) return;
-    if (r->n_events == w->events_cap) {
-        w->events_cap = w->events_cap ? 2 * w->events_cap : 256;
-        RtEvent *ne = realloc(r->events, (size_t)w->events_cap * sizeof *ne);
-        PD_ASSERT(ne);
-        r->events = ne;
-    }
-    r->events[r->n_events++] = (RtEvent){op, mb, version, t0 - w->t_start, t1 - w->t_start};
-}
-
 static void log_apply(Asp *a, int u, long from) {
     RtAspLog *l = a->log;
     if (!l) return;
@@ -121,7 +108,7 @@ static void apply(Asp *a, int u, long from, const float *g) {
     log_apply(a, u, from);
     double t1 = pd_now();
     a->apply_s += t1 - t0;
-    trace_ev(a, OP_STEP, u, (int)from, t0, t1);
+    rt_trace_add(a->w, OP_STEP, u, (int)from, t0, t1);
 }
 
 /* Copies the shard as a pull hands it out into dst: the master, or with --staleness lookahead
@@ -326,7 +313,7 @@ static int forward(Asp *a, int u, int i, Err *err) {
     r->n_fwd++;
     double t1 = pd_now();
     r->compute_s += t1 - t0;
-    trace_ev(a, OP_FORWARD, u, i, t0, t1);
+    rt_trace_add(a->w, OP_FORWARD, u, i, t0, t1);
     if (w->cfg->progress && a->me == 0) rt_progress(w, u, u + a->R >= a->N, loss);
     return PD_OK;
 }
@@ -345,7 +332,7 @@ static int backward(Asp *a, int u, int i, Err *err) {
                                (double)w->dw[k], (unsigned long long)(w->cfg->unit_base + (uint64_t)u));
     double t1 = pd_now();
     w->res->compute_s += t1 - t0;
-    trace_ev(a, OP_BACKWARD, u, i, t0, t1);
+    rt_trace_add(a->w, OP_BACKWARD, u, i, t0, t1);
     return PD_OK;
 }
 
@@ -420,13 +407,6 @@ static int report(Asp *a, Err *err) {
     return rc;
 }
 
-static float *newest_buf(Worker *w) {
-    for (int k = 0; k < w->n_vslots; k++)
-        if (w->vver[k] == w->newest) return w->vbuf[k];
-    PD_ASSERTF(0, "rank %d: no buffer holds the newest weights", w->rank);
-    return NULL;
-}
-
 static void asp_free(Asp *a, int keep_send_buffers) {
     int R = a->R;
     for (int k = 0; k < R; k++) {
@@ -476,7 +456,7 @@ int rt_asp_exec(Worker *w, RtAspLog *log, Err *err) {
         return RT_ERR;
     }
     size_t nm = len_of(&a, me);
-    a.wl = newest_buf(w);
+    a.wl = rt_vstore_get(w, w->newest);
     a.master = pd_alloc_f32(nm ? nm : 1);
     if (nm) memcpy(a.master, a.wl + a.lo[me], nm * sizeof(float));
     a.so = (Optim){.c = w->opt.c, .n = nm, .step = w->opt.step, .lr_scale = 1.0, .m = w->opt.m + a.lo[me],
@@ -520,7 +500,7 @@ int rt_asp_exec(Worker *w, RtAspLog *log, Err *err) {
             a.pulls++;
             a.pull_sum += t2 - t0;
             if (t2 - t0 > a.pull_max) a.pull_max = t2 - t0;
-            trace_ev(&a, OP_RECV_ACT, u + R, -1, t1, t2);
+            rt_trace_add(w, OP_RECV_ACT, u + R, -1, t1, t2);
         }
     }
     if (!rc) {   /* this worker is done; the shard takes the others' remaining pushes */

@@ -1,6 +1,7 @@
-/* rt_impl.h: the Worker and Slot structs and the helpers shared by runtime.c (instruction
- * execution), rt_eval.c (the forward-only evaluation pass), rt_asp.c and rt_session.c. Not a
- * public header. */
+/* rt_impl.h: the Worker and Slot structs and the helpers the runtime's files share: runtime.c
+ * (the instruction interpreter), rt_vstore.c (weight versions, staleness), rt_bucket.c
+ * (gradient buckets), rt_worker.c (set-up), rt_run.c (run drivers), rt_record.c (what a
+ * worker records), rt_eval.c, rt_asp.c, rt_tie.c and rt_session.c. Not a public header. */
 #ifndef PD_RT_IMPL_H
 #define PD_RT_IMPL_H
 
@@ -111,12 +112,52 @@ static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
     return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
 }
 
-/* The progress line on stderr (RtConfig.progress) after unit u of w's list, whose loss was
- * loss; last: w computes no later unit of the list (that line is always written). */
+/* rt_record.c. The progress line on stderr (RtConfig.progress) after unit u of w's list, whose
+ * loss was loss; last: w computes no later unit of the list (that line is always written). */
 void rt_progress(Worker *w, int u, int last, float loss);
 /* Counts a unit's loss toward the newest minibatch's (RtWorkerResult.last_loss): a newer
  * minibatch mb starts the sum again. */
 void rt_last_loss_add(RtWorkerResult *r, int64_t mb, double loss);
+/* With RtConfig.trace: appends the event (op, unit mb, version, from t0 to t1 on pd_now's
+ * clock) to w's result, its times from w->t_start. */
+void rt_trace_add(Worker *w, int op, int mb, int version, double t0, double t1);
+
+/* rt_vstore.c: the weight-version store of a stage (Worker.vbuf, vver, last_read) and the
+ * staleness compensation of its units (Worker.pbuf ...).
+ * rt_vstore_plan: the store's plan from the schedule analysis (the last reader of every
+ * version, the buffers alive at once, the units' delays; the list's delay figures into
+ * w->res from chunk 0), and the predicted-weights buffers it needs.
+ * rt_vstore_get: the buffer holding version (asserts it is held); rt_vstore_slot_of: its
+ * index, -1 if none (-1: a free one).
+ * rt_vstore_collect: after instruction pc, drops versions older than the newest that
+ * nobody reads again (and counts the most held).
+ * rt_vstore_step: the optimizer step writing version `to` (the newest + 1) from the newest
+ * and w->dw, in place unless the old newest is read after pc.
+ * rt_stale_lr_scale: --staleness lr-warmup's factor for step t (0-based) into w->opt.
+ * rt_forward_weights: the weights the forward `in` of unit sl computes with (its version's,
+ * or predicted ahead), setting sl->pslot; rt_unit_weights: those a backward reads. */
+void rt_vstore_plan(Worker *w);
+float *rt_vstore_get(Worker *w, int version);
+int  rt_vstore_slot_of(Worker *w, int version);
+void rt_vstore_collect(Worker *w, int pc);
+void rt_vstore_step(Worker *w, int to, int pc);
+void rt_stale_lr_scale(Worker *w, long t);
+const float *rt_forward_weights(Worker *w, Slot *sl, const Instr *in);
+const float *rt_unit_weights(Worker *w, const Slot *sl, int version);
+
+/* rt_bucket.c: how replicas combine gradients (sum or mean, by the kind); whether the
+ * backward at pc is the last of its chunk before the chunk's all-reduce (so buckets may start
+ * while it runs); the hook that starts them (arg: an RtBucketHook, whose rc holds the first
+ * error); and the all-reduce instruction: every bucket started, then completed in order. */
+typedef struct RtBucketHook {
+    Worker *w;
+    Err *err;
+    int rc;
+} RtBucketHook;
+CommOp rt_allreduce_op(const Schedule *s);
+int  rt_last_backward_before_ar(const Worker *w, int pc);
+void rt_bucket_hook(void *arg, int i);
+int  rt_bucket_allreduce(Worker *w, Err *err);
 
 /* Chunk c of the rank w leads (w itself when the rank runs one stage; c < w->n_chunk). */
 static inline Worker *rt_chunk(Worker *w, int c) { return w->chunk ? w->chunk[c] : w; }

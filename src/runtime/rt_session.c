@@ -13,11 +13,12 @@
  *             of every stage on rank 0, write, agree on the result before anyone calls it the
  *             last checkpoint, prune (--keep-last); evaluation and target accuracy
  *   finish    the final weights (--save), the final evaluation
- *   results   every worker's figures gathered on rank 0 (rt_result_pack/unpack); the summary
- *             (rt_summarize)
+ *   results   every worker's figures gathered on rank 0 (rt_result_pack/unpack, rt_result.c);
+ *             the summary (rt_summarize, rt_report.c)
  *
  * During a segment a failing rank ends the job with comm_abort (nobody waits for a rank that
- * may be dead or stuck). The parts tests call alone are declared in rt_session.h. */
+ * may be dead or stuck). The parts tests call alone, and those in files of their own, are
+ * declared in rt_session.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -68,7 +69,7 @@ typedef struct Rank {
     Worker w;
     int built;
     RtWorkerResult segres;
-    double seg_fig[6];           /* the last segment's: stage, compute, wait, wall s, bytes sent, units */
+    double seg_fig[RT_SEG_FIGS]; /* the last segment's: stage, compute, wait, wall s, bytes sent, units */
     RtConfig cfg;
     Schedule seg;
     RtStageState *init;          /* per rank; this rank's entry set */
@@ -163,53 +164,6 @@ static int check_ckpt_dir(const char *dir, Err *err) {
     unlink(probe);
     if (bad) return err_set(err, PD_EIO, "cannot write into the checkpoint directory %s", dir);
     return PD_OK;
-}
-
-/* Adds one segment's figures to the worker's totals (loss history and events moved to the
- * run's unit numbering and clock). */
-static void acc_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off) {
-    acc->rank = seg->rank, acc->stage = seg->stage, acc->replica = seg->replica;
-    acc->wall_s += seg->wall_s, acc->compute_s += seg->compute_s, acc->wait_s += seg->wait_s;
-    acc->compute_cpu_s += seg->compute_cpu_s;
-    acc->n_fwd += seg->n_fwd, acc->n_bwd += seg->n_bwd;
-    acc->n_chunks = seg->n_chunks;
-    for (int c = 0; c < RT_MAX_CHUNKS; c++)
-        acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c],
-        acc->chunk_cpu_s[c] += seg->chunk_cpu_s[c];
-    acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
-    if (seg->last_n && (!acc->last_n || seg->last_mb > acc->last_mb))
-        acc->last_loss = seg->last_loss, acc->last_mb = seg->last_mb, acc->last_n = seg->last_n;
-    if (seg->max_versions > acc->max_versions) acc->max_versions = seg->max_versions;
-    acc->n_delayed += seg->n_delayed, acc->delay_sum += seg->delay_sum;
-    acc->bytes_sent += seg->bytes_sent;
-    acc->grad_norm_sum += seg->grad_norm_sum, acc->n_norms += seg->n_norms, acc->n_clipped += seg->n_clipped;
-    if (seg->grad_norm_max > acc->grad_norm_max) acc->grad_norm_max = seg->grad_norm_max;
-    if (seg->delay_max > acc->delay_max) acc->delay_max = seg->delay_max;
-    if (seg->mem.total > acc->mem.total) acc->mem = seg->mem;
-    if (seg->n_hist) {
-        float *h = realloc(acc->hist, (size_t)(acc->n_hist + seg->n_hist) * 3 * sizeof(float));
-        PD_ASSERT(h);
-        acc->hist = h;
-        for (int k = 0; k < seg->n_hist; k++) {
-            float *d = &h[3 * (acc->n_hist + k)];
-            memcpy(d, &seg->hist[3 * k], 3 * sizeof(float));
-            d[0] += (float)unit_base;
-        }
-        acc->n_hist += seg->n_hist;
-    }
-    if (seg->n_events) {
-        RtEvent *e = realloc(acc->events, (size_t)(acc->n_events + seg->n_events) * sizeof *e);
-        PD_ASSERT(e);
-        acc->events = e;
-        for (int k = 0; k < seg->n_events; k++) {
-            RtEvent x = seg->events[k];
-            x.mb += (int)unit_base, x.t0 += t_off, x.t1 += t_off;
-            e[acc->n_events + k] = x;
-        }
-        acc->n_events += seg->n_events;
-    }
-    rt_asp_acc_add(acc, seg);
-    rt_result_release(seg);
 }
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
@@ -512,74 +466,6 @@ static int checkpoint(Rank *R, Worker *w, const Schedule *s, Err *err) {
     return PD_OK;
 }
 
-/* ---- progress (straggler detection) --------------------------------------------------------- */
-
-/* Per stage, the simulator's compute per unit on its first replica (ms, as rt_summarize's
- * predicted_ms has it); NAN without a profile or when the simulator fails. */
-static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_batch, double *ms) {
-    for (int i = 0; i < s->n_stages; i++) ms[i] = NAN;
-    if (!sp->profile) return;
-    SimCosts costs;
-    SimResult sr;
-    SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
-                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
-    Err e2 = {0};
-    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
-    sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
-    if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
-        for (int i = 0; i < costs.n_stages; i++) {
-            const SchedWorker *sw = &s->workers[s->stages[i].ranks[0]];
-            int nfw = 0, nst = 0;
-            for (int k = 0; k < sw->n; k++) nfw += sw->ins[k].op == OP_FORWARD, nst += sw->ins[k].op == OP_STEP;
-            double step = nfw ? costs.stage[i].step_s * nst / nfw : 0;
-            ms[i] = 1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s + step) * sr.slowdown[s->stages[i].ranks[0]];
-        }
-        sim_result_release(&sr);
-    }
-    sim_costs_release(&costs);
-}
-
-/* --progress-file: after a checkpoint, every rank's figures of the segment just ended go to
- * rank 0 (5 doubles each), which appends one JSON line: per rank its compute, wait and busy
- * time (wall less wait: compute, sends, overhead) per unit, its bytes sent per unit, and the
- * predicted compute and busy time (predicted compute + its bytes at the plan's bandwidth). A
- * rank far above its prediction is a straggler (pipedream launch --straggler-factor). */
-static int progress_line(Rank *R, Err *err) {
-    const double *v = R->seg_fig;
-    void **parts = NULL;
-    size_t *sizes = NULL;
-    int rc = comm_gather(R->c, 0, v, sizeof R->seg_fig, &parts, &sizes, R->timeout, err);
-    if (rc || R->rank != 0) return rc;
-    int n = comm_size(R->c);
-    double *pred = malloc((size_t)R->seg.n_stages * sizeof *pred);
-    PD_ASSERT(pred);
-    predict_stage_ms(R->sp, &R->seg, R->unit_batch, pred);
-    double bw = R->sp->plan->cluster.level[0].bandwidth;
-    FILE *f = fopen(R->sp->progress_file, "a");
-    if (!f) {
-        pd_log(LOG_WARN, "--progress-file %s: %s", R->sp->progress_file, strerror(errno));
-    } else {
-        fprintf(f, "{\"minibatches\":%llu,\"ranks\":[", (unsigned long long)R->mb_done);
-        for (int r = 0; r < n; r++) {
-            double x[6] = {0};
-            if (sizes[r] == sizeof x) memcpy(x, parts[r], sizeof x);
-            int st = (int)x[0];
-            double u = x[5] > 0 ? x[5] : NAN, pc = st >= 0 && st < R->seg.n_stages ? pred[st] : NAN;
-            double bytes = x[4] / u, pb = pc + (bw > 0 ? 1e3 * bytes / bw : 0);
-            fprintf(f, "%s{\"rank\":%d,\"stage\":%d,\"units\":%.0f,\"compute_ms_per_unit\":%.4f,"
-                       "\"wait_ms_per_unit\":%.4f,\"busy_ms_per_unit\":%.4f,\"bytes_per_unit\":%.0f",
-                    r ? "," : "", r, st, x[5], 1e3 * x[1] / u, 1e3 * x[2] / u, 1e3 * (x[3] - x[2]) / u, bytes);
-            if (isfinite(pc)) fprintf(f, ",\"predicted_ms_per_unit\":%.4f,\"predicted_busy_ms_per_unit\":%.4f", pc, pb);
-            fputc('}', f);
-        }
-        fputs("]}\n", f);
-        fclose(f);
-    }
-    free(pred);
-    comm_parts_free(parts, sizes, n);
-    return PD_OK;
-}
-
 /* ---- evaluation ------------------------------------------------------------------------------- */
 
 const RtEvalPoint *rt_eval_log_add(RtEvalLog *log, uint64_t minibatches, int minibatch, int64_t n_train,
@@ -723,10 +609,10 @@ static int run_segment(Rank *R, uint64_t end, Err *err) {
     R->segres.wall_s = pd_now() - w->t_start;
     R->train_s += R->segres.wall_s;
     const RtWorkerResult *g = &R->segres;
-    double fig[6] = {R->stage, g->compute_s, g->wait_s, g->wall_s, g->bytes_sent,
+    double fig[RT_SEG_FIGS] = {R->stage, g->compute_s, g->wait_s, g->wall_s, g->bytes_sent,
                      w->n_chunk > 1 ? g->n_fwd / w->n_chunk : g->n_fwd};
     memcpy(R->seg_fig, fig, sizeof fig);
-    acc_add(&R->acc, &R->segres, R->cfg.unit_base, seg_t0);
+    rt_result_add(&R->acc, &R->segres, R->cfg.unit_base, seg_t0);
     R->mb_done = end;
     return PD_OK;
 }
@@ -742,7 +628,8 @@ static int session_segments(Rank *R, Err *err) {
         if ((rc = run_segment(R, end, err))) return rc;
         int ck_due = sp->checkpoint_every && (R->mb_done % (uint64_t)sp->checkpoint_every == 0 || R->mb_done == n_mb);
         if (ck_due && sp->checkpoint_dir && (rc = checkpoint(R, &R->w, &R->seg, err))) return rc;
-        if (ck_due && sp->progress_file && (rc = progress_line(R, err))) return fail_segment(R, rc, err);
+        if (ck_due && sp->progress_file && (rc = rt_progress_file_line(R->c, sp, &R->seg, R->unit_batch, R->mb_done, R->seg_fig,
+                                                                        R->timeout, err))) return fail_segment(R, rc, err);
         if (sp->eval_every && R->test && R->mb_done % (uint64_t)sp->eval_every == 0 && R->mb_done < n_mb) {
             const RtEvalPoint *pt;
             if ((rc = evaluate(R, &R->w, &R->seg, &pt, err))) return fail_segment(R, rc, err);
@@ -809,90 +696,6 @@ static int session_finish(Rank *R, Err *err) {
 
 /* ---- results ---------------------------------------------------------------------------------- */
 
-/* The fixed part of a worker's figures on the wire (host byte order, as comm assumes). */
-typedef struct Wire {
-    int64_t rank, stage, replica, n_fwd, n_bwd, units_done, test_correct, test_total, max_versions, n_events,
-        n_hist, crc, n_params, n_state;
-    double wall_s, compute_s, wait_s, loss_sum, last_loss, test_loss_sum;
-    RtMem mem;
-    int64_t asp_applied, asp_staleness_max, asp_pulls;   /* asp (rt_asp.c) */
-    double asp_staleness_mean, asp_pull_ms_mean, asp_pull_ms_max;
-    int64_t n_chunks, chunk_fwd[RT_MAX_CHUNKS], chunk_crc[RT_MAX_CHUNKS];   /* several stages per rank */
-    double chunk_compute_s[RT_MAX_CHUNKS];
-    double cpu_s;
-    int64_t pid, n_delayed, delay_sum, delay_max;   /* staleness: the delays its units crossed */
-    double grad_norm_sum, grad_norm_max;             /* gradient clipping */
-    int64_t n_norms, n_clipped;
-    double bytes_sent;
-    double compute_cpu_s, chunk_cpu_s[RT_MAX_CHUNKS];
-    int64_t last_mb, last_n;
-} Wire;
-
-char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
-    Wire x = {a->rank, a->stage, a->replica, a->n_fwd, a->n_bwd, a->units_done, a->test_correct, a->test_total,
-              a->max_versions, a->n_events, a->n_hist, a->params_crc, (int64_t)a->n_params, (int64_t)a->n_state,
-              a->wall_s, a->compute_s, a->wait_s, a->loss_sum, a->last_loss, a->test_loss_sum, a->mem,
-              a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
-              a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
-              a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent,
-              a->compute_cpu_s, {0}, a->last_mb, a->last_n};
-    for (int c = 0; c < RT_MAX_CHUNKS; c++)
-        x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c],
-        x.chunk_cpu_s[c] = a->chunk_cpu_s[c];
-    size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
-    *n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
-    char *buf = malloc(*n);
-    PD_ASSERT(buf);
-    memcpy(buf, &x, sizeof x);
-    if (ne) memcpy(buf + sizeof x, a->events, ne * sizeof(RtEvent));
-    if (nh) memcpy(buf + sizeof x + ne * sizeof(RtEvent), a->hist, nh * 3 * sizeof(float));
-    return buf;
-}
-
-int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err *err) {
-    memset(o, 0, sizeof *o);
-    Wire y;
-    if (n < sizeof y) return err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes", rank, n);
-    memcpy(&y, buf, sizeof y);
-    if (y.n_events < 0 || y.n_hist < 0 || y.n_events > (int64_t)(n / sizeof(RtEvent)) ||
-        y.n_hist > (int64_t)(n / (3 * sizeof(float))) ||
-        n != sizeof y + (size_t)y.n_events * sizeof(RtEvent) + (size_t)y.n_hist * 3 * sizeof(float))
-        return err_set(err, PD_ECOMM, "results: rank %d sent %zu bytes for %lld events and %lld losses", rank, n,
-                       (long long)y.n_events, (long long)y.n_hist);
-    *o = (RtWorkerResult){.rank = (int)y.rank, .stage = (int)y.stage, .replica = (int)y.replica,
-                          .n_params = (size_t)y.n_params, .n_state = (size_t)y.n_state,
-                          .params_crc = (uint32_t)y.crc, .max_versions = (int)y.max_versions,
-                          .loss_sum = y.loss_sum, .last_loss = y.last_loss, .units_done = (int)y.units_done,
-                          .test_correct = y.test_correct, .test_total = y.test_total, .n_hist = (int)y.n_hist,
-                          .wall_s = y.wall_s, .compute_s = y.compute_s, .wait_s = y.wait_s,
-                          .n_fwd = (int)y.n_fwd, .n_bwd = (int)y.n_bwd, .n_events = (int)y.n_events,
-                          .test_loss_sum = y.test_loss_sum, .mem = y.mem, .asp_applied = y.asp_applied,
-                          .asp_staleness_max = (int)y.asp_staleness_max, .asp_pulls = y.asp_pulls,
-                          .asp_staleness_mean = y.asp_staleness_mean, .asp_pull_ms_mean = y.asp_pull_ms_mean,
-                          .asp_pull_ms_max = y.asp_pull_ms_max, .n_chunks = (int)y.n_chunks, .cpu_s = y.cpu_s,
-                          .pid = y.pid, .n_delayed = (int)y.n_delayed, .delay_sum = (long)y.delay_sum,
-                          .delay_max = (int)y.delay_max, .grad_norm_sum = y.grad_norm_sum,
-                          .grad_norm_max = y.grad_norm_max, .n_norms = (int)y.n_norms, .n_clipped = (int)y.n_clipped,
-                          .bytes_sent = y.bytes_sent, .compute_cpu_s = y.compute_cpu_s,
-                          .last_mb = y.last_mb, .last_n = (int)y.last_n};
-    for (int c = 0; c < RT_MAX_CHUNKS; c++)
-        o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
-        o->chunk_compute_s[c] = y.chunk_compute_s[c], o->chunk_cpu_s[c] = y.chunk_cpu_s[c];
-    const char *p = (const char *)buf + sizeof y;
-    if (y.n_events) {
-        o->events = malloc((size_t)y.n_events * sizeof(RtEvent));
-        PD_ASSERT(o->events);
-        memcpy(o->events, p, (size_t)y.n_events * sizeof(RtEvent));
-        p += (size_t)y.n_events * sizeof(RtEvent);
-    }
-    if (y.n_hist) {
-        o->hist = malloc((size_t)y.n_hist * 3 * sizeof(float));
-        PD_ASSERT(o->hist);
-        memcpy(o->hist, p, (size_t)y.n_hist * 3 * sizeof(float));
-    }
-    return PD_OK;
-}
-
 /* Every worker's figures to rank 0 (all: comm_size entries there). */
 static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all, Err *err) {
     size_t n;
@@ -905,249 +708,6 @@ static int gather_results(Rank *R, const RtWorkerResult *a, RtWorkerResult *all,
     for (int r = 0; r < comm_size(R->c) && !rc; r++) rc = rt_result_unpack(parts[r], sizes[r], r, &all[r], err);
     comm_parts_free(parts, sizes, comm_size(R->c));
     return rc;
-}
-
-/* The simulator's time per unit for the run's schedule with one figure of the plan's cluster set
- * to e (RT_FIT_*: the core efficiency, the wake cost, or a factor on every link's bandwidth);
- * NAN on error. */
-static double sim_at_what(const Schedule *s, const SimCosts *costs, const SimOpts *so, double e, int what) {
-    Cluster cl = *so->cluster;
-    if (what == RT_FIT_WAKE) cl.wake_s = e;
-    else if (what == RT_FIT_LINK_RATE) cluster_scale_bandwidth(&cl, e);
-    else cl.core_efficiency = e;
-    SimOpts o = *so;
-    o.cluster = &cl;
-    SimResult r;
-    Err err = {0};
-    if (sim_run(s, costs, &o, &r, &err) != PD_OK) return NAN;
-    double t = s->n_units > 0 ? 1e3 * r.makespan_s / s->n_units : NAN;
-    sim_result_release(&r);
-    return t;
-}
-
-/* RtTrainSpec.fit: the value of one of the plan's cluster's figures at which the simulator's run
- * of these units takes the measured time per unit:
- *   - the core efficiency E in [0.05, 1] (the prediction falls as E rises:
- *     cluster_core_efficiency scales every share of a busy machine's cores by E);
- *   - the wake cost w in [0, 50 ms], the core efficiency staying the plan's (the prediction
- *     rises with w: a waking worker is charged w where its machine's cores are all busy);
- *   - the link rate: a factor f in [0.05, 4] on every bandwidth of the cluster, its levels' and
- *     its hosts' own (the prediction falls as f rises): the share of the nominal rates the run's
- *     transfers and all-reduces achieved, where they set its pace.
- * A bisection, 30 halvings. Where even the bound that predicts fastest is slower than the run
- * (or the other faster), that bound; where the figure does not enter the prediction (the
- * workers do not share cores; no more computing workers than cores; no wait ends on busy
- * cores; no transfer is on the run's critical path), NAN. fitted_note says which;
- * fitted_time_per_unit_ms is the prediction at the value. */
-enum { FIT_WAKE_MAX_MS = 50 };
-static void fit_cluster(const Schedule *s, const SimCosts *costs, const SimOpts *so, int what, RtTrainSummary *out) {
-    const double want = out->time_per_unit_ms;
-    const int wake = what == RT_FIT_WAKE, link = what == RT_FIT_LINK_RATE;
-    const char *name = wake ? "wake cost" : link ? "link rate" : "core efficiency";
-    double *got = wake ? &out->fitted_wake_s : link ? &out->fitted_link_scale : &out->fitted_core_efficiency;
-    *got = out->fitted_time_per_unit_ms = NAN;
-    if (!link && (!so->cluster || so->cluster->cores_per_machine <= 0)) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the plan's cluster gives no cores per machine: its "
-                 "workers do not share cores, and the %s does not enter the prediction", name);
-        return;
-    }
-    if (!(want > 0)) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "no time per unit was measured");
-        return;
-    }
-    /* fast: the bound that predicts the shorter time; slow: the other */
-    double fast = wake ? 0 : link ? 4.0 : 1.0, slow = wake ? FIT_WAKE_MAX_MS * 1e-3 : 0.05;
-    const double t_fast = sim_at_what(s, costs, so, fast, what), t_slow = sim_at_what(s, costs, so, slow, what);
-    if (!(t_fast > 0) || !(t_slow > 0)) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the simulator failed on the run's schedule");
-        return;
-    }
-    if (t_slow - t_fast < 1e-6 * t_fast) {
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the prediction does not depend on the %s here (%s)", name,
-                 wake ? "no wait ends while the cores are busy"
-                 : link ? "nothing crosses a link" : "no more computing workers than cores");
-        return;
-    }
-    const double unit = wake ? 1e3 : 1;   /* reported in ms, or as is */
-    const char *suffix = wake ? " ms" : "";
-    if (want <= t_fast || want >= t_slow) {   /* the nearest the model comes: a bound */
-        const int faster = want <= t_fast;
-        *got = faster ? fast : slow;
-        out->fitted_time_per_unit_ms = faster ? t_fast : t_slow;
-        snprintf(out->fitted_note, sizeof out->fitted_note, "the run (%.3f ms per unit) was %s than the simulator "
-                 "predicts at %s %g%s (%.3f): %g%s is the nearest", want, faster ? "faster" : "slower", name,
-                 unit * *got, suffix, out->fitted_time_per_unit_ms, unit * *got, suffix);
-        return;
-    }
-    for (int i = 0; i < 30; i++) {
-        double mid = 0.5 * (fast + slow), t = sim_at_what(s, costs, so, mid, what);
-        if (!(t > 0)) break;
-        if (t > want) slow = mid;
-        else fast = mid;
-    }
-    *got = 0.5 * (fast + slow);
-    out->fitted_time_per_unit_ms = sim_at_what(s, costs, so, *got, what);
-    snprintf(out->fitted_note, sizeof out->fitted_note, "fitted");
-}
-
-void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, const char *transport, int64_t n_train,
-                  double mean, double std, RtTrainSummary *out) {
-    RtWorkerResult *res = out->res;
-    double wall = 0, loss_sum = 0, last_loss = 0, overhead = 0, test_loss = 0, cpu = 0;
-    long correct = 0, total = 0;
-    int units = 0, n_last = 0;
-    const SchedStage *lst = &s->stages[s->n_stages - 1];
-    /* the final loss: the run's last minibatch, whose units the last stage's replicas share */
-    int64_t last_mb = -1;
-    for (int j = 0; j < lst->replicas; j++) {
-        const RtWorkerResult *q = &res[lst->ranks[j]];
-        if (q->last_n > 0 && q->last_mb > last_mb) last_mb = q->last_mb;
-    }
-    for (int r = 0; r < s->n_ranks; r++) {
-        if (res[r].wall_s > wall) wall = res[r].wall_s;
-        int runs_last = 0;   /* a replica of the last stage (interleaved: its last chunk) */
-        for (int j = 0; j < lst->replicas; j++) runs_last |= lst->ranks[j] == r;
-        if (runs_last) {
-            loss_sum += res[r].loss_sum;
-            units += res[r].units_done;
-            if (res[r].last_n > 0 && res[r].last_mb == last_mb) last_loss += res[r].last_loss, n_last += res[r].last_n;
-        }
-        correct += res[r].test_correct;
-        total += res[r].test_total;
-        test_loss += res[r].test_loss_sum;
-        /* runtime overhead: time neither in kernels nor blocked on messages; the largest share */
-        if (res[r].stage >= 0 && res[r].wall_s > 0) {
-            double ov = (res[r].wall_s - res[r].compute_s - res[r].wait_s) / res[r].wall_s;
-            if (ov > overhead) overhead = ov;
-        }
-        /* CPU: the processes' clocks, each once (workers on threads of one process share it) */
-        int first = 1;
-        double most = res[r].cpu_s;
-        for (int q = 0; q < s->n_ranks; q++)
-            if (res[q].pid == res[r].pid) {
-                if (q < r) first = 0;
-                if (res[q].cpu_s > most) most = res[q].cpu_s;
-            }
-        if (first) cpu += most;
-    }
-    snprintf(out->model, sizeof out->model, "%s", sp->plan->model);
-    snprintf(out->schedule, sizeof out->schedule, "%s", sched_kind_name(s->kind));
-    snprintf(out->transport, sizeof out->transport, "%s", transport);
-    snprintf(out->optimizer, sizeof out->optimizer, "%s", optim_kind_name(sp->opt.kind));
-    char lr[32];
-    snprintf(lr, sizeof lr, "%.7g", (double)sp->opt.lr);   /* the float's decimal, not its binary expansion */
-    out->lr = strtod(lr, NULL);
-    out->minibatch = sp->minibatch, out->threads = sp->threads > 0 ? sp->threads : 1;
-    snprintf(out->precision, sizeof out->precision, "%s", kern_precision_name(sp->precision));
-    out->workers = s->n_ranks, out->stages = s->n_stages, out->steps = s->n_minibatches;
-    out->epochs = n_train > 0 ? (double)s->n_minibatches * sp->minibatch / (double)n_train : NAN;
-    out->units = units, out->unit_batch = unit_batch;
-    out->final_loss = units && n_last ? last_loss / n_last : NAN;   /* none trained (resumed at the end) */
-    out->mean_loss = units ? loss_sum / units : NAN;
-    out->test_accuracy = total ? (double)correct / (double)total : NAN;
-    out->test_loss = total ? test_loss / (double)total : NAN;
-    out->wall_s = wall;
-    out->samples_per_s = wall > 0 ? (double)units * unit_batch / wall : units ? 0 : NAN;
-    out->samples_per_cpu_s = cpu > 0 ? (double)units * unit_batch / cpu : NAN;
-    out->time_per_unit_ms = units ? 1e3 * wall / (double)units : NAN;
-    out->overhead_pct = 100 * overhead;
-    out->data_mean = mean, out->data_std = std;
-    out->predicted_time_per_unit_ms = out->predicted_steady_ms = NAN;
-    out->fitted_core_efficiency = out->fitted_time_per_unit_ms = out->fitted_wake_s = out->fitted_link_scale = NAN;
-    snprintf(out->fitted_note, sizeof out->fitted_note, "%s", sp->fit != RT_FIT_NONE ? "no profile given" : "not asked");
-    out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
-    out->staleness_max = -1;
-    snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
-    snprintf(out->wire, sizeof out->wire, "%s", sp->wire == RT_WIRE_BF16 ? "bf16" : "fp32");
-    out->bytes_sent = 0;
-    for (int r = 0; r < s->n_ranks; r++) out->bytes_sent += out->res[r].bytes_sent;
-    out->grad_norm_mean = out->grad_norm_max = NAN;   /* every rank saw the same norms: the first one's */
-    for (int r = 0; r < s->n_ranks; r++)
-        if (out->res[r].n_norms) {
-            out->grad_norm_mean = out->res[r].grad_norm_sum / out->res[r].n_norms;
-            out->grad_norm_max = out->res[r].grad_norm_max;
-            out->clipped_steps = out->res[r].n_clipped, out->clip_steps = out->res[r].n_norms;
-            break;
-        }
-    out->stage = calloc((size_t)s->n_stages, sizeof *out->stage);
-    PD_ASSERT(out->stage);
-    for (int i = 0; i < s->n_stages; i++) {
-        RtStageSummary *g = &out->stage[i];
-        const SchedStage *st = &s->stages[i];
-        double comp = 0, cpu = 0;
-        int nf = 0;
-        g->replicas = st->replicas;
-        g->predicted_ms = NAN;
-        /* several stages per rank: this stage's chunk's figures (its position in the rank's list) */
-        const SchedWorker *sw0 = &s->workers[st->ranks[0]];
-        int ci = 0;
-        for (int c = 0; c < sw0->n_chunks; c++)
-            if (sw0->stages && sw0->stages[c] == i) ci = c;
-        for (int j = 0; j < st->replicas; j++) {
-            const RtWorkerResult *r = &res[st->ranks[j]];
-            double cs = r->n_chunks > 1 ? r->chunk_compute_s[ci] : r->compute_s;
-            comp += cs;
-            cpu += r->n_chunks > 1 ? r->chunk_cpu_s[ci] : r->compute_cpu_s;
-            nf += r->n_chunks > 1 ? r->chunk_fwd[ci] : r->n_fwd;
-            if (r->max_versions > g->versions) g->versions = r->max_versions;
-            if (r->delay_max > g->delay_max) g->delay_max = r->delay_max;
-            g->delay_mean += r->n_delayed ? (double)r->delay_sum / r->n_delayed / st->replicas : 0;
-            g->busy += wall > 0 ? cs / wall / st->replicas : 0;
-        }
-        g->measured_ms = nf ? 1e3 * comp / nf : 0;
-        /* the thread's CPU clock sees only its own thread: with kernel threads it says nothing */
-        g->cpu_ms = nf && cpu > 0 && sp->threads == 1 && s->kind != SCHED_ASP ? 1e3 * cpu / nf : NAN;
-        g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
-        g->mem = res[st->ranks[0]].mem;
-        g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = g->predicted_scratch_bytes = NAN;
-    }
-    if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
-    if (!sp->profile) {
-        snprintf(out->predicted_note, sizeof out->predicted_note, "no profile given");
-        return;
-    }
-    SimCosts costs;
-    SimResult sr;
-    SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
-                  .samples_per_unit = unit_batch,
-                  .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0,
-                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
-    Err e2 = {0};
-    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
-        snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
-        return;
-    }
-    sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
-    if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
-        /* as the simulator charges it: slowed where workers share a machine's cores, and with
-         * the optimizer step spread over the units it follows (as measured_ms has it) */
-        for (int i = 0; i < costs.n_stages; i++) {
-            const SchedWorker *sw = &s->workers[s->stages[i].ranks[0]];
-            int nfw = 0, nst = 0;
-            for (int k = 0; k < sw->n; k++) nfw += sw->ins[k].op == OP_FORWARD, nst += sw->ins[k].op == OP_STEP;
-            double step = nfw ? costs.stage[i].step_s * nst / nfw : 0;
-            out->stage[i].predicted_ms =
-                1e3 * (costs.stage[i].fwd_s + costs.stage[i].bwd_s + step) * sr.slowdown[s->stages[i].ranks[0]];
-        }
-        /* measured is wall / units, so the prediction is the simulated run's length over its
-         * units: a short pipelined run spends a visible part of its time filling and draining */
-        out->predicted_time_per_unit_ms = s->n_units > 0 ? 1e3 * sr.makespan_s / s->n_units : NAN;
-        out->predicted_steady_ms = 1e3 * sr.time_per_unit_s;
-        if (sp->trace) out->sim_events = sim_events(s, &sr, &out->n_sim_events);
-        for (int i = 0; i < s->n_stages; i++) {
-            const SimMem *pm = &sr.mem[s->stages[i].ranks[0]];
-            out->stage[i].predicted_bytes = pm->allocated;
-            out->stage[i].predicted_activation_bytes = pm->alloc_activations;
-            out->stage[i].predicted_stashed_bytes = pm->alloc_stashed;
-            out->stage[i].predicted_scratch_bytes = pm->scratch;
-        }
-        sim_result_release(&sr);
-        snprintf(out->predicted_note, sizeof out->predicted_note, "same plan and profile");
-        if (sp->fit != RT_FIT_NONE) fit_cluster(s, &costs, &so, sp->fit, out);
-    } else {
-        snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
-    }
-    sim_costs_release(&costs);
 }
 
 /* Every worker's figures gathered on rank 0, which makes the summary. */
@@ -1272,15 +832,4 @@ done:
     plan_free(single);
     if (rc && out->res) rt_train_summary_release(out);
     return rc;
-}
-
-void rt_train_summary_release(RtTrainSummary *s) {
-    if (!s) return;
-    if (s->res)
-        for (int r = 0; r < s->workers; r++) rt_result_release(&s->res[r]);
-    free(s->res);
-    free(s->stage);
-    free(s->evals);
-    free(s->sim_events);
-    memset(s, 0, sizeof *s);
 }

@@ -1,5 +1,7 @@
-/* rt_session.h: the parts of a training session (rt_session.c) that its tests call one by one
- * (tests/test_runtime_session.c). Not a public header: rt_train is the session. */
+/* rt_session.h: the parts of a training session (rt_session.c) that live in files of their own
+ * (rt_result.c: a worker's figures; rt_report.c: the progress line and the summary) or that its
+ * tests call one by one (tests/test_runtime_session.c). Not a public header: rt_train is the
+ * session. */
 #ifndef PD_RT_SESSION_H
 #define PD_RT_SESSION_H
 
@@ -35,11 +37,27 @@ const RtEvalPoint *rt_eval_log_add(RtEvalLog *log, uint64_t minibatches, int min
 int  rt_target_reached(double target, const RtEvalPoint *pt);
 void rt_eval_log_release(RtEvalLog *log);
 
+/* rt_result.c. Adds one segment's figures (seg, released) to a worker's totals acc: loss
+ * history and events moved to the run's unit numbering (unit_base) and clock (t_off s). */
+void rt_result_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base, double t_off);
+
 /* The result gather: one worker's figures (events and loss history included) as the bytes it
  * sends to rank 0, and back (out owns its events and history; PD_ECOMM naming `rank` if the
  * bytes are not a whole record). */
 char *rt_result_pack(const RtWorkerResult *a, size_t *n);
 int  rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *out, Err *err);
+
+/* rt_report.c. --progress-file (sp->progress_file): after a checkpoint, every rank's figures
+ * of the segment just ended (fig: RT_SEG_FIGS doubles: its stage, compute, wait and wall
+ * seconds, bytes sent, units) go to rank 0, which appends one JSON line after `minibatches`:
+ * per rank its compute, wait and busy time (wall less wait: compute, sends, overhead) per
+ * unit, its bytes sent per unit, and the predicted compute and busy time (the simulator's
+ * compute for seg's stage from sp->profile + its bytes at the plan's bandwidth). A rank far
+ * above its prediction is a straggler (pipedream launch --straggler-factor). Collective over
+ * c (a gather bounded by timeout_s). */
+enum { RT_SEG_FIGS = 6 };
+int  rt_progress_file_line(Comm *c, const RtTrainSpec *sp, const Schedule *seg, int unit_batch, uint64_t minibatches,
+                           const double fig[RT_SEG_FIGS], double timeout_s, Err *err);
 
 /* Rank 0's summary of the run from every worker's figures (out->res, s->n_ranks entries), with
  * the simulator's prediction from sp->profile (or, in out->predicted_note, why there is none).

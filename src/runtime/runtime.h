@@ -16,7 +16,7 @@
  * last stage as control messages. The loss of a unit is scaled by 1/n_micro so that a
  * minibatch's accumulated gradient is the mean over its micro-batches; replicas all-reduce
  * their gradients before each step: the mean where each replica's gradient is a whole
- * minibatch's, the sum where replicas share a minibatch's micro-batches (runtime.c,
+ * minibatch's, the sum where replicas share a minibatch's micro-batches (rt_bucket.c,
  * rt_allreduce_op).
  *
  * Not here: planning (plan.h), the schedule's shape (schedule.h), checkpoints. */

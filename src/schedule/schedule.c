@@ -292,26 +292,27 @@ static int gen_zb(Gen *g, int rank) {
  * else min(2 (p - r - 1) + (V - 1) p, m V); then forward i + warm-up, backward i alternate; then
  * the remaining backwards. All read version k; then one all-reduce per chunk over the chunk's d
  * replicas (none when d = 1), one step of every chunk to k + 1, flush. */
+/* The i-th forward (forward = 1) or backward of minibatch k at interleaved worker w: own
+ * micro-batch l is unit k M + l d + replica. */
+static void emit_interleaved(Schedule *s, SchedWorker *w, int k, int i, int forward) {
+    int V = w->n_chunks, P = s->n_stages / V, d = s->stages[w->stage].replicas;
+    int u = k * s->n_micro + sched_interleaved_micro(i, P, V) * d + w->replica, c = sched_interleaved_chunk(i, P, V, forward);
+    if (forward) emit_forward_c(s, w, u, k, c);
+    else emit_backward_c(s, w, u, k, c, 0);
+}
+
 static int gen_interleaved(Gen *g, int rank) {
     Schedule *s = g->s;
     SchedWorker *w = &s->workers[rank];
-    int V = w->n_chunks, P = s->n_stages / V, r = w->stage, d = s->stages[r].replicas, m = s->n_micro / d,
-        total = m * V;
-    int warm = m == P ? total : 2 * (P - r - 1) + (V - 1) * P;
-    if (warm > total) warm = total;
+    int V = w->n_chunks, P = s->n_stages / V, r = w->stage, m = s->n_micro / s->stages[r].replicas, total = m * V,
+        warm = sched_interleaved_warmup(P, V, r, m);
     for (int k = 0; k < s->n_minibatches; k++) {
-        int base = k * s->n_micro + w->replica;
-#define IL_MB(i) (base + (((i) / (P * V)) * P + (i) % P) * d)
-#define IL_FC(i) (((i) % (P * V)) / P)
-        int nf = 0, nb = 0;
-        while (nf < warm) emit_forward_c(s, w, IL_MB(nf), k, IL_FC(nf)), nf++;
-        while (nb < total) {
-            if (nf < total) emit_forward_c(s, w, IL_MB(nf), k, IL_FC(nf)), nf++;
-            emit_backward_c(s, w, IL_MB(nb), k, V - 1 - IL_FC(nb), 0);
-            nb++;
+        int nf = 0;
+        while (nf < warm) emit_interleaved(s, w, k, nf++, 1);
+        for (int nb = 0; nb < total; nb++) {
+            if (nf < total) emit_interleaved(s, w, k, nf++, 1);
+            emit_interleaved(s, w, k, nb, 0);
         }
-#undef IL_MB
-#undef IL_FC
         for (int c = 0; c < V; c++)
             if (s->stages[w->stages[c]].replicas > 1) push_c(w, OP_ALLREDUCE, -1, w->stages[c], k + 1, c);
         push(w, OP_STEP, -1, -1, k + 1);
@@ -516,11 +517,8 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         s->stages[i].warmup = o->kind == SCHED_MP || whole ? 1 : (later + r - 1) / r;
     }
     if (o->kind == SCHED_INTERLEAVED) {   /* the forwards before the first backward (gen_interleaved) */
-        int P = s->n_stages / s->n_chunks, m = s->n_micro / s->stages[0].replicas, total = m * s->n_chunks;
-        for (int i = 0; i < s->n_stages; i++) {
-            int r = i % P, warm = m == P ? total : 2 * (P - r - 1) + (s->n_chunks - 1) * P;
-            s->stages[i].warmup = warm < total ? warm : total;
-        }
+        int P = s->n_stages / s->n_chunks, m = s->n_micro / s->stages[0].replicas;
+        for (int i = 0; i < s->n_stages; i++) s->stages[i].warmup = sched_interleaved_warmup(P, s->n_chunks, i % P, m);
     }
 
     Gen g = {s, malloc((size_t)s->n_units * sizeof(int)), malloc((size_t)s->n_units * sizeof(int)), err};

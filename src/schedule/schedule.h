@@ -160,6 +160,23 @@ static inline int sched_default_micro_for(SchedKind k, int n_workers, int miniba
     return m;
 }
 
+/* Interleaved (Megatron-LM's interleaved 1F1B): the worker at pipeline position r of P runs V
+ * chunks (chunk c = stage r + c P) and, per minibatch, m micro-batches of its own (a multiple
+ * of P), m V forwards and as many backwards. The i-th forward is for chunk
+ * sched_interleaved_chunk(i, P, V, 1), the i-th backward for chunk (..., 0), counted down from
+ * the last, both for own micro-batch sched_interleaved_micro(i, P, V); the worker runs
+ * sched_interleaved_warmup(P, V, r, m) forwards before its first backward (all of them when
+ * m = P). */
+static inline int sched_interleaved_chunk(int i, int P, int V, int forward) {
+    int c = (i % (P * V)) / P;
+    return forward ? c : V - 1 - c;
+}
+static inline int sched_interleaved_micro(int i, int P, int V) { return (i / (P * V)) * P + i % P; }
+static inline int sched_interleaved_warmup(int P, int V, int r, int m) {
+    int total = m * V, warm = m == P ? total : 2 * (P - r - 1) + (V - 1) * P;
+    return warm < total ? warm : total;
+}
+
 /* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
  * "zb-h2", "interleaved". */
 const char *sched_kind_name(SchedKind k);

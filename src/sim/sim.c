@@ -753,7 +753,7 @@ static void group_init(Engine *e, int st) {
 }
 
 /* Compute time of instruction i of worker sw at full speed (0 for other instructions). A BI
- * with its BW next is one whole backward, as the runtime runs it (runtime.c, do_backward).
+ * with its BW next is one whole backward, as the runtime runs it (runtime.c, exec_backward).
  * A step updates every stage the worker holds (its chunks). */
 static double compute_s(const Engine *e, const SchedWorker *sw, int i) {
     const Instr *in = &sw->ins[i];
@@ -785,7 +785,7 @@ static void bucket_times(Engine *e, int rank, int i, Group *gr, const SimStageCo
         int op = sw->ins[j].op;
         if (op == OP_STEP) break;
         /* the chunk's last backward before its all-reduce, past other chunks' instructions
-         * (runtime.c, last_backward_before_ar) */
+         * (rt_bucket.c, rt_last_backward_before_ar) */
         if (sw->ins[j].chunk != sw->ins[i].chunk) continue;
         if (op == OP_SEND_ACT || op == OP_SEND_GRAD || op == OP_RECV_ACT || op == OP_RECV_GRAD || op == OP_FORWARD ||
             op == OP_RECOMPUTE)
@@ -1043,7 +1043,7 @@ static void worker_memory(Engine *e, int rank, const SchedWorkerInfo *wi) {
      * chunks) its own slots, its most units in flight + SCHED_SLOTS_AHEAD, each of that chunk's
      * size; recomputing, a slot keeps the input, the output until it is sent and the gradient
      * buffers, and the chunk's contexts (its most units with full activations, >= 1) the rest
-     * with their own input (runtime.c, chunk_slots) */
+     * with their own input (rt_worker.c, chunk_slots) */
     double alloc_act = 0, scratch = 0;
     for (int k = 0; k < nc; k++) {
         const SimStageCost *c = &e->c->stage[w->stages ? w->stages[k] : w->stage];

@@ -77,7 +77,7 @@ typedef struct SimStageCost {
      * times first). All 0 when the profile has no small-batch times: times then scale linearly. */
     double fwd_fixed_s, bwd_fixed_s, bwd_in_fixed_s, bwd_w_fixed_s;
     /* A replicated stage's gradient buckets, which the runtime all-reduces while the backward
-     * before the all-reduce runs (runtime.c, rt_buckets): from the stage's last layer down, a
+     * before the all-reduce runs (rt_bucket.c, rt_buckets): from the stage's last layer down, a
      * bucket closes once it holds SIM_BUCKET_BYTES of parameters, the first layer closing the
      * last. In the order they become ready: bucket_bytes[b] its parameter bytes, bucket_ready[b]
      * the share of the stage's backward time done when it is (the backward times of its layers
