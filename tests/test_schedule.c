@@ -659,8 +659,11 @@ static void test_microbatched_kinds(void **state) {
         assert_int_equal(micro, k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 ||
                                     k == SCHED_ZB_H2 || k == SCHED_INTERLEAVED);
         assert_int_equal(takes, micro || k == SCHED_1F1B);
-        assert_int_equal(sched_default_micro(k, 4), micro ? 4 : 1);
+        assert_int_equal(sched_default_micro(k, 4), micro ? 4 : k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1);
         assert_int_equal(sched_default_micro(k, 1), 1);
+        /* 1f1b's default lowered to a count that divides the minibatch; the others keep theirs */
+        assert_int_equal(sched_default_micro_for(k, 4, 30), micro ? 4 : k == SCHED_1F1B ? 3 : 1);
+        assert_int_equal(sched_default_micro_for(k, 4, 7), micro ? 4 : 1);
         if (k == SCHED_INTERLEAVED) {   /* stage i on rank i mod 2 */
             p->stages[2].ranks[0] = 0, p->stages[3].ranks[0] = 1, p->n_workers = 2;
         }

@@ -31,8 +31,9 @@ static void help(FILE *f) {
             "                       with micro-batches)\n"
             "  --microbatches M     micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1,\n"
             "                       zb-h2, interleaved (default: the plan's number of workers; a\n"
-            "                       multiple of them for interleaved), and 1f1b (default 1; M > 1:\n"
-            "                       a step per minibatch); one micro-batch is one profile minibatch\n"
+            "                       multiple of them for interleaved), and 1f1b (a step per\n"
+            "                       minibatch; default 4 on 2 or more workers, as train; 1 with\n"
+            "                       --vertical-sync); one micro-batch is one profile minibatch\n"
             "  --vertical-sync      1f1b: every stage reads the weight version the input stage read\n"
             "  --recompute          keep only each stage's input between forward and backward and\n"
             "                       recompute the forward before the backward (any kind)\n"
@@ -175,7 +176,7 @@ int cmd_simulate(int argc, char **argv) {
     }
     cl = p->cluster;
     if (cluster_path && cluster_load(cluster_path, &cl, &err)) goto fail;
-    if (!so.n_micro) so.n_micro = sched_default_micro(so.kind, p->n_workers);
+    if (!so.n_micro) so.n_micro = so.vertical_sync ? 1 : sched_default_micro(so.kind, p->n_workers);
     if (!so.n_minibatches) so.n_minibatches = sched_splits_minibatch(so.kind, so.n_micro) ? 8 : 64;
     if (sched_build(p, &so, &s, &err)) goto fail;
     if (sim_costs_from_profile(&s, &prof, &costs, &err)) goto fail;

@@ -366,8 +366,9 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
     else if (o->vsync && o->micro > 1)
         rc = cli_usage_error(C, "--vertical-sync runs one unit per minibatch: drop --microbatches");
     else if (o->batch % o->micro)
-        rc = cli_usage_error(C, "--minibatch %d is not a multiple of %d micro-batches (--microbatches; default: one "
-                             "per worker)", o->batch, o->micro);
+        rc = cli_usage_error(C, "--minibatch %d is not a multiple of %d micro-batches (--microbatches; default for "
+                             "%s: %d)", o->batch, o->micro, sched_kind_name(o->kind),
+                             sched_default_micro(o->kind, o->workers));
     if (rc) {
         plan_free(plan);
         return rc;

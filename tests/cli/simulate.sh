@@ -37,7 +37,7 @@ grep -q "missing.json" "$tmp/err" || fail "missing plan: $(cat "$tmp/err")"
 [ $? -eq 1 ] || fail "2bw m=1: want exit 1"
 grep -q "2bw" "$tmp/err" || fail "2bw m=1: $(cat "$tmp/err")"
 
-"$PD" simulate "$tmp/plan.json" --profile "$PROF" --minibatches 12 --dump --svg "$tmp/t.svg" --trace "$tmp/t.json" \
+"$PD" simulate "$tmp/plan.json" --profile "$PROF" --minibatches 12 --microbatches 1 --dump --svg "$tmp/t.svg" --trace "$tmp/t.json" \
     >"$tmp/out" 2>"$tmp/err" || fail "1f1b: exit $? $(cat "$tmp/err")"
 grep -q "^w0 s0: F0 F1 F2 F3 B0 F4 B1 F5" "$tmp/out" || fail "dump: $(head -3 "$tmp/out")"
 grep -q "^w3 s3: F0 B0 F1 B1 F2 B2" "$tmp/out" || fail "dump: $(head -5 "$tmp/out")"
@@ -55,7 +55,8 @@ echo '{"levels": [{"workers": 4, "bandwith": 1e7}]}' >"$tmp/typo.json"
 grep -q "bandwidth\|bandwith" "$tmp/err" || fail "cluster typo: $(cat "$tmp/err")"
 
 for k in 1f1b gpipe 1f1b-flush 2bw dp model-parallel; do
-    "$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule $k --json >"$tmp/$k.json" 2>"$tmp/err" ||
+    M=""; [ $k = 1f1b ] && M="--microbatches 1"   # PipeDream's original: a step per unit
+    "$PD" simulate "$tmp/plan.json" --profile "$PROF" --schedule $k $M --json >"$tmp/$k.json" 2>"$tmp/err" ||
         fail "$k: exit $? $(cat "$tmp/err")"
 done
 # one python3 for every JSON check (its start-up is slow on a busy machine)
@@ -131,7 +132,7 @@ OURS=$SRC/tests/data/profiles/lenet5_mb32.json
 "$PD" plan "$OURS" --workers 2 --bandwidth 1e7 --straight -o "$tmp/pl32.json" >/dev/null 2>"$tmp/err" || fail "plan lenet5: $(cat "$tmp/err")"
 for u in 0 32 8; do
     extra=""; [ $u -gt 0 ] && extra="--unit-batch $u"
-    "$PD" simulate "$tmp/pl32.json" --profile "$OURS" $extra --json >"$tmp/u$u.json" 2>"$tmp/err" || fail "--unit-batch $u: $(cat "$tmp/err")"
+    "$PD" simulate "$tmp/pl32.json" --profile "$OURS" --microbatches 1 $extra --json >"$tmp/u$u.json" 2>"$tmp/err" || fail "--unit-batch $u: $(cat "$tmp/err")"
 done
 python3 - "$tmp/u0.json" "$tmp/u32.json" "$tmp/u8.json" <<'PY' || fail "--unit-batch"
 import json, sys
