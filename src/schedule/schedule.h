@@ -136,6 +136,11 @@ static inline int sched_kind_takes_micro(SchedKind k) { return sched_kind_microb
 static inline int sched_splits_minibatch(SchedKind k, int n_micro) {
     return sched_kind_microbatched(k) || n_micro > 1;
 }
+/* Chunks (stages per worker) an interleaved plan may have: 2..SCHED_MAX_CHUNKS. The one limit
+ * of `plan --chunks`/`--max-chunks`, `simulate --chunks`, `train --chunks` and launch, so that
+ * a plan written is a plan train runs (train's per-chunk tables hold RT_MAX_CHUNKS). */
+#define SCHED_MAX_CHUNKS 8
+static inline int sched_chunks_ok(int chunks) { return chunks >= 2 && chunks <= SCHED_MAX_CHUNKS; }
 /* Micro-batches per minibatch when none are given: one per worker of the plan for a
  * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
  * 1 for the others. The default of `train`, `simulate` and the planner alike. */
