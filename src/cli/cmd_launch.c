@@ -67,7 +67,7 @@ static void help(FILE *f) {
             "                          cluster's: tools/cluster.sh mpirun-args)\n"
             "  --probe-timeout S       seconds a host has to run 'true' under mpirun after a\n"
             "                          failure before it counts as lost (default 20)\n"
-            "  --grace S               seconds mpirun has to end after the first error line before\n"
+            "  --grace S               seconds mpirun has to end after the first failure line before\n"
             "                          it is killed (default 10)\n"
             "  --max-restarts R        give up after R relaunches (default 16)\n"
             "  --straggler-factor F    report a host whose compute per unit exceeds F times the\n"
@@ -123,6 +123,7 @@ typedef struct Launch {
     struct Known { char name[256]; double speed, bandwidth; } known[MAX_HOSTS];
     int n_known;
     SchedKind kind;
+    int micro, chunks, wire_bf16, recompute;   /* train's --microbatches (0: its default), --chunks, --wire, --recompute */
     double opt_state_factor;
     double ratio[MAX_HOSTS];
     int slow_rows, replan_wanted, probe_wanted;
@@ -147,6 +148,13 @@ static volatile pid_t g_child;
 static void on_signal(int sig) {
     g_stop = sig;
     if (g_child > 0) kill(g_child, SIGTERM);
+}
+
+/* "DIR/ckpt-<minibatches>.safetensors", or "none" when there is no checkpoint (mb < 0). */
+static const char *ckpt_name(const char *dir, long mb, char *b, size_t n) {
+    if (mb < 0) snprintf(b, n, "none");
+    else snprintf(b, n, "%s/ckpt-%010ld.safetensors", dir, mb);
+    return b;
 }
 
 /* ---- hosts -------------------------------------------------------------------------------- */
@@ -189,41 +197,80 @@ static int write_hostfile(const char *path, const Host *h, int n) {
 
 /* ---- child processes ---------------------------------------------------------------------- */
 
-/* argv of mpirun: the binary, --mpirun-args split at spaces, then extra (NULL-terminated). The
- * strings of --mpirun-args live in buf. */
-static int mpirun_argv(const Launch *L, char *buf, size_t bufsz, char **argv, int max, char *const *extra) {
-    int n = 0;
+/* argv of mpirun: the binary, --mpirun-args split at spaces, then extra (NULL-terminated),
+ * whatever their lengths. The caller frees *buf (the strings of --mpirun-args) and the array. */
+static char **mpirun_argv(const Launch *L, char **buf, char *const *extra) {
+    size_t n_extra = 0, max = 2;
+    while (extra[n_extra]) n_extra++;
+    *buf = strdup(L->mpirun_args ? L->mpirun_args : "");
+    PD_ASSERT(*buf);
+    for (const char *c = *buf; *c; c++) max += *c == ' ' || *c == '\t' || *c == '\n';
+    max += strlen(*buf) / 2 + 1 + n_extra;
+    char **argv = malloc(max * sizeof *argv);
+    PD_ASSERT(argv);
+    size_t n = 0;
     argv[n++] = (char *)L->mpirun;
-    if (L->mpirun_args) {
-        snprintf(buf, bufsz, "%s", L->mpirun_args);
-        for (char *save = NULL, *t = strtok_r(buf, " \t\n", &save); t && n < max - 1; t = strtok_r(NULL, " \t\n", &save))
-            argv[n++] = t;
-    }
-    for (int i = 0; extra[i] && n < max - 1; i++) argv[n++] = extra[i];
+    for (char *save = NULL, *t = strtok_r(*buf, " \t\n", &save); t; t = strtok_r(NULL, " \t\n", &save)) argv[n++] = t;
+    for (size_t i = 0; i < n_extra; i++) argv[n++] = extra[i];
+    PD_ASSERT(n < max);
     argv[n] = NULL;
-    return n;
+    return argv;
 }
 
-/* Forks argv with stdout to out_path (NULL: /dev/null) and stderr into a pipe (*err_fd). */
-static pid_t spawn(char **argv, const char *out_path, int *err_fd) {
-    int p[2];
+/* pipe(2) with both ends closed on exec. */
+static int cloexec_pipe(int p[2]) {
     if (pipe(p)) return -1;
+    fcntl(p[0], F_SETFD, FD_CLOEXEC);
+    fcntl(p[1], F_SETFD, FD_CLOEXEC);
+    return 0;
+}
+
+/* Forks argv in a process group of its own with stdout to out_path (NULL: /dev/null) and
+ * stderr into a pipe (*err_fd). Returns its pid, or -1 with errno set when it could not start
+ * (no pipe, no fork, or exec failed: the program is missing or cannot run); nothing is left
+ * open then. The child inherits no descriptor of ours but the three. */
+static pid_t spawn(char **argv, const char *out_path, int *err_fd) {
+    int p[2], x[2];   /* p: its stderr; x: closed on a successful exec, else the errno of exec */
+    if (cloexec_pipe(p)) return -1;
+    if (cloexec_pipe(x)) {
+        int e = errno;
+        close(p[0]), close(p[1]);
+        errno = e;
+        return -1;
+    }
     pid_t pid = fork();
-    if (pid < 0) return -1;
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]), close(p[1]), close(x[0]), close(x[1]);
+        errno = e;
+        return -1;
+    }
     if (pid == 0) {
         setpgid(0, 0);   /* its own group: a signal to the launcher's group does not reach it twice */
-        int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        signal(SIGPIPE, SIG_DFL);   /* launch ignores it; exec would keep that */
+        int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (o >= 0) dup2(o, 1);
         dup2(p[1], 2);
-        close(p[0]);
-        close(p[1]);
-        int nul = open("/dev/null", O_RDONLY);
+        int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (nul >= 0) dup2(nul, 0);
         execvp(argv[0], argv);
-        fprintf(stderr, "pipedream: error: cannot run %s: %s\n", argv[0], strerror(errno));
+        int e = errno;
+        ssize_t w = write(x[1], &e, sizeof e);
+        (void)w;
         _exit(127);
     }
     close(p[1]);
+    close(x[1]);
+    int e = 0;
+    ssize_t got;
+    while ((got = read(x[0], &e, sizeof e)) < 0 && errno == EINTR) {}
+    close(x[0]);
+    if (got == (ssize_t)sizeof e) {   /* exec failed */
+        close(p[0]);
+        waitpid(pid, NULL, 0);
+        errno = e;
+        return -1;
+    }
     *err_fd = p[0];
     return pid;
 }
@@ -239,39 +286,51 @@ static void kill_wait(pid_t pid, int *status) {
     waitpid(pid, status, 0);
 }
 
+/* Ends what is left of process group pgid (its leader has ended): SIGTERM, then SIGKILL to
+ * whatever is still there a second later. */
+static void end_group(pid_t pgid) {
+    if (kill(-pgid, SIGTERM)) return;
+    for (int i = 0; i < 10 && !kill(-pgid, 0); i++) usleep(100000);
+    kill(-pgid, SIGKILL);
+}
+
 /* Runs argv (stdout to out_path, stderr discarded) for at most `seconds`, then ends it. 1 when
- * it ended by itself (*status: waitpid's), 0 when it could not start or was ended. */
+ * it ended by itself (*status: waitpid's), 0 when it was ended at the time limit, -1 when it
+ * could not start or launch is stopping (a signal): then it says nothing about the host. */
 static int run_quietly(char **argv, const char *out_path, double seconds, int *status) {
     int fd;
     pid_t pid = spawn(argv, out_path, &fd), job = g_child;
     *status = 0;
-    if (pid < 0) return 0;
+    if (pid < 0) return -1;
     g_child = pid;
     double end = now_s() + seconds;
-    int done = 0;
+    int done = 0, open = 1;
     char sink[4096];
-    while (!done && now_s() < end && !g_stop) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) {
-            waitpid(pid, status, 0);
+    while (now_s() < end && !g_stop) {
+        if (waitpid(pid, status, WNOHANG) == pid) {
             done = 1;
-        } else if (waitpid(pid, status, WNOHANG) == pid) {
-            done = 1;
+            break;
         }
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (!open) usleep(100000);
+        else if (poll(&pf, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) open = 0;
     }
     if (!done) kill_wait(pid, status);
+    end_group(pid);   /* anything it left in its group */
     g_child = job;
     close(fd);
-    return done;
+    return done ? 1 : g_stop ? -1 : 0;
 }
 
-/* Does host h run `true` under mpirun within the probe timeout? */
+/* Does host h run `true` under mpirun within the probe timeout? 1 yes, 0 no, -1 unknown
+ * (launch is stopping, or mpirun cannot run at all). */
 static int probe_host(const Launch *L, const Host *h) {
     char *extra[] = {"--host", (char *)h->name, "-np", "1", "true", NULL};
-    char buf[4096], *argv[MAX_ARGS];
-    mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
-    int status;
-    return run_quietly(argv, NULL, L->probe_timeout, &status) && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    char *buf, **argv = mpirun_argv(L, &buf, extra);
+    int status, done = run_quietly(argv, NULL, L->probe_timeout, &status);
+    free(argv), free(buf);
+    if (done < 0) return -1;
+    return done && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /* ---- one attempt -------------------------------------------------------------------------- */
@@ -296,35 +355,73 @@ typedef struct Attempt {
     char first_error[512];
 } Attempt;
 
-static int rank_after(const char *s, const char *key) {
-    const char *p = strstr(s, key);
-    return p ? atoi(p + strlen(key)) : -1;
+/* The line without Open MPI's output tag ("[1,0]<stderr>:", mpirun --tag-output). */
+static const char *untagged(const char *s) {
+    const char *p;
+    if (s[0] == '[' && (p = strstr(s, "]<stderr>:")) && p - s < 32) return p + 10;
+    return s;
+}
+
+/* The last occurrence of key in s, or NULL. */
+static const char *last_of(const char *s, const char *key) {
+    const char *hit = NULL;
+    for (const char *p = strstr(s, key); p; p = strstr(p + 1, key)) hit = p;
+    return hit;
+}
+
+/* What a line at the start of which the job's processes report themselves says: the rank (or
+ * -1) and whether it is a failure. Failures are the typed lines alone, never words in other
+ * text (the checkpoint and resume lines quote the user's paths):
+ *   "pipedream: failed: train rank R exit S"        train's last line when it fails (cli.h)
+ *   "pipedream: rank R (stage S): stopping on signal" the runtime ending on a signal (a rank lost)
+ *   "pipedream: rank R: abort: ..."                    the runtime ending the job (MPI_Abort)
+ *   "pipedream: error: rank R ..."                     a rank's error line (who spoke) */
+static int failure_line(const char *s, int *rank) {
+    int r = -1, n = 0;
+    *rank = -1;
+    if (!strncmp(s, CLI_FAILED_LINE, strlen(CLI_FAILED_LINE))) {
+        if (sscanf(s + strlen(CLI_FAILED_LINE), "train rank %d", &r) == 1) *rank = r;
+        return 1;
+    }
+    if (sscanf(s, "pipedream: rank %d%n", &r, &n) == 1 && n > 0) {
+        *rank = r;
+        const char *rest = s + n;
+        if (!strncmp(rest, ": abort: ", 9)) return 1;
+        if (!strncmp(rest, " (stage ", 8) && (rest = strchr(rest, ')')) && !strncmp(rest, "): stopping on signal", 21))
+            return 1;
+        return 0;
+    }
+    if (sscanf(s, "pipedream: error: rank %d%n", &r, &n) == 1 && n > 0) *rank = r;
+    return 0;
 }
 
 /* Reads what one stderr line says about the run. */
-static void scan_line(Attempt *A, const char *line, double t) {
+static void scan_line(Attempt *A, const char *raw, double t) {
     int r;
-    const char *p;
-    if ((p = strstr(line, "pipedream: checkpoint ")) && (p = strstr(p, "ckpt-"))) {
+    const char *p, *line = untagged(raw);
+    if (!strncmp(line, "pipedream: checkpoint ", 22) && (p = last_of(line, "/ckpt-"))) {
         A->t_ck[0] = A->t_ck[1], A->ck_mb[0] = A->ck_mb[1];
-        A->t_ck[1] = t, A->ck_mb[1] = atol(p + 5);
+        A->t_ck[1] = t, A->ck_mb[1] = atol(p + 6);
         A->ck_seen = 1;
     }
-    if ((p = strstr(line, "pipedream: training ")) && !A->t_training) {
+    if (!strncmp(line, "pipedream: training ", 20) && !A->t_training) {
         A->t_training = t;
-        if ((p = strstr(p, "), "))) A->n_mb = atol(p + 3);
+        if ((p = last_of(line, "), "))) A->n_mb = atol(p + 3);
     }
-    int is_err = strstr(line, "error") || strstr(line, "stopping on signal") || strstr(line, "timed out") ||
-                 strstr(line, "unexpectedly disconnected") || strstr(line, "lost communication") ||
-                 strstr(line, "exited on signal");
-    if (is_err && !A->t_fail) {
+    int failed = failure_line(line, &r);
+    if (r >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
+    if (!failed) {
+        /* Open MPI's own report of a lost daemon names the host (a failure only once a rank or
+         * mpirun's exit status says so) */
+        const char *q = line + strspn(line, " \t");
+        if (!strncmp(q, "Remote daemon:", 14) && (p = strstr(q, " on node ")) && A->n_daemon_lost < 8)
+            sscanf(p + 9, "%255s", A->daemon_lost[A->n_daemon_lost++]);
+        return;
+    }
+    if (!A->t_fail) {
         A->t_fail = t;
         snprintf(A->first_error, sizeof A->first_error, "%.500s", line);
     }
-    if ((r = rank_after(line, "pipedream: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
-    if ((r = rank_after(line, "error: rank ")) >= 0 && r < MAX_RANKS) A->spoke[r] = A->any_spoke = 1;
-    if ((p = strstr(line, "Remote daemon")) && (p = strstr(p, " on node ")) && A->n_daemon_lost < 8)
-        sscanf(p + 9, "%255s", A->daemon_lost[A->n_daemon_lost++]);
     for (p = strstr(line, "lost rank "); p; p = strstr(p + 1, ", rank ")) {
         r = atoi(p + (p[0] == 'l' ? 10 : 7));
         if (r >= 0 && r < MAX_RANKS) A->lost[r]++;
@@ -378,6 +475,21 @@ static int replan_check(Launch *L, Grow *g, long remaining);
 static int grow_check(Launch *L, Grow *g);
 static long newest_ckpt(const char *dir);
 
+/* The lower median of x[0..n) (the (n - 1) / 2-th smallest: of 2 hosts, the faster one, so
+ * that a straggler is never its own measure), 0 when n is 0. */
+static double median_of(const double *x, int n) {
+    double s[MAX_HOSTS];
+    if (n <= 0) return 0;
+    if (n > MAX_HOSTS) n = MAX_HOSTS;
+    memcpy(s, x, sizeof *s * (size_t)n);
+    for (int i = 1; i < n; i++)   /* insertion sort: a handful of hosts */
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) {
+            double t = s[j];
+            s[j] = s[j - 1], s[j - 1] = t;
+        }
+    return s[(n - 1) / 2];
+}
+
 /* A straggler report: counted, and the host listed once (for the done line and event). */
 static void note_straggler(Launch *L, const char *name) {
     L->n_stragglers++;
@@ -400,8 +512,10 @@ static double num_in(const char *s, const char *end, const char *key) {
  * rank's compute per unit beside the prediction, train --progress-file). A rank over
  * --straggler-factor times its prediction scaled by the median rank's measured/predicted
  * (when over 1; and by 10% of the largest stage's) at 2 checkpoints in a row is reported once
- * per attempt: on stderr, a straggler event, the summary. */
-static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
+ * per attempt: on stderr, a straggler event, the summary. A rank's figures cover all its stages
+ * (chunks of an interleaved plan) and the prediction one of them: it counts chunks times
+ * (the stages of a worker are the model's layers cut evenly enough for that). */
+static void straggler_check(Launch *L, const Host *hosts, int n_hosts, int chunks) {
     FILE *f = fopen(L->progress, "r");
     if (!f) return;
     char *line = NULL;
@@ -415,14 +529,14 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
         long mb = (long)num_in(line, line + n, "\"minibatches\":");
         /* a stage too small to hold the pipeline back is no straggler: the excess must be at
          * least 10% of the largest stage's prediction */
+        const double V = chunks > 1 ? chunks : 1;
         double most = 0, most_busy = 0, wall = NAN;
         for (const char *p = strstr(line, "\"predicted_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_ms_per_unit\":")) {
             double x = strtod(p + 24, NULL);
-            if (x > most) most = x;
-        }
-        for (const char *p = strstr(line, "\"predicted_busy_ms_per_unit\":"); p; p = strstr(p + 1, "\"predicted_busy_ms_per_unit\":")) {
-            double x = strtod(p + 29, NULL);
-            if (x > most_busy) most_busy = x;
+            const char *b = strstr(p, "\"predicted_busy_ms_per_unit\":");
+            double busy = b ? strtod(b + 29, NULL) + (V - 1) * x : NAN;   /* sends: all chunks' already */
+            if (V * x > most) most = V * x;
+            if (busy > most_busy) most_busy = busy;
         }
         /* the pipeline's pace: rank 0's wall time per unit (waits and the rest), against the
          * slowest stage's predicted compute and sends; over the factor twice in a row, with no
@@ -435,21 +549,16 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
          * machine slower than its profile throughout (ranks sharing cores, another CPU) slows
          * every rank alike, and a straggler is slow against the others, not the profile */
         int rk[MAX_HOSTS], stg[MAX_HOSTS], k = 0;
-        double msr[MAX_HOSTS], prd[MAX_HOSTS], sorted[MAX_HOSTS];
+        double msr[MAX_HOSTS], prd[MAX_HOSTS], ratio[MAX_HOSTS];
         for (const char *p = strstr(line, "{\"rank\":"); p && k < MAX_HOSTS;) {
             const char *next = strstr(p + 1, "{\"rank\":"), *end = next ? next : line + n;
             int r = atoi(p + 8), st = (int)num_in(p, end, "\"stage\":");
-            double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = num_in(p, end, "\"predicted_ms_per_unit\":");
+            double ms = num_in(p, end, "\"compute_ms_per_unit\":"), pred = V * num_in(p, end, "\"predicted_ms_per_unit\":");
             p = next;
             if (r < 0 || r >= n_hosts || r >= MAX_HOSTS || !(pred > 0) || !(ms >= 0)) continue;
-            rk[k] = r, stg[k] = st, msr[k] = ms, prd[k] = pred, sorted[k] = ms / pred, k++;
+            rk[k] = r, stg[k] = st, msr[k] = ms, prd[k] = pred, ratio[k] = ms / pred, k++;
         }
-        for (int i = 1; i < k; i++)   /* insertion sort: a handful of hosts */
-            for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
-                double t = sorted[j];
-                sorted[j] = sorted[j - 1], sorted[j - 1] = t;
-            }
-        double typical = k && sorted[(k - 1) / 2] > 1 ? sorted[(k - 1) / 2] : 1;
+        double med = median_of(ratio, k), typical = med > 1 ? med : 1;
         for (int i = 0; i < k; i++) {
             int r = rk[i], st = stg[i];
             double ms = msr[i], pred = prd[i];
@@ -460,7 +569,7 @@ static void straggler_check(Launch *L, const Host *hosts, int n_hosts) {
             L->reported[r] = 1;
             fprintf(stderr, "pipedream: launch: straggler: %s (rank %d, stage %d) computes %.3f ms per unit, "
                     "%.1fx the predicted %.3f (the median host %.1fx), at 2 checkpoints in a row (minibatch %ld)\n",
-                    hosts[r].name, r, st, ms, ms / pred, pred, k ? sorted[(k - 1) / 2] : 0, mb);
+                    hosts[r].name, r, st, ms, ms / pred, pred, med, mb);
             FILE *e = event_begin(L, "straggler");
             if (e) {
                 fputs(",\"host\":", e);
@@ -507,20 +616,26 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                        Recovery *rec, Grow *g) {
     memset(A, 0, sizeof *A);
     A->t_start = now_s();
-    FILE *log = fopen(err_path, "w");
+    FILE *log = fopen(err_path, "we");
     int fd;
     pid_t pid = spawn(argv, out_path, &fd);
     if (pid < 0) {
+        int e = errno;
         if (log) fclose(log);
-        fprintf(stderr, "pipedream: error: cannot start %s: %s\n", argv[0], strerror(errno));
+        snprintf(A->first_error, sizeof A->first_error, "cannot run %.400s: %s", argv[0], strerror(e));
+        fprintf(stderr, "pipedream: error: launch: %s\n", A->first_error);
         return -1;
     }
     g_child = pid;
     char buf[8192], line[4096];
     size_t ln = 0;
-    int eof = 0, killed = 0, pending = 0;
-    double t_kill = 0;
+    int eof = 0, killed = 0, pending = 0, reaped = 0;
+    double t_kill = 0, t_exit = 0;
+    /* mpirun's stderr until it closes, or until 2 s after mpirun ended (a process it left
+     * behind may hold the pipe open) */
     while (!eof) {
+        if (!reaped && waitpid(pid, &A->status, WNOHANG) == pid) reaped = 1, t_exit = now_s();
+        if (reaped && now_s() - t_exit > 2) break;
         struct pollfd pf = {fd, POLLIN, 0};
         int k = poll(&pf, 1, 200);
         if (k > 0) {
@@ -536,7 +651,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                     line[ln] = 0;
                     scan_line(A, line, now_s());
                     if (rec->t_detect > 0 && A->t_training > 0) recovered(L, rec, A->t_training);
-                    if (A->ck_seen && pending && !killed && !A->t_fail && A->ck_mb[1] < A->n_mb) {
+                    if (A->ck_seen && pending && !killed && !reaped && !A->t_fail && A->ck_mb[1] < A->n_mb) {
                         if (g->replan)
                             fprintf(stderr, "pipedream: launch: re-planning (%s): predicted %.4g s per minibatch instead of %.4g; "
                                     "restarting from the newest checkpoint\n", g->why, g->t_next, g->t_now);
@@ -556,7 +671,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
                 }
             }
         }
-        if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts);
+        if (L->straggler_factor > 0 && g) straggler_check(L, g->hosts, g->n_hosts, g->plan->chunks);
         /* the hostfile changed: probe and plan now, end the job at the next checkpoint */
         if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && grow_check(L, g)) pending = 1;
         /* a checkpoint overdue by 2 x --straggler-factor times the last interval, and by more
@@ -572,7 +687,7 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
             L->replan_wanted = L->probe_wanted = 1;
         }
         /* a straggler reported, or a pipeline slower than predicted: probe, plan around it */
-        if (!eof && !pending && !killed && !A->t_fail && A->t_training > 0 && L->replan_wanted && g &&
+        if (!eof && !pending && !killed && !reaped && !A->t_fail && A->t_training > 0 && L->replan_wanted && g &&
             replan_check(L, g, A->n_mb - A->ck_mb[1])) {
             pending = 1;
             /* the next checkpoint at the pace predicted now, against redoing the work since the
@@ -589,23 +704,43 @@ static int run_attempt(Launch *L, char **argv, const char *out_path, const char 
             }
         }
         /* a host gone silent can keep mpirun waiting: end it once the grace is over */
-        if (!eof && !killed && ((A->t_fail && now_s() - A->t_fail > L->grace) || g_stop)) {
+        if (!eof && !killed && !reaped && g_stop) {
+            fprintf(stderr, "pipedream: launch: stopping on signal %d: ending mpirun\n", (int)g_stop);
+            kill(pid, SIGTERM);
+            killed = 1;
+            t_kill = now_s();
+        } else if (!eof && !killed && !reaped && A->t_fail && now_s() - A->t_fail > L->grace) {
             fprintf(stderr, "pipedream: launch: mpirun still running %.0f s after the failure: ending it\n",
                     now_s() - A->t_fail);
             kill(pid, SIGTERM);
             killed = 1;
             t_kill = now_s();
-        } else if (killed && now_s() - t_kill > 10) {
+        } else if (killed && !reaped && now_s() - t_kill > 10) {
             kill(-pid, SIGKILL);
             kill(pid, SIGKILL);
         }
     }
     close(fd);
-    waitpid(pid, &A->status, 0);
+    if (!reaped) waitpid(pid, &A->status, 0);
+    end_group(pid);   /* what mpirun left in its group (it has ended) */
     g_child = 0;
     if (log) fclose(log);
     if (!(WIFEXITED(A->status) && WEXITSTATUS(A->status) == 0) && !A->t_fail) A->t_fail = now_s();
     return 0;
+}
+
+/* Minibatches the failed attempt A trained since its newest checkpoint, which the relaunch
+ * does again: the time from that checkpoint (or the training line) to the failure, at the pace
+ * between its last two checkpoints (or from the training line to its one checkpoint, or, with
+ * none, the plan's predicted seconds per minibatch). 0 to ckpt_every. */
+static long lost_estimate(const Attempt *A, int ckpt_every, double predicted_s) {
+    double from = A->t_ck[1] > 0 ? A->t_ck[1] : A->t_training;
+    double pace = A->t_ck[0] > 0 && A->ck_mb[1] > A->ck_mb[0] ? (A->t_ck[1] - A->t_ck[0]) / (double)(A->ck_mb[1] - A->ck_mb[0])
+                  : A->t_ck[1] > 0 && A->t_training > 0 ? (A->t_ck[1] - A->t_training) / (double)ckpt_every
+                  : predicted_s;
+    if (!(from > 0) || !(pace > 0) || !(A->t_fail > from)) return 0;
+    double n = (A->t_fail - from) / pace + 0.5;
+    return n > ckpt_every ? ckpt_every : (long)n;
 }
 
 /* ---- plans and events --------------------------------------------------------------------- */
@@ -654,19 +789,27 @@ static double ckpt_cost(const Launch *L, const Plan *p, const Profile *prof, con
     return t / L->ckpt_every;
 }
 
+/* The job's micro-batches per minibatch on n workers: train's --microbatches, or its default. */
+static int job_micro(const Launch *L, int n) { return L->micro > 0 ? L->micro : sched_default_micro(L->kind, n); }
+
 /* The time per minibatch of p on cl: the simulator's under the job's schedule, plus the
  * checkpoints' share (1e300: none). */
 static double plan_score(const Launch *L, const Plan *p, const Profile *prof, const Cluster *cl) {
     SearchCand sc;
     Err err = {0};
-    if (!p || plan_search_score(p, prof, cl, L->kind, 1, 0, L->opt_state_factor, &sc, &err)) return 1e300;
+    if (!p || plan_search_score(p, prof, cl, L->kind, job_micro(L, p->n_workers), L->recompute, L->opt_state_factor, &sc,
+                                &err))
+        return 1e300;
     return sc.minibatch_s + ckpt_cost(L, p, prof, cl);
 }
 
-/* The plan for these hosts. A homogeneous cluster: the partitioner's (plan_new, as `pipedream
- * plan PROFILE --workers n --bandwidth B`). When some host is known slower: the candidates of
- * `pipedream plan` scored by the simulator on every placement of their stages (plan_choose),
- * so that a slow link carries the smallest activations and a slow host the least work. */
+/* The plan for these hosts, for the job's schedule, micro-batches, chunks and wire format. A
+ * homogeneous cluster under 1f1b with one unit per minibatch, or an interleaved job: the
+ * partitioner's (plan_new, as `pipedream plan PROFILE --workers n --bandwidth B [--chunks V]
+ * [--wire bf16]`). Another schedule, or some host known slower: the candidates of `pipedream
+ * plan` scored by the simulator under the job's schedule, on every placement of their stages
+ * (plan_choose), so that a slow link carries the smallest activations and a slow host the
+ * least work. */
 static Plan *plan_for(Launch *L, const Profile *prof, const Host *hosts, int n, Err *err) {
     Cluster cl;
     cluster_for(L, hosts, n, &cl);
@@ -674,8 +817,16 @@ static Plan *plan_for(Launch *L, const Profile *prof, const Host *hosts, int n, 
     memset(&o, 0, sizeof o);
     o.cost_model = COST_OURS;
     o.straight = L->straight;
-    if (!cluster_heterogeneous(&cl)) return plan_new(prof, &cl, &o, err);
-    ChooseOpts co = {.kind = L->kind, .n_micro = 1, .opt_state_factor = L->opt_state_factor, .plan = o};
+    o.chunks = L->chunks;
+    o.activation_compression = L->wire_bf16 ? 2 : 0;   /* train --wire bf16: half the bytes on every link */
+    int simple = L->kind == SCHED_1F1B && job_micro(L, n) == 1;   /* the partitioner's own model is 1f1b's */
+    if ((!cluster_heterogeneous(&cl) && simple) || L->chunks > 1) {   /* (the candidates have no interleaved plans) */
+        Plan *p = plan_new(prof, &cl, &o, err);
+        double t = p && cluster_heterogeneous(&cl) ? plan_score(L, p, prof, &cl) : 1e300;
+        if (t < 1e300) p->pipeline_s = t;
+        return p;
+    }
+    ChooseOpts co = {.kind = L->kind, .n_micro = job_micro(L, n), .opt_state_factor = L->opt_state_factor, .plan = o};
     ChooseResult r;
     if (plan_choose(prof, prof, &cl, &co, &r, err)) return NULL;
     Plan *p = r.c[r.chosen].plan;
@@ -728,9 +879,9 @@ static double probe_link(const Launch *L, const Host *a, const Host *b) {
     snprintf(bytes, sizeof bytes, "%.0f", L->probe_bytes);
     snprintf(out, sizeof out, "%s/link-probe.out", L->run_dir);
     char *extra[] = {"--host", hosts, "-np", "2", (char *)L->exe, "launch", "--link-probe", bytes, NULL};
-    char buf[4096], *argv[MAX_ARGS];
-    mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
+    char *buf, **argv = mpirun_argv(L, &buf, extra);
     int status, done = run_quietly(argv, out, L->probe_timeout, &status);
+    free(argv), free(buf);
     double rate = 0;
     FILE *f = fopen(out, "r");
     if (f) {
@@ -738,7 +889,7 @@ static double probe_link(const Launch *L, const Host *a, const Host *b) {
         fclose(f);
     }
     unlink(out);
-    return done && WIFEXITED(status) && WEXITSTATUS(status) == 0 && rate > 0 ? rate : 0;
+    return done == 1 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && rate > 0 ? rate : 0;
 }
 
 /* Each host's link: probes host r with r + 1 around the ring (r with the other host when there
@@ -803,16 +954,11 @@ static int replan_check(Launch *L, Grow *g, long remaining) {
         L->probe_wanted = 0;
         probe_links(L, g->hosts, n);
     }
-    double sorted[MAX_HOSTS];
+    double measured[MAX_HOSTS];
     int k = 0;
     for (int r = 0; r < n; r++)
-        if (L->ratio[r] > 0) sorted[k++] = L->ratio[r];
-    for (int i = 1; i < k; i++)
-        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
-            double t = sorted[j];
-            sorted[j] = sorted[j - 1], sorted[j - 1] = t;
-        }
-    double median = k ? sorted[k / 2] : 0;
+        if (L->ratio[r] > 0) measured[k++] = L->ratio[r];
+    double median = median_of(measured, k);
     for (int r = 0; r < n && median > 0; r++)
         if (L->reported[r] && L->ratio[r] > 0) {
             struct Known *kn = known_of(L, g->hosts[r].name, 1);
@@ -1015,7 +1161,7 @@ static int grow_check(Launch *L, Grow *g) {
         for (int j = 0; j < L->n_dropped; j++)
             skip |= !strcmp(listed[i].name, L->dropped[j].name) && !ts_after(st.st_mtim, L->dropped_at[j]);
         if (skip) continue;
-        if (probe_host(L, &listed[i])) g->add[g->n_add++] = listed[i];
+        if (probe_host(L, &listed[i]) == 1) g->add[g->n_add++] = listed[i];
         else fprintf(stderr, "pipedream: launch: %s is listed but does not answer: not taken in\n", listed[i].name);
     }
     if (!g->n_add) return 0;
@@ -1047,10 +1193,18 @@ static int supervise(Launch *L, const Profile *prof) {
     if (!stat(L->hostfile, &st0)) L->hf_seen = st0.st_mtim;
     if ((n_hosts = read_hostfile(L->hostfile, hosts, MAX_HOSTS)) < 0) return CLI_FAIL;
     static Grow g;
+    char ckn[PATH_MAX + 64];
     for (int attempt = 0;; attempt++) {
+        if (g_stop) {   /* a signal while launch was between attempts (probing, planning) */
+            fprintf(stderr, "pipedream: launch: stopped on signal %d\n", (int)g_stop);
+            FILE *e = event_begin(L, "stopped");
+            if (e) fprintf(e, ",\"signal\":%d", (int)g_stop);
+            event_end(e);
+            break;
+        }
         if (n_hosts < L->min_hosts) {
-            fprintf(stderr, "pipedream: error: launch: %d host%s left, fewer than --min-hosts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
-                    n_hosts, n_hosts == 1 ? "" : "s", L->min_hosts, L->ckpt_dir, newest_ckpt(L->ckpt_dir));
+            fprintf(stderr, "pipedream: error: launch: %d host%s left, fewer than --min-hosts %d; last checkpoint: %s\n",
+                    n_hosts, n_hosts == 1 ? "" : "s", L->min_hosts, ckpt_name(L->ckpt_dir, newest_ckpt(L->ckpt_dir), ckn, sizeof ckn));
             FILE *e = event_begin(L, "gave_up");
             if (e) fprintf(e, ",\"reason\":\"fewer than %d hosts\",\"hosts\":", L->min_hosts), json_hosts(e, hosts, n_hosts);
             event_end(e);
@@ -1074,13 +1228,15 @@ static int supervise(Launch *L, const Profile *prof) {
             break;
         }
         long resume_mb = newest_ckpt(L->ckpt_dir);
-        char np[16], every[16], *extra[MAX_ARGS];
+        char np[16], every[16];
+        char **extra = malloc((size_t)(L->n_train_args + 32) * sizeof *extra);   /* 7 + train's + at most 13 */
+        PD_ASSERT(extra);
         snprintf(np, sizeof np, "%d", n_hosts);
         snprintf(every, sizeof every, "%d", L->ckpt_every);
         int k = 0;
         const char *fixed[] = {"--hostfile", hf_path, "-np", np, L->exe, "train", L->model};
         for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) extra[k++] = (char *)fixed[i];
-        for (int i = 0; i < L->n_train_args && k < MAX_ARGS - 12; i++) extra[k++] = L->train_args[i];
+        for (int i = 0; i < L->n_train_args; i++) extra[k++] = L->train_args[i];
         const char *mine[] = {"--plan", plan_path, "--checkpoint-every", every, "--checkpoint-dir", L->ckpt_dir};
         for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) extra[k++] = (char *)mine[i];
         /* stragglers: every rank's figures at each checkpoint, beside the profile's prediction */
@@ -1101,8 +1257,9 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         if (resume_mb > 0) extra[k++] = "--resume", extra[k++] = (char *)L->ckpt_dir;
         extra[k] = NULL;
-        char buf[4096], *argv[MAX_ARGS];
-        mpirun_argv(L, buf, sizeof buf, argv, MAX_ARGS, extra);
+        PD_ASSERT(k < L->n_train_args + 32);
+        char *buf, **argv = mpirun_argv(L, &buf, extra);
+        free(extra);
 
         char brief[512];
         plan_brief(plan, brief, sizeof brief);
@@ -1123,7 +1280,14 @@ static int supervise(Launch *L, const Profile *prof) {
         Attempt A;
         rec.attempt = attempt, rec.hosts = n_hosts, rec.resume_mb = resume_mb;
         g = (Grow){.prof = prof, .hosts = hosts, .n_hosts = n_hosts, .plan = plan};
-        if (run_attempt(L, argv, out_path, err_path, &A, &rec, &g)) break;
+        int started = !run_attempt(L, argv, out_path, err_path, &A, &rec, &g);
+        free(argv), free(buf);
+        if (!started) {   /* mpirun cannot run at all: no host is to blame */
+            e = event_begin(L, "gave_up");
+            if (e) fputs(",\"reason\":", e), json_str(e, A.first_error);
+            event_end(e);
+            break;
+        }
         if (L->restart_from > 0 && A.t_training > 0) L->restart_s = A.t_training - L->restart_from;
         L->restart_from = 0;
         char st[64];
@@ -1242,6 +1406,16 @@ static int supervise(Launch *L, const Profile *prof) {
          * r of the attempt's hostfile). Then every other host whose rank printed nothing and that
          * does not answer a probe. */
         rec.t_detect = A.t_fail;
+        if (WIFEXITED(A.status) && WEXITSTATUS(A.status) == 127 && !A.any_spoke && !A.t_training) {
+            /* mpirun, or the program it was to run, was not found: no host is to blame */
+            fprintf(stderr, "pipedream: error: launch: %s before any rank started (a program not found: %s or %s); "
+                    "last checkpoint: %s\n", st, L->mpirun, L->exe,
+                    ckpt_name(L->ckpt_dir, newest_ckpt(L->ckpt_dir), ckn, sizeof ckn));
+            e = event_begin(L, "gave_up");
+            if (e) fputs(",\"reason\":\"mpirun exited 127 before any rank started (a program not found)\"", e);
+            event_end(e);
+            break;
+        }
         int gone[MAX_HOSTS] = {0}, n_gone = 0;
         for (int i = 0; i < A.n_daemon_lost; i++)
             for (int r = 0; r < n_hosts; r++)
@@ -1257,21 +1431,21 @@ static int supervise(Launch *L, const Profile *prof) {
                 if (A.late[r] && (worst < 0 || A.late[r] > A.late[worst])) worst = r;
             if (worst >= 0) gone[worst] = 1, n_gone++;
         }
-        for (int r = 0; r < n_hosts; r++)
+        for (int r = 0; r < n_hosts && !g_stop; r++)
             if (!gone[r] && !A.spoke[r] && !probe_host(L, &hosts[r])) {   /* a rank that spoke was reachable */
                 fprintf(stderr, "pipedream: launch: host %s does not answer (rank %d)\n", hosts[r].name, r);
                 gone[r] = 1, n_gone++;
             }
+        if (g_stop) {   /* interrupted while probing: what the probes did not finish says nothing */
+            fprintf(stderr, "pipedream: launch: stopped on signal %d while probing after the failure (%s)\n", (int)g_stop, st);
+            e = event_begin(L, "stopped");
+            if (e) fprintf(e, ",\"signal\":%d,\"attempt\":%d", (int)g_stop, attempt);
+            event_end(e);
+            break;
+        }
         long ck = newest_ckpt(L->ckpt_dir);
         /* work since the checkpoint: the time since it, at the pace between the last two */
-        long lost_mb = 0;
-        double from = A.t_ck[1] > 0 ? A.t_ck[1] : A.t_training;
-        double pace = A.t_ck[0] > 0 && A.ck_mb[1] > A.ck_mb[0] ? (A.t_ck[1] - A.t_ck[0]) / (double)(A.ck_mb[1] - A.ck_mb[0])
-                      : A.t_ck[1] > 0 && A.t_training > 0 ? (A.t_ck[1] - A.t_training) / (double)L->ckpt_every : 0;
-        if (from > 0 && pace > 0) {
-            lost_mb = (long)((A.t_fail - from) / pace + 0.5);
-            if (lost_mb > L->ckpt_every) lost_mb = L->ckpt_every;
-        }
+        long lost_mb = lost_estimate(&A, L->ckpt_every, plan->pipeline_s);
         total_lost += lost_mb;
         Host after[MAX_HOSTS];
         int n_after = 0;
@@ -1331,7 +1505,7 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         if (n_after == n_hosts && ck == ck_last_failure) {   /* no host to blame, no progress since */
             fprintf(stderr, "pipedream: error: launch: failed twice on the same hosts without a new checkpoint (%s); "
-                    "last checkpoint: %s/ckpt-%010ld.safetensors\n", why, L->ckpt_dir, ck);
+                    "last checkpoint: %s\n", why, ckpt_name(L->ckpt_dir, ck, ckn, sizeof ckn));
             e = event_begin(L, "gave_up");
             if (e) fprintf(e, ",\"reason\":\"failed twice without a lost host or a new checkpoint\"");
             event_end(e);
@@ -1339,8 +1513,8 @@ static int supervise(Launch *L, const Profile *prof) {
         }
         ck_last_failure = n_after == n_hosts ? ck : -2;
         if (++restarts > L->max_restarts) {
-            fprintf(stderr, "pipedream: error: launch: %d relaunches, more than --max-restarts %d; last checkpoint: %s/ckpt-%010ld.safetensors\n",
-                    restarts - 1, L->max_restarts, L->ckpt_dir, ck);
+            fprintf(stderr, "pipedream: error: launch: %d relaunches, more than --max-restarts %d; last checkpoint: %s\n",
+                    restarts - 1, L->max_restarts, ckpt_name(L->ckpt_dir, ck, ckn, sizeof ckn));
             e = event_begin(L, "gave_up");
             if (e) fprintf(e, ",\"reason\":\"more than %d relaunches\"", L->max_restarts);
             event_end(e);
@@ -1349,6 +1523,20 @@ static int supervise(Launch *L, const Profile *prof) {
     }
     plan_free(plan);
     return rc;
+}
+
+/* Can path (a file name: looked for on PATH) be run? errno says why not for a path with '/'. */
+static int mpirun_found(const char *path) {
+    if (strchr(path, '/')) return !access(path, X_OK);
+    const char *env = getenv("PATH");
+    char dirs[8192];
+    snprintf(dirs, sizeof dirs, "%s", env ? env : "/usr/bin:/bin");
+    for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        char f[PATH_MAX + 256];
+        snprintf(f, sizeof f, "%s/%s", *d ? d : ".", path);
+        if (!access(f, X_OK)) return 1;
+    }
+    return 0;
 }
 
 int cmd_launch(int argc, char **argv) {
@@ -1411,13 +1599,31 @@ int cmd_launch(int argc, char **argv) {
         for (size_t j = 0; j < sizeof OWN / sizeof *OWN; j++)
             if (!strcmp(L.train_args[i], OWN[j]))
                 return cli_usage_error("launch", "%s: launch sets it for every relaunch; give launch's own flags", OWN[j]);
-    /* the schedule and optimizer the job runs, for scoring plans when re-planning */
-    for (int i = 0; i + 1 < L.n_train_args; i++) {
-        if (!strcmp(L.train_args[i], "--schedule") && sched_kind_parse(L.train_args[i + 1], &L.kind))
-            return cli_usage_error("launch", "--schedule %s: not a schedule", L.train_args[i + 1]);
-        if (!strcmp(L.train_args[i], "--timeout")) L.job_timeout = atof(L.train_args[i + 1]);
-        if (!strcmp(L.train_args[i], "--optimizer"))
-            L.opt_state_factor = strncmp(L.train_args[i + 1], "adam", 4) ? 1 : 2;
+    /* what the job runs, for planning and scoring plans: its schedule, micro-batches, chunks,
+     * wire format, recomputation and optimizer (train checks them again) */
+    for (int i = 0; i < L.n_train_args; i++) {
+        const char *a = L.train_args[i], *v = i + 1 < L.n_train_args ? L.train_args[i + 1] : NULL;
+        if (!strcmp(a, "--recompute")) L.recompute = 1;
+        if (!v) continue;
+        if (!strcmp(a, "--schedule") && sched_kind_parse(v, &L.kind))
+            return cli_usage_error("launch", "--schedule %s: not a schedule", v);
+        if (!strcmp(a, "--timeout")) L.job_timeout = atof(v);
+        if (!strcmp(a, "--optimizer")) L.opt_state_factor = strncmp(v, "adam", 4) ? 1 : 2;
+        if (!strcmp(a, "--wire")) L.wire_bf16 = !strcmp(v, "bf16");
+        if (!strcmp(a, "--microbatches") && cli_parse_int("launch", "--microbatches (a train flag)", v, 1, 65536, &L.micro))
+            return CLI_USAGE;
+        if (!strcmp(a, "--chunks")) {
+            if (cli_parse_int("launch", "--chunks (a train flag)", v, 2, SCHED_MAX_CHUNKS, &L.chunks)) return CLI_USAGE;
+            L.kind = SCHED_INTERLEAVED;
+        }
+    }
+    if (L.kind == SCHED_INTERLEAVED && !L.chunks)
+        return cli_usage_error("launch", "--schedule interleaved: give the chunks too (a train flag, --chunks V), so "
+                               "that launch plans interleaved stages");
+    if (!mpirun_found(L.mpirun)) {
+        fprintf(stderr, "pipedream: error: launch: cannot run the mpirun %s: %s\n", L.mpirun,
+                strchr(L.mpirun, '/') ? strerror(errno) : "not found on PATH");
+        return CLI_FAIL;
     }
     ssize_t n = readlink("/proc/self/exe", L.exe, sizeof L.exe - 1);
     if (n <= 0) {
@@ -1439,7 +1645,7 @@ int cmd_launch(int argc, char **argv) {
     Profile prof;
     Err err = {0};
     if (profile_load(L.profile, &prof, &err)) return cli_fail(&err);
-    if (L.events_path && !(L.events = fopen(L.events_path, "a"))) {
+    if (L.events_path && !(L.events = fopen(L.events_path, "ae"))) {
         fprintf(stderr, "pipedream: error: cannot open the event log %s: %s\n", L.events_path, strerror(errno));
         profile_release(&prof);
         return CLI_FAIL;
@@ -1450,6 +1656,9 @@ int cmd_launch(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);   /* the terminal or ssh session gone: end the job, not leave it running */
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, NULL);   /* our stderr may be gone with it: keep going to end the job */
     int rc = supervise(&L, &prof);
     profile_release(&prof);
     if (L.events) fclose(L.events);
