@@ -14,13 +14,15 @@
 #  7. many train flags and a long --mpirun-args: every one reaches mpirun, and so does --resume;
 #  8. train's --chunks and --wire reach the plan launch writes (interleaved, bf16 on the wire);
 #  9. mpirun inherits no descriptor of launch but its stdin, stdout and stderr (not the
-#     attempt's log, the event log, or a second /dev/null).
+#     attempt's log, the event log, or a second /dev/null);
+# 10. 2 chunks per worker computing as predicted (each chunk one stage's prediction): no
+#     straggler reported, no link probed.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
 PD=$(realpath "$PD")
 tmp=$(mktemp -d)
-cleanup() { [ -n "${KEEP:-}" ] && cp -r "$tmp" /tmp/le-keep; pkill -9 -f "$tmp/" 2>/dev/null; [ -f "$tmp/f/sleeper" ] && kill -9 "$(cat "$tmp/f/sleeper")" 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { pkill -9 -f "$tmp/" 2>/dev/null; [ -f "$tmp/f/sleeper" ] && kill -9 "$(cat "$tmp/f/sleeper")" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 FAKE=$tmp/mpirun
@@ -51,7 +53,7 @@ none_left() { ! pgrep -f "$tmp/" >/dev/null || fail "$1: processes left: $(pgrep
 M=$SRC/models/lenet5.json
 
 # CASES="1 3" runs those alone (default: all)
-want() { case " ${CASES:-1 2 3 4 5 6 7 8 9} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${CASES:-1 2 3 4 5 6 7 8 9 10} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # 1.
 if want 1; then
@@ -179,4 +181,14 @@ if want 9; then
     extra=$(awk '$(NF-2) ~ /^[3-9]$/' "$FAKE_DIR/fds-0")
     [ -z "$extra" ] || fail "9: mpirun inherited descriptors of launch: $extra"
     echo "ok: 9. mpirun inherits no descriptor of launch but 0, 1 and 2"
+fi
+
+# 10.
+if want 10; then
+    fresh ilv
+    FAKE_MODE=chunks2 go ilv "$M" -- --steps 150 --chunks 2
+    finish 30
+    [ $rc = 0 ] || fail "10: exit $rc: $(tail -5 "$tmp/ilv.err")"
+    ! grep -q "probing the links\|straggler" "$tmp/ilv.err" || fail "10: $(grep launch: "$tmp/ilv.err")"
+    echo "ok: 10. 2 chunks per worker computing as predicted: no straggler, no link probe"
 fi

@@ -11,13 +11,20 @@
 #   grandchild   leaves a sleeping process holding its stderr (pid in $FAKE_DIR/sleeper), the
 #                summary, exit 0
 #   notfound     exit 127 at once, as mpirun does when a program it runs is missing
-for a in "$@"; do [ "$a" = true ] && { touch "$FAKE_DIR/probing"; sleep "${FAKE_PROBE_S:-0}"; exit 0; }; done
+#   chunks2      two checkpoints, each with a --progress-file line of 2 ranks running 2 chunks
+#                each as predicted (compute twice one stage's prediction), the summary
+# A link probe (launch --link-probe) prints 1e9 (bytes/s).
+for a in "$@"; do
+    [ "$a" = true ] && { touch "$FAKE_DIR/probing"; sleep "${FAKE_PROBE_S:-0}"; exit 0; }
+    [ "$a" = --link-probe ] && { echo 1e9; exit 0; }
+done
 n=$(ls "$FAKE_DIR" | grep -c '^argv-')
 printf '%s\n' "$@" >"$FAKE_DIR/argv-$n"
 ls -l /proc/$$/fd >"$FAKE_DIR/fds-$n" 2>/dev/null
-ck= resume=0 prev=
+ck= resume=0 prev= progress=
 for a in "$@"; do
     [ "$prev" = --checkpoint-dir ] && ck=$a
+    [ "$prev" = --progress-file ] && progress=$a
     [ "$a" = --resume ] && resume=1
     prev=$a
 done
@@ -39,5 +46,15 @@ case ${FAKE_MODE:-ok} in
     hang) training; sleep 60 & echo $! >"$FAKE_DIR/sleeper"; wait ;;
     grandchild) sleep 60 & echo $! >"$FAKE_DIR/sleeper"; training; summary ;;
     notfound) exit 127 ;;
+    chunks2)
+        training
+        r='"units":50,"compute_ms_per_unit":2.0,"wait_ms_per_unit":0.2,"busy_ms_per_unit":2.0,"bytes_per_unit":1000,"predicted_ms_per_unit":1.0,"predicted_busy_ms_per_unit":1.01'
+        for mb in 50 100; do
+            sleep 0.3
+            echo "{\"minibatches\":$mb,\"ranks\":[{\"rank\":0,\"stage\":0,$r},{\"rank\":1,\"stage\":1,$r}]}" >>"$progress"
+            mkdir -p "$ck" && touch "$ck/ckpt-0000000$mb.safetensors"
+            echo "pipedream: checkpoint $ck/ckpt-0000000$mb.safetensors" >&2
+        done
+        sleep 1; summary ;;
 esac
 exit 0
