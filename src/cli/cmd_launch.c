@@ -375,7 +375,9 @@ static const char *last_of(const char *s, const char *key) {
  *   "pipedream: failed: train rank R exit S"        train's last line when it fails (cli.h)
  *   "pipedream: rank R (stage S): stopping on signal" the runtime ending on a signal (a rank lost)
  *   "pipedream: rank R: abort: ..."                    the runtime ending the job (MPI_Abort)
- *   "pipedream: error: rank R ..."                     a rank's error line (who spoke) */
+ *   "pipedream: error: rank R ..."                     a rank's error line (who spoke; no failure)
+ * and Open MPI's lines for a rank or daemon lost ("mpirun noticed that process rank ...",
+ * "ORTE has lost communication with a remote daemon"). */
 static int failure_line(const char *s, int *rank) {
     int r = -1, n = 0;
     *rank = -1;
@@ -392,7 +394,12 @@ static int failure_line(const char *s, int *rank) {
         return 0;
     }
     if (sscanf(s, "pipedream: error: rank %d%n", &r, &n) == 1 && n > 0) *rank = r;
-    return 0;
+    /* mpirun's own reports of a rank or daemon it lost (Open MPI's help texts, each starting
+     * a line) */
+    const char *w = strchr(s, ' ');   /* "<mpirun's name> noticed that process rank ..." */
+    return (w && w - s < 32 && (!strncmp(w, " noticed that process rank ", 27) || !strncmp(w, " noticed that the job aborted", 29))) ||
+           !strncmp(s, "ORTE has lost communication with a remote daemon", 48) ||
+           !strncmp(s, "An ORTE daemon has unexpectedly failed", 38);
 }
 
 /* Reads what one stderr line says about the run. */
