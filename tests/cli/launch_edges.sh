@@ -16,7 +16,9 @@
 #  9. mpirun inherits no descriptor of launch but its stdin, stdout and stderr (not the
 #     attempt's log, the event log, or a second /dev/null);
 # 10. 2 chunks per worker computing as predicted (each chunk one stage's prediction): no
-#     straggler reported, no link probed.
+#     straggler reported, no link probed;
+# 11. a straggler under --schedule 2bw: launch scores the plans under the job's schedule (a
+#     finite prediction, not 1e300 for every plan).
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -53,7 +55,7 @@ none_left() { ! pgrep -f "$tmp/" >/dev/null || fail "$1: processes left: $(pgrep
 M=$SRC/models/lenet5.json
 
 # CASES="1 3" runs those alone (default: all)
-want() { case " ${CASES:-1 2 3 4 5 6 7 8 9 10} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${CASES:-1 2 3 4 5 6 7 8 9 10 11} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # 1.
 if want 1; then
@@ -104,6 +106,8 @@ if want 4; then
     kill -HUP $job
     finish 20
     [ "$(kinds "$tmp/hup.jsonl")" = "['start', 'stopped']" ] || fail "4: events $(cat "$tmp/hup.jsonl")"
+    grep -q "stopping on signal 1: ending mpirun" "$tmp/hup.err" && ! grep -q "still running" "$tmp/hup.err" ||
+        fail "4: $(grep launch: "$tmp/hup.err")"
     none_left 4
     echo "ok: 4. SIGHUP: mpirun and its processes ended, a stopped event"
 fi
@@ -191,4 +195,16 @@ if want 10; then
     [ $rc = 0 ] || fail "10: exit $rc: $(tail -5 "$tmp/ilv.err")"
     ! grep -q "probing the links\|straggler" "$tmp/ilv.err" || fail "10: $(grep launch: "$tmp/ilv.err")"
     echo "ok: 10. 2 chunks per worker computing as predicted: no straggler, no link probe"
+fi
+
+# 11.
+if want 11; then
+    fresh twobw
+    FAKE_MODE=straggler FAKE_MB=1000 go twobw "$M" -- --steps 1000 --schedule 2bw
+    finish 30
+    [ $rc = 0 ] || fail "11: exit $rc: $(tail -5 "$tmp/twobw.err")"
+    grep -q "straggler: h1" "$tmp/twobw.err" || fail "11: no straggler: $(grep launch: "$tmp/twobw.err")"
+    grep -q "re-plan\|not re-planning" "$tmp/twobw.err" && ! grep -q "1e+300" "$tmp/twobw.err" ||
+        fail "11: plans not scored under 2bw: $(grep launch: "$tmp/twobw.err")"
+    echo "ok: 11. under 2bw the plans around a straggler are scored"
 fi

@@ -13,6 +13,7 @@
 #   notfound     exit 127 at once, as mpirun does when a program it runs is missing
 #   chunks2      two checkpoints, each with a --progress-file line of 2 ranks running 2 chunks
 #                each as predicted (compute twice one stage's prediction), the summary
+#   straggler    as chunks2 with one chunk, rank 1 computing 5 times its prediction
 # A link probe (launch --link-probe) prints 1e9 (bytes/s).
 for a in "$@"; do
     [ "$a" = true ] && { touch "$FAKE_DIR/probing"; sleep "${FAKE_PROBE_S:-0}"; exit 0; }
@@ -28,7 +29,7 @@ for a in "$@"; do
     [ "$a" = --resume ] && resume=1
     prev=$a
 done
-training() { echo "pipedream: training lenet5 with 1f1b on 2 workers (2 stages), 100 minibatches of 32 samples" >&2; }
+training() { echo "pipedream: training lenet5 with 1f1b on 2 workers (2 stages), ${FAKE_MB:-100} minibatches of 32 samples" >&2; }
 checkpoint() { mkdir -p "$ck" && touch "$ck/ckpt-0000000050.safetensors"; echo "pipedream: checkpoint $ck/ckpt-0000000050.safetensors" >&2; }
 summary() { echo '{"model":"lenet5","steps":100,"weights_crc":["0"]}'; }
 case ${FAKE_MODE:-ok} in
@@ -46,12 +47,15 @@ case ${FAKE_MODE:-ok} in
     hang) training; sleep 60 & echo $! >"$FAKE_DIR/sleeper"; wait ;;
     grandchild) sleep 60 & echo $! >"$FAKE_DIR/sleeper"; training; summary ;;
     notfound) exit 127 ;;
-    chunks2)
+    chunks2|straggler)
         training
         r='"units":50,"compute_ms_per_unit":2.0,"wait_ms_per_unit":0.2,"busy_ms_per_unit":2.0,"bytes_per_unit":1000,"predicted_ms_per_unit":1.0,"predicted_busy_ms_per_unit":1.01'
+        r1=$r
+        [ "$FAKE_MODE" = straggler ] && r='"units":50,"compute_ms_per_unit":1.0,"wait_ms_per_unit":0.2,"busy_ms_per_unit":1.0,"bytes_per_unit":1000,"predicted_ms_per_unit":1.0,"predicted_busy_ms_per_unit":1.01' &&
+            r1='"units":50,"compute_ms_per_unit":5.0,"wait_ms_per_unit":0.2,"busy_ms_per_unit":5.0,"bytes_per_unit":1000,"predicted_ms_per_unit":1.0,"predicted_busy_ms_per_unit":1.01'
         for mb in 50 100; do
             sleep 0.3
-            echo "{\"minibatches\":$mb,\"ranks\":[{\"rank\":0,\"stage\":0,$r},{\"rank\":1,\"stage\":1,$r}]}" >>"$progress"
+            echo "{\"minibatches\":$mb,\"ranks\":[{\"rank\":0,\"stage\":0,$r},{\"rank\":1,\"stage\":1,$r1}]}" >>"$progress"
             mkdir -p "$ck" && touch "$ck/ckpt-0000000$mb.safetensors"
             echo "pipedream: checkpoint $ck/ckpt-0000000$mb.safetensors" >&2
         done
