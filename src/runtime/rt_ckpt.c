@@ -215,13 +215,13 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
      * tells Adam from AdamW) */
     int run = !c->opt_v ? OPT_SGD : c->opt.kind == OPT_ADAMW ? OPT_ADAMW : OPT_ADAM;
     const char *on = ckpt_optimizer(ck);   /* without the key: what its state tensors say */
-    int taken = !on ? -1 : !ckpt_meta(ck, "pipedream.optimizer") && run != OPT_SGD && !strcmp(on, "adam") ? run
-                                                                                              : optim_kind_parse(on);
     if (!on) {
         rc = err_set(err, PD_EINVAL, "%s: holds no optimizer state (no \"pipedream.optimizer\" key, no optim.m.* tensors)",
                      path);
         goto out;
     }
+    int taken = optim_kind_parse(on);
+    if (taken == OPT_ADAM && run == OPT_ADAMW && !ckpt_meta(ck, "pipedream.optimizer")) taken = run;   /* cannot tell */
     if (taken < 0) {
         rc = err_set(err, PD_EINVAL, "%s: unknown optimizer \"%s\"", path, on);
         goto out;
