@@ -18,7 +18,9 @@
 # 10. 2 chunks per worker computing as predicted (each chunk one stage's prediction): no
 #     straggler reported, no link probed;
 # 11. a straggler under --schedule 2bw: launch scores the plans under the job's schedule (a
-#     finite prediction, not 1e300 for every plan).
+#     finite prediction, not 1e300 for every plan);
+# 12. a failure a second into training, before the first checkpoint: the minibatches lost are
+#     estimated at the plan's predicted pace (here all --checkpoint-every of them), not 0.
 set -u
 PD=${PD:-build/pipedream}
 SRC=${PD_SOURCE_DIR:-.}
@@ -55,7 +57,7 @@ none_left() { ! pgrep -f "$tmp/" >/dev/null || fail "$1: processes left: $(pgrep
 M=$SRC/models/lenet5.json
 
 # CASES="1 3" runs those alone (default: all)
-want() { case " ${CASES:-1 2 3 4 5 6 7 8 9 10 11} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${CASES:-1 2 3 4 5 6 7 8 9 10 11 12} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # 1.
 if want 1; then
@@ -208,4 +210,15 @@ if want 11; then
     grep -q "re-plan\|not re-planning" "$tmp/twobw.err" && ! grep -q "1e+300" "$tmp/twobw.err" ||
         fail "11: plans not scored under 2bw: $(grep launch: "$tmp/twobw.err")"
     echo "ok: 11. under 2bw the plans around a straggler are scored"
+fi
+
+# 12.
+if want 12; then
+    fresh early
+    FAKE_MODE=fail_early go early --checkpoint-every 20 "$M" -- --steps 100
+    finish 30
+    [ $rc = 0 ] || fail "12: exit $rc: $(tail -5 "$tmp/early.err")"
+    [ "$(ev "$tmp/early.jsonl" '[e["minibatches_lost"] for e in E if e["event"] == "failure"]')" = "[20]" ] ||
+        fail "12: $(grep failure "$tmp/early.jsonl")"
+    echo "ok: 12. a failure before the first checkpoint: 20 minibatches lost (estimated)"
 fi

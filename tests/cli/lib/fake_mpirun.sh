@@ -7,6 +7,8 @@
 #   fail_once    first run: rank 1's error line, checkpoint 50, rank 0 stopping on a signal,
 #                exit 1; resumed: training, the summary, exit 0
 #   silent       exit 1 at once, printing nothing
+#   fail_early   first run: training, 1 s, rank 1 ending the job (abort) before any checkpoint,
+#                rank 0 stopping on a signal, exit 1; resumed: training, the summary
 #   hang         training, then waits on a sleeping child (pid in $FAKE_DIR/sleeper)
 #   grandchild   leaves a sleeping process holding its stderr (pid in $FAKE_DIR/sleeper), the
 #                summary, exit 0
@@ -44,6 +46,15 @@ case ${FAKE_MODE:-ok} in
         fi
         summary ;;
     silent) exit 1 ;;
+    fail_early)
+        training
+        if [ $resume = 0 ] && [ ! -f "$FAKE_DIR/failed" ]; then
+            touch "$FAKE_DIR/failed"
+            sleep 1; echo "pipedream: rank 1: abort: rank 1 (stage 1): a made-up failure; last checkpoint to resume from: none" >&2
+            echo "pipedream: rank 0 (stage 0): stopping on signal 15: the job is ending (a rank failed or mpirun was interrupted); last checkpoint to resume from: none" >&2
+            exit 1
+        fi
+        summary ;;
     hang) training; sleep 60 & echo $! >"$FAKE_DIR/sleeper"; wait ;;
     grandchild) sleep 60 & echo $! >"$FAKE_DIR/sleeper"; training; summary ;;
     notfound) exit 127 ;;
