@@ -642,39 +642,17 @@ def load_factory(spec):
     return getattr(mod, fn)
 
 
-def idx_stats(x):
-    """Mean and population standard deviation of the values x (byte / 255, float32, as pipedream
-    holds them), each rounded to 4 decimals, as pipedream's data_stats has them."""
-    x = x.astype(np.float64)
-    m = float(x.mean()) if x.size else 0.0
-    sd = float(np.sqrt(((x - m) ** 2).mean())) if x.size else 0.0
-    return round(m * 1e4) / 1e4, round(sd * 1e4) / 1e4
-
-
 def load_idx_test(d):
-    """An IDX set's test split as pipedream reads and standardises it: x (N, C=1, H, W) float32 =
-    (byte / 255 - mean) * (1 / std) with the mean and std of the set's training split (as
-    pipedream computes them: Fashion-MNIST's give 0.2860 and 0.3530), labels int64."""
-    import gzip
-
-    def rd(name):
-        for p in (os.path.join(d, name + '.gz'), os.path.join(d, name)):
-            if os.path.exists(p):
-                return (gzip.open if p.endswith('.gz') else open)(p, 'rb').read()
-        raise ExportError('%s: no %s[.gz]' % (d, name))
-
-    def images(name):
-        img = rd(name)
-        n, h, w = (int.from_bytes(img[4 * i:4 * i + 4], 'big') for i in (1, 2, 3))
-        return np.frombuffer(img, np.uint8, n * h * w, 16).astype(np.float32) / np.float32(255.0), (n, h, w)
-
-    mean, std = idx_stats(images('train-images-idx3-ubyte')[0])
-    if not std > 0:
+    """An IDX set's test split as pipedream reads and standardises it (pd_io.Images: with the
+    mean and std of the set's training split, as pipedream computes them): x (N, 1, H, W)
+    float32, labels int64."""
+    try:
+        im = pd_io.Images(d)
+    except FileNotFoundError as e:
+        raise ExportError('no %s' % e)
+    if not im.std > 0:
         raise ExportError('%s: the training images have one value: cannot standardise them' % d)
-    x, (n, h, w) = images('t10k-images-idx3-ubyte')
-    lab = rd('t10k-labels-idx1-ubyte')
-    x = (x - np.float32(mean)) * (np.float32(1.0) / np.float32(std))
-    return x.reshape(n, 1, h, w), np.frombuffer(lab, np.uint8, n, 8).astype(np.int64)
+    return im.x_test, im.y_test
 
 
 def torch_eval(module, x, y, batch=256):
