@@ -643,20 +643,16 @@ def load_factory(spec):
 
 
 def load_idx_test(d):
-    """Fashion-MNIST-format test split as pipedream reads and standardises it: x (N, 1, H, W)
-    float32 = (byte / 255 - 0.2860) * (1 / 0.3530), labels int64."""
-    import gzip
-
-    def rd(name):
-        for p in (os.path.join(d, name + '.gz'), os.path.join(d, name)):
-            if os.path.exists(p):
-                return (gzip.open if p.endswith('.gz') else open)(p, 'rb').read()
-        raise ExportError('%s: no %s[.gz]' % (d, name))
-    img, lab = rd('t10k-images-idx3-ubyte'), rd('t10k-labels-idx1-ubyte')
-    n, h, w = (int.from_bytes(img[4 * i:4 * i + 4], 'big') for i in (1, 2, 3))
-    x = np.frombuffer(img, np.uint8, n * h * w, 16).astype(np.float32) / np.float32(255.0)
-    x = (x - np.float32(0.2860)) * (np.float32(1.0) / np.float32(0.3530))
-    return x.reshape(n, 1, h, w), np.frombuffer(lab, np.uint8, n, 8).astype(np.int64)
+    """An IDX set's test split as pipedream reads and standardises it (pd_io.Images: with the
+    mean and std of the set's training split, as pipedream computes them): x (N, 1, H, W)
+    float32, labels int64."""
+    try:
+        im = pd_io.Images(d)
+    except FileNotFoundError as e:
+        raise ExportError('no %s' % e)
+    if not im.std > 0:
+        raise ExportError('%s: the training images have one value: cannot standardise them' % d)
+    return im.x_test, im.y_test
 
 
 def torch_eval(module, x, y, batch=256):

@@ -112,6 +112,11 @@ const CkptTensor *ckpt_find(const Ckpt *ck, const char *name);
 /* The metadata value of key, or NULL if absent. */
 const char *ckpt_meta(const Ckpt *ck, const char *key);
 int ckpt_meta_count(const Ckpt *ck);
+/* The optimizer whose state a checkpoint holds: its "pipedream.optimizer" metadata, or, for a
+ * checkpoint written before that key, what its tensors say: "adam" with second moments
+ * ("optim.v.*": Adam or AdamW, the file cannot tell which), "sgd" with first moments alone
+ * ("optim.m.*"), NULL with no optimizer state at all. */
+const char *ckpt_optimizer(const Ckpt *ck);
 /* The i-th metadata entry in file order; i in [0, ckpt_meta_count). */
 void ckpt_meta_at(const Ckpt *ck, int i, const char **key, const char **value);
 

@@ -597,6 +597,17 @@ const char *ckpt_meta(const Ckpt *ck, const char *key) {
 
 int ckpt_meta_count(const Ckpt *ck) { return ck->nm; }
 
+const char *ckpt_optimizer(const Ckpt *ck) {
+    const char *key = ckpt_meta(ck, "pipedream.optimizer");
+    if (key) return key;
+    int m = 0, v = 0;
+    for (int i = 0; i < ck->nt; i++) {
+        m |= !strncmp(ck->t[i].name, "optim.m.", 8);
+        v |= !strncmp(ck->t[i].name, "optim.v.", 8);
+    }
+    return v ? "adam" : m ? "sgd" : NULL;
+}
+
 void ckpt_meta_at(const Ckpt *ck, int i, const char **key, const char **value) {
     PD_ASSERTF(i >= 0 && i < ck->nm, "metadata %d of %d", i, ck->nm);
     *key = ck->m[i].key;

@@ -35,6 +35,13 @@ const char *cli_value(const char *cmd, int argc, char **argv, int *i);
 /* True when this process was started by mpirun (Open MPI, MPICH/PMI, PMIx). */
 int cli_under_mpirun(void);
 
+/* The line `pipedream train` under mpirun ends with when it fails, after its error line:
+ * "pipedream: failed: train rank R exit S" at the start of a line (launch reads it; the
+ * error line before it may quote paths, this one quotes nothing given by the user). */
+#define CLI_FAILED_LINE "pipedream: failed: "
+/* train's samples per minibatch when --minibatch is not given (launch plans with it too). */
+#define CLI_TRAIN_MINIBATCH 64
+
 int cmd_train(int argc, char **argv);   /* one worker or many: a training session (runtime.h) */
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);   /* cmd_eval.c: test loss of a weights file */

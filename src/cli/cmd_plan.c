@@ -278,7 +278,7 @@ int cmd_plan(int argc, char **argv) {
                 return CLI_USAGE;
             o.max_states = m;
         } else if (!strcmp(a, "--chunks")) {
-            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &o.chunks)) return CLI_USAGE;
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, SCHED_MAX_CHUNKS, &o.chunks)) return CLI_USAGE;
         } else if (!strcmp(a, "--pipelines")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &o.pipelines))
                 return CLI_USAGE;
@@ -305,7 +305,7 @@ int cmd_plan(int argc, char **argv) {
             for (int k = 0; k < n; k++) so.micro[k] = (int)x[k];
             search_flags = 1;
         } else if (!strcmp(a, "--max-chunks")) {
-            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 64, &so.max_chunks))
+            if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, SCHED_MAX_CHUNKS, &so.max_chunks))
                 return CLI_USAGE;
             search_flags = 1;
         } else if (!strcmp(a, "--recompute")) {

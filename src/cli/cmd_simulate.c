@@ -86,7 +86,7 @@ int cmd_simulate(int argc, char **argv) {
         } else if (!strcmp(a, "--recompute")) {
             so.recompute = 1;
         } else if (!strcmp(a, "--chunks")) {
-            if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 2, 64, &chunks))
+            if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 2, SCHED_MAX_CHUNKS, &chunks))
                 return CLI_USAGE;
         } else if (!strcmp(a, "--optimizer")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;

@@ -16,6 +16,8 @@
 #include "runtime.h"
 #include "train_report.h"
 
+_Static_assert(SCHED_MAX_CHUNKS <= RT_MAX_CHUNKS, "train holds every chunk a plan may have");
+
 typedef struct TrainOpts {
     const char *model, *plan, *data, *text, *tokens, *augment, *profile, *metrics, *trace, *svg, *curve, *checkpoint_dir, *resume, *init,
         *save, *calibrated, *calibrated_cluster, *progress_file;
@@ -108,7 +110,7 @@ static const Flag FLAGS[] = {
            "dp, model-parallel, asp (every worker the whole model, gradients applied at sharded "
            "parameter owners without waiting), interleaved (several stages per worker; the "
            "default for a plan written by 'pipedream plan --chunks V')"),
-    INT("--chunks", "V", chunks, 2, RT_MAX_CHUNKS,
+    INT("--chunks", "V", chunks, 2, SCHED_MAX_CHUNKS,
         "interleave a plan of S stages with the same d replicas each: replica j of stage i on worker "
         "(i mod (S / V)) d + j, V stages per worker, d whole pipelines (implies --schedule interleaved; "
         "needs 2 or more workers a pipeline)"),
@@ -250,7 +252,7 @@ static void help(void) {
 
 static int parse(int argc, char **argv, TrainOpts *o) {
     const char *C = "train";
-    *o = (TrainOpts){.epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
+    *o = (TrainOpts){.epochs = 1, .batch = CLI_TRAIN_MINIBATCH, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
                      .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD, .log_every = 50,
                      .staleness = RT_STALE_DEFAULT, .beta1 = 0.9, .beta2 = 0.999};
     int have_epochs = 0;
@@ -432,7 +434,7 @@ static int write_calibrated_cluster(const char *path, const Plan *plan, const Rt
     return PD_OK;
 }
 
-int cmd_train(int argc, char **argv) {
+static int train_main(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help();
         return CLI_OK;
@@ -527,11 +529,11 @@ int cmd_train(int argc, char **argv) {
         if (in.ndim == 1 && (rc = data_tokens_bytes_per_token(o.tokens, in.d[0], &bytes_per_token, &err))) goto out;
     }
     if ((rc = rt_train(comm, &spec, &sum, &err))) goto out;
-    if (rank == 0 && o.calibrated && (rc = write_calibrated(o.calibrated, &prof, plan, &sum, &err))) goto out;
-    if (rank == 0) {
+    if (rank == 0) {   /* the run trained: its summary and outputs first, whatever the calibration does */
         TrainOutputs outs = {.metrics = o.metrics, .log_every = o.log_every, .trace = o.trace, .svg = o.svg,
                              .curve = o.curve, .bytes_per_token = bytes_per_token};
         rc = train_report(&sum, &outs, &err);
+        if (!rc && o.calibrated) rc = write_calibrated(o.calibrated, &prof, plan, &sum, &err);
         if (!rc && o.calibrated_cluster) rc = write_calibrated_cluster(o.calibrated_cluster, plan, &sum, &err);
     }
 out:
@@ -541,4 +543,17 @@ out:
     if (rc) fprintf(stderr, "pipedream: error: %s\n", err.msg);
     comm_free(comm);
     return rc ? CLI_FAIL : CLI_OK;
+}
+
+/* Under mpirun a failed train ends with CLI_FAILED_LINE (launch's sign of a failure; the
+ * error line before it is for people). */
+int cmd_train(int argc, char **argv) {
+    int rc = train_main(argc, argv);
+    if (rc != CLI_OK && cli_under_mpirun()) {
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (!r) r = getenv("PMIX_RANK");
+        if (!r) r = getenv("PMI_RANK");
+        fprintf(stderr, CLI_FAILED_LINE "train rank %d exit %d\n", r ? atoi(r) : -1, rc);
+    }
+    return rc;
 }

@@ -55,6 +55,8 @@ char *train_summary_json(const RtTrainSummary *s, double bytes_per_token) {
     num(o, "samples_per_cpu_s", s->samples_per_cpu_s);
     num(o, "time_per_unit_ms", s->time_per_unit_ms);
     num(o, "predicted_time_per_unit_ms", s->predicted_time_per_unit_ms);
+    if (!isfinite(s->predicted_time_per_unit_ms))   /* why there is none, as the stderr line says */
+        cJSON_AddStringToObject(o, "predicted_time_per_unit_note", s->predicted_note[0] ? s->predicted_note : "no profile given");
     num(o, "predicted_steady_time_per_unit_ms", s->predicted_steady_ms);
     num(o, "fitted_core_efficiency", s->fitted_core_efficiency);
     num(o, "fitted_wake_ms", 1e3 * s->fitted_wake_s);

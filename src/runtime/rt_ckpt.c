@@ -221,8 +221,14 @@ int rt_ckpt_load(const char *path, const Model *m, RtCkpt *c, Err *err) {
     /* the optimizer: the buffers given say this run's (opt_v: Adam's second moment; c->opt.kind
      * tells Adam from AdamW) */
     int run = !c->opt_v ? OPT_SGD : c->opt.kind == OPT_ADAMW ? OPT_ADAMW : OPT_ADAM;
-    const char *on = ckpt_meta(ck, "pipedream.optimizer");
-    int taken = on ? optim_kind_parse(on) : run;
+    const char *on = ckpt_optimizer(ck);   /* without the key: what its state tensors say */
+    if (!on) {
+        rc = err_set(err, PD_EINVAL, "%s: holds no optimizer state (no \"pipedream.optimizer\" key, no optim.m.* tensors)",
+                     path);
+        goto out;
+    }
+    int taken = optim_kind_parse(on);
+    if (taken == OPT_ADAM && run == OPT_ADAMW && !ckpt_meta(ck, "pipedream.optimizer")) taken = run;   /* cannot tell */
     if (taken < 0) {
         rc = err_set(err, PD_EINVAL, "%s: unknown optimizer \"%s\"", path, on);
         goto out;

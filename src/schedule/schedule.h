@@ -136,6 +136,11 @@ static inline int sched_kind_takes_micro(SchedKind k) { return sched_kind_microb
 static inline int sched_splits_minibatch(SchedKind k, int n_micro) {
     return sched_kind_microbatched(k) || n_micro > 1;
 }
+/* Chunks (stages per worker) an interleaved plan may have: 2..SCHED_MAX_CHUNKS. The one limit
+ * of `plan --chunks`/`--max-chunks`, `simulate --chunks`, `train --chunks` and launch, so that
+ * a plan written is a plan train runs (train's per-chunk tables hold RT_MAX_CHUNKS). */
+#define SCHED_MAX_CHUNKS 8
+static inline int sched_chunks_ok(int chunks) { return chunks >= 2 && chunks <= SCHED_MAX_CHUNKS; }
 /* Micro-batches per minibatch of asynchronous 1f1b when none are given on two or more workers:
  * a step per minibatch of 4 units, so a unit's gradient crosses at most one update (one unit
  * per minibatch, PipeDream's original, makes stage 0's cross p - 1 and trains worse; it stays
