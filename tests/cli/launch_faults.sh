@@ -88,7 +88,11 @@ EOS
 chmod +x "$tmp/mpirun-probe"
 go intr --mpirun "$tmp/mpirun-probe" "$M" -- $TRAIN --steps 2000
 wait_for "$tmp/intr/ckpt/ckpt-0000000050.safetensors"
-pkill -9 -f "^$PD train" || fail "2: no rank to kill"
+# every rank of this cluster (only its hosts' processes: other tests' ranks run beside it)
+pids=$(for h in 0 1; do ip netns pids "$NAME-h$h"; done | paste -sd, -)
+ranks=$([ -n "$pids" ] && ps -o pid=,args= -p "$pids" | awk -v pd="$PD" '$2 == pd && $3 == "train" {print $1}')
+[ -n "$ranks" ] || fail "2: no rank to kill"
+kill -9 $ranks
 wait_for "$tmp/probing"
 kill -INT $job
 finish 30

@@ -162,7 +162,8 @@ PY
         ok "$m" epochs "$SRC/models/lenet5.json --data $tmp/d --minibatch 32 --timeout 60" -- --epochs 2
         want "$m" epochs steps 20; want "$m" epochs epochs 2 ;;
     --steps) want "$m" base steps 6 ;;
-    --minibatch) want "$m" base minibatch 32; want "$m" base unit_batch 32 ;;
+    --minibatch) want "$m" base minibatch 32   # 1f1b on 2 or more workers: 4 micro-batches by default
+        want "$m" base unit_batch $([ "$W" -gt 1 ] && echo 8 || echo 32) ;;
     --lr) ok "$m" lr -- --lr 0.05; want "$m" lr lr 0.05; differs "$m" lr ;;
     --momentum) ok "$m" mom -- --momentum 0.5; differs "$m" mom ;;
     --weight-decay) ok "$m" wd -- --weight-decay 0.5; differs "$m" wd ;;
@@ -389,7 +390,7 @@ PY
         fail "$m: --trace" ;;
     --svg) grep -q "<svg" "$tmp/$m.t.svg" || fail "$m: --svg" ;;
     --curve) grep -q "<svg" "$tmp/$m.c.svg" || fail "$m: --curve" ;;
-    --progress) grep -q "^unit 6/6 " "$tmp/$m.base.err" || fail "$m: --progress: $(cat "$tmp/$m.base.err")" ;;
+    --progress) grep -q "^unit $((6 * ($W > 1 ? 4 : 1)))/$((6 * ($W > 1 ? 4 : 1))) " "$tmp/$m.base.err" || fail "$m: --progress: $(cat "$tmp/$m.base.err")" ;;
     *) fail "no check for $2 (a flag of train --help): add one here" ;;
     esac
 }
