@@ -230,7 +230,9 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
-    snprintf(out->wire, sizeof out->wire, "%s", sp->wire == RT_WIRE_BF16 ? "bf16" : "fp32");
+    snprintf(out->wire, sizeof out->wire, "%s", rt_wire_name(sp->wire));
+    snprintf(out->wire_grad, sizeof out->wire_grad, "%s", rt_wire_name(sp->wire_grad));
+    out->error_feedback = sp->error_feedback;
     out->bytes_sent = 0;
     for (int r = 0; r < s->n_ranks; r++) out->bytes_sent += out->res[r].bytes_sent;
     out->grad_norm_mean = out->grad_norm_max = NAN;   /* every rank saw the same norms: the first one's */
@@ -243,6 +245,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
     out->stage = calloc((size_t)s->n_stages, sizeof *out->stage);
     PD_ASSERT(out->stage);
+    double raw_all = 0, wire_all = 0;
     for (int i = 0; i < s->n_stages; i++) {
         RtStageSummary *g = &out->stage[i];
         const SchedStage *st = &s->stages[i];
@@ -267,12 +270,22 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
             g->busy += wall > 0 ? cs / wall / st->replicas : 0;
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
+        /* the bytes it sent each way, over its replicas */
+        g->wire_act = i + 1 < s->n_stages ? sp->wire : -1;
+        g->wire_grad = i > 0 ? sp->wire_grad : -1;
+        for (int j = 0; j < st->replicas; j++) {
+            const RtWorkerResult *r = &res[st->ranks[j]];
+            g->act_wire_bytes += r->chunk_act_wire[ci], g->act_raw_bytes += r->chunk_act_raw[ci];
+            g->grad_wire_bytes += r->chunk_grad_wire[ci], g->grad_raw_bytes += r->chunk_grad_raw[ci];
+        }
+        raw_all += g->act_raw_bytes + g->grad_raw_bytes, wire_all += g->act_wire_bytes + g->grad_wire_bytes;
         /* the thread's CPU clock sees only its own thread: with kernel threads it says nothing */
         g->cpu_ms = nf && cpu > 0 && sp->threads == 1 && s->kind != SCHED_ASP ? 1e3 * cpu / nf : NAN;
         g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
         g->mem = res[st->ranks[0]].mem;
         g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = g->predicted_scratch_bytes = NAN;
     }
+    out->wire_ratio = wire_all > 0 ? raw_all / wire_all : NAN;
     if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
     if (!sp->profile) {
         snprintf(out->predicted_note, sizeof out->predicted_note, "no profile given");
