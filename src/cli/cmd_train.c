@@ -266,7 +266,7 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     *o = (TrainOpts){.epochs = 1, .batch = 64, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
                      .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD, .log_every = 50,
                      .staleness = RT_STALE_DEFAULT, .beta1 = 0.9, .beta2 = 0.999,
-                     .wire_grad = -1};
+                     .wire = -1, .wire_grad = -1};
     int have_epochs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -506,7 +506,9 @@ int cmd_train(int argc, char **argv) {
     oc.lr_sched = (LrSchedKind)o.lr_sched, oc.warmup = o.warmup, oc.decay_steps = o.decay_steps;
     oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
-                        .vertical_sync = o.vsync, .wire = o.wire, .wire_grad = o.wire_grad,
+                        .vertical_sync = o.vsync, .wire = o.wire < 0 ? RT_WIRE_FP32 : o.wire, .wire_grad = o.wire_grad,
+                        /* no codec given: the plan's per boundary, if it has them */
+                        .wire_at = o.wire < 0 && o.wire_grad < 0 && plan ? plan->wire : NULL,
                         .error_feedback = o.error_feedback, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
                         .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text ? o.text : o.tokens, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,

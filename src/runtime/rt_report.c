@@ -24,6 +24,18 @@ static double stage_predicted_ms(const Schedule *s, const SimCosts *costs, const
     return 1e3 * (costs->stage[i].fwd_s + costs->stage[i].bwd_s + step) * sr->slowdown[s->stages[i].ranks[0]];
 }
 
+/* The codecs of the run per boundary for the simulator (SimOpts.wire_at; RT_WIRE_* numbers
+ * them as it does), n stages; NULL where fp32 or bf16 go both ways (its wire_factor), else the
+ * caller frees it. */
+static int *sim_wire_at(const RtTrainSpec *sp, int n) {
+    if (!sp->wire_at && sp->wire <= RT_WIRE_BF16 && sp->wire_grad == sp->wire && !sp->error_feedback) return NULL;
+    int *w = calloc(2 * (size_t)n, sizeof(int));
+    PD_ASSERT(w);
+    for (int b = 0; b + 1 < n; b++)
+        w[2 * b] = sp->wire_at ? sp->wire_at[2 * b] : sp->wire, w[2 * b + 1] = sp->wire_at ? sp->wire_at[2 * b + 1] : sp->wire_grad;
+    return w;
+}
+
 /* Per stage, the simulator's compute per unit on its first replica (ms, as rt_summarize's
  * predicted_ms has it); NAN without a profile or when the simulator fails. */
 static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_batch, double *ms) {
@@ -31,16 +43,22 @@ static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_
     if (!sp->profile) return;
     SimCosts costs;
     SimResult sr;
+    int *wire_at = sim_wire_at(sp, s->n_stages);
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
-                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
+                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0,
+                  .wire_at = wire_at, .error_feedback = sp->error_feedback};
     Err e2 = {0};
-    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
+    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
+        free(wire_at);
+        return;
+    }
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         for (int i = 0; i < costs.n_stages; i++) ms[i] = stage_predicted_ms(s, &costs, &sr, i);
         sim_result_release(&sr);
     }
     sim_costs_release(&costs);
+    free(wire_at);
 }
 
 int rt_progress_file_line(Comm *c, const RtTrainSpec *sp, const Schedule *seg, int unit_batch, uint64_t minibatches,
@@ -230,8 +248,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
-    snprintf(out->wire, sizeof out->wire, "%s", rt_wire_name(sp->wire));
-    snprintf(out->wire_grad, sizeof out->wire_grad, "%s", rt_wire_name(sp->wire_grad));
+    snprintf(out->wire, sizeof out->wire, "%s", sp->wire_at ? "plan" : rt_wire_name(sp->wire));
+    snprintf(out->wire_grad, sizeof out->wire_grad, "%s", sp->wire_at ? "plan" : rt_wire_name(sp->wire_grad));
     out->error_feedback = sp->error_feedback;
     out->bytes_sent = 0;
     for (int r = 0; r < s->n_ranks; r++) out->bytes_sent += out->res[r].bytes_sent;
@@ -271,8 +289,8 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
         /* the bytes it sent each way, over its replicas */
-        g->wire_act = i + 1 < s->n_stages ? sp->wire : -1;
-        g->wire_grad = i > 0 ? sp->wire_grad : -1;
+        g->wire_act = i + 1 < s->n_stages ? sp->wire_at ? sp->wire_at[2 * i] : sp->wire : -1;
+        g->wire_grad = i > 0 ? sp->wire_at ? sp->wire_at[2 * (i - 1) + 1] : sp->wire_grad : -1;
         for (int j = 0; j < st->replicas; j++) {
             const RtWorkerResult *r = &res[st->ranks[j]];
             g->act_wire_bytes += r->chunk_act_wire[ci], g->act_raw_bytes += r->chunk_act_raw[ci];
@@ -296,10 +314,13 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
                   .samples_per_unit = unit_batch,
                   .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0,
-                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
+                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0, .error_feedback = sp->error_feedback};
+    int *wire_at = sim_wire_at(sp, s->n_stages);   /* freed below, at the summary's end */
+    so.wire_at = wire_at;
     Err e2 = {0};
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
+        free(wire_at);
         return;
     }
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
@@ -323,6 +344,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }
+    free(wire_at);
     sim_costs_release(&costs);
 }
 

@@ -392,6 +392,7 @@ typedef struct RtTrainSpec {
     int wire_grad;               /* RtConfig.wire_grad: RT_WIRE_* of the gradients, or -1: as wire
                                   * (fp32 where wire is delta) */
     int error_feedback;          /* RtConfig.error_feedback */
+    const int *wire_at;          /* RtConfig.wire_at (a plan's, Plan.wire), in place of wire and wire_grad */
     int epochs;                  /* training length, when steps == 0 */
     int steps;                   /* minibatches (optimizer steps); 0: from epochs */
     int minibatch;               /* samples per minibatch (n_micro units) */
