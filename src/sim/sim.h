@@ -138,7 +138,7 @@ typedef struct SimOpts {
  * with groups of 64 (the steady state after the data's first epoch). sim_wire_bytes: bytes of a
  * message whose fp32 form has fp32_bytes (int8: a scale per 64 values, the runtime's shortest
  * row). sim_wire_codec_s: the seconds encoding (enc 1) or decoding (enc 0) it takes a core,
- * from constants measured once (docs/explanation/communication.md); bf16 and fp32: 0. */
+ * from constants measured once (sim_wire.c says how); bf16 and fp32: 0. */
 enum { SIM_WIRE_DELTA = 4, SIM_WIRE_COUNT = 5 };
 double sim_wire_bytes(int wire, double fp32_bytes);
 double sim_wire_codec_s(int wire, int grad, int error_feedback, int enc, double fp32_bytes);
