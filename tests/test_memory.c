@@ -115,7 +115,7 @@ static void run_case(const Case *k) {
             fail_msg("stage %d: the runtime counts %zu bytes per slot, the nn API gives %zu", i,
                      m0->activations / (size_t)m0->slots, want);
     }
-    SimOpts o = {NULL, k->adam ? 2 : 1, 0, 0, 0, 0};   /* SGD allocates its momentum buffer, Adam two */
+    SimOpts o = {NULL, k->adam ? 2 : 1, 0, 0, 0, 0, NULL, 0};   /* SGD allocates its momentum buffer, Adam two */
     SimResult sr;
     if (sim_run(&s, &c, &o, &sr, &err)) fail_msg("sim_run: %s", err.msg);
 

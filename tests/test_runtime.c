@@ -275,7 +275,7 @@ static void test_zb_deadlock(void **state) {
         if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
         SimCosts c = {2, calloc(2, sizeof(SimStageCost))};
         for (int i = 0; i < 2; i++) c.stage[i] = (SimStageCost){.fwd_s = 1e-3, .bwd_s = 2e-3, .in_bytes = 1e3, .stash_bytes = 2e3};
-        SimOpts o = {NULL, 1, 0, 0, 0, 0};
+        SimOpts o = {NULL, 1, 0, 0, 0, 0, NULL, 0};
         SimResult sr;
         if (sim_run(&s, &c, &o, &sr, &err)) fail_msg("%s: %s", sched_kind_name(s.kind), err.msg);
         sim_result_release(&sr);

@@ -66,7 +66,7 @@ static SimCosts uniform_costs(int n, double f, double b) {
 }
 
 static void run(const Schedule *s, const SimCosts *c, const Cluster *cl, SimResult *r) {
-    SimOpts o = {cl, 1, 0, 0, 0, 0};
+    SimOpts o = {cl, 1, 0, 0, 0, 0, NULL, 0};
     Err err = {0};
     if (sim_run(s, c, &o, r, &err)) fail_msg("sim_run: %s", err.msg);
 }
@@ -1060,7 +1060,7 @@ static void test_random_plans(void **state) {
                 cc = (SimCosts){1, &one};
             }
             SimResult r;
-            SimOpts so = {&cl, 1, 0, 0, 0, 0};
+            SimOpts so = {&cl, 1, 0, 0, 0, 0, NULL, 0};
             if (sim_run(&s, &cc, &so, &r, &err)) {
                 sched_dump(&s, stderr, 1, 1);
                 fail_msg("%s, %d minibatches x %d, %d stages: %s", sched_kind_name((SchedKind)kind), N, M, S, err.msg);
@@ -1119,7 +1119,7 @@ static void test_new_kinds_random(void **state) {
         Err err = {0};
         if (sched_build(pd, &o, &s, &err)) fail_msg("interleaved %d x %d x %d, M %d: %s", P, V, d, M, err.msg);
         SimResult r;
-        SimOpts so = {&cl, 1, 0, 0, 0, 0};
+        SimOpts so = {&cl, 1, 0, 0, 0, 0, NULL, 0};
         if (sim_run(&s, &c, &so, &r, &err)) {
             sched_dump(&s, stderr, 1, 0);
             fail_msg("interleaved %d positions x %d chunks x %d pipelines, %d x %d: %s", P, V, d, N, M, err.msg);
@@ -1197,7 +1197,7 @@ static void free_hand(Schedule *s) {
 static void test_deadlock(void **state) {
     (void)state;
     SimCosts c = uniform_costs(2, 1, 1);
-    SimOpts o = {NULL, 1, 0, 0, 0, 0};
+    SimOpts o = {NULL, 1, 0, 0, 0, 0, NULL, 0};
     Err err = {0};
     SimResult r;
     /* each worker receives before it sends */
@@ -1261,7 +1261,7 @@ static void test_memory(void **state) {
     build(p, SCHED_1F1B, 10, 1, 0, &s);
     SimCosts c = uniform_costs(2, 1, 1);
     for (int i = 0; i < 2; i++) c.stage[i].param_bytes = 1000, c.stage[i].stash_bytes = 10;
-    SimOpts o = {NULL, 2, 0, 0, 0, 0};   /* Adam: two state tensors */
+    SimOpts o = {NULL, 2, 0, 0, 0, 0, NULL, 0};   /* Adam: two state tensors */
     Err err = {0};
     SimResult r;
     assert_int_equal(sim_run(&s, &c, &o, &r, &err), PD_OK);

@@ -61,7 +61,7 @@ static void sim(const Plan *p, SchedKind k, int n, int M, int rc, const SimCosts
     SchedOpts o = {.kind = k, .n_minibatches = n, .n_micro = M, .recompute = rc};
     Err err = {0};
     if (sched_build(p, &o, s, &err)) fail_msg("sched_build %s: %s", sched_kind_name(k), err.msg);
-    SimOpts so = {NULL, 1, 0, 0, 0, 0};
+    SimOpts so = {NULL, 1, 0, 0, 0, 0, NULL, 0};
     if (sim_run(s, c, &so, r, &err)) fail_msg("sim_run %s: %s", sched_kind_name(k), err.msg);
 }
 
@@ -366,7 +366,7 @@ static void test_step_once_per_minibatch(void **state) {
     assert_near(c.stage[0].bwd_s, 4 * (b - t), 1e-15);
     assert_near(c.stage[0].step_s, t, 0);                 /* per parameter, not per sample */
     sim_costs_scale(&c, 0.25);
-    SimOpts so = {NULL, 1, 0, 0, 0, 0};
+    SimOpts so = {NULL, 1, 0, 0, 0, 0, NULL, 0};
     SimResult r;
     assert_int_equal(sim_run(&s, &c, &so, &r, &err), PD_OK);
     assert_near(r.makespan_s, (M + P - 1) * (f + b - t) + t, 1e-12);

@@ -71,9 +71,13 @@ ap.add_argument('--lr-schedule', default='constant', choices=['constant', 'cosin
                 help='after the warm-up, decay to --min-lr at --decay-steps (pipedream train --lr-schedule)')
 ap.add_argument('--decay-steps', type=int, default=0, help='default: --steps')
 ap.add_argument('--min-lr', type=float, default=0.0)
-ap.add_argument('--wire', default='fp32', choices=['fp32', 'bf16'],
-                help='bf16: every activation entering a stage and every gradient leaving it rounded to bf16 '
-                     '(pipedream train --wire bf16)')
+ap.add_argument('--wire', default='fp32', choices=['fp32', 'bf16', 'int8', 'int4', 'delta'],
+                help='every activation entering a stage through this codec (pipedream train --wire; '
+                     'tools/pd_codec.py: bit for bit the runtime\'s)')
+ap.add_argument('--wire-grad', choices=['fp32', 'bf16', 'int8', 'int4'],
+                help='every gradient leaving a stage through this codec (default: as --wire, fp32 after delta)')
+ap.add_argument('--error-feedback', action='store_true',
+                help='gradients: the error of a message added to the next of its boundary and micro-batch position')
 ap.add_argument('--clip-grad-norm', type=float, default=0.0,
                 help='torch.nn.utils.clip_grad_norm_ over every stage before each step (kinds without delays only)')
 ap.add_argument('--staleness', default='none',
@@ -168,27 +172,60 @@ elif args.kind == '2bw':
     delays = [1] * p
 else:
     delays = [0] * p
-if args.wire == 'bf16':
-    class WireBF16(torch.autograd.Function):
-        # a stage boundary in bf16: the activation rounded on its way in, the gradient on its way out
-        @staticmethod
-        def forward(ctx, x):
-            return x.to(torch.bfloat16).to(torch.float32)
-
-        @staticmethod
-        def backward(ctx, g):
-            return g.to(torch.bfloat16).to(torch.float32)
-
-    for st in stages[1:]:
-        layers[st[0]].register_forward_pre_hook(lambda mod, inp: tuple(WireBF16.apply(t) for t in inp))
 M = args.microbatches
 if M < 1 or args.minibatch % M:
     fail('--microbatches %d: needs a divisor of --minibatch %d' % (M, args.minibatch))
-if M > 1 and (args.kind != '1f1b' or args.vertical_sync or args.delays):
-    fail('--microbatches models 1f1b without vertical sync only (the flushing kinds\' micro-batches change only '
-         'the summation order)')
-if M > 1:   # the most steps a stage's units cross: ceil((p - 1 - s) / M)
+if M > 1 and (args.kind == '2bw' or args.vertical_sync or args.delays):
+    fail('--microbatches models 1f1b without vertical sync, and the flushing kinds (whose micro-batches change '
+         'the summation order, and the units a codec sees)')
+if M > 1 and args.kind == '1f1b':   # the most steps a stage's units cross: ceil((p - 1 - s) / M)
     delays = [-(-(p - 1 - s) // M) for s in range(p)]
+wire_grad = args.wire_grad or ('fp32' if args.wire == 'delta' else args.wire)
+if args.error_feedback and wire_grad == 'fp32':
+    fail('--error-feedback needs a gradient codec that loses something')
+# The wire: unit UNIT['i'] (global) of UNIT['pos'] (the samples' dataset positions, as the
+# runtime's sampler orders them) crosses boundary b (stages b, b + 1) as its codecs make it,
+# the gradient back likewise (int4: stochastic, keyed by (seed, unit * stages + b)).
+UNIT = {'i': 0, 'pos': None, 'first': True, 'train': True}
+if args.wire != 'fp32' or wire_grad != 'fp32':
+    import pd_codec
+    stores = [pd_codec.DeltaStore(0) for _ in range(p)]
+    carried = [{} for _ in range(p)]
+
+    class Wire(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, b):
+            xn = x.detach().numpy()
+            row = pd_codec.row_of(xn.shape[1:])
+            ctx.b, ctx.row = b, row
+            if args.wire == 'delta' and UNIT['train']:
+                stores[b].row = row
+                y = stores[b].send(xn, UNIT['pos'], UNIT['first'])
+            else:   # evaluation: delta as int8 rows, no reference kept
+                y = pd_codec.roundtrip('int8' if args.wire == 'delta' else args.wire, xn, row)
+            return torch.from_numpy(np.ascontiguousarray(y))
+
+        @staticmethod
+        def backward(ctx, g):
+            gn = g.detach().numpy()
+            key = pd_codec.key_of(args.seed, UNIT['i'] * p + ctx.b) if wire_grad == 'int4' else None
+            if args.error_feedback:
+                e = carried[ctx.b].get(UNIT['i'] % M, np.zeros(gn.shape, dtype=np.float32))
+                y, carried[ctx.b][UNIT['i'] % M] = pd_codec.error_feedback(wire_grad, gn, e, ctx.row, key)
+            else:
+                y = pd_codec.roundtrip(wire_grad, gn, ctx.row, key)
+            return torch.from_numpy(np.ascontiguousarray(y)), None
+
+    for k, st in enumerate(stages[1:]):
+        layers[st[0]].register_forward_pre_hook(lambda mod, inp, b=k: tuple(Wire.apply(t, b) for t in inp))
+
+
+def unit_positions(i, bs):
+    # the dataset positions of unit i's bs samples, and whether it is in the data's first epoch
+    # (data_batch_pos with the pipeline's drop_last sampler)
+    nb = text.n_train // bs
+    epoch, b = divmod(i, nb)
+    return pd_io.epoch_order(text.n_train, args.seed, epoch)[b * bs:(b + 1) * bs], epoch == 0
 if args.delays:
     delays = [int(d) for d in args.delays.split(',')]
     if len(delays) != p or min(delays) < 0:
@@ -211,7 +248,7 @@ def steps_at(s, i):
 def version(s, i):
     # The version unit i (minibatch i // M) reads on stage s.
     m = i // M
-    if M > 1:
+    if M > 1 and args.kind == '1f1b':
         return steps_at(s, i)
     return max(0, m - delays[s])
 
@@ -304,6 +341,9 @@ for m in range(args.steps):
         for s in range(p):
             load(s, version(s, i), i)
         x, y = text.minibatch(i, args.minibatch // M, args.seed)
+        if args.wire == 'delta':
+            UNIT['pos'], UNIT['first'] = unit_positions(i, args.minibatch // M)
+        UNIT['i'] = i
         loss = loss_of(model(torch.from_numpy(x)), torch.from_numpy(y))
         (loss / M if M > 1 else loss).backward()
         mb_losses.append(loss.item())
@@ -330,6 +370,7 @@ for m in range(args.steps):
                 del dirs[s][k]
 
 # The final weights are every stage's newest version (the parameters now hold them).
+UNIT['train'] = False
 if args.text:
     test_loss, test_acc = tm.lm_evaluate(model, text)
 else:   # the test set in eval mode (batch norm's running statistics), weighted by samples
@@ -347,6 +388,7 @@ out = {'framework': 'torch-oracle', 'model': spec_json['name'], 'kind': args.kin
        'stages': stages, 'delays': delays, 'steps': args.steps, 'minibatch': args.minibatch,
        'optimizer': args.optimizer, 'lr': args.lr, 'warmup_steps': args.warmup_steps, 'staleness': args.staleness,
        'lr_schedule': args.lr_schedule, 'clip_grad_norm': args.clip_grad_norm, 'wire': args.wire,
+       'wire_grad': wire_grad, 'error_feedback': args.error_feedback,
        'final_loss': round(losses[-1], 6) if losses else None,
        'mean_loss': round(sum(losses) / len(losses), 6) if losses else None,
        'test_loss': round(test_loss, 6), 'test_accuracy': round(test_acc, 4)}

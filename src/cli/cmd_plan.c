@@ -58,8 +58,15 @@ static void help(FILE *f) {
             "  --memory-limit BYTES       per-worker memory constraint (default: the cluster file's\n"
             "                             memory_per_worker; 0 = none)\n"
             "  --allow-idle               allow plans that leave workers idle (--use_fewer_machines)\n"
-            "  --wire fp32|bf16           the format between stages `train --wire` will use (bf16: as\n"
-            "                             --activation-compression 2)\n"
+            "  --wire CODEC               the codec of the activations between stages (train --wire):\n"
+            "                             fp32, bf16 (as --activation-compression 2), int8, int4, delta;\n"
+            "                             other than fp32 and bf16 the plan records it per boundary;\n"
+            "                             auto: per boundary and direction the first of --wire-allow\n"
+            "                             (fp32, bf16, int8, int4, delta, in that order) whose bytes cross\n"
+            "                             the link in no more time than the slowest stage's compute\n"
+            "  --wire-grad CODEC          the gradients' codec (default: as --wire; fp32 after delta)\n"
+            "  --wire-allow LIST          the codecs --wire auto may pick (default: all)\n"
+            "  --error-feedback           gradients carry their quantization error (costed as such)\n"
             "  --activation-compression R divide activation transfers by R (pipedream model: without\n"
             "                             it transfers are ignored, as in the authors' optimizer)\n"
             "  --cost-model KIND          ours (default) or pipedream (the authors' optimizer, exactly)\n"
@@ -116,10 +123,50 @@ static int parse_list(const char *opt, const char *s, int ints, double *out) {
     return n > 0 ? n : -1;
 }
 
+/* --wire, --wire-grad, --wire-allow, --error-feedback: the codecs the plan records per
+ * boundary (none recorded: fp32 and bf16 both ways, which --activation-compression covers). */
+typedef struct WireChoice {
+    int act, grad;     /* PLAN_WIRE_* (train's RT_WIRE_*); act -2: auto; grad -1: as act (fp32 after delta) */
+    unsigned allow;    /* auto: a bit per codec */
+    int error_feedback;
+} WireChoice;
+
+/* Records wc's codecs in p (auto: sim_wire_auto's choice on p's 1f1b costs from prof) and
+ * prints them. */
+static int wire_apply(Plan *p, const Profile *prof, const Cluster *cl, const WireChoice *wc, Err *err) {
+    int grad = wc->grad >= 0 ? wc->grad : wc->act == 4 ? 0 : wc->act;
+    if (wc->act != -2 && wc->act <= 1 && grad == wc->act && !wc->error_feedback) return PD_OK;
+    if (p->chunks > 1) return err_set(err, PD_EINVAL, "--wire per boundary: not for an interleaved plan");
+    free(p->wire);
+    p->wire = calloc(2 * (size_t)p->n_stages, sizeof(int));
+    PD_ASSERT(p->wire);
+    int rc = PD_OK;
+    if (wc->act == -2) {
+        SchedOpts so = {.kind = SCHED_1F1B, .n_minibatches = 4, .n_micro = 1};
+        Schedule s;
+        SimCosts c = {0, NULL};
+        if ((rc = sched_build(p, &so, &s, err))) return rc;
+        if (!(rc = sim_costs_from_profile(&s, prof, &c, err)))
+            rc = sim_wire_auto(&s, &c, cl, wc->allow, wc->error_feedback, p->wire, err);
+        sim_costs_release(&c);
+        sched_release(&s);
+        if (rc) return rc;
+        if (wc->grad >= 0)
+            for (int b = 0; b + 1 < p->n_stages; b++) p->wire[2 * b + 1] = wc->grad;
+    } else {
+        for (int b = 0; b + 1 < p->n_stages; b++) p->wire[2 * b] = wc->act, p->wire[2 * b + 1] = grad;
+    }
+    printf("wire:");
+    for (int b = 0; b + 1 < p->n_stages; b++)
+        printf("%s boundary %d %s / %s", b ? "," : "", b, plan_wire_name(p->wire[2 * b]), plan_wire_name(p->wire[2 * b + 1]));
+    printf(" (activations / gradients)\n");
+    return PD_OK;
+}
+
 /* --choose-schedule: the search, its report, the chosen plan's table; -o writes it with the
  * schedule recorded. Releases prof. */
 static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, SearchOpts *so, const char *out_path,
-                           int show_all) {
+                           int show_all, const WireChoice *wc) {
     Err err = {0};
     so->memory_limit = o->memory_limit;
     so->plan = *o;
@@ -140,6 +187,11 @@ static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, 
         best->schedule_micro = r.best.n_micro;
         best->schedule_recompute = r.best.recompute;
         best->opts.memory_limit = o->memory_limit;
+        if (wire_apply(best, prof, cl, wc, &err)) {
+            plan_search_release(&r);
+            profile_release(prof);
+            return cli_fail(&err);
+        }
         plan_print(best, stdout);
         printf("\n");
         plan_search_print(&r, stdout);
@@ -158,7 +210,8 @@ static int choose_schedule(Profile *prof, const Cluster *cl, const PlanOpts *o, 
  * units_per_step units (the partitioner's view); the simulator runs the profile as measured with
  * that many micro-batches per step. Releases prof. */
 static int simulate_choice(const char *profile_path, Profile *prof, int units_per_step, const Cluster *cl,
-                           const PlanOpts *o, int exhaustive, int explain, int pick, const char *out_path) {
+                           const PlanOpts *o, int exhaustive, int explain, int pick, const char *out_path,
+                           const WireChoice *wc) {
     Err err = {0};
     Profile raw, *sim_prof = prof;
     if (units_per_step > 1) {
@@ -187,6 +240,13 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
             p->sim_micro = r.n_micro;
             p->sim_s = c->score.unit_s;
             p->sim_samples_per_s = r.samples_per_unit / c->score.unit_s;
+        }
+        if (wire_apply(p, sim_prof, cl, wc, &err)) {
+            rc = cli_fail(&err);
+            plan_choose_release(&r);
+            if (sim_prof != prof) profile_release(&raw);
+            profile_release(prof);
+            return rc;
         }
         plan_print(p, stdout);
         printf("\n");
@@ -220,6 +280,7 @@ int cmd_plan(int argc, char **argv) {
     SearchOpts so;
     memset(&so, 0, sizeof so);
     int choose = 0, search_flags = 0, show_all = 0, explain = 0, no_sim = 0, pick = 0;
+    WireChoice wc = {.act = 0, .grad = -1, .allow = (1u << PLAN_WIRE_COUNT) - 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--cluster")) {
@@ -264,9 +325,27 @@ int cmd_plan(int argc, char **argv) {
                 return CLI_USAGE;
         } else if (!strcmp(a, "--wire")) {   /* train --wire bf16: half the bytes on every link */
             if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
-            if (!strcmp(v, "bf16")) o.activation_compression = 2;
-            else if (!strcmp(v, "fp32")) o.activation_compression = 0;
-            else return cli_usage_error("plan", "--wire: unknown \"%s\" (fp32, bf16)", v);
+            wc.act = !strcmp(v, "auto") ? -2 : plan_wire_parse(v);
+            if (wc.act == -1) return cli_usage_error("plan", "--wire: unknown \"%s\" (fp32, bf16, int8, int4, delta, auto)", v);
+            /* the partitioner sees the codec's bytes as a compression of every transfer */
+            static const double ratio[PLAN_WIRE_COUNT] = {0, 2, 4 / 1.0625, 4 / 0.5625, 4 / 0.5625};
+            o.activation_compression = wc.act >= 0 ? ratio[wc.act] : 0;
+        } else if (!strcmp(a, "--wire-grad")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            if ((wc.grad = plan_wire_parse(v)) < 0 || wc.grad == 4)
+                return cli_usage_error("plan", "--wire-grad: unknown \"%s\" (fp32, bf16, int8, int4)", v);
+        } else if (!strcmp(a, "--wire-allow")) {
+            if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            wc.allow = 0;
+            for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
+                int k = plan_wire_parse(t);
+                if (k < 0) return cli_usage_error("plan", "--wire-allow: unknown codec \"%s\" (fp32, bf16, int8, int4, delta)", t);
+                wc.allow |= 1u << k;
+            }
+        } else if (!strcmp(a, "--error-feedback")) {
+            wc.error_feedback = 1;
         } else if (!strcmp(a, "--cost-model")) {
             if (!(v = cli_value("plan", argc, argv, &i))) return CLI_USAGE;
             o.cost_model = plan_cost_model_parse(v);
@@ -379,17 +458,22 @@ int cmd_plan(int argc, char **argv) {
     Profile prof;
     if (profile_load(profile_path, &prof, &err)) return cli_fail(&err);
     profile_spread_step(&prof, units_per_step);
-    if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all);
+    if (choose) return choose_schedule(&prof, &cl, &o, &so, out_path, show_all, &wc);
     if (!no_sim && o.cost_model == COST_OURS && !o.chunks && !o.allow_idle)
-        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, pick, out_path);
+        return simulate_choice(profile_path, &prof, units_per_step, &cl, &o, so.exhaustive, explain, pick, out_path, &wc);
     Plan *p = plan_new(&prof, &cl, &o, &err);
     if (!p) {
         err_prefix(&err, "%s", profile_path);
         profile_release(&prof);
         return cli_fail(&err);
     }
-    plan_print(p, stdout);
     int rc = CLI_OK;
+    if (wire_apply(p, &prof, &cl, &wc, &err)) {
+        plan_free(p);
+        profile_release(&prof);
+        return cli_fail(&err);
+    }
+    plan_print(p, stdout);
     if (out_path) {
         if (plan_save(p, out_path, &err)) rc = cli_fail(&err);
         else printf("wrote %s\n", out_path);

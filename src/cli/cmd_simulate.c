@@ -15,7 +15,7 @@ static void help(FILE *f) {
     fprintf(f,
             "usage: pipedream simulate PLAN.json --profile PROFILE [--cluster CLUSTER.json]\n"
             "                          [--schedule KIND] [--minibatches N] [--microbatches M]\n"
-            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam|adamw] [--wire bf16]\n"
+            "                          [--vertical-sync] [--recompute] [--chunks V] [--optimizer sgd|adam|adamw] [--wire CODEC] [--wire-grad CODEC]\n"
             "                          [--unit-batch N]\n"
             "                          [--svg FILE] [--comm]\n"
             "                          [--trace FILE.json] [--dump] [--json]\n\n"
@@ -41,8 +41,11 @@ static void help(FILE *f) {
             "                       stage i on worker (i mod (S / V)) d + j (a plan written with\n"
             "                       plan --chunks V has them)\n"
             "  --optimizer KIND     state size for memory: sgd (momentum, default), adam or adamw\n"
-            "  --wire fp32|bf16     activations and gradients between stages as fp32 (default) or bf16\n"
-            "                       (train --wire: half the bytes on every link)\n"
+            "  --wire CODEC         activations between stages as train --wire sends them: fp32 (default,\n"
+            "                       or the plan's codecs), bf16, int8, int4, delta: their bytes, and\n"
+            "                       the time to encode and decode them\n"
+            "  --wire-grad CODEC    the gradients' (default: as --wire; fp32 after delta)\n"
+            "  --error-feedback     gradients carry their quantization error (its time)\n"
             "  --unit-batch N       samples per unit (train --minibatch N / micro-batches): the profile's\n"
             "                       times and bytes scaled to it, as train predicts (default: the\n"
             "                       profile's minibatch)\n"
@@ -61,7 +64,8 @@ int cmd_simulate(int argc, char **argv) {
     SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
     int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
-    int wire_bf16 = 0, unit_batch = 0;
+    int wire = -1, wire_grad = -1, error_feedback = 0, unit_batch = 0;   /* -1: the plan's, else fp32 */
+    int *wire_at = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--profile")) {
@@ -95,9 +99,14 @@ int cmd_simulate(int argc, char **argv) {
             else return cli_usage_error("simulate", "--optimizer: unknown \"%s\" (sgd, adam, adamw)", v);
         } else if (!strcmp(a, "--wire")) {
             if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
-            if (!strcmp(v, "fp32")) wire_bf16 = 0;
-            else if (!strcmp(v, "bf16")) wire_bf16 = 1;
-            else return cli_usage_error("simulate", "--wire: unknown \"%s\" (fp32, bf16)", v);
+            if ((wire = plan_wire_parse(v)) < 0)
+                return cli_usage_error("simulate", "--wire: unknown \"%s\" (fp32, bf16, int8, int4, delta)", v);
+        } else if (!strcmp(a, "--wire-grad")) {
+            if (!(v = cli_value("simulate", argc, argv, &i))) return CLI_USAGE;
+            if ((wire_grad = plan_wire_parse(v)) < 0 || wire_grad == SIM_WIRE_DELTA)
+                return cli_usage_error("simulate", "--wire-grad: unknown \"%s\" (fp32, bf16, int8, int4)", v);
+        } else if (!strcmp(a, "--error-feedback")) {
+            error_feedback = 1;
         } else if (!strcmp(a, "--unit-batch")) {
             if (!(v = cli_value("simulate", argc, argv, &i)) || cli_parse_int("simulate", a, v, 1, 1 << 24, &unit_batch))
                 return CLI_USAGE;
@@ -187,8 +196,16 @@ int cmd_simulate(int argc, char **argv) {
         }
         sim_costs_scale(&costs, (double)unit_batch / prof.minibatch);
     }
+    /* the codecs: given, else the plan's per boundary; fp32 and bf16 both ways as a factor */
+    int wg = wire_grad >= 0 ? wire_grad : wire == SIM_WIRE_DELTA ? 0 : wire;
+    if (wire >= 0 && !(wire <= 1 && wg == wire && !error_feedback)) {
+        wire_at = calloc(2 * (size_t)s.n_stages, sizeof(int));
+        PD_ASSERT(wire_at);
+        for (int b = 0; b + 1 < s.n_stages; b++) wire_at[2 * b] = wire, wire_at[2 * b + 1] = wg;
+    }
     SimOpts o = {.cluster = &cl, .opt_state_factor = opt_factor, .samples_per_unit = unit_batch ? unit_batch : prof.minibatch,
-                 .wire_factor = wire_bf16 ? 0.5 : 1.0};
+                 .wire_factor = wire == 1 ? 0.5 : 1.0, .wire_at = wire_at ? wire_at : wire < 0 ? p->wire : NULL,
+                 .error_feedback = error_feedback};
     if (sim_run(&s, &costs, &o, &r, &err)) {
         err_prefix(&err, "%s (%s)", plan_path, sched_kind_name(so.kind));
         goto fail;
@@ -234,6 +251,7 @@ fail:
     if (rc != CLI_OK) rc = cli_fail(&err);
 cleanup:
     free(ev);
+    free(wire_at);
     sim_result_release(&r);
     sim_costs_release(&costs);
     sched_release(&s);

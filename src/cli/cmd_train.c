@@ -23,7 +23,7 @@ typedef struct TrainOpts {
         *save, *calibrated, *calibrated_cluster, *progress_file;
     int workers, micro, epochs, steps, batch, threads, seed, vsync, opt_kind, progress, checkpoint_every, keep_last,
         nan_check, eval_every, no_stash, recompute, chunks, log_every, kind_given, staleness, staleness_warmup,
-        lr_sched, warmup, decay_steps, wire, precision, fit;
+        lr_sched, warmup, decay_steps, wire, wire_grad, error_feedback, precision, fit;
     SchedKind kind;
     double lr, momentum, wd, timeout, target, beta1, beta2, min_lr, clip;
 } TrainOpts;
@@ -41,9 +41,14 @@ static int set_optimizer(TrainOpts *o, const char *v) {
 }
 
 static int set_wire(TrainOpts *o, const char *v) {
-    if (!strcmp(v, "fp32")) o->wire = RT_WIRE_FP32;
-    else if (!strcmp(v, "bf16")) o->wire = RT_WIRE_BF16;
-    else return cli_usage_error("train", "--wire expects fp32 or bf16, got \"%s\"", v);
+    if ((o->wire = rt_wire_parse(v)) < 0)
+        return cli_usage_error("train", "--wire expects fp32, bf16, int8, int4 or delta, got \"%s\"", v);
+    return CLI_OK;
+}
+
+static int set_wire_grad(TrainOpts *o, const char *v) {
+    if ((o->wire_grad = rt_wire_parse(v)) < 0 || o->wire_grad == RT_WIRE_DELTA)
+        return cli_usage_error("train", "--wire-grad expects fp32, bf16, int8 or int4, got \"%s\"", v);
     return CLI_OK;
 }
 
@@ -120,8 +125,16 @@ static const Flag FLAGS[] = {
         "1f1b, which then steps once per minibatch (default on 2 or more workers: 4, or the largest count "
         "below 4 that divides the minibatch; 1: a step per unit, PipeDream's original)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
-    CHOICE("--wire", "FORMAT", set_wire,
-           "fp32 (default) or bf16: activations and gradients between stages travel as bf16, half the bytes"),
+    CHOICE("--wire", "CODEC", set_wire,
+           "how activations travel between stages: fp32 (default), bf16 (half the bytes), int8 (a scale per "
+           "row), int4 (a scale per 64 values), delta (per training sample, the int4 difference from its "
+           "previous activation; int8 in the first epoch); gradients travel the same way unless --wire-grad"),
+    CHOICE("--wire-grad", "CODEC", set_wire_grad,
+           "how activation gradients travel back: fp32, bf16, int8, int4 (stochastic rounding, seeded); "
+           "default: as --wire (fp32 with --wire delta)"),
+    SWITCH("--error-feedback", error_feedback,
+           "gradients: add each message's quantization error to the next one of the same boundary and "
+           "micro-batch position"),
     SWITCH("--recompute", recompute,
            "keep only each stage's input per unit in flight and recompute the forward before "
            "the backward (activation memory for time)"),
@@ -254,7 +267,8 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     const char *C = "train";
     *o = (TrainOpts){.epochs = 1, .batch = CLI_TRAIN_MINIBATCH, .threads = 1, .seed = 1, .kind = SCHED_1F1B, .lr = 0.01,
                      .momentum = 0.9, .timeout = 300, .opt_kind = OPT_SGD, .log_every = 50,
-                     .staleness = RT_STALE_DEFAULT, .beta1 = 0.9, .beta2 = 0.999};
+                     .staleness = RT_STALE_DEFAULT, .beta1 = 0.9, .beta2 = 0.999,
+                     .wire = -1, .wire_grad = -1};
     int have_epochs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -494,7 +508,10 @@ static int train_main(int argc, char **argv) {
     oc.lr_sched = (LrSchedKind)o.lr_sched, oc.warmup = o.warmup, oc.decay_steps = o.decay_steps;
     oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
-                        .vertical_sync = o.vsync, .wire = o.wire, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
+                        .vertical_sync = o.vsync, .wire = o.wire < 0 ? RT_WIRE_FP32 : o.wire, .wire_grad = o.wire_grad,
+                        /* no codec given: the plan's per boundary, if it has them */
+                        .wire_at = o.wire < 0 && o.wire_grad < 0 && plan ? plan->wire : NULL,
+                        .error_feedback = o.error_feedback, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,
                         .opt = oc, .seed = (uint64_t)o.seed, .data_dir = o.data, .text = o.text ? o.text : o.tokens, .threads = o.threads,
                         .timeout_s = o.timeout, .checkpoint_every = o.checkpoint_every,
                         .checkpoint_dir = o.checkpoint_dir, .keep_last = o.keep_last, .resume = o.resume,

@@ -36,7 +36,25 @@ char *train_summary_json(const RtTrainSummary *s, double bytes_per_token) {
     num(o, "lr", s->lr);
     cJSON_AddStringToObject(o, "lr_schedule", s->lr_schedule);
     cJSON_AddStringToObject(o, "wire", s->wire);
+    cJSON_AddStringToObject(o, "wire_grad", s->wire_grad);
+    cJSON_AddBoolToObject(o, "error_feedback", s->error_feedback);
     num(o, "bytes_sent", s->bytes_sent);
+    num(o, "wire_ratio", s->wire_ratio);
+    /* boundary b (stages b, b + 1): the payload bytes each way, as sent, and fp32's over them */
+    cJSON *bs = cJSON_AddArrayToObject(o, "boundaries");
+    for (int b = 0; s->stage && b + 1 < s->stages; b++) {
+        const RtStageSummary *lo = &s->stage[b], *hi = &s->stage[b + 1];
+        cJSON *x = cJSON_CreateObject();
+        PD_ASSERT(x);
+        num(x, "boundary", b);
+        cJSON_AddStringToObject(x, "wire", rt_wire_name(lo->wire_act));
+        num(x, "act_bytes", lo->act_wire_bytes);
+        num(x, "act_ratio", lo->act_wire_bytes > 0 ? lo->act_raw_bytes / lo->act_wire_bytes : NAN);
+        cJSON_AddStringToObject(x, "wire_grad", rt_wire_name(hi->wire_grad));
+        num(x, "grad_bytes", hi->grad_wire_bytes);
+        num(x, "grad_ratio", hi->grad_wire_bytes > 0 ? hi->grad_raw_bytes / hi->grad_wire_bytes : NAN);
+        cJSON_AddItemToArray(bs, x);
+    }
     num(o, "grad_norm_mean", s->grad_norm_mean);
     num(o, "grad_norm_max", s->grad_norm_max);
     num(o, "clipped_steps", isnan(s->grad_norm_mean) ? NAN : s->clipped_steps);

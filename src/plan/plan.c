@@ -47,11 +47,24 @@ void plan_free(Plan *p) {
     }
     free(p->stages);
     free(p->edges);
+    free(p->wire);
     free(p);
+}
+
+static const char *const g_wire_names[PLAN_WIRE_COUNT] = {"fp32", "bf16", "int8", "int4", "delta"};
+
+const char *plan_wire_name(int wire) { return wire >= 0 && wire < PLAN_WIRE_COUNT ? g_wire_names[wire] : "?"; }
+
+int plan_wire_parse(const char *name) {
+    for (int i = 0; name && i < PLAN_WIRE_COUNT; i++)
+        if (!strcmp(name, g_wire_names[i])) return i;
+    return -1;
 }
 
 int plan_interleave(Plan *p, int V, Err *err) {
     int S = p->n_stages, d = p->stages[0].replicas;
+    free(p->wire);   /* its boundaries change */
+    p->wire = NULL;
     if (V < 2 || S % V || S / V < 2)
         return err_set(err, PD_EINVAL, "cannot interleave %d stages in %d chunks: need V >= 2 dividing the stages and at "
                        "least 2 workers", S, V);
@@ -443,6 +456,16 @@ int plan_save(const Plan *p, const char *path, Err *err) {
         cJSON_AddItemToObject(o, "time_s", pd_json_num(st->time_s));
         cJSON_AddItemToArray(stages, o);
     }
+    if (p->wire) {
+        cJSON *wa = cJSON_AddArrayToObject(root, "wire");
+        for (int b = 0; b + 1 < p->n_stages; b++) {
+            cJSON *x = cJSON_CreateObject();
+            PD_ASSERT(x);
+            cJSON_AddStringToObject(x, "act", plan_wire_name(p->wire[2 * b]));
+            cJSON_AddStringToObject(x, "grad", plan_wire_name(p->wire[2 * b + 1]));
+            cJSON_AddItemToArray(wa, x);
+        }
+    }
     if (p->n_edges > 0) {
         cJSON *edges = cJSON_AddArrayToObject(root, "edges");
         for (int e = 0; e < p->n_edges; e++) cJSON_AddItemToArray(edges, cJSON_CreateIntArray(p->edges[e], 2));
@@ -588,6 +611,28 @@ Plan *plan_load(const char *path, Err *err) {
     }
     const cJSON *edges = jobj_get(&j, "edges");
     if (edges && (rc = profile_read_edges(edges, path, &p->edges, &p->n_edges, err))) goto done;
+    const cJSON *wa = jobj_get(&j, "wire");
+    if (wa) {
+        if (!cJSON_IsArray(wa) || cJSON_GetArraySize(wa) != p->n_stages - 1) {
+            rc = err_set(err, PD_EINVAL, "%s: key \"wire\": expected an array of %d boundaries", path, p->n_stages - 1);
+            goto done;
+        }
+        p->wire = calloc(2 * (size_t)p->n_stages, sizeof(int));
+        PD_ASSERT(p->wire);
+        for (int b = 0; b + 1 < p->n_stages; b++) {
+            const cJSON *x = cJSON_GetArrayItem(wa, b);
+            for (int g = 0; g < 2; g++) {
+                const cJSON *v = x ? cJSON_GetObjectItemCaseSensitive(x, g ? "grad" : "act") : NULL;
+                int c = cJSON_IsString(v) ? plan_wire_parse(v->valuestring) : -1;
+                if (c < 0 || (g && c == 4)) {
+                    rc = err_set(err, PD_EINVAL, "%s: wire: boundary %d: key \"%s\": expected fp32, bf16, int8, int4%s",
+                                 path, b, g ? "grad" : "act", g ? "" : " or delta");
+                    goto done;
+                }
+                p->wire[2 * b + g] = c;
+            }
+        }
+    }
     if ((rc = jobj_done(&j, err))) goto done;
     if ((rc = plan_validate(p, p->n_layers, err))) err_prefix(err, "%s", path);
 done:

@@ -175,7 +175,18 @@ typedef struct Plan {
     double sim_s, sim_samples_per_s;
     char sim_schedule[24];
     int sim_micro;
+    /* The codecs of the boundaries' messages (`plan --wire`; JSON "wire": per boundary b, between
+     * stages b and b + 1, {"act": NAME, "grad": NAME}): NULL = none chosen; else 2 (n_stages - 1)
+     * codes, numbered as train's RT_WIRE_* (plan_wire_name), activations at [2 b], gradients at
+     * [2 b + 1]. */
+    int *wire;
 } Plan;
+
+/* The wire codecs' names, numbered as the runtime's RT_WIRE_*: "fp32", "bf16", "int8", "int4",
+ * "delta" (PLAN_WIRE_COUNT of them) and back (-1: unknown). */
+enum { PLAN_WIRE_COUNT = 5 };
+const char *plan_wire_name(int wire);
+int plan_wire_parse(const char *name);
 
 /* Partitions prof over cl. Returns a plan the caller owns (plan_free), or NULL with err. */
 Plan *plan_new(const Profile *prof, const Cluster *cl, const PlanOpts *o, Err *err);

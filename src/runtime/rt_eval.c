@@ -37,9 +37,12 @@ static int eval_batch(Worker *w, size_t b, int n, int64_t mb, Err *err) {
                 return rc;
         }
     } else {
-        if ((rc = comm_irecv(w->c, prev, COMM_ACT, rt_msg_id(s, mb, w->stage), in, nnctx_input(sl->ctx), &rq, err)))
-            return rc;
+        RtWireDir *d = &w->wire_ain;   /* the wire's codec (rt_wire.c; bf16 and fp32: as fp32) */
+        Shape ws = rt_wire_shape(w, d, in, mb, 1);
+        float *dst = rt_wire_plain(d, 1) ? nnctx_input(sl->ctx) : (float *)(void *)sl->w_act_in;
+        if ((rc = comm_irecv(w->c, prev, COMM_ACT, rt_msg_id(s, mb, w->stage), ws, dst, &rq, err))) return rc;
         if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) return rc;
+        rt_wire_recv(w, d, mb, sl->w_act_in, nnctx_input(sl->ctx), shape_numel(in), 1);
         if (w->is_last) {
             if ((rc = comm_irecv(w->c, first, COMM_CTRL, mb, shape1(n * w->tlen), sl->labels_f, &rq, err))) return rc;
             if ((rc = comm_wait(w->c, &rq, w->cfg->recv_timeout_s, NULL, err))) return rc;
@@ -55,7 +58,10 @@ static int eval_batch(Worker *w, size_t b, int n, int64_t mb, Err *err) {
         w->res->test_correct += correct;
         w->res->test_total += n * w->tlen;
     } else {
-        if ((rc = comm_isend(w->c, next, COMM_ACT, rt_msg_id(s, mb, w->stage + 1), w->newest, out, y, &sl->s_act, err)))
+        RtWireDir *d = &w->wire_aout;
+        const float *m = rt_wire_send(w, d, mb, y, shape_numel(out), sl->w_act_out, 1);
+        if ((rc = comm_isend(w->c, next, COMM_ACT, rt_msg_id(s, mb, w->stage + 1), w->newest, rt_wire_shape(w, d, out, mb, 1),
+                             m, &sl->s_act, err)))
             return rc;
         /* the output buffer is rewritten by the next batch's forward: complete the send */
         if ((rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err))) return rc;

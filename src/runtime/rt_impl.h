@@ -5,6 +5,7 @@
 #ifndef PD_RT_IMPL_H
 #define PD_RT_IMPL_H
 
+#include "kernels.h"
 #include "runtime.h"
 
 enum { RT_DONE = 0, RT_BLOCKED = 1, RT_AT_AR = 2, RT_ERR = 3 };
@@ -28,14 +29,33 @@ typedef struct Slot {
     int act_ready, grad_ready, lab_ready;
     int version;              /* weight version its forward used */
     int pslot;                /* staleness prediction: the predicted weights it computes with (Worker.pbuf), -1: none */
-    /* RtConfig.wire RT_WIRE_BF16: the messages as bf16, what receives land in (unpacked into the
-     * input / dy once arrived, act_in and grad_in then set) and what sends read (packed from the
-     * output / dx); NULL with fp32 or where the stage has no such message */
-    uint16_t *w_act_in, *w_act_out, *w_grad_in, *w_grad_out;
+    /* a codec other than fp32 (rt_wire.c): the messages as encoded, what receives land in (decoded
+     * into the input / dy once arrived, act_in and grad_in then set) and what sends read (encoded
+     * from the output / dx); NULL with fp32 or where the stage has no such message */
+    uint8_t *w_act_in, *w_act_out, *w_grad_in, *w_grad_out;
     int act_in, grad_in;
 } Slot;
 
 typedef struct RtTie RtTie;
+
+/* One of a worker's four messages per unit (activation in and out, gradient in and out) as the
+ * wire carries it (rt_wire.c). */
+typedef struct RtWireDir {
+    int wire;                 /* RT_WIRE_*; RT_WIRE_FP32: the floats as they are, no buffer */
+    KCodec kc;                /* its codec (delta: the differences'; kc_first: the first epoch's) */
+    KCodec kc_first;
+    size_t n;                 /* floats of a unit's message (unit_batch samples of n / unit_batch) */
+    size_t cap;               /* bytes of its largest encoding, in whole float-sized words */
+    int boundary;             /* between stages boundary and boundary + 1 */
+    /* delta: each training sample's reference, ref_bytes bytes at store + position * ref_bytes */
+    KCodec ref;
+    size_t ref_bytes;
+    uint8_t *store;
+    float *tmp;               /* 2 n / unit_batch floats */
+    /* error feedback (a gradient sent): the carried error per micro-batch position, n_ef of n floats */
+    float **ef;
+    int n_ef;
+} RtWireDir;
 
 typedef struct Worker {
     /* A rank that runs several stages (interleaved: its chunks) is one Worker per stage. The one
@@ -97,6 +117,9 @@ typedef struct Worker {
     int n_xtie;
     DataSampler sampler;
     int has_sampler;
+    RtWireDir wire_ain, wire_aout, wire_gin, wire_gout;   /* rt_wire.c */
+    uint32_t *wire_order;     /* delta: the data's order of epoch wire_epoch (UINT64_MAX: none yet) */
+    uint64_t wire_epoch;
     int pc;
     double t_start;
     int events_cap;
@@ -111,6 +134,21 @@ typedef struct Worker {
 static inline int64_t rt_msg_id(const Schedule *s, int64_t u, int boundary) {
     return s->n_chunks > 1 ? u * s->n_stages + boundary : u;
 }
+
+/* rt_wire.c: the codecs of a worker's messages (RtConfig.wire, wire_grad, wire_at,
+ * error_feedback). rt_wire_init (after the shapes and the stage are known) sets up w's four
+ * RtWireDir and returns PD_EINVAL for a combination it cannot run; rt_wire_release frees them.
+ * rt_wire_shape: the shape unit u's message d travels as (shape1 of its float-sized words), or
+ * s itself where it travels as floats (rt_wire_plain). rt_wire_send: what a send of unit u's floats x reads (x
+ * itself, or buf after encoding them; counts the bytes into w->res); rt_wire_recv: decodes
+ * what landed in buf into x (n floats: the unit's, or an evaluation batch's). Evaluation (eval
+ * set): no reference or error is read or kept; delta travels as int8, bf16 as fp32. */
+int    rt_wire_init(Worker *w, Err *err);
+void   rt_wire_release(Worker *w);
+int    rt_wire_plain(const RtWireDir *d, int eval);
+Shape  rt_wire_shape(Worker *w, const RtWireDir *d, Shape s, int64_t u, int eval);
+const float *rt_wire_send(Worker *w, RtWireDir *d, int64_t u, const float *x, size_t n, uint8_t *buf, int eval);
+void   rt_wire_recv(Worker *w, RtWireDir *d, int64_t u, const uint8_t *buf, float *x, size_t n, int eval);
 
 /* rt_record.c. The progress line on stderr (RtConfig.progress) after unit u of w's list, whose
  * loss was loss; last: w computes no later unit of the list (that line is always written). */

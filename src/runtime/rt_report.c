@@ -24,6 +24,18 @@ static double stage_predicted_ms(const Schedule *s, const SimCosts *costs, const
     return 1e3 * (costs->stage[i].fwd_s + costs->stage[i].bwd_s + step) * sr->slowdown[s->stages[i].ranks[0]];
 }
 
+/* The codecs of the run per boundary for the simulator (SimOpts.wire_at; RT_WIRE_* numbers
+ * them as it does), n stages; NULL where fp32 or bf16 go both ways (its wire_factor), else the
+ * caller frees it. */
+static int *sim_wire_at(const RtTrainSpec *sp, int n) {
+    if (!sp->wire_at && sp->wire <= RT_WIRE_BF16 && sp->wire_grad == sp->wire && !sp->error_feedback) return NULL;
+    int *w = calloc(2 * (size_t)n, sizeof(int));
+    PD_ASSERT(w);
+    for (int b = 0; b + 1 < n; b++)
+        w[2 * b] = sp->wire_at ? sp->wire_at[2 * b] : sp->wire, w[2 * b + 1] = sp->wire_at ? sp->wire_at[2 * b + 1] : sp->wire_grad;
+    return w;
+}
+
 /* Per stage, the simulator's compute per unit on its first replica (ms, as rt_summarize's
  * predicted_ms has it); NAN without a profile or when the simulator fails. */
 static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_batch, double *ms) {
@@ -31,16 +43,22 @@ static void predict_stage_ms(const RtTrainSpec *sp, const Schedule *s, int unit_
     if (!sp->profile) return;
     SimCosts costs;
     SimResult sr;
+    int *wire_at = sim_wire_at(sp, s->n_stages);
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
-                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
+                  .samples_per_unit = unit_batch, .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0,
+                  .wire_at = wire_at, .error_feedback = sp->error_feedback};
     Err e2 = {0};
-    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) return;
+    if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
+        free(wire_at);
+        return;
+    }
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
     if (sim_run(s, &costs, &so, &sr, &e2) == PD_OK) {
         for (int i = 0; i < costs.n_stages; i++) ms[i] = stage_predicted_ms(s, &costs, &sr, i);
         sim_result_release(&sr);
     }
     sim_costs_release(&costs);
+    free(wire_at);
 }
 
 int rt_progress_file_line(Comm *c, const RtTrainSpec *sp, const Schedule *seg, int unit_batch, uint64_t minibatches,
@@ -230,7 +248,9 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     out->staleness_mean = out->pull_ms_mean = out->pull_ms_max = NAN;
     out->staleness_max = -1;
     snprintf(out->lr_schedule, sizeof out->lr_schedule, "%s", optim_lr_sched_name(sp->opt.lr_sched));
-    snprintf(out->wire, sizeof out->wire, "%s", sp->wire == RT_WIRE_BF16 ? "bf16" : "fp32");
+    snprintf(out->wire, sizeof out->wire, "%s", sp->wire_at ? "plan" : rt_wire_name(sp->wire));
+    snprintf(out->wire_grad, sizeof out->wire_grad, "%s", sp->wire_at ? "plan" : rt_wire_name(sp->wire_grad));
+    out->error_feedback = sp->error_feedback;
     out->bytes_sent = 0;
     for (int r = 0; r < s->n_ranks; r++) out->bytes_sent += out->res[r].bytes_sent;
     out->grad_norm_mean = out->grad_norm_max = NAN;   /* every rank saw the same norms: the first one's */
@@ -243,6 +263,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
         }
     out->stage = calloc((size_t)s->n_stages, sizeof *out->stage);
     PD_ASSERT(out->stage);
+    double raw_all = 0, wire_all = 0;
     for (int i = 0; i < s->n_stages; i++) {
         RtStageSummary *g = &out->stage[i];
         const SchedStage *st = &s->stages[i];
@@ -267,12 +288,22 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
             g->busy += wall > 0 ? cs / wall / st->replicas : 0;
         }
         g->measured_ms = nf ? 1e3 * comp / nf : 0;
+        /* the bytes it sent each way, over its replicas */
+        g->wire_act = i + 1 < s->n_stages ? sp->wire_at ? sp->wire_at[2 * i] : sp->wire : -1;
+        g->wire_grad = i > 0 ? sp->wire_at ? sp->wire_at[2 * (i - 1) + 1] : sp->wire_grad : -1;
+        for (int j = 0; j < st->replicas; j++) {
+            const RtWorkerResult *r = &res[st->ranks[j]];
+            g->act_wire_bytes += r->chunk_act_wire[ci], g->act_raw_bytes += r->chunk_act_raw[ci];
+            g->grad_wire_bytes += r->chunk_grad_wire[ci], g->grad_raw_bytes += r->chunk_grad_raw[ci];
+        }
+        raw_all += g->act_raw_bytes + g->grad_raw_bytes, wire_all += g->act_wire_bytes + g->grad_wire_bytes;
         /* the thread's CPU clock sees only its own thread: with kernel threads it says nothing */
         g->cpu_ms = nf && cpu > 0 && sp->threads == 1 && s->kind != SCHED_ASP ? 1e3 * cpu / nf : NAN;
         g->weights_crc = res[st->ranks[0]].n_chunks > 1 ? res[st->ranks[0]].chunk_crc[ci] : res[st->ranks[0]].params_crc;
         g->mem = res[st->ranks[0]].mem;
         g->predicted_bytes = g->predicted_activation_bytes = g->predicted_stashed_bytes = g->predicted_scratch_bytes = NAN;
     }
+    out->wire_ratio = wire_all > 0 ? raw_all / wire_all : NAN;
     if (s->kind == SCHED_ASP) rt_asp_summarize(res, s->n_ranks, out);
     if (!sp->profile) {
         snprintf(out->predicted_note, sizeof out->predicted_note, "no profile given");
@@ -283,10 +314,13 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     SimOpts so = {.cluster = &sp->plan->cluster, .opt_state_factor = optim_is_adam(sp->opt.kind) ? 2 : 1,
                   .samples_per_unit = unit_batch,
                   .predicts_weights = (sp->staleness & (RT_STALE_PREDICT | RT_STALE_LOOKAHEAD)) != 0,
-                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0};
+                  .wire_factor = sp->wire == RT_WIRE_BF16 ? 0.5 : 1.0, .error_feedback = sp->error_feedback};
+    int *wire_at = sim_wire_at(sp, s->n_stages);   /* freed below, at the summary's end */
+    so.wire_at = wire_at;
     Err e2 = {0};
     if (sim_costs_from_profile(s, sp->profile, &costs, &e2) != PD_OK) {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
+        free(wire_at);
         return;
     }
     sim_costs_scale(&costs, sp->profile->minibatch > 0 ? (double)unit_batch / sp->profile->minibatch : 1.0);
@@ -310,6 +344,7 @@ void rt_summarize(const RtTrainSpec *sp, const Schedule *s, int unit_batch, cons
     } else {
         snprintf(out->predicted_note, sizeof out->predicted_note, "simulator: %.230s", e2.msg);
     }
+    free(wire_at);
     sim_costs_release(&costs);
 }
 

@@ -17,7 +17,9 @@ void rt_result_add(RtWorkerResult *acc, RtWorkerResult *seg, uint64_t unit_base,
     acc->n_chunks = seg->n_chunks;
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         acc->chunk_compute_s[c] += seg->chunk_compute_s[c], acc->chunk_fwd[c] += seg->chunk_fwd[c],
-        acc->chunk_cpu_s[c] += seg->chunk_cpu_s[c];
+        acc->chunk_cpu_s[c] += seg->chunk_cpu_s[c], acc->chunk_act_wire[c] += seg->chunk_act_wire[c],
+        acc->chunk_act_raw[c] += seg->chunk_act_raw[c], acc->chunk_grad_wire[c] += seg->chunk_grad_wire[c],
+        acc->chunk_grad_raw[c] += seg->chunk_grad_raw[c];
     acc->loss_sum += seg->loss_sum, acc->units_done += seg->units_done;
     if (seg->last_n && (!acc->last_n || seg->last_mb > acc->last_mb))
         acc->last_loss = seg->last_loss, acc->last_mb = seg->last_mb, acc->last_n = seg->last_n;
@@ -71,6 +73,7 @@ typedef struct Wire {
     double bytes_sent;
     double compute_cpu_s, chunk_cpu_s[RT_MAX_CHUNKS];
     int64_t last_mb, last_n;
+    double act_wire[RT_MAX_CHUNKS], act_raw[RT_MAX_CHUNKS], grad_wire[RT_MAX_CHUNKS], grad_raw[RT_MAX_CHUNKS];
 } Wire;
 
 char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
@@ -80,10 +83,11 @@ char *rt_result_pack(const RtWorkerResult *a, size_t *n) {
               a->asp_applied, a->asp_staleness_max, a->asp_pulls, a->asp_staleness_mean, a->asp_pull_ms_mean,
               a->asp_pull_ms_max, a->n_chunks, {0}, {0}, {0}, a->cpu_s, a->pid, a->n_delayed, a->delay_sum,
               a->delay_max, a->grad_norm_sum, a->grad_norm_max, a->n_norms, a->n_clipped, a->bytes_sent,
-              a->compute_cpu_s, {0}, a->last_mb, a->last_n};
+              a->compute_cpu_s, {0}, a->last_mb, a->last_n, {0}, {0}, {0}, {0}};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         x.chunk_fwd[c] = a->chunk_fwd[c], x.chunk_crc[c] = a->chunk_crc[c], x.chunk_compute_s[c] = a->chunk_compute_s[c],
-        x.chunk_cpu_s[c] = a->chunk_cpu_s[c];
+        x.chunk_cpu_s[c] = a->chunk_cpu_s[c], x.act_wire[c] = a->chunk_act_wire[c], x.act_raw[c] = a->chunk_act_raw[c],
+        x.grad_wire[c] = a->chunk_grad_wire[c], x.grad_raw[c] = a->chunk_grad_raw[c];
     size_t ne = (size_t)a->n_events, nh = (size_t)a->n_hist;
     *n = sizeof x + ne * sizeof(RtEvent) + nh * 3 * sizeof(float);
     char *buf = malloc(*n);
@@ -122,7 +126,9 @@ int rt_result_unpack(const void *buf, size_t n, int rank, RtWorkerResult *o, Err
                           .last_mb = y.last_mb, .last_n = (int)y.last_n};
     for (int c = 0; c < RT_MAX_CHUNKS; c++)
         o->chunk_fwd[c] = (int)y.chunk_fwd[c], o->chunk_crc[c] = (uint32_t)y.chunk_crc[c],
-        o->chunk_compute_s[c] = y.chunk_compute_s[c], o->chunk_cpu_s[c] = y.chunk_cpu_s[c];
+        o->chunk_compute_s[c] = y.chunk_compute_s[c], o->chunk_cpu_s[c] = y.chunk_cpu_s[c],
+        o->chunk_act_wire[c] = y.act_wire[c], o->chunk_act_raw[c] = y.act_raw[c], o->chunk_grad_wire[c] = y.grad_wire[c],
+        o->chunk_grad_raw[c] = y.grad_raw[c];
     const char *p = (const char *)buf + sizeof y;
     if (y.n_events) {
         o->events = malloc((size_t)y.n_events * sizeof(RtEvent));

@@ -342,6 +342,8 @@ static int session_workers(Rank *R, Err *err) {
                         .progress_u0 = R->mb_done * (uint64_t)probe->n_micro, .init = R->init,
                         .nan_check = sp->nan_check, .no_stash = sp->no_stash, .staleness = sp->staleness,
                         .staleness_warmup = sp->staleness_warmup, .run_minibatches = R->n_mb, .wire = sp->wire,
+                        .wire_grad = sp->wire_grad, .error_feedback = sp->error_feedback, .train_n = R->n_train,
+                        .wire_at = sp->wire_at,
                         .precision = sp->precision};
     if (sp->threads > 0) kern_set_threads(sp->threads);
     R->eval_batches = R->test ? (int64_t)((R->test->n + (size_t)R->unit_batch - 1) / (size_t)R->unit_batch) : 0;
@@ -787,6 +789,21 @@ int rt_train(Comm *c, const RtTrainSpec *given, RtTrainSummary *out, Err *err) {
         return err_set(err, PD_EINVAL, "asp takes --staleness lookahead or none: its delays depend on timing, which "
                        "predict (how many updates lie ahead) and lr-warmup (a stage's most delay) need in advance");
     rt_staleness_name(spec->staleness, out->staleness, sizeof out->staleness);
+    if (spec->wire < 0 || spec->wire >= RT_WIRE_COUNT)
+        return err_set(err, PD_EINVAL, "wire codec %d: not one of fp32, bf16, int8, int4, delta", spec->wire);
+    if (spec->wire_grad < 0) spec->wire_grad = spec->wire == RT_WIRE_DELTA ? RT_WIRE_FP32 : spec->wire;
+    if (spec->wire_grad >= RT_WIRE_COUNT || spec->wire_grad == RT_WIRE_DELTA)
+        return err_set(err, PD_EINVAL, "gradient wire codec %s: not one of fp32, bf16, int8, int4",
+                       rt_wire_name(spec->wire_grad));
+    if (spec->wire_at && spec->plan && spec->plan->chunks > 1)
+        return err_set(err, PD_EINVAL, "codecs per boundary are for a plan of one stage per worker");
+    for (int b = 0; spec->wire_at && spec->plan && b + 1 < spec->plan->n_stages; b++)
+        if (spec->wire_at[2 * b] < 0 || spec->wire_at[2 * b] >= RT_WIRE_COUNT || spec->wire_at[2 * b + 1] < 0 ||
+            spec->wire_at[2 * b + 1] >= RT_WIRE_DELTA)
+            return err_set(err, PD_EINVAL, "boundary %d: codecs %d / %d", b, spec->wire_at[2 * b], spec->wire_at[2 * b + 1]);
+    if (spec->error_feedback && spec->wire_grad == RT_WIRE_FP32 && !spec->wire_at)
+        return err_set(err, PD_EINVAL, "--error-feedback needs gradients that lose something on the wire "
+                       "(--wire-grad bf16, int8 or int4; they travel as fp32)");
     if (spec->minibatch < 1 || (spec->n_micro > 1 && spec->minibatch % spec->n_micro))
         return err_set(err, PD_EINVAL, "minibatch %d is not a positive multiple of %d micro-batches", spec->minibatch,
                        spec->n_micro);

@@ -214,6 +214,7 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         for (int k = 0; k < w->n_pool; k++) w->pool[k] = nnctx_new(w->m, w->first, w->last, B);
         w->state_scratch = pd_alloc_f32(w->nst);
     }
+    if ((rc = rt_wire_init(w, err))) return rc;
     w->slots = calloc((size_t)w->n_slots, sizeof(Slot));
     PD_ASSERT(w->slots);
     for (int k = 0; k < w->n_slots; k++) {
@@ -230,11 +231,11 @@ static int stage_init(Worker *w, const Worker *lead, size_t p_off, size_t s_off,
         sl->keep = w->split ? pd_alloc_f32(split_floats(w)) : NULL;
         sl->labels_f = pd_alloc_f32((size_t)B * w->tlen);
         sl->labels = pd_calloc((size_t)B * w->tlen * sizeof(int32_t));
-        if (cfg->wire == RT_WIRE_BF16) {   /* rounded up to whole float-sized words */
-            size_t ni = (shape_numel(w->in_shape) + 1) / 2 * 2, no = (shape_numel(w->out_shape) + 1) / 2 * 2;
-            if (!w->is_input) sl->w_act_in = pd_calloc(ni * 2), sl->w_grad_out = pd_calloc(ni * 2);
-            if (!w->is_last) sl->w_act_out = pd_calloc(no * 2), sl->w_grad_in = pd_calloc(no * 2);
-        }
+        /* the encoded messages (rt_wire.c), in whole float-sized words */
+        if (w->wire_ain.cap) sl->w_act_in = pd_calloc(w->wire_ain.cap);
+        if (w->wire_gout.cap) sl->w_grad_out = pd_calloc(w->wire_gout.cap);
+        if (w->wire_aout.cap) sl->w_act_out = pd_calloc(w->wire_aout.cap);
+        if (w->wire_gin.cap) sl->w_grad_in = pd_calloc(w->wire_gin.cap);
     }
     if ((rc = rt_tie_init(w, err))) return rc;
     worker_warmup(w);
@@ -369,6 +370,7 @@ static void stage_release(Worker *w) {
     free(w->bk_n);
     optim_release(&w->opt);
     rt_tie_release(w);
+    rt_wire_release(w);
     if (w->has_sampler) data_sampler_release(&w->sampler);
     comm_group_free(w->group);
     comm_group_free(w->everyone);

@@ -83,29 +83,17 @@ static const float *slot_out(const Worker *w, const Slot *sl) {
     return w->recompute && !sl->ctx ? sl->out_buf : nnctx_output(sl->ctx);
 }
 
-/* ---- the wire format (RtConfig.wire) ------------------------------------------------------- */
-/* A message of n floats travels as n bf16 values in ceil(n / 2) float-sized words (the comm
- * layer moves bytes). The shape both ends post for it: */
-static Shape wire_shape(const Worker *w, Shape s) {
-    return w->cfg->wire == RT_WIRE_BF16 ? shape1((int)((shape_numel(s) + 1) / 2)) : s;
+/* ---- the wire format (RtConfig.wire; rt_wire.c) -------------------------------------------- */
+/* Where a receive lands: dst itself (fp32), or the slot's buffer of the encoded message
+ * (decoded by wire_in). */
+static float *wire_dst(const RtWireDir *d, float *dst, uint8_t *buf) {
+    return d->wire == RT_WIRE_FP32 ? dst : (float *)(void *)buf;
 }
 
-/* What a send of the n floats at x reads: x itself, or the slot's bf16 buffer packed from it. */
-static const float *wire_out(const Worker *w, const float *x, uint16_t *packed, Shape s) {
-    if (w->cfg->wire != RT_WIRE_BF16) return x;
-    pd_bf16_pack(x, packed, shape_numel(s));
-    return (const float *)(const void *)packed;
-}
-
-/* Where a receive of shape s lands: dst, or the slot's bf16 buffer (unpacked by wire_in). */
-static float *wire_dst(const Worker *w, float *dst, uint16_t *packed) {
-    return w->cfg->wire == RT_WIRE_BF16 ? (float *)(void *)packed : dst;
-}
-
-/* After a receive completed: widens the bf16 message into dst, once (*done). */
-static void wire_in(const Worker *w, const uint16_t *packed, float *dst, Shape s, int *done) {
-    if (w->cfg->wire != RT_WIRE_BF16 || *done) return;
-    pd_bf16_unpack(packed, dst, shape_numel(s));
+/* After a receive completed: decodes unit u's message into dst, once (*done). */
+static void wire_in(Worker *w, RtWireDir *d, int u, const uint8_t *buf, float *dst, int *done) {
+    if (d->wire == RT_WIRE_FP32 || *done) return;
+    rt_wire_recv(w, d, u, buf, dst, d->n, 0);
     *done = 1;
 }
 
@@ -151,8 +139,9 @@ static int post_recv(Worker *w, const Instr *in, int ahead, Err *err) {
         Slot *sl = slot_for(w, in->mb, !ahead, err, &rc);
         if (!sl) return rc;
         if (!sl->act_ready && !sl->r_act) {
-            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage), wire_shape(w, w->in_shape),
-                            wire_dst(w, slot_in(w, sl), sl->w_act_in), &sl->r_act, err);
+            rc = comm_irecv(w->c, in->peer, COMM_ACT, rt_msg_id(s, in->mb, w->stage),
+                            rt_wire_shape(w, &w->wire_ain, w->in_shape, in->mb, 0),
+                            wire_dst(&w->wire_ain, slot_in(w, sl), sl->w_act_in), &sl->r_act, err);
             if (rc) return rc;
         }
         if (w->is_last && !w->is_input && !sl->lab_ready && !sl->r_lab) {
@@ -165,8 +154,9 @@ static int post_recv(Worker *w, const Instr *in, int ahead, Err *err) {
         Slot *sl = slot_find(w, in->mb);
         if (!sl) return PD_OK;   /* posted ahead of its forward: posted later */
         if (!sl->grad_ready && !sl->r_grad) {
-            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1), wire_shape(w, w->out_shape),
-                            wire_dst(w, sl->dy, sl->w_grad_in), &sl->r_grad, err);
+            rc = comm_irecv(w->c, in->peer, COMM_GRAD, rt_msg_id(s, in->mb, w->stage + 1),
+                            rt_wire_shape(w, &w->wire_gin, w->out_shape, in->mb, 0),
+                            wire_dst(&w->wire_gin, sl->dy, sl->w_grad_in), &sl->r_grad, err);
             if (rc) return rc;
         }
     }
@@ -437,7 +427,7 @@ static int exec_recv_act(Worker *x, const Instr *in, int blocking, Err *err) {
     if ((rc = await(x, &sl->r_act, &sl->act_ready, blocking, err))) return rc;
     if ((rc = await(x, &sl->r_lab, &sl->lab_ready, blocking, err))) return rc;
     if (!sl->act_ready || (x->is_last && !x->is_input && !sl->lab_ready)) return EXEC_BLOCKED;
-    wire_in(x, sl->w_act_in, slot_in(x, sl), x->in_shape, &sl->act_in);
+    wire_in(x, &x->wire_ain, in->mb, sl->w_act_in, slot_in(x, sl), &sl->act_in);
     return PD_OK;
 }
 
@@ -449,7 +439,7 @@ static int exec_recv_grad(Worker *x, const Instr *in, int blocking, Err *err) {
     PD_ASSERTF(sl, "rank %d: gradient for unit %d without its forward", x->rank, in->mb);
     if ((rc = await(x, &sl->r_grad, &sl->grad_ready, blocking, err))) return rc;
     if (!sl->grad_ready) return EXEC_BLOCKED;
-    wire_in(x, sl->w_grad_in, sl->dy, x->out_shape, &sl->grad_in);
+    wire_in(x, &x->wire_gin, in->mb, sl->w_grad_in, sl->dy, &sl->grad_in);
     return PD_OK;
 }
 
@@ -457,17 +447,20 @@ static int exec_recv_grad(Worker *x, const Instr *in, int blocking, Err *err) {
 static int exec_send_act(Worker *x, const Instr *in, Err *err) {
     Slot *sl = slot_find(x, in->mb);
     PD_ASSERT(sl);
+    RtWireDir *d = &x->wire_aout;
+    const float *m = rt_wire_send(x, d, in->mb, slot_out(x, sl), d->n, sl->w_act_out, 0);
     return comm_isend(x->c, in->peer, COMM_ACT, rt_msg_id(x->s, in->mb, x->stage + 1), sl->version,
-                      wire_shape(x, x->out_shape), wire_out(x, slot_out(x, sl), sl->w_act_out, x->out_shape),
-                      &sl->s_act, err);
+                      rt_wire_shape(x, d, x->out_shape, in->mb, 0), m, &sl->s_act, err);
 }
 
 /* SG: the gradient w.r.t. unit in->mb's input to the previous stage. */
 static int exec_send_grad(Worker *x, const Instr *in, Err *err) {
     Slot *sl = slot_find(x, in->mb);
     PD_ASSERT(sl);
+    RtWireDir *d = &x->wire_gout;
+    const float *m = rt_wire_send(x, d, in->mb, sl->dx, d->n, sl->w_grad_out, 0);
     int rc = comm_isend(x->c, in->peer, COMM_GRAD, rt_msg_id(x->s, in->mb, x->stage), sl->version,
-                        wire_shape(x, x->in_shape), wire_out(x, sl->dx, sl->w_grad_out, x->in_shape), &sl->s_grad, err);
+                        rt_wire_shape(x, d, x->in_shape, in->mb, 0), m, &sl->s_grad, err);
     /* its buffers stay untouched until the send completes (slot_drain); a split backward's
      * unit stays until its BW */
     if (!x->split) slot_free(sl);

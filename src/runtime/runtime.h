@@ -68,15 +68,30 @@ typedef struct RtConfig {
                                * last unit); a session gives every evaluation its own ids */
     int staleness;            /* RT_STALE_* flags: compensation for delayed gradients (below) */
     int staleness_warmup;     /* RT_STALE_LR_WARMUP: the optimizer steps K of the warm-up (0: RT_STALE_WARMUP_STEPS) */
-    int wire;                 /* RT_WIRE_FP32 (0) or RT_WIRE_BF16: activations and gradients between
-                               * stages travel as bf16 (rounded to nearest even), half the bytes */
+    int wire;                 /* RT_WIRE_*: how activations travel between stages (RT_WIRE_FP32, 0:
+                               * as they are; docs/reference/train.md, --wire) */
+    int wire_grad;            /* RT_WIRE_*: how activation gradients travel back (not RT_WIRE_DELTA) */
+    const int *wire_at;       /* NULL, or per boundary b (between stages b and b + 1) its activations'
+                               * RT_WIRE_* at [2 b] and its gradients' at [2 b + 1] (a plan's), in place
+                               * of wire and wire_grad */
+    int error_feedback;       /* gradients: a message's quantization error is added to the next one
+                               * of the same boundary and micro-batch position (rt_wire.c) */
+    int64_t train_n;          /* samples in the training set (RT_WIRE_DELTA's references are kept per
+                               * sample: every rank keys them by the sampler's dataset positions) */
     long run_minibatches;     /* the whole run's minibatches, for the lr schedule's default length
                                * (opt.decay_steps 0: rt_run_steps; 0 here: this schedule's) */
     int precision;            /* compute precision of the matrix products, KPREC_* (0: float32;
                                * model_set_precision) */
 } RtConfig;
 
-enum { RT_WIRE_FP32 = 0, RT_WIRE_BF16 = 1 };
+/* The wire codecs (kernels.h, KCODEC_*): fp32, bf16, int8 (a scale per row), int4 (a scale per
+ * group of 64; gradients round stochastically), delta (activations only: per training sample,
+ * the int4 difference from its last activation kept at both ends as int8; int8 itself in the
+ * data's first epoch and in evaluation). */
+enum { RT_WIRE_FP32 = 0, RT_WIRE_BF16 = 1, RT_WIRE_INT8 = 2, RT_WIRE_INT4 = 3, RT_WIRE_DELTA = 4, RT_WIRE_COUNT = 5 };
+/* "fp32" .. "delta" and back (-1: unknown). */
+const char *rt_wire_name(int wire);
+int rt_wire_parse(const char *name);
 enum { RT_FIT_NONE = 0, RT_FIT_CORE_EFFICIENCY, RT_FIT_WAKE, RT_FIT_LINK_RATE };
 
 /* The optimizer steps a stage takes over a run of `minibatches` (0: s's own) of kind s->kind:
@@ -196,6 +211,10 @@ typedef struct RtWorkerResult {
     double grad_norm_sum, grad_norm_max;   /* gradient clipping: the global norms before clipping */
     int n_norms, n_clipped;  /* ... how many steps, and how many of them clipped */
     double bytes_sent;       /* the session: bytes this rank handed to the transport while training */
+    /* the payload bytes of the activations each chunk sent to the next stage and of the gradients
+     * it sent to the previous one, as encoded (wire) and as fp32 would have been (raw) */
+    double chunk_act_wire[RT_MAX_CHUNKS], chunk_act_raw[RT_MAX_CHUNKS];
+    double chunk_grad_wire[RT_MAX_CHUNKS], chunk_grad_raw[RT_MAX_CHUNKS];
     int n_fwd, n_bwd;       /* forwards; backwards (B, or the zb kinds' BI) */
     int n_wgrad;             /* the zb kinds' weight passes (BW) */
     int n_events;
@@ -369,7 +388,11 @@ typedef struct RtTrainSpec {
     SchedKind kind;
     int n_micro;                 /* units per minibatch (1 unless a micro-batch kind) */
     int vertical_sync;
-    int wire;                    /* RtConfig.wire: RT_WIRE_FP32 or RT_WIRE_BF16 */
+    int wire;                    /* RtConfig.wire: RT_WIRE_* of the activations */
+    int wire_grad;               /* RtConfig.wire_grad: RT_WIRE_* of the gradients, or -1: as wire
+                                  * (fp32 where wire is delta) */
+    int error_feedback;          /* RtConfig.error_feedback */
+    const int *wire_at;          /* RtConfig.wire_at (a plan's, Plan.wire), in place of wire and wire_grad */
     int epochs;                  /* training length, when steps == 0 */
     int steps;                   /* minibatches (optimizer steps); 0: from epochs */
     int minibatch;               /* samples per minibatch (n_micro units) */
@@ -432,6 +455,10 @@ typedef struct RtStageSummary {
     RtMem mem;                   /* what replica 0 allocated, by category (the memory ledger) */
     double predicted_bytes;      /* the simulator's allocation for that worker (NAN without a profile) */
     double predicted_activation_bytes, predicted_stashed_bytes, predicted_scratch_bytes;
+    int wire_act, wire_grad;     /* RT_WIRE_* of its output's activations and of its input's gradients */
+    double act_wire_bytes, act_raw_bytes;    /* the activations it sent to the next stage (replicas
+                                              * summed), as sent and as fp32 */
+    double grad_wire_bytes, grad_raw_bytes;  /* the gradients it sent to the previous stage */
     double delay_mean;           /* updates a unit's gradient crossed on this stage: mean and most */
     int delay_max;
 } RtStageSummary;
@@ -444,7 +471,10 @@ typedef struct RtTrainSummary {
     int minibatch, threads;      /* samples per minibatch, kernel threads per worker */
     double lr;
     char lr_schedule[16];        /* optim_lr_sched_name */
-    char wire[8];                /* "fp32" or "bf16" (RtTrainSpec.wire) */
+    char wire[8];                /* the activations' codec (rt_wire_name; a plan's per boundary: "plan") */
+    char wire_grad[8];           /* the gradients' */
+    int error_feedback;
+    double wire_ratio;           /* activation and gradient payload bytes as fp32 over as sent (NAN: none sent) */
     double bytes_sent;           /* bytes all ranks handed to the transport while training (comm_bytes_sent) */
     double grad_norm_mean, grad_norm_max;   /* --clip-grad-norm: the global gradient norms before clipping (NAN: off) */
     int clip_steps, clipped_steps;          /* ... over how many steps, and how many were scaled down */

@@ -827,6 +827,32 @@ static double send_bytes(const Engine *e, int bnd) {
     return e->o->wire_factor > 0 ? bytes * e->o->wire_factor : bytes;
 }
 
+/* With per-boundary codecs (SimOpts.wire_at): the codec of the activation (act) or gradient
+ * message across boundary bnd (as send_bytes numbers it), -1 without. */
+static int wire_of(const Engine *e, int act, int bnd) {
+    if (!e->o->wire_at || bnd < 1 || bnd >= e->s->n_stages) return -1;
+    return e->o->wire_at[2 * (bnd - 1) + !act];
+}
+
+/* The message's bytes on the wire, counted per boundary into the result; and its encoding
+ * (enc) or decoding seconds. */
+static double message_bytes(Engine *e, int act, int bnd) {
+    double raw = bnd >= 0 && bnd < e->s->n_stages ? e->c->stage[bnd].in_bytes : 0;
+    int wire = wire_of(e, act, bnd);
+    double bytes = wire >= 0 ? sim_wire_bytes(wire, raw) : send_bytes(e, bnd);
+    if (bnd >= 1 && bnd < e->s->n_stages) {
+        e->r->wire_bytes[2 * (bnd - 1) + !act] += bytes;
+        e->r->raw_bytes[2 * (bnd - 1) + !act] += raw;
+    }
+    return bytes;
+}
+
+static double codec_s(const Engine *e, int act, int bnd, int enc) {
+    int wire = wire_of(e, act, bnd);
+    if (wire < 0) return 0;
+    return sim_wire_codec_s(wire, !act, e->o->error_feedback, enc, e->c->stage[bnd].in_bytes);
+}
+
 static int run_worker(Engine *e, int rank) {
     const Schedule *s = e->s;
     const SchedWorker *sw = &s->workers[rank];
@@ -872,7 +898,9 @@ static int run_worker(Engine *e, int rank) {
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: send to bad peer %d", rank, i, peer);
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
-            double bytes = send_bytes(e, bnd);
+            double bytes = message_bytes(e, act, bnd);
+            double enc = codec_s(e, act, bnd, 1) * w->slow;   /* the sender encodes first */
+            w->clock += enc, w->busy += enc;
             /* the transfer starts now and shares the sender's outgoing and the receiver's
              * incoming link with the others in flight (flow_start); without a cluster or
              * bytes it arrives at once */
@@ -913,6 +941,8 @@ static int run_worker(Engine *e, int rank) {
             if (!w->blocked) st[i] = w->clock;
             if (m->arrive > w->clock) w->clock = m->arrive + wake_s(e, rank);   /* it waited: it wakes */
             w->blocked = 0;
+            double dec = codec_s(e, act, act ? stage : stage + 1, 0) * w->slow;   /* then decodes */
+            w->clock += dec, w->busy += dec;
             en[i] = w->clock;
             msg_remove(e, m);
             break;
@@ -1179,6 +1209,8 @@ void sim_result_release(SimResult *r) {
     free(r->mem);
     free(r->max_inflight);
     free(r->max_full);
+    free(r->wire_bytes);
+    free(r->raw_bytes);
     free(r->worker_versions);
     free(r->slots);
     free(r->versions_alive);
@@ -1225,6 +1257,9 @@ int sim_run(const Schedule *s, const SimCosts *c, const SimOpts *o, SimResult *o
     r->worker_versions = calloc((size_t)W, sizeof(int));
     r->slots = calloc((size_t)W, sizeof(int));
     r->versions_alive = calloc((size_t)s->n_stages, sizeof(int));
+    r->wire_bytes = calloc(2 * (size_t)s->n_stages, sizeof(double));
+    r->raw_bytes = calloc(2 * (size_t)s->n_stages, sizeof(double));
+    PD_ASSERT(r->wire_bytes && r->raw_bytes);
     PD_ASSERT(r->start && r->end && r->busy_fraction && r->slowdown && r->mem && r->max_inflight && r->max_full && r->worker_versions && r->slots &&
               r->versions_alive);
     size_t n_ins = 0;
@@ -1330,6 +1365,15 @@ void sim_print_json(const Schedule *s, const SimResult *r, FILE *f) {
     fprintf(f, "  \"minibatches_per_s\": %.9g,\n  \"samples_per_s\": %.9g,\n  \"bubble_fraction\": %.6f,\n",
             r->minibatches_per_s, r->samples_per_s, r->bubble_fraction);
     fprintf(f, "  \"messages\": %d,\n", r->n_messages);
+    double raw = 0, sent = 0;
+    fprintf(f, "  \"boundaries\": [");   /* the bytes across each boundary, each way */
+    for (int b = 0; b + 1 < s->n_stages; b++) {
+        const double *x = &r->wire_bytes[2 * b], *y = &r->raw_bytes[2 * b];
+        fprintf(f, "%s{\"boundary\": %d, \"act_bytes\": %.0f, \"act_ratio\": %.6g, \"grad_bytes\": %.0f, \"grad_ratio\": %.6g}",
+                b ? ", " : "", b, x[0], x[0] > 0 ? y[0] / x[0] : 1.0, x[1], x[1] > 0 ? y[1] / x[1] : 1.0);
+        raw += y[0] + y[1], sent += x[0] + x[1];
+    }
+    fprintf(f, "],\n  \"wire_ratio\": %.6g,\n", sent > 0 ? raw / sent : 1.0);
     fprintf(f, "  \"stage_warmup\": [");
     for (int i = 0; i < s->n_stages; i++) fprintf(f, "%s%d", i ? ", " : "", s->stages[i].warmup);
     fprintf(f, "],\n  \"stage_versions_alive\": [");
@@ -1358,6 +1402,16 @@ void sim_print_summary(const Schedule *s, const SimResult *r, FILE *f) {
     fprintf(f, "time per minibatch %.6g s (steady state), %.6g minibatches/s", r->time_per_minibatch_s, r->minibatches_per_s);
     if (r->samples_per_s > 0) fprintf(f, ", %.6g samples/s", r->samples_per_s);
     fprintf(f, "\nmakespan %.6g s, bubble fraction %.3f\n", r->makespan_s, r->bubble_fraction);
+    double raw = 0, sent = 0;
+    for (int b = 0; b + 1 < s->n_stages; b++)
+        raw += r->raw_bytes[2 * b] + r->raw_bytes[2 * b + 1], sent += r->wire_bytes[2 * b] + r->wire_bytes[2 * b + 1];
+    if (sent > 0 && raw != sent) {   /* a codec on the wire: the bytes across each boundary */
+        fprintf(f, "wire: %.3g of fp32's bytes (%.3gx less)", sent / raw, raw / sent);
+        for (int b = 0; b + 1 < s->n_stages; b++)
+            fprintf(f, "; boundary %d %.1f MiB activations, %.1f MiB gradients", b, r->wire_bytes[2 * b] / 1048576.0,
+                    r->wire_bytes[2 * b + 1] / 1048576.0);
+        fprintf(f, "\n");
+    }
     int worst = 0;
     for (int w = 1; w < s->n_ranks; w++)
         if (r->mem[w].peak > r->mem[worst].peak) worst = w;

@@ -125,8 +125,32 @@ typedef struct SimOpts {
     int predicts_weights;       /* the run predicts delayed units' weights (staleness prediction or
                                  * look-ahead): SchedWorkerInfo.max_predicted buffers of params more */
     double wire_factor;         /* bytes on the wire per byte of activation or gradient between stages:
-                                 * 0 or 1 fp32, 0.5 bf16 (train --wire bf16) */
+                                 * 0 or 1 fp32, 0.5 bf16 (train --wire bf16); without wire_at */
+    const int *wire_at;         /* NULL, or per boundary b (stages b, b + 1) the codec of its activations
+                                 * at [2 b] and of its gradients at [2 b + 1], numbered as the runtime's
+                                 * RT_WIRE_* (KCODEC_* and SIM_WIRE_DELTA): a message costs its encoded
+                                 * bytes (sim_wire_bytes) and its encoding and decoding
+                                 * (sim_wire_codec_s) at the sender and the receiver */
+    int error_feedback;         /* with wire_at: gradients carry their error (more encoding time) */
 } SimOpts;
+
+/* The codecs' cost (sim_wire.c). SIM_WIRE_DELTA is RT_WIRE_DELTA: differences costed as int4
+ * with groups of 64 (the steady state after the data's first epoch). sim_wire_bytes: bytes of a
+ * message whose fp32 form has fp32_bytes (int8: a scale per 64 values, the runtime's shortest
+ * row). sim_wire_codec_s: the seconds encoding (enc 1) or decoding (enc 0) it takes a core,
+ * from constants measured once (sim_wire.c says how); bf16 and fp32: 0. */
+enum { SIM_WIRE_DELTA = 4, SIM_WIRE_COUNT = 5 };
+double sim_wire_bytes(int wire, double fp32_bytes);
+double sim_wire_codec_s(int wire, int grad, int error_feedback, int enc, double fp32_bytes);
+/* `plan --wire auto`: per boundary of s and direction, the first codec of `allow` (a bit per
+ * codec; delta never for gradients) in the order fp32, bf16, int8, int4, delta (each costs more
+ * compute and accuracy than the one before) under which the link carries a unit's message in
+ * no more time than the slowest stage computes a unit (its forward and backward over its
+ * replicas, with the codecs' time); if none does, the allowed one with the fewest bytes. Writes
+ * 2 (n_stages - 1) codes into wire (SimOpts.wire_at). Fails when allow has no codec for a
+ * direction. */
+int sim_wire_auto(const Schedule *s, const SimCosts *c, const Cluster *cl, unsigned allow, int error_feedback, int *wire,
+                  Err *err);
 
 typedef struct SimMem {
     double params;        /* one version of the stage's weights (of all its chunks: interleaved) */
@@ -172,6 +196,9 @@ typedef struct SimResult {
     /* Added: */
     int *max_full;                 /* per rank: most units holding full activations (= max_inflight
                                     * unless the schedule recomputes; SchedWorkerInfo.max_full) */
+    double *wire_bytes, *raw_bytes;   /* per boundary b (n_stages - 1 of them): the bytes sent across it,
+                                       * activations at [2 b], gradients at [2 b + 1], as the codec
+                                       * makes them and as fp32 */
 } SimResult;
 
 /* Runs schedule s with costs c. Fills *out (caller releases with sim_result_release).

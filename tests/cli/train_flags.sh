@@ -286,7 +286,30 @@ PY
     --wire)   # one stage: nothing crosses a boundary; two: the boundary's values are rounded to bf16
         ok "$m" wire -- --wire bf16; want "$m" wire wire '"bf16"'
         if [ "$m" = one ]; then same one wire plain; else differs "$m" wire; fi
-        errs "$m" wirex "expects fp32 or bf16" -- --wire fp8 ;;
+        errs "$m" wirex "expects fp32, bf16, int8, int4 or delta" -- --wire fp8
+        if [ "$m" != one ]; then   # int8 rows: about 4x fewer activation bytes, gradients as well
+            ok "$m" wire8 -- --wire int8; want "$m" wire8 wire_grad '"int8"'; differs "$m" wire8
+            python3 -c 'import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+b = s["boundaries"][0]
+assert 3.5 < b["act_ratio"] < 4 and 3.5 < b["grad_ratio"] < 4 and 3.5 < s["wire_ratio"] < 4, s' "$tmp/$m.wire8.out" ||
+                fail "$m: --wire int8: $(tail -1 "$tmp/$m.wire8.out")"
+        fi ;;
+    --wire-grad)   # the activations as they are, the gradients in int4: only they shrink
+        ok "$m" wireg -- --wire-grad int4; want "$m" wireg wire '"fp32"'; want "$m" wireg wire_grad '"int4"'
+        if [ "$m" = one ]; then same one wireg plain; else
+            differs "$m" wireg
+            python3 -c 'import json, sys
+b = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["boundaries"][0]
+assert b["act_ratio"] == 1 and 6 < b["grad_ratio"] < 8, b' "$tmp/$m.wireg.out" || fail "$m: --wire-grad int4"
+        fi
+        errs "$m" wiregx "expects fp32, bf16, int8 or int4" -- --wire-grad delta ;;
+    --error-feedback)   # the carried error changes the gradients sent, so the weights
+        ok "$m" ef -- --wire-grad int4 --error-feedback; want "$m" ef error_feedback true
+        if [ "$m" = one ]; then same one ef plain; else
+            [ "$(crcs "$m" ef)" != "$(crcs "$m" wireg)" ] || fail "$m: --error-feedback changed nothing"
+        fi
+        errs "$m" efx "error-feedback needs gradients that lose" -- --error-feedback ;;
     --calibrated-profile)   # the calibrated profile predicts, stage by stage, what the run measured
         ok "$m" cal -- --profile "$tmp/prof.json" --calibrated-profile "$tmp/$m.cal.json" --metrics "$tmp/$m.cal.jsonl"
         grep -q "calibrated profile: .*furthest off: stage" "$tmp/$m.cal.err" || fail "$m: no calibration line"

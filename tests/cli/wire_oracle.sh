@@ -77,5 +77,5 @@ assert 0.45 < x['bytes_sent'] / y['bytes_sent'] < 0.55, (x['bytes_sent'], y['byt
 PY
 [ $? = 0 ] || exit 1
 "$PD" train "$tmp/gpt.json" $R --wire fp16 2>"$tmp/u.err" && fail "--wire fp16 accepted"
-grep -q "expects fp32 or bf16" "$tmp/u.err" || fail "--wire: $(cat "$tmp/u.err")"
+grep -q "expects fp32, bf16, int8, int4 or delta" "$tmp/u.err" || fail "--wire: $(cat "$tmp/u.err")"
 echo "PASS (MPI: $mpi)"
