@@ -80,7 +80,7 @@ static void help(FILE *f) {
             "                             choice, the runner-up and what the limit cost; the plan\n"
             "                             written records the schedule (simulate uses it)\n"
             "  --kinds K1,K2,...          kinds to consider (default 1f1b, gpipe, 1f1b-flush, 2bw, dp,\n"
-            "                             zb-h1, zb-h2, interleaved)\n"
+            "                             zb-h1, zb-h2, interleaved, zb-v, v-half, v-min, dualpipe-v)\n"
             "  --microbatches X1,X2,...   micro-batches per minibatch as multiples of the workers\n"
             "                             (default 1,2,4)\n"
             "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
