@@ -657,15 +657,19 @@ static void test_microbatched_kinds(void **state) {
         SchedKind k = (SchedKind)i;
         int micro = sched_kind_microbatched(k), takes = sched_kind_takes_micro(k);
         assert_int_equal(micro, k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 ||
-                                    k == SCHED_ZB_H2 || k == SCHED_INTERLEAVED);
+                                    k == SCHED_ZB_H2 || k == SCHED_INTERLEAVED || sched_kind_v(k));
         assert_int_equal(takes, micro || k == SCHED_1F1B);
-        assert_int_equal(sched_default_micro(k, 4), micro ? 4 : k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1);
+        int dflt = k == SCHED_DUALPIPE_V ? 8 : micro ? 4 : k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1;
+        assert_int_equal(sched_default_micro(k, 4), dflt);
         assert_int_equal(sched_default_micro(k, 1), 1);
         /* 1f1b's default lowered to a count that divides the minibatch; the others keep theirs */
-        assert_int_equal(sched_default_micro_for(k, 4, 30), micro ? 4 : k == SCHED_1F1B ? 3 : 1);
-        assert_int_equal(sched_default_micro_for(k, 4, 7), micro ? 4 : 1);
+        assert_int_equal(sched_default_micro_for(k, 4, 30), k == SCHED_1F1B ? 3 : dflt);
+        assert_int_equal(sched_default_micro_for(k, 4, 7), k == SCHED_1F1B ? 1 : dflt);
         if (k == SCHED_INTERLEAVED) {   /* stage i on rank i mod 2 */
             p->stages[2].ranks[0] = 0, p->stages[3].ranks[0] = 1, p->n_workers = 2;
+        }
+        if (sched_kind_v(k)) {   /* the V: stages 0 and 3 on rank 0, 1 and 2 on rank 1 */
+            p->stages[2].ranks[0] = 1, p->stages[3].ranks[0] = 0, p->n_workers = 2;
         }
         Schedule s;
         Err err = {0};
@@ -674,11 +678,12 @@ static void test_microbatched_kinds(void **state) {
         if (takes && rc) fail_msg("%s with 4 micro-batches: %s", sched_kind_name(k), err.msg);
         if (!takes) {
             assert_int_equal(rc, PD_EINVAL);
-            assert_non_null(strstr(err.msg, "micro-batches apply only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 "
-                                            "and interleaved"));
+            assert_non_null(strstr(err.msg, "micro-batches apply only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, "
+                                            "interleaved and the V kinds"));
         }
         sched_release(&s);
-        if (k == SCHED_INTERLEAVED) p->stages[2].ranks[0] = 2, p->stages[3].ranks[0] = 3, p->n_workers = 4;
+        if (k == SCHED_INTERLEAVED || sched_kind_v(k))
+            p->stages[2].ranks[0] = 2, p->stages[3].ranks[0] = 3, p->n_workers = 4;
     }
     free_plan(p);
 }

@@ -6,7 +6,8 @@
  * node sets {} = D0 < D1 < ... < DS = all nodes (all 2^n subsets tested) with every replica
  * vector summing to the workers on consecutive ranks, and for every d dividing the W workers
  * into P >= 2 positions every chain of 2P sets of d replicas placed round-robin (interleaved, 2
- * chunks, replica j of set i on rank (i mod P) d + j); on each, every kind of the search's default set (dp
+ * chunks, replica j of set i on rank (i mod P) d + j) and in a V (replica j of set i on rank
+ * plan_v_rank(i, P, d, j), for the V kinds); on each, every kind of the search's default set (dp
  * once), micro-batches {1, 2, 4} x workers, with and without recomputation; each scored by
  * plan_search_score (the search's simulation). The search's choice must have the brute
  * force's minimum time per unit among the candidates that fit, fit itself, and its runner-up
@@ -32,6 +33,7 @@ typedef struct Brute {
     const Profile *prof;
     const Cluster *cl;
     int n, W, V, d;   /* d: interleaved, the replicas of every stage */
+    int vs;           /* with V = 2: the V placement */
     uint32_t pred[MAXN], downs[1 << MAXN], full;
     int nd;
     uint32_t chain[16];
@@ -55,10 +57,12 @@ static Plan *make(const Brute *b, int S) {
             if (set >> v & 1) st->layers[st->n_layers++] = v;
         st->replicas = b->rep[s];
         st->ranks = malloc(sizeof(int) * (size_t)st->replicas);
-        for (int r = 0; r < st->replicas; r++) st->ranks[r] = b->V > 1 ? (s % (b->W / b->d)) * b->d + r : rank++;
+        for (int r = 0; r < st->replicas; r++)
+            st->ranks[r] = b->vs ? plan_v_rank(s, b->W / b->d, b->d, r) : b->V > 1 ? (s % (b->W / b->d)) * b->d + r : rank++;
     }
     p->n_workers = b->W;
     p->chunks = b->V > 1 ? b->V : 0;
+    p->v_shape = b->vs;
     p->noam = (b->W + p->stages[0].replicas - 1) / p->stages[0].replicas;
     p->cluster = *b->cl;
     p->n_edges = b->prof->n_edges;   /* borrowed */
@@ -68,13 +72,13 @@ static Plan *make(const Brute *b, int S) {
 
 static void score_all(Brute *b, int S) {
     static const int kinds[] = {SCHED_1F1B, SCHED_GPIPE, SCHED_1F1B_FLUSH, SCHED_2BW, SCHED_DP, SCHED_ZB_H1, SCHED_ZB_H2,
-                                SCHED_INTERLEAVED};
+                                SCHED_INTERLEAVED, SCHED_ZB_V, SCHED_V_HALF, SCHED_V_MIN, SCHED_DUALPIPE_V};
     Plan *p = make(b, S);
     Err err = {0};
     if (plan_validate(p, b->n, &err)) fail_msg("brute-force plan: %s", err.msg);
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         SchedKind kind = (SchedKind)kinds[k];
-        if ((kind == SCHED_INTERLEAVED) != (b->V > 1)) continue;
+        if (sched_kind_v(kind) ? !b->vs : (kind == SCHED_INTERLEAVED) != (b->V > 1 && !b->vs)) continue;
         if (kind == SCHED_DP && b->dp_done++) continue;   /* dp runs the whole model on every worker: once */
         int micro = kind != SCHED_1F1B && kind != SCHED_DP;
         for (int m = 1; m <= (micro ? 4 : 1); m *= 2)
@@ -158,7 +162,7 @@ static void test_exhaustive(void **state) {
     (void)state;
     Rng rng;
     rng_init(&rng, 31, 0, 0);
-    int bound = 0, interleaved_won = 0, recompute_won = 0;
+    int bound = 0, interleaved_won = 0, recompute_won = 0, v_won = 0;
     for (int trial = 0; trial < 40; trial++) {
         Profile prof;
         Brute b = {0};
@@ -191,6 +195,9 @@ static void test_exhaustive(void **state) {
         rec(&b, 0, 0);
         for (b.V = 2, b.d = 1; b.d <= b.W / 2; b.d++)
             if (b.W % b.d == 0) rec(&b, 0, 0);
+        for (b.V = 2, b.vs = 1, b.d = 1; b.d <= b.W / 2; b.d++)
+            if (b.W % b.d == 0) rec(&b, 0, 0);
+        b.vs = 0;
         if (plan_search(&prof, &cl, &o, &r, &err)) fail_msg("trial %d: %s", trial, err.msg);
         assert_true(r.exhaustive);
         if (r.n_candidates != b.count)
@@ -208,6 +215,7 @@ static void test_exhaustive(void **state) {
             assert_true(r.fastest.unit_s <= r.best.unit_s * (1 + 1e-12));
             bound += o.memory_limit > 0 && !r.fastest.fits;
             interleaved_won += r.best.kind == SCHED_INTERLEAVED;
+            v_won += sched_kind_v(r.best.kind);
             recompute_won += r.best.recompute;
             /* the partitioner's plans only: a plan that fits, never better than the optimum */
             SearchOpts od = o;
@@ -224,9 +232,10 @@ static void test_exhaustive(void **state) {
         plan_search_release(&r);
         profile_release(&prof);
     }
-    print_message("memory limit binding in %d cases; interleaved chosen %d times, recomputation %d times\n", bound,
-                  interleaved_won, recompute_won);
+    print_message("memory limit binding in %d cases; interleaved chosen %d times, a V kind %d times, recomputation "
+                  "%d times\n", bound, interleaved_won, v_won, recompute_won);
     assert_true(bound > 5);
+    assert_true(v_won > 0);   /* the V placement is searched, and wins somewhere */
 }
 
 /* The authors' profiles under a memory limit that 1f1b on the partitioner's plan exceeds. */

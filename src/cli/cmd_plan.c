@@ -16,7 +16,7 @@ static void help(FILE *f) {
             "usage: pipedream plan PROFILE (--cluster CLUSTER.json | --workers N1[,N2,...] --bandwidth B1[,B2,...])\n"
             "                      [--straight] [--memory-limit BYTES] [--allow-idle]\n"
             "                      [--activation-compression R] [--cost-model ours|pipedream]\n"
-            "                      [--overlap-allreduce] [--max-states N] [--chunks V [--pipelines D]]\n"
+            "                      [--overlap-allreduce] [--max-states N] [--chunks V [--pipelines D]] [--v-shape]\n"
             "                      [--units-per-step M]\n"
             "                      [--cores N] [--net-cpu S] [--core-efficiency E] [--exhaustive N] [--explain] [--no-simulate] [--pick K]\n"
             "                      [-o PLAN.json]\n"
@@ -78,13 +78,16 @@ static void help(FILE *f) {
             "                             interleaved)\n"
             "  --pipelines D              with --chunks: d = D data-parallel pipelines, not the\n"
             "                             planner's choice (D divides the workers, 2 or more each)\n"
+            "  --v-shape                  a V-placed plan: 2 P stages on P positions, position i holding\n"
+            "                             stages i and 2P-1-i (chunks 2; --schedule zb-v, v-half, v-min,\n"
+            "                             dualpipe-v); with --pipelines D as --chunks\n"
             "  --choose-schedule          search partition x replication x schedule kind x micro-batches\n"
             "                             x chunks x recomputation for the fastest simulated plan whose\n"
             "                             worst worker's peak memory fits --memory-limit; prints the\n"
             "                             choice, the runner-up and what the limit cost; the plan\n"
             "                             written records the schedule (simulate uses it)\n"
             "  --kinds K1,K2,...          kinds to consider (default 1f1b, gpipe, 1f1b-flush, 2bw, dp,\n"
-            "                             zb-h1, zb-h2, interleaved)\n"
+            "                             zb-h1, zb-h2, interleaved, zb-v, v-half, v-min, dualpipe-v)\n"
             "  --microbatches X1,X2,...   micro-batches per minibatch as multiples of the workers\n"
             "                             (default 1,2,4)\n"
             "  --max-chunks V             interleaved plans with 2..V chunks (default 4)\n"
@@ -358,6 +361,8 @@ int cmd_plan(int argc, char **argv) {
             o.max_states = m;
         } else if (!strcmp(a, "--chunks")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, SCHED_MAX_CHUNKS, &o.chunks)) return CLI_USAGE;
+        } else if (!strcmp(a, "--v-shape")) {
+            o.v_shape = 1;
         } else if (!strcmp(a, "--pipelines")) {
             if (!(v = cli_value("plan", argc, argv, &i)) || cli_parse_int("plan", a, v, 1, 1 << 20, &o.pipelines))
                 return CLI_USAGE;
@@ -415,6 +420,8 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (!profile_path) return cli_usage_error("plan", "missing PROFILE");
+    if (o.v_shape && o.chunks && o.chunks != 2) return cli_usage_error("plan", "--v-shape places 2 chunks per worker");
+    if (o.v_shape) o.chunks = 2;
     if (o.pipelines && o.chunks < 2) return cli_usage_error("plan", "--pipelines goes with --chunks V (V >= 2)");
     if (search_flags && !choose)
         return cli_usage_error("plan", "--kinds, --microbatches, --max-chunks, --recompute, --optimizer and "

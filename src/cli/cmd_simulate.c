@@ -27,6 +27,8 @@ static void help(FILE *f) {
             "  --schedule KIND      1f1b (default), gpipe, 1f1b-flush, 2bw, dp, model-parallel,\n"
             "                       zb-h1, zb-h2 (Zero Bubble, backward split), interleaved\n"
             "                       (Megatron's interleaved 1F1B; a plan with several stages per worker)\n"
+            "                       zb-v, v-half, v-min, dualpipe-v (two stages per worker in a V; a\n"
+            "                       plan --v-shape, or a plain plan of 2 P stages placed in a V)\n"
             "  --minibatches N      optimizer-step minibatches to run (default 64; 8 for kinds\n"
             "                       with micro-batches)\n"
             "  --microbatches M     micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1,\n"
@@ -77,7 +79,8 @@ int cmd_simulate(int argc, char **argv) {
             kind_given = 1;
             if (sched_kind_parse(v, &so.kind))
                 return cli_usage_error("simulate", "--schedule: unknown kind \"%s\" (1f1b, gpipe, 1f1b-flush, 2bw, dp, "
-                                                   "model-parallel, zb-h1, zb-h2, interleaved)", v);
+                                                   "model-parallel, zb-h1, zb-h2, interleaved, zb-v, v-half, v-min, "
+                                                   "dualpipe-v)", v);
         } else if (!strcmp(a, "--minibatches")) {
             if (!(v = cli_value("simulate", argc, argv, &i)) ||
                 cli_parse_int("simulate", a, v, 1, 1 << 24, &so.n_minibatches))
@@ -169,7 +172,21 @@ int cmd_simulate(int argc, char **argv) {
         if (!json) printf("schedule from %s: %s, %d micro-batches%s\n", plan_path, p->schedule, so.n_micro,
                           so.recompute ? ", recomputation" : "");
     }
-    if (!kind_given && !chunks && p->chunks > 1) so.kind = SCHED_INTERLEAVED;
+    if (!kind_given && !chunks && p->chunks > 1) so.kind = p->v_shape ? SCHED_ZB_V : SCHED_INTERLEAVED;
+    if (p->v_shape && !sched_kind_v(so.kind)) {
+        err_set(&err, PD_EINVAL, "%s is a V-placed plan: it runs with zb-v, v-half, v-min or dualpipe-v, not %s",
+                plan_path, sched_kind_name(so.kind));
+        goto fail;
+    }
+    if (sched_kind_v(so.kind) && p->chunks > 1 && !p->v_shape) {
+        err_set(&err, PD_EINVAL, "%s places its stages round-robin (interleaved); %s runs a V-placed plan (plan "
+                "--v-shape) or a plain one", plan_path, sched_kind_name(so.kind));
+        goto fail;
+    }
+    if (sched_kind_v(so.kind) && p->chunks <= 1 && plan_place_v(p, &err)) {   /* the kind places a plain plan */
+        err_prefix(&err, "%s: %s", plan_path, sched_kind_name(so.kind));
+        goto fail;
+    }
     if (so.n_micro > 1 && !sched_kind_takes_micro(so.kind)) {
         rc = cli_usage_error("simulate", "--microbatches applies to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 and interleaved, "
                              "not %s", sched_kind_name(so.kind));

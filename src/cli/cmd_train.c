@@ -114,14 +114,17 @@ static const Flag FLAGS[] = {
            "split into input and weight gradient, the weight passes deferred into the bubbles), "
            "dp, model-parallel, asp (every worker the whole model, gradients applied at sharded "
            "parameter owners without waiting), interleaved (several stages per worker; the "
-           "default for a plan written by 'pipedream plan --chunks V')"),
+           "default for a plan written by 'pipedream plan --chunks V'), zb-v, v-half, v-min, dualpipe-v "
+           "(two stages per worker in a V: a plan from 'pipedream plan --v-shape', zb-v its default, or a "
+           "plain plan of 2 P stages placed here; backward split, a flush per minibatch)"),
     INT("--chunks", "V", chunks, 2, SCHED_MAX_CHUNKS,
         "interleave a plan of S stages with the same d replicas each: replica j of stage i on worker "
         "(i mod (S / V)) d + j, V stages per worker, d whole pipelines (implies --schedule interleaved; "
         "needs 2 or more workers a pipeline)"),
     INT("--microbatches", "M", micro, 1, 65536,
-        "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved "
-        "(interleaved: a multiple of the workers; default: one per worker of the plan), and "
+        "micro-batches per minibatch for gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2, interleaved, the V kinds "
+        "(interleaved: a multiple of the workers; zb-v: at least one per worker, dualpipe-v two; default: one "
+        "per worker of the plan, two for dualpipe-v), and "
         "1f1b, which then steps once per minibatch (default on 2 or more workers: 4, or the largest count "
         "below 4 that divides the minibatch; 1: a step per unit, PipeDream's original)"),
     SWITCH("--vertical-sync", vsync, "1f1b: every stage uses the input stage's weight version"),
@@ -338,8 +341,25 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
     *out = NULL;
     if (o->plan) {
         if (!(plan = plan_load(o->plan, err))) return CLI_FAIL;
-        if (plan->chunks > 1 && !o->kind_given) o->kind = SCHED_INTERLEAVED;
+        if (plan->chunks > 1 && !o->kind_given) o->kind = plan->v_shape ? SCHED_ZB_V : SCHED_INTERLEAVED;
         int chunks = plan->chunks;
+        /* the V kinds: a V-placed plan, or a plain one of 2 P stages placed in a V here */
+        if (sched_kind_v(o->kind) && chunks > 1 && !plan->v_shape) {
+            plan_free(plan);
+            return cli_usage_error(C, "%s places its stages round-robin (interleaved); --schedule %s runs a V-placed "
+                                   "plan (pipedream plan --v-shape) or a plain one", o->plan, sched_kind_name(o->kind));
+        }
+        if (plan->v_shape && !sched_kind_v(o->kind)) {
+            plan_free(plan);
+            return cli_usage_error(C, "%s is a V-placed plan: it runs with --schedule zb-v, v-half, v-min or dualpipe-v",
+                                   o->plan);
+        }
+        if (sched_kind_v(o->kind) && chunks <= 1 && plan_place_v(plan, err)) {
+            err_prefix(err, "%s: --schedule %s", o->plan, sched_kind_name(o->kind));
+            plan_free(plan);
+            return CLI_FAIL;
+        }
+        chunks = plan->v_shape ? 1 : chunks;
         if (chunks > 1 && o->kind != SCHED_INTERLEAVED) {
             plan_free(plan);
             return cli_usage_error(C, "%s is an interleaved plan (%d stages per worker): it runs with --schedule "
@@ -366,6 +386,9 @@ static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
         if (o->chunks || o->kind == SCHED_INTERLEAVED)
             return cli_usage_error(C, "interleaved needs --plan (make one with 'pipedream plan --chunks V') and 2 or "
                                    "more workers");
+        if (sched_kind_v(o->kind))
+            return cli_usage_error(C, "%s needs --plan (make one with 'pipedream plan --v-shape') and 2 or more workers",
+                                   sched_kind_name(o->kind));
     }
     if (o->micro == 0) {
         o->micro = o->vsync ? 1 : sched_default_micro_for(o->kind, o->workers, o->batch);

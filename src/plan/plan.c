@@ -61,8 +61,10 @@ int plan_wire_parse(const char *name) {
     return -1;
 }
 
-int plan_interleave(Plan *p, int V, Err *err) {
+static int place_chunks(Plan *p, int V, int v_shape, Err *err) {
     int S = p->n_stages, d = p->stages[0].replicas;
+    if (v_shape && (S % 2 || S < 4))
+        return err_set(err, PD_EINVAL, "cannot place %d stages in a V: it needs an even number of stages, at least 4", S);
     free(p->wire);   /* its boundaries change */
     p->wire = NULL;
     if (V < 2 || S % V || S / V < 2)
@@ -70,15 +72,15 @@ int plan_interleave(Plan *p, int V, Err *err) {
                        "least 2 workers", S, V);
     for (int s = 0; s < S; s++)
         if (p->stages[s].replicas != d)
-            return err_set(err, PD_EINVAL, "cannot interleave: stage %d has %d replicas and stage 0 %d; interleaving "
-                           "replicates whole pipelines (plan with --straight, or every stage alike)", s,
-                           p->stages[s].replicas, d);
+            return err_set(err, PD_EINVAL, "cannot %s: stage %d has %d replicas and stage 0 %d; it "
+                           "replicates whole pipelines (plan with --straight, or every stage alike)",
+                           v_shape ? "place in a V" : "interleave", s, p->stages[s].replicas, d);
     int W = S / V;
     double *per = calloc((size_t)W, sizeof(double));
     PD_ASSERT(per);
     for (int s = 0; s < S; s++) {
-        for (int j = 0; j < d; j++) p->stages[s].ranks[j] = plan_interleaved_rank(s, W, d, j);
-        per[s % W] += p->stages[s].time_s;
+        for (int j = 0; j < d; j++) p->stages[s].ranks[j] = plan_chunk_rank(v_shape, s, W, d, j);
+        per[plan_chunk_rank(v_shape, s, W, 1, 0)] += p->stages[s].time_s;
     }
     p->pipeline_s = 0;
     for (int w = 0; w < W; w++)
@@ -88,8 +90,12 @@ int plan_interleave(Plan *p, int V, Err *err) {
     p->noam = W;
     p->chunks = V;
     p->opts.chunks = V;
+    p->v_shape = p->opts.v_shape = v_shape;
     return PD_OK;
 }
+
+int plan_interleave(Plan *p, int V, Err *err) { return place_chunks(p, V, 0, err); }
+int plan_place_v(Plan *p, Err *err) { return place_chunks(p, 2, 1, err); }
 
 int plan_stage_of_rank(const Plan *p, int rank, int *replica) {
     for (int s = 0; s < p->n_stages; s++)
@@ -142,8 +148,10 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
             rc = err_set(err, PD_EINVAL, "stages are not contiguous: layer %d (stage %d) feeds layer %d (stage %d)", a,
                          stage_of[a], b, stage_of[b]);
     }
+    if (!rc && p->v_shape && p->chunks != 2)
+        rc = err_set(err, PD_EINVAL, "a V-placed plan has 2 chunks per worker, not %d", p->chunks);
     if (!rc && p->chunks > 1) {   /* interleaved: V x W stages round-robin on W pipeline positions, each with
-                                   * d replicas: replica j of stage s on rank (s mod W) d + j */
+                                   * d replicas: replica j of stage s on rank (s mod W) d + j (or in a V) */
         int d = p->stages[0].replicas, W = d > 0 ? p->n_workers / d : 0;
         if (W * d != p->n_workers || p->n_stages != p->chunks * W)
             rc = err_set(err, PD_EINVAL, "an interleaved plan of %d chunks on %d workers, %d replicas a stage, needs %d "
@@ -153,9 +161,9 @@ int plan_validate(const Plan *p, int n_layers, Err *err) {
                 rc = err_set(err, PD_EINVAL, "interleaved plan: stage %d has %d replicas, stage 0 has %d", s,
                              p->stages[s].replicas, d);
             for (int j = 0; j < d && !rc; j++)
-                if (p->stages[s].ranks[j] != plan_interleaved_rank(s, W, d, j))
-                    rc = err_set(err, PD_EINVAL, "interleaved plan: replica %d of stage %d must be on rank %d", j, s,
-                                 plan_interleaved_rank(s, W, d, j));
+                if (p->stages[s].ranks[j] != plan_chunk_rank(p->v_shape, s, W, d, j))
+                    rc = err_set(err, PD_EINVAL, "%s plan: replica %d of stage %d must be on rank %d",
+                                 p->v_shape ? "V-placed" : "interleaved", j, s, plan_chunk_rank(p->v_shape, s, W, d, j));
         }
         workers = p->n_workers;
     }
@@ -252,6 +260,7 @@ static int opts_check(const PlanOpts *o, Err *err) {
     if (o->chunks < 0 || o->chunks > 64) return err_set(err, PD_EINVAL, "chunks must be 1..64, got %d", o->chunks);
     if (o->pipelines < 0) return err_set(err, PD_EINVAL, "pipelines must be >= 1, got %d", o->pipelines);
     if (o->pipelines > 0 && o->chunks <= 1) return err_set(err, PD_EINVAL, "--pipelines goes with --chunks V");
+    if (o->v_shape && o->chunks != 2) return err_set(err, PD_EINVAL, "the V placement has 2 chunks per worker, not %d", o->chunks);
     if (o->pipelines > 1 && o->straight)
         return err_set(err, PD_EINVAL, "--pipelines %d replicates every stage %d times; --straight allows one", o->pipelines,
                        o->pipelines);
@@ -373,7 +382,7 @@ Plan *plan_from_solution(const Profile *prof, const PGraph *gp, const PStates *s
     p->noam = (rank + p->stages[0].replicas - 1) / p->stages[0].replicas;
     if (o->chunks > 1) {   /* the round-robin placement on the positions (workers, chunks, noam) */
         Err e = {0};
-        int rc = plan_interleave(p, o->chunks, &e);
+        int rc = o->v_shape ? plan_place_v(p, &e) : plan_interleave(p, o->chunks, &e);
         PD_ASSERTF(rc == PD_OK, "interleaving the solution: %s", e.msg);
     }
     p->pipeline_s = sol.pipeline_s;
@@ -424,6 +433,7 @@ int plan_save(const Plan *p, const char *path, Err *err) {
     cluster_to_json(&p->cluster, cJSON_AddObjectToObject(root, "cluster"));
     cJSON_AddItemToObject(root, "n_workers", pd_json_num(p->n_workers));
     if (p->chunks > 1) cJSON_AddItemToObject(root, "chunks", pd_json_num(p->chunks));
+    if (p->v_shape) cJSON_AddStringToObject(root, "placement", "v");
     if (p->schedule[0]) {
         cJSON *sj = cJSON_AddObjectToObject(root, "schedule");
         cJSON_AddStringToObject(sj, "kind", p->schedule);
@@ -543,6 +553,14 @@ Plan *plan_load(const char *path, Err *err) {
     }
     if ((rc = jobj_int(&j, "n_workers", 1, 1, 1 << 20, &p->n_workers, err))) goto done;
     if ((rc = jobj_int(&j, "chunks", 0, 2, 64, &p->chunks, err))) goto done;
+    if (jobj_has(&j, "placement")) {
+        if ((rc = jobj_str(&j, "placement", 1, &s, err))) goto done;
+        if (strcmp(s, "v")) {
+            rc = err_set(err, PD_EINVAL, "%s: key \"placement\": \"%s\" is not \"v\"", path, s);
+            goto done;
+        }
+        p->v_shape = p->opts.v_shape = 1;
+    }
     if (jobj_has(&j, "schedule")) {
         JObj sj;
         if ((rc = jobj_init(&sj, jobj_get(&j, "schedule"), err, "%s: schedule", path)) ||
@@ -667,7 +685,11 @@ void plan_print(const Plan *p, FILE *f) {
                                 p->cluster.level[l].workers, p->cluster.level[l].bandwidth);
     fprintf(f, "plan for %s: %d stage%s on %d of %d workers (levels innermost first: %s)\n", p->model, p->n_stages,
             p->n_stages == 1 ? "" : "s", p->n_workers, cluster_total_workers(&p->cluster), cl);
-    if (p->chunks > 1) {
+    if (p->chunks > 1 && p->v_shape) {
+        int d = p->stages[0].replicas, P = p->n_workers / d;
+        fprintf(f, "V placement: %d pipeline%s of %d workers, worker i runs stages i and %d - i (--schedule zb-v, v-half, "
+                "v-min or dualpipe-v)\n", d, d > 1 ? "s" : "", P, 2 * P - 1);
+    } else if (p->chunks > 1) {
         int d = p->stages[0].replicas, P = p->n_workers / d;
         if (d > 1)
             fprintf(f, "interleaved: %d pipelines of %d workers, %d chunks per worker; replica j of stage i on rank "

@@ -126,6 +126,7 @@ typedef struct PlanOpts {
     int pipelines;                 /* with chunks >= 2: d, the data-parallel pipelines, given (>= 1,
                                     * dividing the workers into 2 or more positions); 0: the
                                     * planner's choice */
+    int v_shape;                   /* with chunks = 2: the V placement (plan_v_rank) instead of round-robin */
     /* ours: the bytes per worker a stage needs under memory_limit, instead of the 1F1B stash rule
      * (the schedule search's per-kind estimates); NULL: plan_ours_stash. in_bytes: what crosses
      * the cut before the stage (0 for the first). A plan made with it is not re-checked by
@@ -165,6 +166,10 @@ typedef struct Plan {
      * --chunks V`): V x P stages with the same d replicas each, n_workers = P d, replica j of
      * stage i on rank (i mod P) d + j, for --schedule interleaved only. */
     int chunks;
+    /* Added with the V-shaped schedules: 1 when the chunks = 2 stages per worker are placed in a V
+     * (plan_v_rank; `pipedream plan --v-shape`, JSON "placement": "v"), for zb-v, v-half, v-min and
+     * dualpipe-v; 0: round-robin (interleaved). */
+    int v_shape;
     /* The schedule a search chose for the plan (`plan --choose-schedule`; JSON "schedule"):
      * kind name ("" = none), micro-batches per minibatch, recomputation. */
     char schedule[24];
@@ -221,12 +226,26 @@ int   plan_stage_of_rank(const Plan *p, int rank, int *replica);
 /* Interleaved placement: on W pipeline positions of d replicas each, stage s runs at position
  * s mod W, its replica j on rank (s mod W) d + j. */
 static inline int plan_interleaved_rank(int s, int W, int d, int j) { return (s % W) * d + j; }
+/* V placement (the V-shaped schedules): 2 W stages on W pipeline positions, stage s at position s
+ * on the way down (s < W) and 2 W - 1 - s on the way back up, so position i holds stages i and
+ * 2 W - 1 - i and the last stage's output lands where the first stage is; replica j on rank
+ * position d + j. */
+static inline int plan_v_position(int s, int W) { return s < W ? s : 2 * W - 1 - s; }
+static inline int plan_v_rank(int s, int W, int d, int j) { return plan_v_position(s, W) * d + j; }
+/* The rank of replica j of stage s in a plan of several stages per worker: V or round-robin. */
+static inline int plan_chunk_rank(int v_shape, int s, int W, int d, int j) {
+    return v_shape ? plan_v_rank(s, W, d, j) : plan_interleaved_rank(s, W, d, j);
+}
 /* Turns a plan of S stages with d replicas each into an interleaved one of V chunks on W = S / V
  * pipeline positions: replica j of stage i on rank (i mod W) d + j (d = 1: rank i mod W),
  * n_workers W d, chunks V, pipeline_s the largest per-position sum of stage times. Replica j of
  * every stage is one whole pipeline (data parallelism over d pipelines). Fails (p unchanged)
  * unless V >= 2 divides S, S / V >= 2 and every stage has the same replicas. */
 int   plan_interleave(Plan *p, int V, Err *err);
+/* The same for the V placement: a plan of S = 2 W stages with d replicas each onto W positions,
+ * replica j of stage i on rank plan_v_rank(i, W, d, j), chunks 2, v_shape 1. Fails (p unchanged)
+ * unless S is even, S / 2 >= 2 and every stage has the same replicas. */
+int   plan_place_v(Plan *p, Err *err);
 /* Every plan of prof over all of cl's workers by our model's placement: each chain of cut
  * states (the partitioner's) with replicas summing to the workers (o->straight: one each),
  * or with o->chunks = V >= 2, for each d dividing the workers into P >= 2 positions (straight:

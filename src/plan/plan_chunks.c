@@ -1,4 +1,5 @@
-/* plan_chunks.c: plans for the interleaved schedule (`pipedream plan --chunks V`, docs/explanation/planner.md).
+/* plan_chunks.c: plans for the interleaved schedule (`pipedream plan --chunks V`, docs/explanation/planner.md)
+ * and for the V-shaped ones (--v-shape: 2 P stages, worker i holding stages i and 2 P - 1 - i, plan_v_rank).
  * V x P stages in a straight line on P pipeline positions, each stage with d replicas (P d = the
  * workers; d = 1 with --straight): replica j of stage i on rank (i mod P) d + j, replica j of
  * every stage one whole pipeline. For each d the DP splits the cut states into V P consecutive
@@ -28,10 +29,12 @@ static double chunk_boundary(const Cluster *cl, double bytes, int a, int b) {
 /* Stage m (0-based) of a solution on P positions of d replicas: its compute (our model's for d
  * replicas of C seconds and Pb parameter bytes) and the boundary before it (m >= 1). */
 static double chunk_stage(const Cluster *cl, const PlanOpts *o, double C, double Pb, int m, int P, int d) {
-    return plan_ours_stage_compute(cl, o, C, Pb, plan_interleaved_rank(m, P, d, 0), d);
+    return plan_ours_stage_compute(cl, o, C, Pb, plan_chunk_rank(o->v_shape, m, P, d, 0), d);
 }
-static double chunk_cut(const Cluster *cl, double bytes, int m, int P, int d) {
-    return chunk_boundary(cl, bytes, plan_interleaved_rank(m - 1, P, d, 0), plan_interleaved_rank(m, P, d, 0)) / d;
+/* The boundary before stage m: none between the two stages of one worker (the V's turn). */
+static double chunk_cut(const Cluster *cl, const PlanOpts *o, double bytes, int m, int P, int d) {
+    int a = plan_chunk_rank(o->v_shape, m - 1, P, d, 0), b = plan_chunk_rank(o->v_shape, m, P, d, 0);
+    return a == b ? 0.0 : chunk_boundary(cl, bytes, a, b) / d;
 }
 
 int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {
@@ -58,7 +61,7 @@ int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int
             for (int m = 2; m <= NS && m <= j + 1; m++) {
                 const CEnt *pre = &GI(k, m - 1);
                 if (isnan(pre->t)) continue;
-                double bnd = chunk_cut(cl, s->OX[k] / ratio, m - 1, P, d);
+                double bnd = chunk_cut(cl, o, s->OX[k] / ratio, m - 1, P, d);
                 double c = chunk_stage(cl, o, C, Pb, m - 1, P, d);
                 double t = pre->t > c ? pre->t : c;
                 if (bnd > t) t = bnd;
@@ -130,12 +133,12 @@ void psolution_times_chunks(const PStates *s, const Cluster *cl, const PlanOpts 
         double Pb = s->PAR[st->to] - (st->from >= 0 ? s->PAR[st->from] : 0);
         st->time_s = chunk_stage(cl, o, C, Pb, q, P, d);
         if (q > 0) {
-            double bnd = chunk_cut(cl, s->OX[st->from] / ratio, q, P, d);
+            double bnd = chunk_cut(cl, o, s->OX[st->from] / ratio, q, P, d);
             if (bnd > st->time_s) st->time_s = bnd;
             if (bnd > sol->st[q - 1].time_s) sol->st[q - 1].time_s = bnd;
         }
     }
-    for (int q = 0; q < NS; q++) per[q % P] += sol->st[q].time_s;
+    for (int q = 0; q < NS; q++) per[plan_chunk_rank(o->v_shape, q, P, 1, 0)] += sol->st[q].time_s;
     sol->pipeline_s = 0;
     for (int w = 0; w < P; w++)
         if (per[w] > sol->pipeline_s) sol->pipeline_s = per[w];

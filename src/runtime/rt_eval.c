@@ -63,11 +63,25 @@ static int eval_batch(Worker *w, size_t b, int n, int64_t mb, Err *err) {
         if ((rc = comm_isend(w->c, next, COMM_ACT, rt_msg_id(s, mb, w->stage + 1), w->newest, rt_wire_shape(w, d, out, mb, 1),
                              m, &sl->s_act, err)))
             return rc;
-        /* the output buffer is rewritten by the next batch's forward: complete the send */
-        if ((rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err))) return rc;
+        /* the output buffer is rewritten by the next batch's forward: complete the send (one to
+         * this rank's own next chunk, the V's turn, completes once that chunk received it: rt_eval) */
+        if (next != w->rank && (rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err))) return rc;
     }
-    if (sl->s_lab && (rc = comm_wait(w->c, &sl->s_lab, w->cfg->recv_timeout_s, NULL, err))) return rc;
+    if (sl->s_lab && lastr != w->rank && (rc = comm_wait(w->c, &sl->s_lab, w->cfg->recv_timeout_s, NULL, err)))
+        return rc;
     return PD_OK;
+}
+
+/* The sends of a batch to the rank itself (the V placement's turn, and the labels when one rank
+ * holds the first and the last stage), complete after its chunks have received them. */
+static int eval_sends_done(Worker *w, Err *err) {
+    int rc = PD_OK;
+    for (int c = 0; c < w->n_chunk && !rc; c++) {
+        Slot *sl = &rt_chunk(w, c)->slots[0];
+        if (sl->s_act) rc = comm_wait(w->c, &sl->s_act, w->cfg->recv_timeout_s, NULL, err);
+        if (!rc && sl->s_lab) rc = comm_wait(w->c, &sl->s_lab, w->cfg->recv_timeout_s, NULL, err);
+    }
+    return rc;
 }
 
 int rt_eval(Worker *w, Err *err) {
@@ -89,6 +103,7 @@ int rt_eval(Worker *w, Err *err) {
             Worker *x = rt_chunk(w, c);
             if ((rc = eval_batch(x, b, n, mb, err))) err_prefix(err, "rank %d (stage %d): evaluation", x->rank, x->stage);
         }
+        if (!rc && (rc = eval_sends_done(w, err))) err_prefix(err, "rank %d: evaluation", w->rank);
     }
     for (int c = 0; c < V; c++) {
         Worker *x = rt_chunk(w, c);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 static const char *const KIND_NAMES[] = {"1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel", "asp",
-                                         "zb-h1", "zb-h2", "interleaved"};
+                                         "zb-h1", "zb-h2", "interleaved", "zb-v", "v-half", "v-min", "dualpipe-v"};
 _Static_assert(sizeof KIND_NAMES / sizeof KIND_NAMES[0] == SCHED_COUNT, "kind names");
 static const char *const OP_NAMES[] = {"F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH", "BI", "BW", "R"};
 _Static_assert(sizeof OP_NAMES / sizeof OP_NAMES[0] == OP_COUNT, "op names");
@@ -321,6 +321,186 @@ static int gen_interleaved(Gen *g, int rank) {
     return PD_OK;
 }
 
+/* ---- the V-shaped kinds ---------------------------------------------------------------------- */
+/* zb-v, v-half, v-min and dualpipe-v (docs/explanation/schedules.md, "V-shaped schedules"): P pipeline
+ * positions, the one at i holding stage i (chunk 0, on the way down) and stage 2 P - 1 - i (chunk 1,
+ * on the way back up). With d replicas of every stage, replica j of each is pipeline j and owns the
+ * units u of the minibatch with u mod d = j: m = M / d of them, the l-th being k M + l d + j. Each kind
+ * is an order of the 6 m computes of a position per minibatch: F, BI and BW of each own micro-batch at
+ * each chunk; every compute reads version k, then one all-reduce per chunk (d > 1), the step, flush. */
+
+enum { VF, VB, VW };   /* forward, input-gradient half (BI), weight-gradient half (BW) */
+typedef struct VOp {
+    int op, c, l;      /* VF/VB/VW, chunk, own micro-batch */
+} VOp;
+
+typedef struct VOrder {
+    VOp *ops;
+    int n;
+    int f[2], b[2], w[2];   /* next own micro-batch of F, BI and BW per chunk */
+} VOrder;
+
+static void v_put(VOrder *o, int op, int c) {
+    int *next = op == VF ? o->f : op == VB ? o->b : o->w;
+    o->ops[o->n++] = (VOp){op, c, next[c]++};
+}
+
+/* zb-v (Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024): the position at r of P warms up with
+ * 2 (P - r) - 1 forwards of chunk 0, then r pairs (F chunk 1, F chunk 0), then P - r triples (F, BI, BW)
+ * of chunk 1; the steady state repeats F0 BI0 BW0 F1 BI1 BW1 (the turn at chunk 1 is where a unit's
+ * forward ends and its backward begins); the drain runs the remaining BIs, chunk 0 first, and then the
+ * deferred BWs, chunk 1 first. Needs m >= P. With F = B = W per chunk every position is busy from its
+ * first forward to its last BW, and at most 2 P (unit, chunk) pairs are in flight: P units of whole
+ * stages, 1F1B's peak. */
+static void v_order_zbv(VOrder *o, int r, int P, int m) {
+    int n1 = 2 * (P - r) - 1 < m ? 2 * (P - r) - 1 : m;
+    for (int i = 0; i < n1; i++) v_put(o, VF, 0);
+    for (int i = 0; i < r; i++) {
+        if (o->f[1] < m) v_put(o, VF, 1);
+        if (o->f[0] < m) v_put(o, VF, 0);
+    }
+    for (int i = 0; i < P - r && o->f[1] < m; i++) v_put(o, VF, 1), v_put(o, VB, 1), v_put(o, VW, 1);
+    while (o->f[0] < m || o->f[1] < m) {
+        if (o->f[0] < m) v_put(o, VF, 0);
+        if (o->b[0] < o->f[0] && o->b[0] < m) v_put(o, VB, 0), v_put(o, VW, 0);
+        if (o->f[1] < m) v_put(o, VF, 1), v_put(o, VB, 1), v_put(o, VW, 1);
+    }
+    while (o->b[0] < m || o->b[1] < m) {
+        if (o->b[0] < m) v_put(o, VB, 0);
+        if (o->b[1] < m) v_put(o, VB, 1);
+    }
+    while (o->w[1] < m) v_put(o, VW, 1);
+    while (o->w[0] < m) v_put(o, VW, 0);
+}
+
+/* v-half and v-min (Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024): the
+ * building block of one micro-batch, in slots of one chunk's F (= BI = BW), repeated every 6 slots.
+ * Position i of P runs F0 (chunk 0's forward), F1, BI1, BI0 of micro-batch 0 at the slots
+ *   v-min:  i,  2P - 1 - i,  2P + e + i,      4P + e - 1 - i   (e = 2 if 3 divides P, else 0)
+ *   v-half: 2i, 3P - 2 - i,  3P + e + 2i - 1, 6P + e - i - 2   (e = 3 if P is even, else 0)
+ * (one slot per hop, except v-half's chunk 0 forward and chunk 1 backward, which take two, so a unit
+ * lives longer at the later positions and less at the first); e makes the four slots differ modulo 6.
+ * Each BW takes the first slot after its BI whose residue modulo 6 the four leave free, BW1 first.
+ * Micro-batch l runs 6 l slots later; the order of a position is its computes sorted by slot. A
+ * unit's life at a position (F0 to BW0, F1 to BW1) over the period of 6 bounds the units in flight:
+ * v-min peaks at 2 floor((P + 4) / 3) (unit, chunk) pairs, v-half at 2 floor((P + 2) / 2). */
+static void v_block(SchedKind kind, int i, int P, int slot[6]) {   /* slot[op * 2 + c] */
+    if (kind == SCHED_V_MIN) {
+        int e = P % 3 == 0 ? 2 : 0;
+        slot[VF * 2] = i, slot[VF * 2 + 1] = 2 * P - 1 - i, slot[VB * 2 + 1] = 2 * P + e + i;
+        slot[VB * 2] = 4 * P + e - 1 - i;
+    } else {
+        int e = P % 2 == 0 ? 3 : 0;
+        slot[VF * 2] = 2 * i, slot[VF * 2 + 1] = 3 * P - 2 - i, slot[VB * 2 + 1] = 3 * P + e + 2 * i - 1;
+        slot[VB * 2] = 6 * P + e - i - 2;
+    }
+    int used = 0;
+    for (int c = 0; c < 2; c++) used |= 1 << (slot[VF * 2 + c] % 6) | 1 << (slot[VB * 2 + c] % 6);
+    PD_ASSERTF(__builtin_popcount(used) == 4, "V block of %d positions: slots collide modulo 6", P);
+    for (int c = 1; c >= 0; c--) {
+        int t = slot[VB * 2 + c] + 1;
+        while (used >> (t % 6) & 1) t++;
+        slot[VW * 2 + c] = t;
+        used |= 1 << (t % 6);
+    }
+}
+
+static void v_order_block(VOrder *o, SchedKind kind, int r, int P, int m) {
+    int slot[6];
+    v_block(kind, r, P, slot);
+    /* the 6 computes of micro-batch l take slots slot[.] + 6 l, all distinct: walk the slots in order */
+    int lo = slot[0], hi = slot[0];
+    for (int k = 1; k < 6; k++) lo = slot[k] < lo ? slot[k] : lo, hi = slot[k] > hi ? slot[k] : hi;
+    for (int t = lo; t <= hi + 6 * (m - 1); t++)
+        for (int k = 0; k < 6; k++)
+            if (t >= slot[k] && (t - slot[k]) % 6 == 0 && (t - slot[k]) / 6 < m) v_put(o, k / 2, k % 2);
+}
+
+/* dualpipe-v (DeepSeek-V3's DualPipe folded into a V): the position at r of P runs 2 (P - r - 1)
+ * forwards of chunk 0; r + 1 pairs F0 F1; P - r - 1 rounds of BI1 (its BW deferred), the oldest
+ * deferred BW, F1; then m - 2 P + r + 1 rounds of the overlapped pairs (F0 with B1, F1 with B0); P - r - 1
+ * rounds of B1 and the pair (F1, B0); r + 1 rounds B1 B0, whose second half defers its BWs (from round
+ * floor((r + 1) / 2) on: from B1 when r is odd, from B0 when even); P - r - 1 rounds of the oldest
+ * deferred BW and B0 (deferring its BW); then the r + 1 deferred BWs left. A B that defers nothing is
+ * BI with its BW at once (the whole backward). In a pair, the forward's send proceeds while the
+ * backward computes (sends are asynchronous), which is the overlap a CPU has. Needs m >= 2 P. */
+typedef struct VQueue {
+    int *c, *l;         /* deferred BWs in the order deferred (2 m entries at most) */
+    int head, n;        /* the oldest still pending, entries so far */
+} VQueue;
+
+static void dpv_b(VOrder *o, VQueue *q, int c, int defer) {
+    int l = o->b[c];
+    v_put(o, VB, c);
+    if (!defer) {
+        v_put(o, VW, c);
+        return;
+    }
+    q->c[q->n] = c, q->l[q->n++] = l;
+}
+
+static void dpv_w(VOrder *o, VQueue *q) {
+    PD_ASSERT(q->head < q->n);
+    int c = q->c[q->head];
+    PD_ASSERT(q->l[q->head] == o->w[c]);   /* each chunk's BWs stay in unit order */
+    q->head++;
+    v_put(o, VW, c);
+}
+
+static void v_order_dualpipe(VOrder *o, int r, int P, int m) {
+    VQueue q = {malloc((size_t)2 * m * sizeof(int)), malloc((size_t)2 * m * sizeof(int)), 0, 0};
+    PD_ASSERT(q.c && q.l);
+    for (int i = 0; i < 2 * (P - r - 1); i++) v_put(o, VF, 0);
+    for (int i = 0; i < r + 1; i++) v_put(o, VF, 0), v_put(o, VF, 1);
+    for (int i = 0; i < P - r - 1; i++) dpv_b(o, &q, 1, 1), dpv_w(o, &q), v_put(o, VF, 1);
+    for (int i = 0; i < m - 2 * P + r + 1; i++) {
+        v_put(o, VF, 0), dpv_b(o, &q, 1, 0);
+        v_put(o, VF, 1), dpv_b(o, &q, 0, 0);
+    }
+    for (int i = 0; i < P - r - 1; i++) dpv_b(o, &q, 1, 0), v_put(o, VF, 1), dpv_b(o, &q, 0, 0);
+    int zb = 0;
+    for (int i = 0; i < r + 1; i++) {
+        if (i == (r + 1) / 2 && r % 2 == 1) zb = 1;
+        dpv_b(o, &q, 1, zb);
+        if (i == (r + 1) / 2 && r % 2 == 0) zb = 1;
+        dpv_b(o, &q, 0, zb);
+    }
+    for (int i = 0; i < P - r - 1; i++) dpv_w(o, &q), dpv_b(o, &q, 0, 1);
+    while (q.head < q.n) dpv_w(o, &q);
+    free(q.c), free(q.l);
+}
+
+static int gen_v(Gen *g, int rank) {
+    Schedule *s = g->s;
+    SchedWorker *w = &s->workers[rank];
+    int P = s->n_stages / 2, r = w->stage, d = s->stages[r].replicas, m = s->n_micro / d;
+    VOrder o = {pd_alloc((size_t)6 * m * sizeof(VOp)), 0, {0, 0}, {0, 0}, {0, 0}};
+    switch (s->kind) {
+    case SCHED_ZB_V: v_order_zbv(&o, r, P, m); break;
+    case SCHED_V_HALF:
+    case SCHED_V_MIN: v_order_block(&o, s->kind, r, P, m); break;
+    case SCHED_DUALPIPE_V: v_order_dualpipe(&o, r, P, m); break;
+    default: PD_ASSERT(0);
+    }
+    PD_ASSERTF(o.n == 6 * m, "%s: position %d orders %d computes, not %d", KIND_NAMES[s->kind], r, o.n, 6 * m);
+    for (int c = 0; c < 2; c++) PD_ASSERT(o.f[c] == m && o.b[c] == m && o.w[c] == m);
+    for (int k = 0; k < s->n_minibatches; k++) {
+        for (int i = 0; i < o.n; i++) {
+            const VOp *x = &o.ops[i];
+            int u = k * s->n_micro + x->l * d + w->replica;
+            if (x->op == VF) emit_forward_c(s, w, u, k, x->c);
+            else if (x->op == VB) emit_backward_c(s, w, u, k, x->c, 1);
+            else push_c(w, OP_BACKWARD_W, u, -1, k, x->c);
+        }
+        for (int c = 0; c < 2; c++)
+            if (s->stages[w->stages[c]].replicas > 1) push_c(w, OP_ALLREDUCE, -1, w->stages[c], k + 1, c);
+        push(w, OP_STEP, -1, -1, k + 1);
+        push(w, OP_FLUSH, -1, -1, -1);
+    }
+    pd_free(o.ops);
+    return PD_OK;
+}
+
 void sched_release(Schedule *s) {
     if (!s) return;
     for (int i = 0; i < s->n_stages && s->stages; i++) {
@@ -384,6 +564,50 @@ static int interleave_workers(Schedule *s, Err *err) {
     return PD_OK;
 }
 
+/* The V kinds: the plan's 2 P stages in the V placement (what `pipedream plan --v-shape` writes):
+ * replica j of stage i and of stage 2 P - 1 - i on one rank, every stage with the same d >= 1
+ * replicas (replica j of every stage is pipeline j). Each worker gets stages i and 2 P - 1 - i as
+ * chunks 0 and 1; M must be a multiple of d, and each pipeline's m = M / d at least P for zb-v and
+ * 2 P for dualpipe-v. */
+static int v_workers(Schedule *s, Err *err) {
+    const char *kn = KIND_NAMES[s->kind];
+    int S = s->n_stages, P = S / 2, d = s->stages[0].replicas;
+    if (S % 2 || P < 2)
+        return err_set(err, PD_EINVAL, "schedule %s: the plan has %d stages; it needs 2 P stages on P >= 2 workers in "
+                       "the V placement (pipedream plan --v-shape)", kn, S);
+    for (int i = 0; i < S; i++)
+        if (s->stages[i].replicas != d)
+            return err_set(err, PD_EINVAL, "schedule %s: stage %d has %d replicas but stage 0 has %d; the V replicates "
+                           "whole pipelines, every stage alike", kn, i, s->stages[i].replicas, d);
+    for (int i = 0; i < P; i++)
+        for (int j = 0; j < d; j++) {
+            int a = s->stages[i].ranks[j], b = s->stages[2 * P - 1 - i].ranks[j];
+            if (a != b)
+                return err_set(err, PD_EINVAL, "schedule %s: replica %d of stage %d is on rank %d but of stage %d on "
+                               "rank %d; the V placement puts both on one rank (pipedream plan --v-shape)", kn, j, i, a,
+                               2 * P - 1 - i, b);
+            SchedWorker *w = &s->workers[a];
+            if (w->stage >= 0)
+                return err_set(err, PD_EINVAL, "schedule %s: rank %d holds stages %d and %d", kn, a, w->stage, i);
+            w->stage = i;
+            w->replica = j;
+            w->n_chunks = 2;
+            w->stages = malloc(2 * sizeof(int));
+            PD_ASSERT(w->stages);
+            w->stages[0] = sched_v_stage(i, 0, P), w->stages[1] = sched_v_stage(i, 1, P);
+        }
+    int m = s->n_micro / d, need = s->kind == SCHED_ZB_V ? P : s->kind == SCHED_DUALPIPE_V ? 2 * P : 1;
+    if (s->n_micro % d)
+        return err_set(err, PD_EINVAL, "schedule %s: %d micro-batches per minibatch do not split over %d pipelines", kn,
+                       s->n_micro, d);
+    if (m < need)
+        return err_set(err, PD_EINVAL, "schedule %s: %d micro-batches per minibatch%s; it needs at least %d (%s the %d "
+                       "workers of a pipeline)", kn, s->n_micro, d > 1 ? " over the pipelines" : "", need * d,
+                       need == P ? "one per each of" : "two per each of", P);
+    s->n_chunks = 2;
+    return PD_OK;
+}
+
 static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
     if (o->kind < 0 || o->kind >= SCHED_COUNT) return err_set(err, PD_EINVAL, "schedule: unknown kind %d", (int)o->kind);
     const char *kn = KIND_NAMES[o->kind];
@@ -391,7 +615,7 @@ static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
     if (o->n_micro < 1) return err_set(err, PD_EINVAL, "schedule %s: need at least 1 micro-batch", kn);
     if (o->n_micro > 1 && !sched_kind_takes_micro(o->kind))
         return err_set(err, PD_EINVAL, "schedule %s: micro-batches apply only to 1f1b, gpipe, 1f1b-flush, 2bw, zb-h1, "
-                       "zb-h2 and interleaved", kn);
+                       "zb-h2, interleaved and the V kinds", kn);
     if (o->vertical_sync && o->kind != SCHED_1F1B)
         return err_set(err, PD_EINVAL, "schedule %s: vertical sync applies only to 1f1b", kn);
     if (o->vertical_sync && o->n_micro > 1)
@@ -473,8 +697,8 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
     }
     s->n_chunks = 1;
     s->recompute = o->recompute;
-    if (o->kind == SCHED_INTERLEAVED) {
-        if ((rc = interleave_workers(s, err))) {
+    if (o->kind == SCHED_INTERLEAVED || sched_kind_v(o->kind)) {
+        if ((rc = o->kind == SCHED_INTERLEAVED ? interleave_workers(s, err) : v_workers(s, err))) {
             sched_release(s);
             return rc;
         }
@@ -487,7 +711,8 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
                     sched_release(s);
                     if (was != i)
                         return err_set(err, PD_EINVAL, "schedule %s: rank %d runs stages %d and %d; a plan with several "
-                                       "stages per worker runs only under interleaved", KIND_NAMES[o->kind], r, was, i);
+                                       "stages per worker runs only under interleaved or a V kind", KIND_NAMES[o->kind],
+                                       r, was, i);
                     return err_set(err, PD_EINVAL, "schedule: rank %d appears in more than one stage or twice", r);
                 }
                 w->stage = i;
@@ -537,6 +762,10 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         case SCHED_ZB_H1:
         case SCHED_ZB_H2: rc = gen_zb(&g, r); break;
         case SCHED_INTERLEAVED: rc = gen_interleaved(&g, r); break;
+        case SCHED_ZB_V:
+        case SCHED_V_HALF:
+        case SCHED_V_MIN:
+        case SCHED_DUALPIPE_V: rc = gen_v(&g, r); break;
         default: PD_ASSERT(0);
         }
     }

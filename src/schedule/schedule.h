@@ -32,6 +32,12 @@ typedef enum SchedKind {
                         * and BW (weight gradient), BW deferred into the drain (peak memory of 1f1b-flush) */
     SCHED_ZB_H2,       /* Zero Bubble's ZB-H2 with a flush: ZB-H1 with 2(S-s)-1 warm-up forwards (more memory) */
     SCHED_INTERLEAVED, /* Megatron's interleaved 1F1B: several stages (chunks) per worker, flush per minibatch */
+    /* The V-shaped kinds: 2 chunks per worker in the V placement (sched_v_chunk), backward split
+     * into BI and BW, a flush per minibatch (docs/explanation/schedules.md, "V-shaped schedules"). */
+    SCHED_ZB_V,        /* Zero Bubble's ZB-V: no bubble beyond the fill when F = B = W, 1F1B's activation memory */
+    SCHED_V_HALF,      /* V-Half (controllable memory): about half of 1F1B's activation memory */
+    SCHED_V_MIN,       /* V-Min (controllable memory): about a third of 1F1B's activation memory */
+    SCHED_DUALPIPE_V,  /* DeepSeek's DualPipeV: DualPipe folded into a V, forward and backward in pairs */
     SCHED_COUNT
 } SchedKind;
 
@@ -79,9 +85,9 @@ typedef struct SchedStage {
 } SchedStage;
 
 typedef struct SchedWorker {
-    int stage;        /* -1: idle rank (no instructions); interleaved: its first stage (= stages[0]) */
+    int stage;        /* -1: idle rank (no instructions); several chunks: its first stage (= stages[0]) */
     int replica;      /* index among the stage's ranks */
-    int n_chunks;     /* stages this worker runs: 1 (0 for idle ranks) except interleaved */
+    int n_chunks;     /* stages this worker runs: 1 (0 for idle ranks) except interleaved and the V kinds (2) */
     int *stages;      /* n_chunks global stage indices, ascending (owned); NULL for idle ranks */
     int n;            /* instructions */
     int cap;
@@ -124,7 +130,11 @@ void sched_release(Schedule *s);   /* zeroed is fine */
  * and interleaved. 1f1b, dp, model-parallel and asp run one unit per minibatch. */
 static inline int sched_kind_microbatched(SchedKind k) {
     return k == SCHED_GPIPE || k == SCHED_1F1B_FLUSH || k == SCHED_2BW || k == SCHED_ZB_H1 || k == SCHED_ZB_H2 ||
-           k == SCHED_INTERLEAVED;
+           k == SCHED_INTERLEAVED || k == SCHED_ZB_V || k == SCHED_V_HALF || k == SCHED_V_MIN || k == SCHED_DUALPIPE_V;
+}
+/* 1 for the V-shaped kinds (zb-v, v-half, v-min, dualpipe-v): two stages per worker in the V placement. */
+static inline int sched_kind_v(SchedKind k) {
+    return k == SCHED_ZB_V || k == SCHED_V_HALF || k == SCHED_V_MIN || k == SCHED_DUALPIPE_V;
 }
 /* 1 for the kinds that accept n_micro > 1: the micro-batched kinds and 1f1b, which with M
  * micro-batches per minibatch steps once per minibatch (local accumulation) instead of after
@@ -147,11 +157,13 @@ static inline int sched_chunks_ok(int chunks) { return chunks >= 2 && chunks <= 
  * available as --microbatches 1). */
 #define SCHED_1F1B_DEFAULT_MICRO 4
 /* Micro-batches per minibatch when none are given: one per worker of the plan for a
- * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs),
+ * micro-batched kind (so interleaved, which needs a multiple of the workers, always runs; two
+ * for dualpipe-v, which needs them),
  * SCHED_1F1B_DEFAULT_MICRO for 1f1b on two or more workers, 1 for the others. The default of
  * `train`, `simulate`, `launch` and the planner alike. */
 static inline int sched_default_micro(SchedKind k, int n_workers) {
     if (n_workers <= 1) return 1;
+    if (k == SCHED_DUALPIPE_V) return 2 * n_workers;   /* it needs 2 per worker */
     if (sched_kind_microbatched(k)) return n_workers;
     return k == SCHED_1F1B ? SCHED_1F1B_DEFAULT_MICRO : 1;
 }
@@ -182,8 +194,13 @@ static inline int sched_interleaved_warmup(int P, int V, int r, int m) {
     return warm < total ? warm : total;
 }
 
+/* The V placement (plan_v_rank): of 2 P stages, the worker at pipeline position i holds stage i as
+ * its chunk 0 (on the way down) and stage 2 P - 1 - i as its chunk 1 (on the way back up). */
+static inline int sched_v_chunk(int stage, int P) { return stage < P ? 0 : 1; }
+static inline int sched_v_stage(int position, int chunk, int P) { return chunk ? 2 * P - 1 - position : position; }
+
 /* "1f1b", "gpipe", "1f1b-flush", "2bw", "dp", "model-parallel" (also "mp"), "asp", "zb-h1",
- * "zb-h2", "interleaved". */
+ * "zb-h2", "interleaved", "zb-v", "v-half", "v-min", "dualpipe-v". */
 const char *sched_kind_name(SchedKind k);
 int         sched_kind_parse(const char *name, SchedKind *out);   /* PD_OK or PD_EINVAL */
 const char *sched_op_name(InstrOp op);   /* "F", "B", "SA", "RA", "SG", "RG", "AR", "STEP", "FLUSH", "BI", "BW", "R" */
@@ -209,8 +226,10 @@ static inline int sched_instr_stage(const SchedWorker *w, const Instr *in) {
     return w->stages && in->chunk > 0 && in->chunk < w->n_chunks ? w->stages[in->chunk] : w->stage;
 }
 
-/* 1 for the kinds whose backwards are split into BI and BW (the zb kinds). */
-static inline int sched_splits_backward(const Schedule *s) { return s->kind == SCHED_ZB_H1 || s->kind == SCHED_ZB_H2; }
+/* 1 for the kinds whose backwards are split into BI and BW (the zb and V-shaped kinds). */
+static inline int sched_splits_backward(const Schedule *s) {
+    return s->kind == SCHED_ZB_H1 || s->kind == SCHED_ZB_H2 || sched_kind_v(s->kind);
+}
 /* 1 if instruction i of w is a BI whose BW (same unit and chunk) is the next instruction: the
  * runtime runs the pair as one whole backward, and the simulator charges it so. */
 static inline int sched_bw_follows(const SchedWorker *w, int i) {

@@ -9,7 +9,17 @@
 
 #define DEFAULT_KINDS                                                                                                  \
     (1u << SCHED_1F1B | 1u << SCHED_GPIPE | 1u << SCHED_1F1B_FLUSH | 1u << SCHED_2BW | 1u << SCHED_DP |                \
-     1u << SCHED_ZB_H1 | 1u << SCHED_ZB_H2 | 1u << SCHED_INTERLEAVED)
+     1u << SCHED_ZB_H1 | 1u << SCHED_ZB_H2 | 1u << SCHED_INTERLEAVED | 1u << SCHED_ZB_V | 1u << SCHED_V_HALF |     \
+     1u << SCHED_V_MIN | 1u << SCHED_DUALPIPE_V)
+#define V_KINDS (1u << SCHED_ZB_V | 1u << SCHED_V_HALF | 1u << SCHED_V_MIN | 1u << SCHED_DUALPIPE_V)
+
+/* The plans a kind runs: the V kinds V-placed ones, interleaved round-robin ones with chunks, the
+ * others one stage per worker. */
+static int kind_runs_plan(SchedKind k, const Plan *p) {
+    if (sched_kind_v(k)) return p->v_shape;
+    if (k == SCHED_INTERLEAVED) return p->chunks > 1 && !p->v_shape;
+    return p->chunks <= 1;
+}
 
 static long lcm_replicas(const Plan *p) {
     long period = 1;
@@ -115,9 +125,9 @@ int plan_search_why(const Plan *p, const Profile *prof, const Cluster *cl, Sched
     return score(p, prof, cl, kind, n_micro, recompute, opt_state_factor, &c, out, err);
 }
 
-/* Same stages, layers and replicas (and chunks): the same partition. */
+/* Same stages, layers and replicas (and chunks and their placement): the same partition. */
 int plan_same_partition(const Plan *a, const Plan *b) {
-    if (a->n_stages != b->n_stages || a->chunks != b->chunks) return 0;
+    if (a->n_stages != b->n_stages || a->chunks != b->chunks || a->v_shape != b->v_shape) return 0;
     for (int i = 0; i < a->n_stages; i++) {
         const PlanStage *x = &a->stages[i], *y = &b->stages[i];
         if (x->n_layers != y->n_layers || x->replicas != y->replicas ||
@@ -133,6 +143,7 @@ uint64_t plan_partition_hash(const Plan *p) {
 #define MIX(v) (h = (h ^ (uint64_t)(uint32_t)(v)) * 1099511628211ull)
     MIX(p->n_stages);
     MIX(p->chunks);
+    if (p->v_shape) MIX(-1);   /* plans without the V hash as before */
     for (int i = 0; i < p->n_stages; i++) {
         const PlanStage *x = &p->stages[i];
         MIX(x->n_layers);
@@ -207,7 +218,8 @@ static Plan *dp_plan(const Profile *prof, const Cluster *cl, const PlanOpts *bas
     o.straight = straight;
     o.allow_idle = 0;
     o.memory_limit = limit;
-    o.chunks = chunks;
+    o.chunks = chunks < 0 ? 2 : chunks;   /* -1: the V placement */
+    o.v_shape = chunks < 0;
     if (mm) o.stage_memory = model_memory, o.stage_memory_ctx = mm;
     Err e = {0};
     return plan_new(prof, cl, &o, &e);
@@ -266,13 +278,28 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
             for (int i = 0; i < n; i++) parts_add(&ps, all[i]);
             free(all);
         }
+        if (exhaustive && (kinds & V_KINDS) && W >= 2) {   /* the V placement of 2 W stages */
+            PlanOpts po = o->plan;
+            po.cost_model = COST_OURS;
+            po.straight = 0;
+            po.chunks = 2, po.v_shape = 1;
+            Plan **all = NULL;
+            int n = 0;
+            Err e = {0};
+            if (!plan_enumerate(prof, cl, &po, limit, &all, &n, &e)) {
+                for (int i = 0; i < n; i++) parts_add(&ps, all[i]);
+                free(all);
+            } else {
+                parts_add(&ps, dp_plan(prof, cl, &o->plan, 0, 0, -1, NULL));
+            }
+        }
     }
     if (!exhaustive) {
         parts_add(&ps, dp_plan(prof, cl, &o->plan, 1, 0, 0, NULL));
         if (o->memory_limit > 0) {
             /* the partitioner under each schedule's own memory rule, replicated and straight */
             for (int k = 0; k < SCHED_COUNT; k++) {
-                if (!(kinds >> k & 1) || k == SCHED_DP || k == SCHED_INTERLEAVED) continue;
+                if (!(kinds >> k & 1) || k == SCHED_DP || k == SCHED_INTERLEAVED || sched_kind_v((SchedKind)k)) continue;
                 int nmk = sched_kind_microbatched((SchedKind)k) ? nm : 1;
                 for (int mi = 0; mi < nmk; mi++)
                     for (int rc = 0; rc < 2; rc++) {
@@ -286,6 +313,7 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
         }
         if (kinds >> SCHED_INTERLEAVED & 1)
             for (int V = 2; V <= maxV; V++) parts_add(&ps, dp_plan(prof, cl, &o->plan, 0, 0, V, NULL));
+        if ((kinds & V_KINDS) && W >= 2) parts_add(&ps, dp_plan(prof, cl, &o->plan, 0, 0, -1, NULL));
     }
     out->parts = ps.p;
     out->n_parts = ps.n;
@@ -299,7 +327,7 @@ int plan_search(const Profile *prof, const Cluster *cl, const SearchOpts *o, Sea
         for (int k = 0; k < SCHED_COUNT; k++) {
             if (!(kinds >> k & 1)) continue;
             SchedKind kind = (SchedKind)k;
-            if ((kind == SCHED_INTERLEAVED) != (p->chunks > 1)) continue;
+            if (!kind_runs_plan(kind, p)) continue;
             if (kind == SCHED_DP && pi > 0) continue;   /* dp ignores the partition */
             int nmk = sched_kind_microbatched(kind) ? nm : 1;
             for (int mi = 0; mi < nmk; mi++) {
@@ -347,8 +375,9 @@ void plan_search_release(SearchResult *r) {
 void plan_search_shape(const Plan *p, char *buf, size_t n) {
     if (p->chunks > 1) {
         int d = p->stages[0].replicas;
-        if (d > 1) snprintf(buf, n, "%d stages, %d per worker, %d pipelines", p->n_stages, p->chunks, d);
-        else snprintf(buf, n, "%d stages, %d per worker", p->n_stages, p->chunks);
+        const char *v = p->v_shape ? " in a V" : "";
+        if (d > 1) snprintf(buf, n, "%d stages, %d per worker%s, %d pipelines", p->n_stages, p->chunks, v, d);
+        else snprintf(buf, n, "%d stages, %d per worker%s", p->n_stages, p->chunks, v);
         return;
     }
     int k = snprintf(buf, n, "%d stage%s", p->n_stages, p->n_stages == 1 ? "" : "s");

@@ -9,7 +9,7 @@
  * Partitions: every plan (plan_enumerate) when the model is small enough (at most
  * SearchOpts.exhaustive plans of each shape), else the partitioner's (plan_new) without and
  * with the memory limit at several scales (its 1F1B stash rule is not the simulator's), with
- * and without replication, and its interleaved plans for V = 2..max_chunks. Every candidate
+ * and without replication, its interleaved plans for V = 2..max_chunks and its V-placed one. Every candidate
  * is scored by the simulator (sim_run) on the cluster. */
 #ifndef PD_SEARCH_H
 #define PD_SEARCH_H
@@ -22,7 +22,7 @@ typedef struct SearchOpts {
     double memory_limit;       /* bytes per worker, against the worst worker's simulated peak; 0 = none */
     double opt_state_factor;   /* optimizer state in units of params: 0 or 1 SGD with momentum, 2 Adam */
     unsigned kinds;            /* bit k: consider SchedKind k; 0 = 1f1b, gpipe, 1f1b-flush, 2bw, dp, zb-h1,
-                                * zb-h2, interleaved */
+                                * zb-h2, interleaved and the V kinds (zb-v, v-half, v-min, dualpipe-v) */
     int max_chunks;            /* interleaved: V = 2..max_chunks; 0 = 4; 1 = none */
     int n_micro;               /* micro-batch counts per minibatch for the kinds with micro-batches, as */
     int micro[8];              /* multiples of the workers; n_micro 0 = {1, 2, 4} */

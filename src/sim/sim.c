@@ -894,7 +894,7 @@ static int run_worker(Engine *e, int rank) {
         case OP_SEND_GRAD: {
             int act = in->op == OP_SEND_ACT;
             int peer = in->peer;
-            if (peer < 0 || peer >= s->n_ranks || peer == rank)
+            if (peer < 0 || peer >= s->n_ranks)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: send to bad peer %d", rank, i, peer);
             /* the activation feeds stage + 1; the gradient is of this stage's input */
             int bnd = act ? stage + 1 : stage;
@@ -903,7 +903,8 @@ static int run_worker(Engine *e, int rank) {
             w->clock += enc, w->busy += enc;
             /* the transfer starts now and shares the sender's outgoing and the receiver's
              * incoming link with the others in flight (flow_start); without a cluster or
-             * bytes it arrives at once */
+             * bytes it arrives at once, as does a message to itself (the V's turn: one worker's two
+             * chunks) */
             Msg *m = msg_find(e, act, rank, peer, in->mb, bnd, 1);
             if (m->state == MSG_POSTED || m->state == MSG_IN_FLIGHT)
                 return err_set(e->err, PD_EINVAL, "worker %d instruction %d: %s of unit %d to %d sent twice", rank, i,
@@ -913,7 +914,7 @@ static int run_worker(Engine *e, int rank) {
             e->r->n_messages++;
             st[i] = w->clock;
             const Cluster *cl = e->o->cluster;
-            if (cl && cl->n_levels > 0 && bytes > 0) {
+            if (cl && cl->n_levels > 0 && bytes > 0 && peer != rank) {
                 m->state = MSG_IN_FLIGHT;
                 m->waiter = waiter;
                 en[i] = INFINITY;   /* set when it arrives (flow_finish) */
@@ -1229,6 +1230,7 @@ static void net_cpu(const Engine *e, int w, double *net) {
     for (int i = 0; i < sw->n; i++) {
         const Instr *in = &sw->ins[i];
         if ((in->op != OP_SEND_ACT && in->op != OP_SEND_GRAD) || in->peer < 0 || in->peer >= s->n_ranks) continue;
+        if (in->peer == w) continue;   /* the V's turn stays in the worker */
         double bytes = send_bytes(e, sched_instr_stage(sw, in) + (in->op == OP_SEND_ACT));
         net[w] += 0.5 * k * bytes;
         net[in->peer] += 0.5 * k * bytes;

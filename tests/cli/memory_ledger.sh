@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# memory_ledger.sh: the run summary's memory ledger. For every kind the runtime executes (and
-# with --recompute), a pipelined run given a profile of the same model reports, per stage,
+# memory_ledger.sh: the run summary's memory ledger. For every kind the runtime executes (the
+# V-shaped ones included, and with --recompute), a pipelined run given a profile of the same model reports, per stage,
 # what replica 0 allocated and what the simulator predicts from the profile (its layers'
 # output and saved bytes, scaled to the unit batch): they must agree within 2% (they agree to
 # alignment padding). The model has what makes a prediction from output
@@ -57,6 +57,15 @@ done
     fail "plan --chunks 2: $(tail -2 "$tmp/p.err")"
 for k in interleaved "interleaved --recompute"; do
     "$PD" train "$tmp/m.json" --workers 2 --plan "$tmp/pc.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
+        --minibatch 16 --microbatches 4 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
+    check "$k" || fail "$k: ledger and prediction disagree"
+    n=$((n + 1))
+done
+# the V kinds: 2 workers x 2 chunks in a V (plan --v-shape; rank 0 holds the first and the last stage)
+"$PD" plan "$tmp/prof.json" --workers 2 --bandwidth 1e10 --v-shape -o "$tmp/pv.json" >/dev/null 2>"$tmp/p.err" ||
+    fail "plan --v-shape: $(tail -2 "$tmp/p.err")"
+for k in zb-v "zb-v --recompute" v-half v-min dualpipe-v; do
+    "$PD" train "$tmp/m.json" --workers 2 --plan "$tmp/pv.json" --profile "$tmp/prof.json" --schedule $k --steps 6 \
         --minibatch 16 --microbatches 4 --metrics "$tmp/m.jsonl" >/dev/null 2>"$tmp/t.err" || fail "$k: $(tail -2 "$tmp/t.err")"
     check "$k" || fail "$k: ledger and prediction disagree"
     n=$((n + 1))
