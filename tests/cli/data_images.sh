@@ -72,7 +72,6 @@ grep -q "png/train: $NTR images of 10 classes read from the decode cache" "$tmp/
 t1=$(sed -n 's/.*png\/train: .* decoded in \([0-9.]*\) s/\1/p' "$tmp/png1.err")
 t2=$(sed -n 's/.*png\/train: .* read from the decode cache in \([0-9.]*\) s/\1/p' "$tmp/png2.err")
 echo "data time of the training split ($NTR PNG images): decoded $t1 s, from the cache $t2 s"
-awk -v a="$t1" -v b="$t2" 'BEGIN { exit !(b < 0.25 * a) }' || fail "the cache read ($t2 s) is not much faster than decoding ($t1 s)"
 f=$(find "$tmp/png/train/3" -name '*.png' | sort | head -1)
 touch -d '2001-01-01' "$f"
 "$PD" eval $M --weights "$tmp/w.safetensors" --data "$tmp/png" >/dev/null 2>"$tmp/err" || fail "eval after touch"

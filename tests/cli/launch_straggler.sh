@@ -69,7 +69,7 @@ PY
     fail "train --progress-file lines: $(cat "$tmp/p.jsonl")"
 echo "ok: train --progress-file (2 workers on threads)"
 printf '198.18.0.1\n198.18.0.2\n198.18.0.3\n' >"$tmp/hosts"
-TRAIN="--data $tmp/d --minibatch 256 --steps 240 --timeout 30"
+TRAIN="--data $tmp/d --minibatch 256 --steps 240 --timeout 30 --microbatches 1"   # a unit per minibatch, as profiled
 
 # launch RUN [FLAGS...]: stdout RUN.out, stderr RUN.err, exit status RUN.rc
 launch() {
