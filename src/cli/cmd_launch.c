@@ -21,25 +21,29 @@
 static void help(FILE *f) {
     fprintf(f,
             "usage: pipedream launch --hosts HOSTFILE --profile PROFILE.json --run-dir DIR\n"
-            "                        [--checkpoint-every N] [--min-hosts K] [--bandwidth B]\n"
-            "                        [--events FILE.jsonl] [--mpirun-args \"ARGS\"] [--probe-timeout S]\n"
-            "                        [--grace S] [--max-restarts R] [--straight] [--mpirun PATH]\n"
-            "                        [--straggler-factor F | --no-stragglers] [--no-replan]\n"
-            "                        MODEL.json [-- TRAIN_FLAGS...]\n\n"
+            "                        [--checkpoint-every N] [--checkpoint-dir PATH] [--min-hosts K]\n"
+            "                        [--bandwidth B] [--events FILE.jsonl] [--mpirun-args \"ARGS\"]\n"
+            "                        [--probe-timeout S] [--grace S] [--max-restarts R] [--straight]\n"
+            "                        [--mpirun PATH] [--straggler-factor F | --no-stragglers]\n"
+            "                        [--no-replan] MODEL.json [-- TRAIN_FLAGS...]\n\n"
             "Trains MODEL.json over the hosts of an Open MPI hostfile (lines \"host [slots=N]\",\n"
             "# comments), one worker per host, and keeps training when hosts fail: it plans the\n"
-            "stages for the hosts alive, runs mpirun ... pipedream train --plan DIR/plan-K.json\n"
-            "--checkpoint-every N --checkpoint-dir DIR/ckpt, and when the job fails it names the\n"
-            "failed host, drops it, plans again for the hosts left and resumes from the last\n"
-            "checkpoint. It stops when training completes (exit 0) or fewer than --min-hosts\n"
+            "stages for the hosts alive, runs mpirun ... pipedream train --plan - (DIR/plan-K.json\n"
+            "on mpirun's stdin: rank 0 reads it and sends it to the others) --checkpoint-every N\n"
+            "--checkpoint-dir PATH, and when the job fails it names the failed host, drops it,\n"
+            "plans again for the hosts left and resumes from the newest checkpoint the job\n"
+            "announced. It stops when training completes (exit 0) or fewer than --min-hosts\n"
             "hosts are left (exit 1).\n\n"
             "  --hosts HOSTFILE        the hosts; re-read at each relaunch (hosts removed from it\n"
             "                          are not used again) and whenever it changes: hosts listed that\n"
             "                          answer are taken in at the next checkpoint if the planner\n"
             "                          predicts a faster minibatch (the job restarts from there)\n"
             "  --profile FILE          the model's profile (pipedream profile), for the planner\n"
-            "  --run-dir DIR           plans, hostfiles, each attempt's output, checkpoints (DIR/ckpt)\n"
+            "  --run-dir DIR           plans, hostfiles, each attempt's output (on launch's machine)\n"
             "  --checkpoint-every N    minibatches between checkpoints (default 50)\n"
+            "  --checkpoint-dir PATH   the checkpoints: a path on each host, which every rank creates\n"
+            "                          (%%r: the rank); rank 0 and one host more keep each one\n"
+            "                          (default DIR/ckpt)\n"
             "  --min-hosts K           give up when fewer hosts are left (default 1)\n"
             "  --bandwidth B           bytes/s between hosts, for the planner (default 1.25e8: 1 Gbit/s)\n"
             "  --straight              plan without replication (one stage per host)\n"
@@ -76,6 +80,7 @@ int cmd_launch(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--link-probe")) return launch_link_probe_main(argv[2]);   /* launch's own probe */
     Launch L;
     memset(&L, 0, sizeof L);
+    const char *ckpt_dir = NULL;
     L.cfg.ckpt_every = 50;
     L.cfg.min_hosts = 1;
     L.cfg.max_restarts = 16;
@@ -85,6 +90,7 @@ int cmd_launch(int argc, char **argv) {
     L.cfg.straggler_factor = 2;
     L.cfg.replan = 1;
     L.learned.restart_s = 10;
+    L.learned.ck_announced = -1;
     L.cfg.job_timeout = 300;
     L.cfg.probe_bytes = 1e6;
     L.cfg.kind = SCHED_1F1B;
@@ -104,6 +110,7 @@ int cmd_launch(int argc, char **argv) {
         else if (!strcmp(a, "--events")) { VAL(); L.cfg.events_path = v; }
         else if (!strcmp(a, "--mpirun")) { VAL(); L.cfg.mpirun = v; }
         else if (!strcmp(a, "--mpirun-args")) { VAL(); L.cfg.mpirun_args = v; }
+        else if (!strcmp(a, "--checkpoint-dir")) { VAL(); ckpt_dir = v; }
         else if (!strcmp(a, "--straight")) L.cfg.straight = 1;
         else if (!strcmp(a, "--checkpoint-every")) { VAL(); if (cli_parse_int("launch", a, v, 1, 1000000000, &L.cfg.ckpt_every)) return CLI_USAGE; }
         else if (!strcmp(a, "--min-hosts")) { VAL(); if (cli_parse_int("launch", a, v, 1, MAX_HOSTS, &L.cfg.min_hosts)) return CLI_USAGE; }
@@ -122,6 +129,9 @@ int cmd_launch(int argc, char **argv) {
     }
     if (!L.cfg.hostfile || !L.cfg.profile || !L.cfg.run_dir || !L.cfg.model)
         return cli_usage_error("launch", "needs --hosts, --profile, --run-dir and MODEL.json");
+    if (ckpt_dir && (!*ckpt_dir || strlen(ckpt_dir) >= sizeof L.cfg.ckpt_dir))
+        return cli_usage_error("launch", "--checkpoint-dir \"%.64s\": expected a path of 1 to %d bytes", ckpt_dir,
+                               PATH_MAX - 1);
     static const char *const OWN[] = {"--plan", "--workers", "--checkpoint-every", "--checkpoint-dir", "--resume",
                                       "--progress-file"};
     for (int i = 0; i < L.cfg.n_train_args; i++)
@@ -172,7 +182,8 @@ int cmd_launch(int argc, char **argv) {
         fprintf(stderr, "pipedream: error: %s: %s\n", L.cfg.run_dir, strerror(errno));
         return CLI_FAIL;
     }
-    snprintf(L.cfg.ckpt_dir, sizeof L.cfg.ckpt_dir, "%.*s/ckpt", PATH_MAX - 8, rd);
+    if (ckpt_dir) snprintf(L.cfg.ckpt_dir, sizeof L.cfg.ckpt_dir, "%s", ckpt_dir), L.cfg.ckpt_dir_given = 1;
+    else snprintf(L.cfg.ckpt_dir, sizeof L.cfg.ckpt_dir, "%.*s/ckpt", PATH_MAX - 8, rd);
     L.cfg.run_dir = rd;
     Profile prof;
     Err err = {0};

@@ -108,7 +108,8 @@ static const Flag FLAGS[] = {
         "run N workers as threads of this process (default: the plan's workers; 1 without --plan). "
         "Without --plan, N > 1 workers are planned here from a brief profile (10 GB/s links, this "
         "machine's cores shared by the workers)"),
-    STR("--plan", "PLAN.json", plan, "stages, replicas and ranks (from 'pipedream plan'); needed under mpirun"),
+    STR("--plan", "PLAN.json", plan, "stages, replicas and ranks (from 'pipedream plan'); needed under mpirun, where "
+        "rank 0 alone reads it and sends it to the others; - reads standard input (mpirun forwards it to rank 0)"),
     CHOICE("--schedule", "KIND", set_schedule,
            "1f1b (default), gpipe, 1f1b-flush, 2bw, zb-h1, zb-h2 (1f1b-flush with the backward "
            "split into input and weight gradient, the weight passes deferred into the bubbles), "
@@ -333,14 +334,66 @@ static int parse(int argc, char **argv, TrainOpts *o) {
     return CLI_OK;
 }
 
+/* The whole of standard input (--plan -), NUL-terminated (pd_free), at most PLAN_MAX_BYTES. */
+static int read_stdin(char **out, size_t *len, Err *err) {
+    size_t n = 0, cap = 1 << 16;
+    char *b = malloc(cap);
+    PD_ASSERT(b);
+    for (size_t got; n <= PLAN_MAX_BYTES && (got = fread(b + n, 1, cap - n, stdin)) > 0;) {
+        if ((n += got) < cap) continue;
+        b = realloc(b, cap *= 2);
+        PD_ASSERT(b);
+    }
+    int bad = ferror(stdin) || n > PLAN_MAX_BYTES;
+    if (!bad) {
+        *out = pd_alloc(n + 1), *len = n;
+        memcpy(*out, b, n), (*out)[n] = 0;
+    }
+    free(b);
+    if (bad) return err_set(err, PD_EIO, "--plan -: standard input: %s", n > PLAN_MAX_BYTES ? "more than a plan's 64 MiB" : "read error");
+    return PD_OK;
+}
+
+/* --plan FILE ("-": standard input, which mpirun forwards to rank 0 alone). Under mpirun only
+ * rank 0 reads it: the length (-1: it could not) and the bytes go to every rank over the control
+ * plane before any rank parses them, so every rank runs the same plan and no other host needs
+ * the file (launch's run directory, a head node's disk). */
+static Plan *plan_read(Comm *c, const char *path, double timeout_s, Err *err) {
+    int stdin_plan = !strcmp(path, "-");
+    if (!c && !stdin_plan) return plan_load(path, err);
+    int rank = c ? comm_rank(c) : 0;
+    char *text = NULL;
+    size_t len = 0;
+    int64_t n = -1;
+    if (rank == 0 && !(stdin_plan ? read_stdin(&text, &len, err) : pd_read_file(path, PLAN_MAX_BYTES, &text, &len, err)))
+        n = (int64_t)len;
+    if (c && comm_bcast_i64(c, 0, &n, 1, timeout_s, err)) {
+        pd_free(text);
+        return NULL;
+    }
+    if (n < 0) {
+        if (rank) err_set(err, PD_EIO, "--plan %s: rank 0 could not read it (its message says why)", path);
+        return NULL;
+    }
+    if (rank) text = pd_alloc((size_t)n + 1), text[n] = 0;
+    if (c && n > 0 && comm_bcast(c, 0, text, (size_t)n, timeout_s, err)) {
+        pd_free(text);
+        return NULL;
+    }
+    Plan *p = plan_parse(text, stdin_plan ? "--plan - (standard input)" : path, err);
+    pd_free(text);
+    return p;
+}
+
 /* The plan (NULL: one worker's, made by the session), its interleaving, and the checks that
  * need it: the schedule, the micro-batches, the workers. */
-static int resolve_plan(TrainOpts *o, int mpi, Plan **out, Err *err) {
+static int resolve_plan(TrainOpts *o, Comm *comm, Plan **out, Err *err) {
     const char *C = "train";
+    int mpi = comm != NULL;
     Plan *plan = NULL;
     *out = NULL;
     if (o->plan) {
-        if (!(plan = plan_load(o->plan, err))) return CLI_FAIL;
+        if (!(plan = plan_read(comm, o->plan, o->timeout, err))) return CLI_FAIL;
         if (plan->chunks > 1 && !o->kind_given) o->kind = plan->v_shape ? SCHED_ZB_V : SCHED_INTERLEAVED;
         int chunks = plan->chunks;
         /* the V kinds: a V-placed plan, or a plain one of 2 P stages placed in a V here */
@@ -482,11 +535,11 @@ static int train_main(int argc, char **argv) {
     int mpi = cli_under_mpirun(), given_workers = o.workers;
     Plan *plan = NULL;
     Err err = {0};
-    if ((rc = resolve_plan(&o, mpi, &plan, &err))) return rc == CLI_USAGE ? rc : cli_fail(&err);
     Comm *comm = NULL;
-    if (mpi && comm_mpi_create(&argc, &argv, &comm, &err)) {
-        plan_free(plan);
-        return cli_fail(&err);
+    if (mpi && comm_mpi_create(&argc, &argv, &comm, &err)) return cli_fail(&err);
+    if ((rc = resolve_plan(&o, comm, &plan, &err))) {
+        comm_free(comm);
+        return rc == CLI_USAGE ? rc : cli_fail(&err);
     }
     int rank = comm ? comm_rank(comm) : 0;
     Profile prof = {0};

@@ -131,17 +131,18 @@ static void check_end(Launch *L, Job *j, LaunchAttempt *A) {
     }
 }
 
-/* Runs one mpirun to its end, relaying its stderr to ours and into err_path. When the hostfile
+/* Runs one mpirun to its end (stdin from in_path), relaying its stderr to ours and into err_path. When the hostfile
  * changes it probes and plans (launch_grow_check); with hosts to take in, it ends the job at the
  * next checkpoint (A->grow) so that the next attempt resumes from there on more hosts. It reads
  * mpirun's stderr until it closes, or until 2 s after mpirun ended (a process it left behind
  * may hold the pipe open), then ends what mpirun left in its process group. */
-int launch_run_attempt(Launch *L, char **argv, const char *out_path, const char *err_path, LaunchAttempt *A,
-                       LaunchRecovery *rec, LaunchGrow *g) {
+int launch_run_attempt(Launch *L, char **argv, const char *in_path, const char *out_path, const char *err_path,
+                       LaunchAttempt *A, LaunchRecovery *rec, LaunchGrow *g) {
     memset(A, 0, sizeof *A);
+    A->ck_newest = -1;
     A->t_start = launch_now();
     Job j = {.log = fopen(err_path, "we")};
-    if ((j.pid = launch_spawn(argv, out_path, &j.fd)) < 0) {
+    if ((j.pid = launch_spawn(argv, in_path, out_path, &j.fd)) < 0) {
         int e = errno;
         if (j.log) fclose(j.log);
         snprintf(A->first_error, sizeof A->first_error, "cannot run %.400s: %s", argv[0], strerror(e));

@@ -30,6 +30,7 @@ typedef struct LaunchConfig {
     char **train_args;
     int n_train_args;
     char exe[PATH_MAX], ckpt_dir[PATH_MAX];
+    int ckpt_dir_given;        /* --checkpoint-dir: a path on each host, which launch does not read */
     double straggler_factor;   /* 0: stragglers not watched */
     int replan;                /* re-plan around stragglers (off with --no-replan) */
     /* the job: its schedule, train's --microbatches (0: its default), --minibatch (64 unless
@@ -66,7 +67,8 @@ typedef struct LaunchWatch {
  * hosts by name (a compute straggler's speed relative to the others, a slow link's measured
  * rate), planned with as a heterogeneous cluster from then on; what the last restart by
  * launch took (job ended to training again; 10 before one) and when launch ended the last
- * attempt to restart it (0: it did not); the re-plans. */
+ * attempt to restart it (0: it did not); the re-plans; the newest checkpoint a job announced
+ * (-1: none; launch_ckpt_newest). */
 typedef struct LaunchKnown { char name[256]; double speed, bandwidth; } LaunchKnown;
 typedef struct LaunchLearned {
     struct timespec hf_seen;
@@ -79,6 +81,7 @@ typedef struct LaunchLearned {
     int n_known;
     double restart_s, restart_from;
     int n_replans;
+    long ck_announced;
 } LaunchLearned;
 
 typedef struct Launch {
@@ -102,6 +105,7 @@ typedef struct LaunchAttempt {
     char daemon_lost[8][256];    /* Open MPI's "Remote daemon: ... on node HOST" */
     int n_daemon_lost;
     int ck_seen;                 /* a checkpoint line since the last look */
+    long ck_newest;              /* the newest checkpoint rank 0 or its partner announced (-1: none) */
     long n_mb;                   /* the run's minibatches (rank 0's "training" line) */
     int grow;                    /* ended by launch to take hosts in or re-plan (below) */
     double t_kill;               /* when launch ended it for that */
@@ -145,10 +149,10 @@ double launch_now(void);
 /* argv of mpirun: the binary, --mpirun-args split at spaces, then extra (NULL-terminated),
  * whatever their lengths. The caller frees *buf (the strings of --mpirun-args) and the array. */
 char **launch_mpirun_argv(const Launch *L, char **buf, char *const *extra);
-/* Forks argv in a process group of its own, stdout to out_path (NULL: /dev/null), stderr into
- * a pipe (*err_fd); the child inherits no other descriptor. Its pid, or -1 with errno set when
- * it could not start (exec failed included); nothing is left open then. */
-pid_t launch_spawn(char **argv, const char *out_path, int *err_fd);
+/* Forks argv in a process group of its own, stdin from in_path and stdout to out_path (NULL:
+ * /dev/null), stderr into a pipe (*err_fd); the child inherits no other descriptor. Its pid, or
+ * -1 with errno set when it could not start (exec failed included); nothing is left open then. */
+pid_t launch_spawn(char **argv, const char *in_path, const char *out_path, int *err_fd);
 /* Ends what is left of process group pgid (its leader has ended): SIGTERM, then SIGKILL. */
 void launch_end_group(pid_t pgid);
 /* Runs argv for at most `seconds`: 1 ended by itself (*status), 0 ended at the time limit, -1
@@ -169,6 +173,10 @@ void launch_scan_line(LaunchAttempt *A, const char *raw, double t);
 long launch_lost_estimate(const LaunchAttempt *A, int ckpt_every, double predicted_s);
 /* The newest ckpt-<minibatches>.safetensors in dir: its minibatches, or -1. */
 long launch_newest_ckpt(const char *dir);
+/* The newest checkpoint to resume from: the newest any attempt's job announced (rank 0's
+ * "checkpoint" line, its partner's "second copy" line: complete on a host's disk), or, in the
+ * default RUN_DIR/ckpt, the newest file there (a run launched again). Its minibatches, or -1. */
+long launch_ckpt_newest(const Launch *L);
 /* Does the attempt's stdout hold the training summary? */
 int launch_has_summary(const char *path);
 /* waitpid's status of mpirun in words. */
@@ -223,11 +231,12 @@ FILE *launch_event_begin(const Launch *L, const char *kind);
 void launch_event_end(FILE *f);
 
 /* ---- launch_attempt.c: one attempt, mpirun started to its end */
-/* Runs one mpirun to its end, relaying its stderr to ours and into err_path; ends it at a
- * checkpoint to take hosts in or re-plan (A->grow), after --grace past a failure, or on a
- * signal. 0, or -1 when mpirun could not start (A->first_error says why). */
-int launch_run_attempt(Launch *L, char **argv, const char *out_path, const char *err_path, LaunchAttempt *A,
-                       LaunchRecovery *rec, LaunchGrow *g);
+/* Runs one mpirun to its end, its stdin from in_path (the plan: mpirun forwards it to rank 0),
+ * relaying its stderr to ours and into err_path; ends it at a checkpoint to take hosts in or
+ * re-plan (A->grow), after --grace past a failure, or on a signal. 0, or -1 when mpirun could
+ * not start (A->first_error says why). */
+int launch_run_attempt(Launch *L, char **argv, const char *in_path, const char *out_path, const char *err_path,
+                       LaunchAttempt *A, LaunchRecovery *rec, LaunchGrow *g);
 
 /* ---- launch_supervise.c */
 /* Attempts until the run completes or cannot go on: CLI_OK or CLI_FAIL. */

@@ -54,11 +54,11 @@ static int cloexec_pipe(int p[2]) {
     return 0;
 }
 
-/* Forks argv in a process group of its own with stdout to out_path (NULL: /dev/null) and
- * stderr into a pipe (*err_fd). Returns its pid, or -1 with errno set when it could not start
- * (no pipe, no fork, or exec failed: the program is missing or cannot run); nothing is left
- * open then. The child inherits no descriptor of ours but the three. */
-pid_t launch_spawn(char **argv, const char *out_path, int *err_fd) {
+/* Forks argv in a process group of its own with stdin from in_path and stdout to out_path
+ * (NULL: /dev/null) and stderr into a pipe (*err_fd). Returns its pid, or -1 with errno set
+ * when it could not start (no pipe, no fork, or exec failed: the program is missing or cannot
+ * run); nothing is left open then. The child inherits no descriptor of ours but the three. */
+pid_t launch_spawn(char **argv, const char *in_path, const char *out_path, int *err_fd) {
     int p[2], x[2];   /* p: its stderr; x: closed on a successful exec, else the errno of exec */
     if (cloexec_pipe(p)) return -1;
     if (cloexec_pipe(x)) {
@@ -80,8 +80,8 @@ pid_t launch_spawn(char **argv, const char *out_path, int *err_fd) {
         int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (o >= 0) dup2(o, 1);
         dup2(p[1], 2);
-        int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (nul >= 0) dup2(nul, 0);
+        int in = open(in_path ? in_path : "/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in >= 0) dup2(in, 0);
         execvp(argv[0], argv);
         int e = errno;
         ssize_t w = write(x[1], &e, sizeof e);
@@ -128,7 +128,7 @@ void launch_end_group(pid_t pgid) {
  * could not start or launch is stopping (a signal): then it says nothing about the host. */
 int launch_run_quietly(char **argv, const char *out_path, double seconds, int *status) {
     int fd;
-    pid_t pid = launch_spawn(argv, out_path, &fd), job = launch_child;
+    pid_t pid = launch_spawn(argv, NULL, out_path, &fd), job = launch_child;
     *status = 0;
     if (pid < 0) return -1;
     launch_child = pid;

@@ -1,6 +1,6 @@
 /* launch_scan.c: what a job leaves for launch to read: the lines of its stderr (training,
  * checkpoints, and failures, which are typed lines only), the summary on its stdout, the
- * checkpoints in its directory; and the work a failure lost. */
+ * checkpoints it announced (or, in launch's own RUN_DIR/ckpt, left); and the work a failure lost. */
 #define _DEFAULT_SOURCE
 #include "launch_impl.h"
 
@@ -63,14 +63,36 @@ static int failure_line(const char *s, int *rank) {
            !strncmp(s, "An ORTE daemon has unexpectedly failed", 38);
 }
 
+/* A line a rank prints about checkpoints while the run is healthy (not its own stopping or
+ * error line): the partner's "pipedream: rank R: checkpoint's second copy PATH" (*mb: its
+ * minibatches) or a resume's "pipedream: rank R: PATH received from rank K (the newest complete
+ * checkpoint; ...)" (*mb: -1). */
+static int ckpt_info_line(const char *s, long *mb) {
+    int r, n = 0;
+    const char *p;
+    *mb = -1;
+    if (sscanf(s, "pipedream: rank %d: %n", &r, &n) != 1 || !n) return 0;
+    if (!strncmp(s + n, "checkpoint's second copy ", 25)) {
+        if ((p = last_of(s, "/ckpt-"))) *mb = atol(p + 6);
+        return 1;
+    }
+    return (p = strstr(s + n, " received from rank ")) && strstr(p, " (the newest complete checkpoint; ");
+}
+
 /* Reads what one stderr line says about the run. */
 void launch_scan_line(LaunchAttempt *A, const char *raw, double t) {
     int r;
+    long mb;
     const char *p, *line = untagged(raw);
     if (!strncmp(line, "pipedream: checkpoint ", 22) && (p = last_of(line, "/ckpt-"))) {
         A->t_ck[0] = A->t_ck[1], A->ck_mb[0] = A->ck_mb[1];
         A->t_ck[1] = t, A->ck_mb[1] = atol(p + 6);
         A->ck_seen = 1;
+        if (A->ck_mb[1] > A->ck_newest) A->ck_newest = A->ck_mb[1];
+    }
+    if (ckpt_info_line(line, &mb)) {   /* the partner's copy is a checkpoint on its host's disk */
+        if (mb > A->ck_newest) A->ck_newest = mb;
+        return;
     }
     if (!strncmp(line, "pipedream: training ", 20) && !A->t_training) {
         A->t_training = t;
@@ -125,6 +147,11 @@ long launch_newest_ckpt(const char *dir) {
     }
     closedir(d);
     return best;
+}
+
+long launch_ckpt_newest(const Launch *L) {
+    long disk = L->cfg.ckpt_dir_given ? -1 : launch_newest_ckpt(L->cfg.ckpt_dir);
+    return disk > L->learned.ck_announced ? disk : L->learned.ck_announced;
 }
 
 /* Does the attempt's stdout hold the training summary (printed once training completed)? */

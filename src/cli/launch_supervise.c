@@ -42,8 +42,10 @@ static void gave_up(Launch *L, const char *reason) {
     launch_event_end(e);
 }
 
-/* `mpirun ... pipedream train MODEL TRAIN_FLAGS --plan ... [--progress-file ...] [--resume
- * ...]` for this attempt; the caller frees the array and *buf (launch_mpirun_argv). */
+/* `mpirun ... pipedream train MODEL TRAIN_FLAGS --plan - [--progress-file ...] [--resume
+ * ...]` for this attempt (the plan on mpirun's stdin, which it forwards to rank 0: rank 0 sends
+ * it to the others, so no host reads launch's run directory); the caller frees the array and
+ * *buf (launch_mpirun_argv). */
 static char **train_argv(Launch *L, Run *R, long resume_mb, char **buf) {
     char np[16], every[16];
     char **extra = malloc((size_t)(L->cfg.n_train_args + 32) * sizeof *extra);   /* 7 + train's + at most 13 */
@@ -54,7 +56,7 @@ static char **train_argv(Launch *L, Run *R, long resume_mb, char **buf) {
     const char *fixed[] = {"--hostfile", R->hf_path, "-np", np, L->cfg.exe, "train", L->cfg.model};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) extra[k++] = (char *)fixed[i];
     for (int i = 0; i < L->cfg.n_train_args; i++) extra[k++] = L->cfg.train_args[i];
-    const char *mine[] = {"--plan", R->plan_path, "--checkpoint-every", every, "--checkpoint-dir", L->cfg.ckpt_dir};
+    const char *mine[] = {"--plan", "-", "--checkpoint-every", every, "--checkpoint-dir", L->cfg.ckpt_dir};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) extra[k++] = (char *)mine[i];
     /* stragglers: every rank's figures at each checkpoint, beside the profile's prediction */
     if (L->cfg.straggler_factor > 0) {
@@ -85,7 +87,7 @@ static int attempt_start(Launch *L, const Profile *prof, Run *R) {
     if (R->n_hosts < L->cfg.min_hosts) {
         fprintf(stderr, "pipedream: error: launch: %d host%s left, fewer than --min-hosts %d; last checkpoint: %s\n",
                 R->n_hosts, R->n_hosts == 1 ? "" : "s", L->cfg.min_hosts,
-                launch_ckpt_name(L->cfg.ckpt_dir, launch_newest_ckpt(L->cfg.ckpt_dir), ckn, sizeof ckn));
+                launch_ckpt_name(L->cfg.ckpt_dir, launch_ckpt_newest(L), ckn, sizeof ckn));
         FILE *e = launch_event_begin(L, "gave_up");
         if (e) fprintf(e, ",\"reason\":\"fewer than %d hosts\",\"hosts\":", L->cfg.min_hosts), launch_json_hosts(e, R->hosts, R->n_hosts);
         launch_event_end(e);
@@ -107,7 +109,7 @@ static int attempt_start(Launch *L, const Profile *prof, Run *R) {
         fprintf(stderr, "pipedream: error: cannot write %s: %s\n", R->hf_path, strerror(errno));
         return 0;
     }
-    long resume_mb = launch_newest_ckpt(L->cfg.ckpt_dir);
+    long resume_mb = launch_ckpt_newest(L);
     launch_watch_reset(L, R->attempt);
     char *buf, **argv = train_argv(L, R, resume_mb, &buf);
 
@@ -129,8 +131,9 @@ static int attempt_start(Launch *L, const Profile *prof, Run *R) {
 
     R->rec.attempt = R->attempt, R->rec.hosts = R->n_hosts, R->rec.resume_mb = resume_mb;
     R->g = (LaunchGrow){.prof = prof, .hosts = R->hosts, .n_hosts = R->n_hosts, .plan = R->plan};
-    int started = !launch_run_attempt(L, argv, R->out_path, R->err_path, &R->A, &R->rec, &R->g);
+    int started = !launch_run_attempt(L, argv, R->plan_path, R->out_path, R->err_path, &R->A, &R->rec, &R->g);
     free(argv), free(buf);
+    if (R->A.ck_newest > L->learned.ck_announced) L->learned.ck_announced = R->A.ck_newest;
     if (!started) {   /* mpirun cannot run at all: no host is to blame */
         gave_up(L, R->A.first_error);
         return 0;
@@ -177,7 +180,7 @@ static void take_hosts(Run *R, const LaunchHost *hosts, int n, Plan *next) {
  * dropped, the next attempt on the new plan. */
 static void replanned(Launch *L, Run *R) {
     LaunchGrow *g = &R->g;
-    long ck = launch_newest_ckpt(L->cfg.ckpt_dir);
+    long ck = launch_ckpt_newest(L);
     int gone[MAX_HOSTS], n_gone = 0;
     for (int r = 0; r < R->n_hosts; r++) n_gone += gone[r] = !launch_host_in(R->hosts[r].name, g->next_hosts, g->n_next);
     FILE *e = launch_event_begin(L, "replan");
@@ -205,7 +208,7 @@ static void replanned(Launch *L, Run *R) {
 /* Hosts taken in (launch_grow_check): the membership event, the next attempt on more hosts. */
 static void grown(Launch *L, Run *R) {
     LaunchGrow *g = &R->g;
-    long ck = launch_newest_ckpt(L->cfg.ckpt_dir);
+    long ck = launch_ckpt_newest(L);
     LaunchHost after[MAX_HOSTS];
     memcpy(after, R->hosts, sizeof(LaunchHost) * (size_t)R->n_hosts);
     memcpy(after + R->n_hosts, g->add, sizeof(LaunchHost) * (size_t)g->n_add);
@@ -310,7 +313,7 @@ static int failed(Launch *L, const Profile *prof, Run *R) {
         /* mpirun, or the program it was to run, was not found: no host is to blame */
         fprintf(stderr, "pipedream: error: launch: %s before any rank started (a program not found: %s or %s); "
                 "last checkpoint: %s\n", R->status, L->cfg.mpirun, L->cfg.exe,
-                launch_ckpt_name(L->cfg.ckpt_dir, launch_newest_ckpt(L->cfg.ckpt_dir), ckn, sizeof ckn));
+                launch_ckpt_name(L->cfg.ckpt_dir, launch_ckpt_newest(L), ckn, sizeof ckn));
         gave_up(L, "mpirun exited 127 before any rank started (a program not found)");
         return 0;
     }
@@ -321,7 +324,7 @@ static int failed(Launch *L, const Profile *prof, Run *R) {
         event_stopped(L, R, 1);
         return 0;
     }
-    long ck = launch_newest_ckpt(L->cfg.ckpt_dir);
+    long ck = launch_ckpt_newest(L);
     long lost_mb = launch_lost_estimate(A, L->cfg.ckpt_every, R->plan->pipeline_s);
     R->total_lost += lost_mb;
     LaunchHost after[MAX_HOSTS];

@@ -502,9 +502,14 @@ static int int_array(const cJSON *a, const char *ctx, const char *key, int **out
 Plan *plan_load(const char *path, Err *err) {
     char *text;
     size_t len;
-    if (pd_read_file(path, (size_t)64 << 20, &text, &len, err)) return NULL;
-    cJSON *root = pd_json_parse(text, path, err);
+    if (pd_read_file(path, PLAN_MAX_BYTES, &text, &len, err)) return NULL;
+    Plan *p = plan_parse(text, path, err);
     pd_free(text);
+    return p;
+}
+
+Plan *plan_parse(const char *text, const char *path, Err *err) {
+    cJSON *root = pd_json_parse(text, path, err);
     if (!root) return NULL;
     Plan *p = calloc(1, sizeof *p);
     PD_ASSERT(p);

@@ -220,6 +220,10 @@ const char *plan_cost_model_name(CostModel m);
 CostModel plan_cost_model_parse(const char *name);
 int   plan_save(const Plan *p, const char *path, Err *err);
 Plan *plan_load(const char *path, Err *err);
+/* The largest plan file plan_load reads. */
+#define PLAN_MAX_BYTES ((size_t)64 << 20)
+/* A plan from the text of a plan file (NUL-terminated); path names it in error messages. */
+Plan *plan_parse(const char *text, const char *path, Err *err);
 /* The stage a rank runs, or -1; *replica receives its index among the stage's ranks. In an
  * interleaved plan (chunks >= 2): its first stage. */
 int   plan_stage_of_rank(const Plan *p, int rank, int *replica);

@@ -1,9 +1,10 @@
 # cluster3.sh: the launch tests' setup (sourced; not a test itself; with PD, CL, NAME, tmp and
 # fail/skip defined). cluster3_up: skips (exit 77) when not root, without iproute2, python3 or
 # mpirun, where network namespaces cannot be made, or when 198.18.0.0/24 is in use; else
-# brings up NAME with 3 hosts (cluster3_up N: N) at 1 Gbit/s, makes PD absolute, sets MPIARGS and the environment
+# brings up NAME with 3 hosts (cluster3_up N [UP_FLAGS...]: N, and more flags of tools/cluster.sh up)
+# at 1 Gbit/s, makes PD absolute, sets MPIARGS and the environment
 # mpirun needs as root, and writes a small IDX set to $tmp/d (2560 training images, 256 test).
-cluster3_up() {   # [N]: N hosts (default 3)
+cluster3_up() {   # [N [UP_FLAGS...]]: N hosts (default 3)
     [ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
     command -v ip >/dev/null && command -v tc >/dev/null || skip "needs iproute2 (ip, tc)"
     command -v python3 >/dev/null || skip "needs python3"
@@ -14,7 +15,7 @@ cluster3_up() {   # [N]: N hosts (default 3)
     if ip -o -4 addr show | grep -q ' 198\.18\.0\.'; then
         skip "198.18.0.0/24 is in use (a cluster is up: tools/cluster.sh status); the test needs it"
     fi
-    bash "$CL" up "${1:-3}" --rate 1gbit --name "$NAME" >"$tmp/up" 2>&1
+    bash "$CL" up "${1:-3}" --rate 1gbit "${@:2}" --name "$NAME" >"$tmp/up" 2>&1
     case $? in 0) ;; 3) skip "cannot make the emulated cluster: $(tail -1 "$tmp/up")" ;; *) fail "cluster up: $(cat "$tmp/up")" ;; esac
     MPIARGS=$(bash "$CL" mpirun-args --name "$NAME") || fail "mpirun-args"
     python3 - "$tmp" <<'PY'
