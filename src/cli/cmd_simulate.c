@@ -63,7 +63,7 @@ int cmd_simulate(int argc, char **argv) {
         return CLI_OK;
     }
     const char *plan_path = NULL, *profile_path = NULL, *cluster_path = NULL, *svg_path = NULL, *trace_path = NULL;
-    SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
+    SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0, 0};
     int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
     int wire = -1, wire_grad = -1, error_feedback = 0, unit_batch = 0;   /* -1: the plan's, else fp32 */
