@@ -169,8 +169,11 @@ int cmd_simulate(int argc, char **argv) {
         }
         if (!so.n_micro) so.n_micro = p->schedule_micro;
         so.recompute |= p->schedule_recompute;
-        if (!json) printf("schedule from %s: %s, %d micro-batches%s\n", plan_path, p->schedule, so.n_micro,
-                          so.recompute ? ", recomputation" : "");
+        if (so.kind == SCHED_1F1B && !so.vertical_sync) so.inflight = p->schedule_inflight;
+        char depth[48] = "";
+        if (so.inflight) snprintf(depth, sizeof depth, ", %d units in flight", so.inflight);
+        if (!json) printf("schedule from %s: %s, %d micro-batches%s%s\n", plan_path, p->schedule, so.n_micro,
+                          so.recompute ? ", recomputation" : "", depth);
     }
     if (!kind_given && !chunks && p->chunks > 1) so.kind = p->v_shape ? SCHED_ZB_V : SCHED_INTERLEAVED;
     if (p->v_shape && !sched_kind_v(so.kind)) {
