@@ -46,7 +46,7 @@ static void free_plan(Plan *p) {
 }
 
 static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
-    SchedOpts o = {k, n_mb, n_micro, vs, 0};
+    SchedOpts o = {k, n_mb, n_micro, vs, 0, 0};
     Err err = {0};
     int rc = sched_build(p, &o, s, &err);
     if (rc) fail_msg("sched_build: %s", err.msg);
@@ -201,25 +201,25 @@ static void test_errors(void **state) {
     Plan *p = make_plan(4, rep);
     Schedule s;
     Err err = {0};
-    SchedOpts o = {SCHED_DP, 4, 2, 0, 0};
+    SchedOpts o = {SCHED_DP, 4, 2, 0, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "micro-batches"));
-    o = (SchedOpts){SCHED_1F1B, 4, 2, 1, 0};   /* vertical sync runs one unit per minibatch */
+    o = (SchedOpts){SCHED_1F1B, 4, 2, 1, 0, 0};   /* vertical sync runs one unit per minibatch */
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "vertical sync"));
-    o = (SchedOpts){SCHED_GPIPE, 4, 2, 1, 0};
+    o = (SchedOpts){SCHED_GPIPE, 4, 2, 1, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "vertical sync"));
-    o = (SchedOpts){SCHED_2BW, 6, 1, 0, 0};   /* 4 stages need more micro-batches per minibatch */
+    o = (SchedOpts){SCHED_2BW, 6, 1, 0, 0, 0};   /* 4 stages need more micro-batches per minibatch */
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "2bw"));
-    o = (SchedOpts){SCHED_2BW, 6, 3, 0, 0};   /* warm-up 4 <= micro-batches + 1: fine */
+    o = (SchedOpts){SCHED_2BW, 6, 3, 0, 0, 0};   /* warm-up 4 <= micro-batches + 1: fine */
     assert_int_equal(sched_build(p, &o, &s, &err), PD_OK);
     sched_release(&s);
-    o = (SchedOpts){SCHED_GPIPE, 0, 1, 0, 0};
+    o = (SchedOpts){SCHED_GPIPE, 0, 1, 0, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     p->stages[2].ranks[0] = 1;   /* rank 1 in two stages */
-    o = (SchedOpts){SCHED_GPIPE, 2, 2, 0, 0};
+    o = (SchedOpts){SCHED_GPIPE, 2, 2, 0, 0, 0};
     assert_int_equal(sched_build(p, &o, &s, &err), PD_EINVAL);
     assert_non_null(strstr(err.msg, "rank 1"));
     free_plan(p);
@@ -369,7 +369,7 @@ static void test_random_structure(void **state) {
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
             if (k == SCHED_1F1B && rng_below(&rng, 2)) M = 2 + (int)rng_below(&rng, 7);
             for (int rc = 0; rc < 2; rc++) {
-                SchedOpts o = {(SchedKind)k, N, M, 0, rc};
+                SchedOpts o = {(SchedKind)k, N, M, 0, rc, 0};
                 Schedule s;
                 Err err = {0};
                 if (sched_build(p, &o, &s, &err)) fail_msg("sched_build: %s", err.msg);
@@ -379,7 +379,7 @@ static void test_random_structure(void **state) {
         }
         /* vertical sync: stage s reads floor(v0 * r_0 / r_s) where v0 is what the input
          * stage's list reads for the same minibatch */
-        SchedOpts o = {SCHED_1F1B, N, 1, 1, 0};
+        SchedOpts o = {SCHED_1F1B, N, 1, 1, 0, 0};
         Schedule s;
         Err err = {0};
         if (sched_build(p, &o, &s, &err) == PD_OK) {
@@ -602,7 +602,7 @@ static void test_analysis_random(void **state) {
                 M = 1 + (int)rng_below(&rng, 8);
             if (k == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
             if (k == SCHED_1F1B && rng_below(&rng, 2)) M = 2 + (int)rng_below(&rng, 7);
-            SchedOpts o = {kind, N, M, vs, !vs && rng_below(&rng, 2)};
+            SchedOpts o = {kind, N, M, vs, !vs && rng_below(&rng, 2), 0};
             Schedule s;
             SchedAnalysis a;
             Err err = {0};
@@ -673,7 +673,7 @@ static void test_microbatched_kinds(void **state) {
         }
         Schedule s;
         Err err = {0};
-        SchedOpts o = {k, 4, 4, 0, 0};
+        SchedOpts o = {k, 4, 4, 0, 0, 0};
         int rc = sched_build(p, &o, &s, &err);
         if (takes && rc) fail_msg("%s with 4 micro-batches: %s", sched_kind_name(k), err.msg);
         if (!takes) {

@@ -53,7 +53,7 @@ static void free_plan(Plan *p) {
 }
 
 static void build(const Plan *p, SchedKind k, int n_mb, int n_micro, int vs, Schedule *s) {
-    SchedOpts o = {k, n_mb, n_micro, vs, 0};
+    SchedOpts o = {k, n_mb, n_micro, vs, 0, 0};
     Err err = {0};
     if (sched_build(p, &o, s, &err)) fail_msg("sched_build: %s", err.msg);
 }
@@ -1041,7 +1041,7 @@ static void test_random_plans(void **state) {
             if (kind == SCHED_2BW) M = p->n_workers + (int)rng_below(&rng, 3);
             if (kind == SCHED_ZB_H1 && rng_below(&rng, 2))   /* a measured split, not half/half */
                 for (int i = 0; i < S; i++) c.stage[i].bwd_in_s = 0.4 * c.stage[i].bwd_s, c.stage[i].bwd_w_s = 0.7 * c.stage[i].bwd_s;
-            SchedOpts o = {(SchedKind)kind, N, M, vs, !vs && rng_below(&rng, 3) == 0};
+            SchedOpts o = {(SchedKind)kind, N, M, vs, !vs && rng_below(&rng, 3) == 0, 0};
             Schedule s;
             Err err = {0};
             if (sched_build(p, &o, &s, &err)) {

@@ -244,6 +244,19 @@ static int simulate_choice(const char *profile_path, Profile *prof, int units_pe
             p->sim_s = c->score.unit_s;
             p->sim_samples_per_s = r.samples_per_unit / c->score.unit_s;
         }
+        /* a link's latency stalls 1f1b at NOAM depth: the smallest depth near the best (3 %) */
+        SearchCand d;
+        if (c->score.unit_s < 1e300 && r.kind == SCHED_1F1B &&
+            plan_search_depth(p, sim_prof, cl, r.n_micro, co.opt_state_factor, o->memory_limit, 0.03, &d, &err) == PD_OK &&
+            d.inflight > 0) {
+            snprintf(p->schedule, sizeof p->schedule, "%s", sched_kind_name(r.kind));
+            p->schedule_micro = r.n_micro > 0 ? r.n_micro : 1;
+            p->schedule_inflight = d.inflight;
+            printf("in flight: %d units at stage 0 (NOAM %d: %.3f ms per minibatch; %d: %.3f ms, simulated)\n",
+                   d.inflight, p->noam, c->score.unit_s * 1e3, d.inflight, d.unit_s * 1e3);
+            p->sim_s = d.unit_s;
+            p->sim_samples_per_s = r.samples_per_unit / d.unit_s;
+        }
         if (wire_apply(p, sim_prof, cl, wc, &err)) {
             rc = cli_fail(&err);
             plan_choose_release(&r);

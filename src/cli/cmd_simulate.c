@@ -63,7 +63,7 @@ int cmd_simulate(int argc, char **argv) {
         return CLI_OK;
     }
     const char *plan_path = NULL, *profile_path = NULL, *cluster_path = NULL, *svg_path = NULL, *trace_path = NULL;
-    SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0};
+    SchedOpts so = {SCHED_1F1B, 0, 0, 0, 0, 0};
     int json = 0, comm = 0, dump = 0, chunks = 0, kind_given = 0;
     double opt_factor = 1;
     int wire = -1, wire_grad = -1, error_feedback = 0, unit_batch = 0;   /* -1: the plan's, else fp32 */
@@ -169,8 +169,11 @@ int cmd_simulate(int argc, char **argv) {
         }
         if (!so.n_micro) so.n_micro = p->schedule_micro;
         so.recompute |= p->schedule_recompute;
-        if (!json) printf("schedule from %s: %s, %d micro-batches%s\n", plan_path, p->schedule, so.n_micro,
-                          so.recompute ? ", recomputation" : "");
+        if (so.kind == SCHED_1F1B && !so.vertical_sync) so.inflight = p->schedule_inflight;
+        char depth[48] = "";
+        if (so.inflight) snprintf(depth, sizeof depth, ", %d units in flight", so.inflight);
+        if (!json) printf("schedule from %s: %s, %d micro-batches%s%s\n", plan_path, p->schedule, so.n_micro,
+                          so.recompute ? ", recomputation" : "", depth);
     }
     if (!kind_given && !chunks && p->chunks > 1) so.kind = p->v_shape ? SCHED_ZB_V : SCHED_INTERLEAVED;
     if (p->v_shape && !sched_kind_v(so.kind)) {

@@ -439,6 +439,7 @@ int plan_save(const Plan *p, const char *path, Err *err) {
         cJSON_AddStringToObject(sj, "kind", p->schedule);
         cJSON_AddItemToObject(sj, "microbatches", pd_json_num(p->schedule_micro));
         cJSON_AddBoolToObject(sj, "recompute", p->schedule_recompute);
+        if (p->schedule_inflight) cJSON_AddItemToObject(sj, "inflight", pd_json_num(p->schedule_inflight));
     }
     cJSON_AddItemToObject(root, "noam", pd_json_num(p->noam));
     cJSON *pr = cJSON_AddObjectToObject(root, "predicted");
@@ -577,7 +578,8 @@ Plan *plan_parse(const char *text, const char *path, Err *err) {
         }
         snprintf(p->schedule, sizeof p->schedule, "%s", s);
         if ((rc = jobj_int(&sj, "microbatches", 1, 1, 1 << 16, &p->schedule_micro, err)) ||
-            (rc = jobj_bool(&sj, "recompute", 1, &p->schedule_recompute, err)) || (rc = jobj_done(&sj, err)))
+            (rc = jobj_bool(&sj, "recompute", 1, &p->schedule_recompute, err)) ||
+            (rc = jobj_int(&sj, "inflight", 0, 0, 1 << 20, &p->schedule_inflight, err)) || (rc = jobj_done(&sj, err)))
             goto done;
     }
     if ((rc = jobj_int(&j, "noam", 1, 1, 1 << 20, &p->noam, err))) goto done;

@@ -174,6 +174,9 @@ typedef struct Plan {
      * kind name ("" = none), micro-batches per minibatch, recomputation. */
     char schedule[24];
     int schedule_micro, schedule_recompute;
+    /* 1f1b's in-flight depth (SchedOpts.inflight; JSON "schedule": "inflight", absent when 0): the
+     * depth `plan` chose to hide the links' latency; 0: NOAM. */
+    int schedule_inflight;
     /* The simulator's figure for the plan (`plan` scores its candidates with it; JSON
      * "predicted.simulated"): the time per minibatch (one profile minibatch) and samples/s
      * under sim_schedule with sim_micro micro-batches per step; sim_s 0 = not simulated. */

@@ -622,6 +622,13 @@ static int check_opts(const Plan *p, const SchedOpts *o, Err *err) {
         return err_set(err, PD_EINVAL, "schedule 1f1b: vertical sync runs one unit per minibatch, not %d micro-batches",
                        o->n_micro);
     if (o->recompute && o->kind == SCHED_ASP) return err_set(err, PD_EINVAL, "schedule asp: no recomputation");
+    if (o->inflight < 0 || o->inflight > (1 << 20))
+        return err_set(err, PD_EINVAL, "schedule %s: in-flight depth %d out of range", kn, o->inflight);
+    if (o->inflight && o->kind != SCHED_1F1B)
+        return err_set(err, PD_EINVAL, "schedule %s: an in-flight depth applies only to 1f1b", kn);
+    if (o->inflight && o->vertical_sync)
+        return err_set(err, PD_EINVAL, "schedule 1f1b: vertical sync keeps NOAM units in flight, not a depth of %d",
+                       o->inflight);
     if ((long)o->n_minibatches * o->n_micro > (1L << 30))
         return err_set(err, PD_EINVAL, "schedule %s: %d x %d units is too many", kn, o->n_minibatches, o->n_micro);
     if (p->n_stages < 1) return err_set(err, PD_EINVAL, "schedule: plan has no stages");
@@ -740,6 +747,14 @@ int sched_build(const Plan *p, const SchedOpts *o, Schedule *out, Err *err) {
         int r = s->stages[i].replicas;
         later += r;
         s->stages[i].warmup = o->kind == SCHED_MP || whole ? 1 : (later + r - 1) / r;
+    }
+    /* A deeper 1f1b (SchedOpts.inflight): the same number more per boundary after a stage. */
+    if (o->kind == SCHED_1F1B && o->inflight > 1 && s->n_stages > 1) {
+        long S1 = s->n_stages - 1;
+        for (int i = 0; i < s->n_stages; i++) {
+            int w = 1 + (int)(((long)(o->inflight - 1) * (S1 - i) + S1 - 1) / S1);
+            if (w > s->stages[i].warmup) s->stages[i].warmup = w;
+        }
     }
     if (o->kind == SCHED_INTERLEAVED) {   /* the forwards before the first backward (gen_interleaved) */
         int P = s->n_stages / s->n_chunks, m = s->n_micro / s->stages[0].replicas;

@@ -115,6 +115,11 @@ typedef struct SchedOpts {
     int vertical_sync;   /* 1f1b only */
     int recompute;       /* keep only each unit's stage input between its forward and backward,
                           * recompute the forward (OP_RECOMPUTE) before it (kinds that cannot refuse) */
+    int inflight;        /* 1f1b only: the units stage 0 (each of its replicas) admits before its first
+                          * backward, its in-flight depth D; of S stages, stage i admits
+                          * 1 + ceil((D - 1) (S - 1 - i) / (S - 1)), the same number more per boundary
+                          * after it, or its NOAM share if that is more. 0, or no more than NOAM: NOAM.
+                          * A deeper pipeline hides a link's latency (sched_inflight_hides) */
 } SchedOpts;
 
 /* Builds the schedule of o->kind for plan p into *out, which the caller releases with
@@ -175,6 +180,22 @@ static inline int sched_default_micro_for(SchedKind k, int n_workers, int miniba
     if (k == SCHED_1F1B)
         while (m > 1 && minibatch % m) m--;
     return m;
+}
+
+/* The in-flight depth that hides a link's latency in asynchronous 1f1b on a straight chain of P
+ * stages whose units each take t_s of compute (forward and backward) at every stage, with a
+ * latency of lat_s per message. Stage i's backward of a unit and its next forward wait on what
+ * the stages after it do: for stages i < j, the units stage i holds beyond stage j's must cover
+ * the j - i + 1 stages' compute of a unit and the j - i round trips between them,
+ * (w_i - w_j + 1) t >= (j - i + 1) t + 2 (j - i) lat. So each boundary needs
+ * h = ceil(1 + 2 lat / t) more units in flight before it, and stage 0, of P - 1 boundaries,
+ * D = 1 + (P - 1) h (SchedOpts.inflight; lat 0: P, NOAM). With h per boundary a unit takes the
+ * most over spans d = j - i of ((d + 1) t + 2 d lat) / (d h + 1), and t from this h on. */
+static inline int sched_inflight_hides(int P, double t_s, double lat_s) {
+    double x = 1 + 2 * lat_s / t_s;
+    long h = (long)x;   /* the ceiling, a rounding error above an integer taken as exact */
+    if (x - (double)h > 1e-9) h++;
+    return 1 + (P - 1) * (int)h;
 }
 
 /* Interleaved (Megatron-LM's interleaved 1F1B): the worker at pipeline position r of P runs V

@@ -37,7 +37,7 @@ static long lcm_replicas(const Plan *p) {
 /* Runs p under (kind, n_micro, recompute) as the search does; fills out and, given why, the
  * per-unit breakdown of the run (search.h). */
 static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
-                 double opt_state_factor, SearchCand *out, SearchWhy *why, Err *err) {
+                 int inflight, double opt_state_factor, SearchCand *out, SearchWhy *why, Err *err) {
     memset(out, 0, sizeof *out);
     if (why) memset(why, 0, sizeof *why);
     long period = lcm_replicas(p);
@@ -46,7 +46,8 @@ static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKin
     else if (kind == SCHED_2BW) n_mb = 4;
     else n_mb = (int)(2 * period > 4 ? 2 * period : 4);   /* flush kinds: a whole number of round-robin periods */
     if (n_mb > 256) n_mb = 256;
-    SchedOpts so = {.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro, .recompute = recompute};
+    if (inflight > 0 && n_mb < (8 * inflight + 16) / n_micro + 8) n_mb = (8 * inflight + 16) / n_micro + 8;   /* past the fill */
+    SchedOpts so = {.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro, .recompute = recompute, .inflight = inflight};
     Schedule s;
     SimCosts c = {0, NULL};
     SimResult r;
@@ -65,6 +66,7 @@ static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKin
         out->kind = kind;
         out->n_micro = n_micro;
         out->recompute = recompute;
+        out->inflight = inflight;
         out->minibatch_s = r.time_per_minibatch_s;
         out->unit_s = r.time_per_unit_s;
         out->bubble = r.bubble_fraction;
@@ -116,13 +118,40 @@ static int score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKin
 
 int plan_search_score(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
                       double opt_state_factor, SearchCand *out, Err *err) {
-    return score(p, prof, cl, kind, n_micro, recompute, opt_state_factor, out, NULL, err);
+    return score(p, prof, cl, kind, n_micro, recompute, 0, opt_state_factor, out, NULL, err);
 }
 
 int plan_search_why(const Plan *p, const Profile *prof, const Cluster *cl, SchedKind kind, int n_micro, int recompute,
                     double opt_state_factor, SearchWhy *out, Err *err) {
     SearchCand c;
-    return score(p, prof, cl, kind, n_micro, recompute, opt_state_factor, &c, out, err);
+    return score(p, prof, cl, kind, n_micro, recompute, 0, opt_state_factor, &c, out, err);
+}
+
+int plan_search_depth(const Plan *p, const Profile *prof, const Cluster *cl, int n_micro, double opt_state_factor,
+                      double memory_limit, double tol, SearchCand *out, Err *err) {
+    /* NOAM, then depths by growing steps, each scored; the smallest near the best that fits wins */
+    int noam = p->noam > 0 ? p->noam : 1;
+    static const int more[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+    enum { N = sizeof more / sizeof more[0] };
+    SearchCand c[N];
+    int n = 0, best = -1, rc;
+    for (int k = 0; k < N; k++) {
+        if ((rc = score(p, prof, cl, SCHED_1F1B, n_micro, 0, k ? noam + more[k] : 0, opt_state_factor, &c[n], NULL, err)))
+            return rc;
+        c[n].fits = !(memory_limit > 0) || c[n].peak_bytes <= memory_limit;
+        if (!c[n].fits && k) break;   /* deeper only holds more */
+        if (c[n].fits && (best < 0 || c[n].unit_s < c[best].unit_s)) best = n;
+        n++;
+    }
+    if (best < 0) best = 0;
+    int pick = best;
+    for (int k = 0; k < n; k++)
+        if (c[k].fits && c[k].unit_s <= c[best].unit_s * (1 + tol)) {
+            pick = k;
+            break;
+        }
+    *out = c[pick];
+    return PD_OK;
 }
 
 /* Same stages, layers and replicas (and chunks and their placement): the same partition. */

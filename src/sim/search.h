@@ -36,6 +36,7 @@ typedef struct SearchCand {
     const Plan *plan;          /* borrowed from SearchResult.parts; NULL: no candidate */
     SchedKind kind;
     int n_micro, recompute;
+    int inflight;              /* 1f1b's in-flight depth (SchedOpts.inflight); 0: NOAM */
     double unit_s;             /* simulated steady-state time per unit */
     double minibatch_s;        /* per optimizer step (n_micro units) */
     double bubble;             /* SimResult.bubble_fraction */
@@ -67,6 +68,14 @@ void plan_search_print(const SearchResult *r, FILE *f);
 /* Every candidate, one line each: partition, shape, kind, micro-batches, recomputation, time
  * per unit, peak memory, whether it fits, layers per stage. */
 void plan_search_print_all(const SearchResult *r, FILE *f);
+/* The in-flight depth of asynchronous 1f1b with n_micro micro-batches per minibatch on plan p: of
+ * NOAM (inflight 0) and depths NOAM + 1, 2, 3, 4, 6, 8, ... 64, each simulated on cl as the search
+ * scores (a link's latency stalls a pipeline with too few units in flight: sched_inflight_hides), the
+ * smallest whose time per unit is within a fraction tol of the best, among those whose peak memory
+ * fits memory_limit (0: none; NOAM is kept though it does not). Fills *out (inflight 0 when NOAM is
+ * near enough). Fails only when the simulation does. */
+int  plan_search_depth(const Plan *p, const Profile *prof, const Cluster *cl, int n_micro, double opt_state_factor,
+                       double memory_limit, double tol, SearchCand *out, Err *err);
 /* Same stages, layers and replicas (and chunks): the same partition. */
 int  plan_same_partition(const Plan *a, const Plan *b);
 /* A hash of what plan_same_partition compares: equal partitions hash alike, so a list of

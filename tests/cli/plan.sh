@@ -163,4 +163,31 @@ t2=$(grep -m1 -o '^simulated (1f1b): [0-9.]*' "$tmp/ce.out" | grep -o '[0-9.]*$'
 python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); assert a < b <= a / 0.8 * 1.000001, (a, b)" "$t1" "$t2" ||
     fail "--core-efficiency 0.8: simulated $t2 ms against $t1 without"
 expect_usage "core-efficiency" "$OURS" --workers 4 --bandwidth 1.196e8 --cores 2 --core-efficiency 1.5
+# A link's latency stalls 1f1b at NOAM depth (4 units at stage 0 of 4): the plan records the
+# smallest depth whose simulated time is within 3 % of the best (schedule.inflight), none without
+# latency, a deeper one at 20 ms one way than at 5 ms; simulate runs the plan's depth, faster
+# than NOAM (--schedule 1f1b)
+for lat in 0 0.005 0.02; do
+    cat >"$tmp/lat$lat.json" <<EOF
+{"format": "pipedream-cluster", "version": 1, "levels": [{"workers": 4, "bandwidth": 1e9, "latency": $lat}], "memory_per_worker": 0}
+EOF
+    "$PD" plan "$PROF" --cluster "$tmp/lat$lat.json" --straight -o "$tmp/plat$lat.json" >"$tmp/plat$lat.out" 2>"$tmp/err" ||
+        fail "plan at latency $lat: $(cat "$tmp/err")"
+done
+python3 - "$tmp" <<'PY' || fail "in-flight depth against latency"
+import json, sys
+d = {lat: json.load(open(f"{sys.argv[1]}/plat{lat}.json")).get("schedule", {}).get("inflight", 0) for lat in ("0", "0.005", "0.02")}
+assert d["0"] == 0 and 4 < d["0.005"] < d["0.02"], d
+PY
+grep -q "^in flight: [0-9]* units at stage 0 (NOAM 4" "$tmp/plat0.02.out" || fail "plan: no in-flight line at 20 ms"
+grep -q "^in flight" "$tmp/plat0.out" && fail "plan: an in-flight depth without latency"
+"$PD" simulate "$tmp/plat0.02.json" --profile "$PROF" >"$tmp/sdepth" 2>"$tmp/err" || fail "simulate the deep plan: $(cat "$tmp/err")"
+grep -q "units in flight" "$tmp/sdepth" || fail "simulate: the plan's depth not taken"
+"$PD" simulate "$tmp/plat0.02.json" --profile "$PROF" --schedule 1f1b --microbatches 1 >"$tmp/snoam" 2>"$tmp/err" ||
+    fail "simulate at NOAM: $(cat "$tmp/err")"
+python3 - "$tmp/sdepth" "$tmp/snoam" <<'PY' || fail "simulate: the plan's depth is not faster than NOAM"
+import re, sys
+t = [float(re.search(r"time per minibatch ([0-9.e-]+) s", open(f).read()).group(1)) for f in sys.argv[1:]]
+assert t[0] < t[1] * 0.9, t
+PY
 echo "plan.sh: all passed"
