@@ -95,13 +95,14 @@ static void check_versions(const Schedule *s, const RtWorkerResult *res) {
     }
 }
 
-static void run_async_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind,
-                           int vsync, int n_mb, int n_micro) {
+/* The schedule so on the plan of bounds and reps, run by the emulation and by threads: the
+ * versions the schedule names, the same weights bit for bit, training happened. */
+static void run_async_opts(const char *model, int n_stages, const int *bounds, const int *reps, SchedOpts so) {
+    const SchedKind kind = so.kind;
     TPlan tp;
     tplan(&tp, n_stages, bounds, reps);
     Schedule s;
     Err err = {0};
-    SchedOpts so = {.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro, .vertical_sync = vsync};
     if (sched_build(&tp.p, &so, &s, &err)) fail_msg("sched_build: %s", err.msg);
     RtConfig cfg = config(model, &s, 8);
     RtWorkerResult a[16], b[16];
@@ -137,6 +138,20 @@ static void run_async_case(const char *model, int n_stages, const int *bounds, c
         rt_result_release(&b[r]);
     }
     sched_release(&s);
+}
+
+static void run_async_case(const char *model, int n_stages, const int *bounds, const int *reps, SchedKind kind,
+                           int vsync, int n_mb, int n_micro) {
+    run_async_opts(model, n_stages, bounds, reps,
+                   (SchedOpts){.kind = kind, .n_minibatches = n_mb, .n_micro = n_micro, .vertical_sync = vsync});
+}
+
+/* 1f1b with a deeper pipeline (SchedOpts.inflight, what a plan on links with latency records):
+ * 7 units in flight at stage 0 of 4, more weight versions stashed, threads = emulation. */
+static void test_async_inflight(void **st) {
+    (void)st;
+    const int b4[] = {0, 2, 3, 4, 5}, r1[] = {1, 1, 1, 1};   /* MLP: 0 flatten, 1-4 linear */
+    run_async_opts(mlp_path, 4, b4, r1, (SchedOpts){.kind = SCHED_1F1B, .n_minibatches = 12, .n_micro = 1, .inflight = 7});
 }
 
 static void test_async_equals_emulation(void **state) {
@@ -558,6 +573,7 @@ static void test_buckets_agree(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_emulation),
+        cmocka_unit_test(test_async_inflight),
         cmocka_unit_test(test_sync_equals_sequential),
         cmocka_unit_test(test_1f1b_oracle),
         cmocka_unit_test(test_zb_equals_1f1b_flush),

@@ -585,6 +585,8 @@ static int train_main(int argc, char **argv) {
     oc.min_lr = (float)o.min_lr, oc.clip_norm = (float)o.clip;
     RtTrainSpec spec = {.model_path = o.model, .plan = plan, .kind = o.kind, .n_micro = o.micro,
                         .vertical_sync = o.vsync, .wire = o.wire < 0 ? RT_WIRE_FP32 : o.wire, .wire_grad = o.wire_grad,
+                        /* the plan's in-flight depth (plan on links with latency), for 1f1b */
+                        .inflight = plan && o.kind == SCHED_1F1B && !o.vsync ? plan->schedule_inflight : 0,
                         /* no codec given: the plan's per boundary, if it has them */
                         .wire_at = o.wire < 0 && o.wire_grad < 0 && plan ? plan->wire : NULL,
                         .error_feedback = o.error_feedback, .epochs = o.epochs, .steps = o.steps, .minibatch = o.batch,

@@ -127,7 +127,7 @@ static int agree(Rank *R, int rc, Err *err) {
 
 static int plan_ranks(const RtTrainSpec *sp, Schedule *probe, Err *err) {
     SchedOpts so = {.kind = sp->kind, .n_minibatches = 1, .n_micro = sp->n_micro > 0 ? sp->n_micro : 1,
-                    .recompute = sp->recompute};
+                    .recompute = sp->recompute, .inflight = sp->inflight};
     return sched_build(sp->plan, &so, probe, err);
 }
 
@@ -231,7 +231,7 @@ static int session_setup(Rank *R, Err *err) {
     if (sp->opt.clip_norm > 0.0f) {   /* clipping needs undelayed units: seen in a list long enough to show delays */
         Schedule chk;
         SchedOpts so = {.kind = sp->kind, .n_minibatches = 4 * probe->n_ranks + 4, .n_micro = probe->n_micro,
-                        .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+                        .vertical_sync = sp->vertical_sync, .recompute = sp->recompute, .inflight = sp->inflight};
         if ((rc = sched_build(sp->plan, &so, &chk, err))) return rc;
         rc = rt_clip_allowed(&chk, err);
         sched_release(&chk);
@@ -578,7 +578,7 @@ static int build_worker(Rank *R, Err *err) {
 static int segment_schedule(Rank *R, int len, Err *err) {
     const RtTrainSpec *sp = R->sp;
     SchedOpts so = {.kind = sp->kind, .n_minibatches = len, .n_micro = R->probe.n_micro,
-                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute, .inflight = sp->inflight};
     sched_release(&R->seg);
     int rc = sched_build(sp->plan, &so, &R->seg, err);
     if (rc) return rc;
@@ -723,7 +723,7 @@ static int session_results(Rank *R, Err *err) {
     Schedule whole = {0};
     if ((rc = gather_results(R, &R->acc, all, err)) || rank != 0) goto out;
     SchedOpts so = {.kind = sp->kind, .n_minibatches = (int)R->mb_done, .n_micro = R->probe.n_micro,
-                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute};
+                    .vertical_sync = sp->vertical_sync, .recompute = sp->recompute, .inflight = sp->inflight};
     if ((rc = sched_build(sp->plan, &so, &whole, err))) goto out;
     RtTrainSummary *out = R->S->out;
     out->res = all;

@@ -388,6 +388,8 @@ typedef struct RtTrainSpec {
     SchedKind kind;
     int n_micro;                 /* units per minibatch (1 unless a micro-batch kind) */
     int vertical_sync;
+    int inflight;                /* 1f1b: the units stage 0 admits before its first backward
+                                  * (SchedOpts.inflight, a plan's schedule.inflight); 0: as many as stages */
     int wire;                    /* RtConfig.wire: RT_WIRE_* of the activations */
     int wire_grad;               /* RtConfig.wire_grad: RT_WIRE_* of the gradients, or -1: as wire
                                   * (fp32 where wire is delta) */
