@@ -1,5 +1,5 @@
-/* rt_fixture.h: what the runtime tests (test_runtime.c, test_memory.c, test_runtime_asp.c)
- * share: their two models written to temporary files, and hand-made plans of layer ranges. Header
+/* rt_fixture.h: what the runtime tests (test_runtime*.c, test_memory.c) share: their two models
+ * written to temporary files, hand-made plans of layer ranges, and comparing runs' final states. Header
  * only (static inline), so each test links only what it already links. */
 #ifndef PD_RT_FIXTURE_H
 #define PD_RT_FIXTURE_H
@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,7 +17,9 @@
 #include "kernels.h"
 #include "nn.h"
 #include "plan.h"
+#include "runtime.h"
 #include "schedule.h"
+#include "testutil.h"
 
 /* Writes text to a new file /tmp/pd_rt_model_XXXXXX; path (>= 32 bytes) gets its name. */
 static inline void rt_write_tmp(char *path, const char *text) {
@@ -178,6 +181,32 @@ static inline void rt_move_recv_before_send(SchedWorker *w) {
     Instr moved = w->ins[rg];
     memmove(w->ins + sa + 1, w->ins + sa, (size_t)(rg - sa) * sizeof *w->ins);
     w->ins[sa] = moved;
+}
+
+
+/* Releases the n results of a run. */
+static inline void rt_results_release(RtWorkerResult *res, int n) {
+    for (int r = 0; r < n; r++) rt_result_release(&res[r]);
+}
+
+/* Every rank's final state bitwise equal in two runs of n ranks (weights and their CRC, running
+ * statistics, momentum); what names the comparison in a failure. */
+static inline void rt_assert_same_results(const char *what, const RtWorkerResult *a, const RtWorkerResult *b, int n) {
+    for (int r = 0; r < n; r++) {
+        char t[160];
+        snprintf(t, sizeof t, "%s rank %d", what, r);
+        assert_int_equal(a[r].n_params, b[r].n_params);
+        assert_int_equal(a[r].n_state, b[r].n_state);
+        if (memcmp(a[r].params, b[r].params, a[r].n_params * sizeof(float))) {
+            tu_compare(t, a[r].params, b[r].params, a[r].n_params, 0, 0);
+            fail_msg("%s: weights differ", t);
+        }
+        if (a[r].n_state && memcmp(a[r].final.state, b[r].final.state, a[r].n_state * sizeof(float)))
+            fail_msg("%s: running statistics differ", t);
+        if (memcmp(a[r].final.opt_m, b[r].final.opt_m, a[r].n_params * sizeof(float)))
+            fail_msg("%s: momentum differs", t);
+        assert_int_equal(a[r].params_crc, b[r].params_crc);
+    }
 }
 
 #endif

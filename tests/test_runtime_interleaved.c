@@ -72,29 +72,6 @@ static void build(TPlan *tp, Schedule *s, int n_stages, const int *bounds, int V
     build_d(tp, s, n_stages, bounds, V, 1, steps, M, recompute);
 }
 
-static void release(RtWorkerResult *res, int n) {
-    for (int r = 0; r < n; r++) rt_result_release(&res[r]);
-}
-
-/* Every rank's final state bitwise equal (weights, running statistics, momentum). */
-static void assert_same(const char *what, const RtWorkerResult *a, const RtWorkerResult *b, int n) {
-    for (int r = 0; r < n; r++) {
-        char t[128];
-        snprintf(t, sizeof t, "%s rank %d", what, r);
-        assert_int_equal(a[r].n_params, b[r].n_params);
-        assert_int_equal(a[r].n_state, b[r].n_state);
-        if (memcmp(a[r].params, b[r].params, a[r].n_params * sizeof(float))) {
-            tu_compare(t, a[r].params, b[r].params, a[r].n_params, 0, 0);
-            fail_msg("%s: weights differ", t);
-        }
-        if (a[r].n_state && memcmp(a[r].final.state, b[r].final.state, a[r].n_state * sizeof(float)))
-            fail_msg("%s: running statistics differ", t);
-        if (memcmp(a[r].final.opt_m, b[r].final.opt_m, a[r].n_params * sizeof(float)))
-            fail_msg("%s: momentum differs", t);
-        assert_int_equal(a[r].params_crc, b[r].params_crc);
-    }
-}
-
 /* (a) threads == sequential SGD up to summation order, stage by stage; (b) emulation ==
  * threads bitwise; (c) --recompute == without, bitwise, on threads and emulation. */
 static void run_case_d(const char *model, int n_stages, const int *bounds, int V, int d, int M) {
@@ -153,14 +130,14 @@ static void run_case_d(const char *model, int n_stages, const int *bounds, int V
         assert_int_equal(th[r].units_done, last ? steps * M / d : 0);
     }
     /* (b), (c) */
-    assert_same(what, th, em, W);
+    rt_assert_same_results(what, th, em, W);
     snprintf(what, sizeof what, "interleaved %d stages V=%d d=%d M=%d --recompute", n_stages, V, d, M);
-    assert_same(what, th, thr, W);
-    assert_same(what, thr, emr, W);
+    rt_assert_same_results(what, th, thr, W);
+    rt_assert_same_results(what, thr, emr, W);
     print_message("%s: weights = sequential SGD, emulation and --recompute bitwise\n", what);
     model_free(m);
     pd_free(want);
-    release(th, W), release(em, W), release(thr, W), release(emr, W);
+    rt_results_release(th, W), rt_results_release(em, W), rt_results_release(thr, W), rt_results_release(emr, W);
     sched_release(&s);
     sched_release(&sr);
 }
@@ -218,8 +195,8 @@ static void test_interleaved_continue(void **state) {
     c2.init = init;
     c2.unit_base = 3 * 4;
     if (rt_emulate(&c2, c, &err)) fail_msg("%s", err.msg);
-    assert_same("interleaved continued", a, c, 2);
-    release(a, 2), release(b, 2), release(c, 2);
+    rt_assert_same_results("interleaved continued", a, c, 2);
+    rt_results_release(a, 2), rt_results_release(b, 2), rt_results_release(c, 2);
     sched_release(&whole);
     sched_release(&half);
 }
@@ -240,7 +217,7 @@ static void test_interleaved_deadlock(void **state) {
     assert_int_not_equal(rt_emulate(&cfg, res, &err), PD_OK);
     if (!strstr(err.msg, "deadlock")) fail_msg("emulation: %s", err.msg);
     print_message("interleaved, a receive moved: %s\n", err.msg);
-    release(res, 2);
+    rt_results_release(res, 2);
     sched_release(&s);
 }
 

@@ -123,10 +123,6 @@ static void check_case(const TPlan *tp, const RtWorkerResult *res, int n_mb, int
     pd_free(w0);
 }
 
-static void release(RtWorkerResult *res, int n) {
-    for (int r = 0; r < n; r++) rt_result_release(&res[r]);
-}
-
 static void test_flush_four_stages(void **state) {
     (void)state;
     int b[] = {0, 3, 4, 5, 7}, r[] = {1, 1, 1, 1};
@@ -147,8 +143,8 @@ static void test_flush_four_stages(void **state) {
             if (memcmp(res[k].params, em[k].params, res[k].n_params * sizeof(float)))
                 fail_msg("%s: rank %d: threads and emulation differ", what, k);
         }
-        release(res, 8);
-        release(em, 8);
+        rt_results_release(res, 8);
+        rt_results_release(em, 8);
     }
 }
 
@@ -162,20 +158,20 @@ static void test_gpipe_replicas(void **state) {
     Err err = {0};
     if (run(&tp, SCHED_GPIPE, 3, 4, 0, res, &err)) fail_msg("gpipe: %s", err.msg);
     check_case(&tp, res, 3, 4, "gpipe, replicas 2-1-1-2");
-    release(res, 8);
+    rt_results_release(res, 8);
     /* the zb kinds split backwards; the exchange sits at the same step */
     int r1[] = {1, 1, 1, 1};
     tplan(&tp, 4, b, r1);
     if (run(&tp, SCHED_ZB_H1, 2, 4, 0, res, &err)) fail_msg("zb-h1: %s", err.msg);
     check_case(&tp, res, 2, 4, "zb-h1");
-    release(res, 8);
+    rt_results_release(res, 8);
     if (run(&tp, SCHED_ZB_H2, 2, 4, 0, res, &err)) fail_msg("zb-h2: %s", err.msg);
     check_case(&tp, res, 2, 4, "zb-h2");
-    release(res, 8);
+    rt_results_release(res, 8);
     /* model-parallel: one minibatch in flight, every stage steps once per minibatch */
     if (run(&tp, SCHED_MP, 3, 1, 0, res, &err)) fail_msg("model-parallel: %s", err.msg);
     check_case(&tp, res, 3, 1, "model-parallel");
-    release(res, 8);
+    rt_results_release(res, 8);
 }
 
 static void test_async_refused(void **state) {
@@ -191,7 +187,7 @@ static void test_async_refused(void **state) {
         assert_int_equal(run(&tp, kinds[k], 2, kinds[k] == SCHED_2BW ? 4 : 1, 0, res, &err), PD_EINVAL);
         assert_non_null(strstr(err.msg, "layers.5.weight (stage 3) ties to layers.2.weight (stage 0)"));
         assert_non_null(strstr(err.msg, "steps its stages at different times"));
-        release(res, 8);
+        rt_results_release(res, 8);
     }
     /* interleaved: stages 0 and 3 are chunks of two workers; refused too */
     TPlan ti;
@@ -206,7 +202,7 @@ static void test_async_refused(void **state) {
     memset(ri, 0, sizeof ri);
     assert_int_equal(rt_run_threads(&ci, ri, &e2), PD_EINVAL);
     assert_non_null(strstr(e2.msg, "schedule interleaved cannot split a tie over stages"));
-    release(ri, 8);
+    rt_results_release(ri, 8);
     sched_release(&si);
     /* both layers on one stage: 1f1b folds the tie inside the stage */
     int b2[] = {0, 1, 7}, r2[] = {1, 1};
@@ -217,7 +213,7 @@ static void test_async_refused(void **state) {
     if (run(&tp, SCHED_1F1B, 4, 1, 0, res, &err)) fail_msg("1f1b, one stage holding the tie: %s", err.msg);
     size_t base = model_param_offset(model, 1);
     assert_memory_equal(res[1].params + (src_off - base), res[1].params + (dst_off - base), tie_n * sizeof(float));
-    release(res, 8);
+    rt_results_release(res, 8);
 }
 
 int main(void) {

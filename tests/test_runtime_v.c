@@ -64,28 +64,6 @@ static void build(TPlan *tp, Schedule *s, SchedKind kind, int n_stages, const in
     if (sched_build(&tp->p, &so, s, &err)) fail_msg("sched_build %s: %s", sched_kind_name(kind), err.msg);
 }
 
-static void release(RtWorkerResult *res, int n) {
-    for (int r = 0; r < n; r++) rt_result_release(&res[r]);
-}
-
-/* Every rank's final state bitwise equal (weights, running statistics, momentum). */
-static void assert_same(const char *what, const RtWorkerResult *a, const RtWorkerResult *b, int n) {
-    for (int r = 0; r < n; r++) {
-        char t[160];
-        snprintf(t, sizeof t, "%s rank %d", what, r);
-        assert_int_equal(a[r].n_params, b[r].n_params);
-        assert_int_equal(a[r].n_state, b[r].n_state);
-        if (memcmp(a[r].params, b[r].params, a[r].n_params * sizeof(float))) {
-            tu_compare(t, a[r].params, b[r].params, a[r].n_params, 0, 0);
-            fail_msg("%s: weights differ", t);
-        }
-        if (a[r].n_state && memcmp(a[r].final.state, b[r].final.state, a[r].n_state * sizeof(float)))
-            fail_msg("%s: running statistics differ", t);
-        if (memcmp(a[r].final.opt_m, b[r].final.opt_m, a[r].n_params * sizeof(float)))
-            fail_msg("%s: momentum differs", t);
-    }
-}
-
 /* Stage by stage: the V run's weights and running statistics (a rank's two chunks concatenated)
  * against 1f1b-flush's (one stage a rank), bitwise. */
 static void assert_stages_equal(const char *what, const Schedule *v, const RtWorkerResult *rv, const Schedule *f,
@@ -155,16 +133,16 @@ static void run_case(const char *model, int n_stages, const int *bounds, int M) 
             assert_int_equal(th[r].n_bwd, steps * M * 2);
             assert_int_equal(th[r].units_done, r == 0 ? steps * M : 0);   /* the loss on rank 0 */
         }
-        assert_same(what, th, em, P);
+        rt_assert_same_results(what, th, em, P);
         snprintf(what, sizeof what, "%s %d stages M=%d --recompute", sched_kind_name(k), n_stages, M);
-        assert_same(what, th, thr, P);
+        rt_assert_same_results(what, th, thr, P);
         print_message("%s %d stages, M = %d: weights = 1f1b-flush's, emulation and --recompute bitwise\n",
                       sched_kind_name(k), n_stages, M);
-        release(th, P), release(em, P), release(thr, P);
+        rt_results_release(th, P), rt_results_release(em, P), rt_results_release(thr, P);
         sched_release(&s);
         sched_release(&sr);
     }
-    release(f, n_stages);
+    rt_results_release(f, n_stages);
     sched_release(&sf);
 }
 
@@ -204,8 +182,8 @@ static void test_v_continue(void **state) {
         if (rt_run_threads(&c2, c, &err)) fail_msg("%s", err.msg);
         char what[64];
         snprintf(what, sizeof what, "%s continued", sched_kind_name(k));
-        assert_same(what, a, c, 2);
-        release(a, 2), release(b, 2), release(c, 2);
+        rt_assert_same_results(what, a, c, 2);
+        rt_results_release(a, 2), rt_results_release(b, 2), rt_results_release(c, 2);
         sched_release(&whole);
         sched_release(&half);
     }
