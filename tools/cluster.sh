@@ -24,7 +24,8 @@
 #                                                  --private-dirs gives each host its own
 #                                                  /var/lib/pipedream-host (a mount namespace)
 #   tools/cluster.sh cluster-file                  the cluster as a pipedream-cluster JSON for
-#                                                  plan and simulate --cluster (stdout)
+#                                                  plan and simulate --cluster (stdout); with
+#                                                  --cpu C below 1, each host's speed is C
 #   tools/cluster.sh run NP CMD [ARGS...]          mpirun -np NP across the hosts (round robin)
 #   tools/cluster.sh run -- MPIRUN_ARGS...         mpirun with your own arguments (give -np)
 #   tools/cluster.sh run-torch NP CMD [ARGS...]    run, plus MASTER_ADDR/MASTER_PORT and
@@ -656,9 +657,11 @@ cmd_cluster_file() {
     [ -f "$STATE/config" ] || die "cluster $NAME is not up: $PROG up N [--name $NAME]"
     # shellcheck disable=SC1091
     . "$STATE/config"
-    local JITTER=${JITTER:-0ms} LOSS=${LOSS:-0%} HOST_DELAYS=${HOST_DELAYS:-} i hosts="" any=0 h
+    local JITTER=${JITTER:-0ms} LOSS=${LOSS:-0%} HOST_DELAYS=${HOST_DELAYS:-} CPU=${CPU:-} i hosts="" any=0 h speed=""
+    # --cpu below one core: a one-thread rank computes at that fraction of its profile's speed
+    [ -z "$CPU" ] || speed=$(awk -v c="$CPU" 'BEGIN { if (c < 1) printf "%g", c }')
     for ((i = 0; i < N; i++)); do
-        h=""
+        h=${speed:+\"speed\": $speed}
         [ "$(rate_of "$i")" = "$RATE" ] || h="\"bandwidth\": $(payload_of "$(rate_of "$i")")"
         [ "$(delay_of "$i")" = "$DELAY" ] || h="$h${h:+, }\"latency\": $(secs_of "$(delay_of "$i")")"
         [ -z "$h" ] || any=1

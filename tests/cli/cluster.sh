@@ -253,6 +253,8 @@ print(round((time.process_time() - c) / (time.time() - t), 3))') || fail "--cpu:
        python3 -c "import sys; sys.exit(0 if 0.05 < $share < 0.35 else 1)" ||
            fail "--cpu 0.25: a busy loop in host 0 got $share of a core"
        bash "$CL" status --name "$NAME" | grep -q "0.25 cores each" || fail "--cpu: status: $(bash "$CL" status --name "$NAME")"
+       bash "$CL" cluster-file --name "$NAME" | grep -q '"hosts": \[{"speed": 0.25}, {"speed": 0.25}\]' ||
+           fail "cluster-file with --cpu 0.25: $(bash "$CL" cluster-file --name "$NAME")"
        bash "$CL" up 2 --rate 200mbit --name "$NAME" >/dev/null 2>&1 || fail "up again without --cpu"
        ls -d /sys/fs/cgroup/cpu/pipedream-cluster-"$NAME" /sys/fs/cgroup/pipedream-cluster-"$NAME" 2>/dev/null &&
            fail "up without --cpu kept the groups"
