@@ -7,7 +7,8 @@
  * docs/explanation/planner.md); the DP's bottleneck for each d must equal the minimum, the
  * plan with --straight is d = 1's, and the plan without is the d whose plan predicts the
  * shortest minibatch. Also the plan's shape (round-robin ranks, chunks, noam), validation
- * errors, the JSON round trip and plan_interleave. */
+ * errors, the JSON round trip and plan_interleave. V-placed plans (--v-shape): the DP's slowest
+ * worker (the sum of its two stages) equals the exhaustive search's. */
 #include "testutil.h"
 
 #include <math.h>
@@ -72,60 +73,71 @@ static void rec(Brute *b, uint32_t D, int m, double cur) {
     }
 }
 
+/* A random chain (dag 0) or DAG of 2..MAXN layers, a cluster of 2 or 4 workers, options, and
+ * the brute force's view of them (every predecessor-closed node set). */
+static void random_case(Rng *rng, int dag, Profile *prof, Cluster *cl, PlanOpts *o, Brute *b) {
+    int n = 2 + (int)rng_below(rng, MAXN - 1);
+    memset(prof, 0, sizeof *prof);
+    memset(cl, 0, sizeof *cl);
+    memset(o, 0, sizeof *o);
+    snprintf(prof->model, sizeof prof->model, "random");
+    prof->n_layers = n;
+    prof->layers = calloc((size_t)n, sizeof *prof->layers);
+    memset(b, 0, sizeof *b);
+    b->prof = prof;
+    b->n = n;
+    for (int i = 0; i < n; i++) {
+        ProfileLayer *l = &prof->layers[i];
+        snprintf(l->name, sizeof l->name, "l%d", i);
+        snprintf(l->type, sizeof l->type, "linear");
+        l->fwd_s = uni(rng, 1e-3, 1e-1);
+        l->bwd_s = uni(rng, 1e-3, 2e-1);
+        l->act_bytes = uni(rng, 1e5, 1e8);
+        l->param_bytes = uni(rng, 1e5, 1e8);
+        if (i > 0 && !dag) b->pred[i] = 1u << (i - 1);
+    }
+    if (dag) {
+        prof->edges = calloc((size_t)n * n, sizeof *prof->edges);
+        for (int y = 1; y < n; y++) {
+            int any = 0;
+            for (int x = 0; x < y; x++)
+                if (rng_below(rng, 3) == 0) prof->edges[prof->n_edges][0] = x, prof->edges[prof->n_edges++][1] = y, any = 1;
+            if (!any) {
+                int x = (int)rng_below(rng, (uint32_t)y);
+                prof->edges[prof->n_edges][0] = x, prof->edges[prof->n_edges++][1] = y;
+            }
+        }
+        for (int e = 0; e < prof->n_edges; e++) b->pred[prof->edges[e][1]] |= 1u << prof->edges[e][0];
+    }
+    cl->n_levels = 1 + (int)rng_below(rng, 2);
+    for (int l = 0; l < cl->n_levels; l++)
+        cl->level[l] = (ClusterLevel){2, uni(rng, 1e8, 2e10), rng_below(rng, 2) ? 0 : uni(rng, 0, 1e-4)};
+    b->cl = cl;
+    b->W = cluster_total_workers(cl);
+    o->chunks = 2 + (int)rng_below(rng, 2);
+    o->activation_compression = rng_below(rng, 2) ? 0 : uni(rng, 0.5, 4);
+    b->ratio = o->activation_compression > 0 ? o->activation_compression : 1;
+    b->o = o;
+    b->full = (1u << n) - 1;
+    for (uint32_t m = 1; m <= b->full; m++) {
+        int closed = 1;
+        for (int v = 0; v < n && closed; v++) closed = !((m >> v & 1) && (b->pred[v] & ~m));
+        if (closed) b->downs[b->nd++] = m;
+    }
+}
+
 static void test_exhaustive(void **state) {
     (void)state;
     Rng rng;
     rng_init(&rng, 21, 0, 0);
     int checked = 0, checked_d[2] = {0, 0}, chose_d = 0;
     for (int trial = 0; trial < 300; trial++) {
-        int dag = trial % 2, n = 2 + (int)rng_below(&rng, MAXN - 1);
-        Profile prof = {0};
-        snprintf(prof.model, sizeof prof.model, "random");
-        prof.n_layers = n;
-        prof.layers = calloc((size_t)n, sizeof *prof.layers);
-        Brute b = {0};
-        b.prof = &prof;
-        b.n = n;
-        for (int i = 0; i < n; i++) {
-            ProfileLayer *l = &prof.layers[i];
-            snprintf(l->name, sizeof l->name, "l%d", i);
-            snprintf(l->type, sizeof l->type, "linear");
-            l->fwd_s = uni(&rng, 1e-3, 1e-1);
-            l->bwd_s = uni(&rng, 1e-3, 2e-1);
-            l->act_bytes = uni(&rng, 1e5, 1e8);
-            l->param_bytes = uni(&rng, 1e5, 1e8);
-            if (i > 0 && !dag) b.pred[i] = 1u << (i - 1);
-        }
-        if (dag) {
-            prof.edges = calloc((size_t)n * n, sizeof *prof.edges);
-            for (int y = 1; y < n; y++) {
-                int any = 0;
-                for (int x = 0; x < y; x++)
-                    if (rng_below(&rng, 3) == 0) prof.edges[prof.n_edges][0] = x, prof.edges[prof.n_edges++][1] = y, any = 1;
-                if (!any) {
-                    int x = (int)rng_below(&rng, (uint32_t)y);
-                    prof.edges[prof.n_edges][0] = x, prof.edges[prof.n_edges++][1] = y;
-                }
-            }
-            for (int e = 0; e < prof.n_edges; e++) b.pred[prof.edges[e][1]] |= 1u << prof.edges[e][0];
-        }
-        Cluster cl = {0};
-        cl.n_levels = 1 + (int)rng_below(&rng, 2);
-        for (int l = 0; l < cl.n_levels; l++)
-            cl.level[l] = (ClusterLevel){2, uni(&rng, 1e8, 2e10), rng_below(&rng, 2) ? 0 : uni(&rng, 0, 1e-4)};
-        b.cl = &cl;
-        b.W = cluster_total_workers(&cl);
-        PlanOpts o = {0};
-        o.chunks = 2 + (int)rng_below(&rng, 2);
-        o.activation_compression = rng_below(&rng, 2) ? 0 : uni(&rng, 0.5, 4);
-        b.ratio = o.activation_compression > 0 ? o.activation_compression : 1;
-        b.o = &o;
-        b.full = (1u << n) - 1;
-        for (uint32_t m = 1; m <= b.full; m++) {
-            int closed = 1;
-            for (int v = 0; v < n && closed; v++) closed = !((m >> v & 1) && (b.pred[v] & ~m));
-            if (closed) b.downs[b.nd++] = m;
-        }
+        Profile prof;
+        Cluster cl;
+        PlanOpts o;
+        Brute b;
+        random_case(&rng, trial % 2, &prof, &cl, &o, &b);
+        const int n = b.n;
         /* each d: the DP's bottleneck against the brute force's, and the plan's minibatch time */
         PGraph g;
         PStates st;
@@ -195,6 +207,85 @@ static void test_exhaustive(void **state) {
     assert_true(checked > 100);
     assert_true(checked_d[1] > 30);
     assert_true(chose_d > 5);
+}
+
+/* V placement: every chain {} = D0 < ... < D_2P = all nodes, stage m on position
+ * plan_v_position(m, P), its time max(compute, the boundaries on either side; none between the
+ * two stages of one position), a position's time the sum of its two stages'; the best chain's
+ * slowest position. */
+static void rec_v(Brute *b, uint32_t *D, int m) {
+    const int P = b->W / b->d;
+    if (m == b->NS) {
+        if (D[m] != b->full) return;
+        double per[8] = {0}, worst = 0;
+        for (int q = 0; q < b->NS; q++) {
+            double C = 0, Pb = 0;
+            for (int v = 0; v < b->n; v++)
+                if ((D[q + 1] & ~D[q]) >> v & 1) C += b->prof->layers[v].fwd_s + b->prof->layers[v].bwd_s, Pb += b->prof->layers[v].param_bytes;
+            const int pos = plan_v_position(q, P);
+            double t = plan_ours_stage_compute(b->cl, b->o, C, Pb, pos * b->d, b->d);
+            if (q > 0 && plan_v_position(q - 1, P) != pos)
+                t = fmax(t, link_t(b, plan_v_position(q - 1, P) * b->d, pos * b->d, cut_bytes(b, D[q])) / b->d);
+            if (q < b->NS - 1 && plan_v_position(q + 1, P) != pos)
+                t = fmax(t, link_t(b, pos * b->d, plan_v_position(q + 1, P) * b->d, cut_bytes(b, D[q + 1])) / b->d);
+            per[pos] += t;
+        }
+        for (int w = 0; w < P; w++) worst = fmax(worst, per[w]);
+        if (isnan(b->best) || worst < b->best) b->best = worst;
+        return;
+    }
+    for (int q = 0; q < b->nd; q++) {
+        uint32_t E = b->downs[q];
+        if ((E & D[m]) != D[m] || E == D[m]) continue;
+        D[m + 1] = E;
+        rec_v(b, D, m + 1);
+    }
+}
+
+static void test_v_exhaustive(void **state) {
+    (void)state;
+    Rng rng;
+    rng_init(&rng, 22, 0, 0);
+    int checked = 0, dags = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        Profile prof;
+        Cluster cl;
+        PlanOpts o;
+        Brute b;
+        random_case(&rng, trial % 2, &prof, &cl, &o, &b);
+        o.chunks = 2, o.v_shape = 1;
+        PGraph g;
+        PStates st;
+        memset(&st, 0, sizeof st);
+        Err err = {0};
+        if (pgraph_build(&prof, &g, &err) || pstates_build(&g, 4000000, &st, &err)) fail_msg("trial %d: %s", trial, err.msg);
+        for (b.d = 1; b.d <= b.W / 2; b.d++) {
+            if (b.W % b.d) continue;
+            b.NS = 2 * (b.W / b.d);
+            b.best = NAN;
+            uint32_t D[9] = {0};
+            rec_v(&b, D, 0);
+            PSolution sol;
+            int rc = plan_dp_chunks_d(&st, &cl, &o, b.d, &sol, &err);
+            if (isnan(b.best)) {
+                assert_int_equal(rc, PD_EINVAL);
+                continue;
+            }
+            if (rc) fail_msg("trial %d d=%d: %s", trial, b.d, err.msg);
+            if (fabs(sol.pipeline_s - b.best) > 1e-9 * b.best)
+                fail_msg("trial %d d=%d: V DP %.12g, brute force %.12g", trial, b.d, sol.pipeline_s, b.best);
+            checked++;
+            dags += trial % 2;
+            psolution_release(&sol);
+        }
+        pstates_release(&st);
+        pgraph_release(&g);
+        profile_release(&prof);
+    }
+    print_message("%d V-placed plans: the DP's slowest worker equal to the exhaustive search's (%d on DAGs)\n", checked,
+                  dags);
+    assert_true(checked > 100);
+    assert_true(dags > 30);
 }
 
 static void chain(Profile *prof, int n) {
@@ -308,6 +399,7 @@ static void test_shape(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exhaustive),
+        cmocka_unit_test(test_v_exhaustive),
         cmocka_unit_test(test_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

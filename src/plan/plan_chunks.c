@@ -8,7 +8,10 @@
  * boundary as in our model (2 bytes / ratio / B_link + 2 latency_link, the link between the
  * positions' first ranks, over d: each pipeline carries its share). A worker runs all its
  * chunks per minibatch, so the plan's predicted time per minibatch is the largest per-position
- * sum of its stages' times; the d with the smallest wins (ties: the fewer replicas). */
+ * sum of its stages' times; the d with the smallest wins (ties: the fewer replicas).
+ * V-placed plans pair stage i with stage 2 P - 1 - i on one worker, so the bottleneck stage is the
+ * wrong objective there (one heavy layer would sit beside a heavy partner): their DP walks the V
+ * from both ends at once and minimises the slowest worker's sum itself (plan_dp_v_d). */
 #include "plan_impl.h"
 
 #include <math.h>
@@ -37,6 +40,88 @@ static double chunk_cut(const Cluster *cl, const PlanOpts *o, double bytes, int 
     return a == b ? 0.0 : chunk_boundary(cl, bytes, a, b) / d;
 }
 
+/* The time of stage m over states (k, j] as psolution_times_chunks charges it: its compute, or a
+ * boundary on either side if slower (none at the V's turn, both sides on one worker). */
+static double v_stage(const PStates *s, const Cluster *cl, const PlanOpts *o, int k, int j, int m, int P, int d) {
+    const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
+    double C = s->C[j] - (k >= 0 ? s->C[k] : 0), Pb = s->PAR[j] - (k >= 0 ? s->PAR[k] : 0);
+    double t = chunk_stage(cl, o, C, Pb, m, P, d), b;
+    if (m > 0 && (b = chunk_cut(cl, o, s->OX[k] / ratio, m, P, d)) > t) t = b;
+    if (m < 2 * P - 1 && (b = chunk_cut(cl, o, s->OX[j] / ratio, m + 1, P, d)) > t) t = b;
+    return t;
+}
+
+static int v_before(const PStates *s, int k, int j) { return k < 0 ? j >= 0 : pstates_before(s, k, j); }
+
+/* The V's DP, outside in. After workers 0..w-1 the state is (a, b): the cut after worker w-1's
+ * first stage and the cut before its second; its value the slowest of those workers' sums.
+ * Worker w takes (a, a'] and (b', b]; the innermost one meets itself at the turn (a' = b').
+ * O(P n^4): plan_dp_v_fits says when that is affordable (else the bottleneck-stage DP). */
+static int plan_dp_v_fits(int n, int P) { return (double)n * n * n * n * P < 2e9; }
+
+static int plan_dp_v_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {
+    const int n = s->n, P = cluster_total_workers(cl) / d, NS = 2 * P;
+#define VI(a, b) ((size_t)((a) + 1) * n + (b))   /* a in -1..n-1, b in 0..n-1 */
+    const size_t NSt = (size_t)(n + 1) * n;
+    double *cur = malloc(NSt * sizeof *cur), *nxt = malloc(NSt * sizeof *nxt);
+    int *back = malloc((size_t)P * NSt * sizeof *back);
+    PD_ASSERT(cur && nxt && back);
+    for (size_t x = 0; x < NSt; x++) cur[x] = NAN;
+    cur[VI(-1, n - 1)] = 0;
+    double best = NAN;
+    int best_a = -2, best_t = -1, best_b = -1;
+    for (int w = 0; w < P; w++) {
+        const int inner = w == P - 1, left = NS - 2 * w - 2;   /* stages still to place inside */
+        for (size_t x = 0; x < NSt; x++) nxt[x] = NAN;
+        for (int a = -1; a < n; a++)
+            for (int b = a + 1; b < n; b++) {
+                double v = cur[VI(a, b)];
+                if (isnan(v)) continue;
+                for (int a2 = a + 1; a2 < b; a2++) {
+                    if (!v_before(s, a, a2)) continue;
+                    double tl = v_stage(s, cl, o, a, a2, w, P, d);
+                    if (inner) {
+                        if (!pstates_before(s, a2, b)) continue;
+                        double t = fmax(v, tl + v_stage(s, cl, o, a2, b, NS - 1 - w, P, d));
+                        if (isnan(best) || t < best) best = t, best_a = a, best_t = a2, best_b = b;
+                        continue;
+                    }
+                    for (int b2 = a2 + left; b2 < b; b2++) {
+                        if (!pstates_before(s, b2, b) || !pstates_before(s, a2, b2)) continue;
+                        double t = fmax(v, tl + v_stage(s, cl, o, b2, b, NS - 1 - w, P, d));
+                        size_t y = VI(a2, b2);
+                        if (isnan(nxt[y]) || t < nxt[y]) nxt[y] = t, back[(size_t)w * NSt + y] = (int)VI(a, b);
+                    }
+                }
+            }
+        double *t = cur;
+        cur = nxt, nxt = t;
+    }
+    int rc = PD_OK;
+    if (isnan(best)) {
+        rc = err_set(err, PD_EINVAL, "no partition of the %d cut states into %d stages", n, NS);
+        goto done;
+    }
+    /* the cuts c_0 = -1 < c_1 < ... < c_NS = n - 1; stage m runs (c_m, c_m+1] */
+    int *c = malloc((size_t)(NS + 1) * sizeof *c);
+    PD_ASSERT(c);
+    c[P - 1] = best_a, c[P] = best_t, c[P + 1] = best_b;
+    for (int w = P - 2; w >= 0; w--) {
+        int prev = back[(size_t)w * NSt + VI(c[w + 1], c[NS - 1 - w])];
+        c[w] = prev / n - 1, c[NS - w] = prev % n;
+    }
+    out->n_stages = NS;
+    out->st = calloc((size_t)NS, sizeof *out->st);
+    PD_ASSERT(out->st);
+    for (int m = 0; m < NS; m++) out->st[m] = (PStageRange){.from = c[m], .to = c[m + 1], .replicas = d};
+    free(c);
+    psolution_times_chunks(s, cl, o, out);
+#undef VI
+done:
+    free(cur), free(nxt), free(back);
+    return rc;
+}
+
 int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {
     memset(out, 0, sizeof *out);
     const int n = s->n, W = cluster_total_workers(cl), V = o->chunks;
@@ -48,6 +133,7 @@ int plan_dp_chunks_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int
                        W, NS, n);
     if ((double)n * n * NS > 4e11)
         return err_set(err, PD_EINVAL, "--chunks %d on %d cut states and %d workers would take too long", V, n, W);
+    if (o->v_shape && plan_dp_v_fits(n, P)) return plan_dp_v_d(s, cl, o, d, out, err);
     const double ratio = o->activation_compression > 0 ? o->activation_compression : 1.0;
     CEnt *G = malloc((size_t)n * (NS + 1) * sizeof *G);
     PD_ASSERT(G);
