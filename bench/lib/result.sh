@@ -40,7 +40,7 @@ result_finish() {
         echo "- date: $RESULT_T0 to $(date -u '+%H:%M:%S UTC')"
         echo "- command: \`$RESULT_CMD\`"
         echo "- commit: $RESULT_COMMIT"
-        echo "- machine: $(uname -srm); ${cpu:-unknown CPU}; $(nproc) cores; $mem${mpi:+; $mpi}"
+        echo "- machine: $(uname -srm); ${cpu:-unknown CPU}; $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores; $mem${mpi:+; $mpi}"
         echo "- load average: $RESULT_LOAD0 at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
         echo
         echo '```'
