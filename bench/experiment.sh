@@ -15,8 +15,9 @@
 #     whichever is fewer minibatches (the same wall-clock budget for every schedule). A kind
 #     of TTA_KINDS is SCHEDULE or SCHEDULE:VARIANT, the variant a train flag without its dashes
 #     (no-stash) or FLAG=VALUE (microbatches=4); plain 1f1b and its no-stash ablation run on the
-#     planner's plan, every other kind on the straight plan. Each kind runs once per seed of
-#     TTA_SEEDS (default 1).
+#     planner's plan, the V-shaped kinds (zb-v, v-half, v-min, dualpipe-v) on the straight
+#     V-placed plan (plan --v-shape), every other kind on the straight plan. Each kind runs once
+#     per seed of TTA_SEEDS (default 1); TTA_CAPS ("KIND=MINIBATCHES ...") sets a kind's cap.
 #  3. bench/experiment_plot.py: OUT/results.json (every figure), OUT/table.md, OUT/tta.svg
 #     (test accuracy against training wall-clock time, one line per schedule); the first two
 #     are also copied to bench/results/<UTC date>-<time>-experiment-MODE.{json,md}
@@ -25,7 +26,7 @@
 # usage: bench/experiment.sh [--quick] [--out DIR] [--pd BINARY] [--only tput|tta|plot]
 #   as root (the cluster needs network namespaces); ~6 min quick, ~60 min full on 2 cores.
 #   Environment overrides: RATES ("1gbit 300mbit 100mbit"), STEPS, DDP_STEPS, TARGET,
-#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, TTA_SEEDS, PDC_NAME (cluster name),
+#   TTA_BUDGET_S, TTA_MAX_EPOCHS, EVAL_EVERY, TEST_IMAGES, TTA_KINDS, TTA_SEEDS, TTA_CAPS, PDC_NAME (cluster name),
 #   HOST_CPU (tools/cluster.sh up --cpu: each host capped at that many cores, so that a rank
 #   idle in a bubble does not lend its core to the others; default none),
 #   CORES (the cores the emulated hosts share: $(nproc); the plans tell the simulator, which
@@ -55,7 +56,7 @@ else
     : "${STEPS:=60}" "${DDP_STEPS:=12}" "${TTA_BUDGET_S:=600}" "${TTA_MAX_EPOCHS:=4}" "${EVAL_EVERY:=100}"
 fi
 : "${OUT:=out/experiment-$MODE}" "${RATES:=1gbit 300mbit 100mbit}" "${TARGET:=0.85}" "${TEST_IMAGES:=2000}"
-: "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}" "${TTA_SEEDS:=1}"
+: "${TTA_KINDS:=dp asp 1f1b 1f1b:no-stash 1f1b-flush}" "${TTA_SEEDS:=1}" "${TTA_CAPS:=}"
 NAME=${PDC_NAME:-pdexp}
 CORES=${CORES:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)} HOST_CPU=${HOST_CPU:-}
 WORKERS=4 MB=64 TRAIN_N=60000
@@ -140,6 +141,8 @@ make_plans() {   # make_plans RATE
         -o "$OUT/plans/planner-$r.json" >"$OUT/plans/planner-$r.txt"
     "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --net-cpu "$nc" --core-efficiency "$CE" \
         --straight -o "$OUT/plans/straight-$r.json" >"$OUT/plans/straight-$r.txt"
+    "$PD" plan "$PROF" --workers $WORKERS --bandwidth "$bw" --cores "$CORES" --net-cpu "$nc" --core-efficiency "$CE" \
+        --straight --v-shape -o "$OUT/plans/v-$r.json" >"$OUT/plans/v-$r.txt"
 }
 
 MANIFEST=$OUT/manifest.tsv
@@ -195,7 +198,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = tta ]; then
     for seed in $TTA_SEEDS; do
     for k in $TTA_KINDS; do
         s=${k%%:*} variant=""; [ "$k" = "$s" ] || variant=${k#*:}
-        case $k in 1f1b|1f1b:no-stash) plankind=planner ;; *) plankind=straight ;; esac
+        case $k in 1f1b|1f1b:no-stash) plankind=planner ;; zb-v*|v-half*|v-min*|dualpipe-v*) plankind=v ;; *) plankind=straight ;; esac
         # The cap: about TTA_BUDGET_S s of training at this schedule's measured rate (the
         # throughput phase's run of the same schedule and plan at this link rate; none when
         # there is none), at most TTA_MAX_EPOCHS epochs, rounded up to evaluations.
@@ -204,6 +207,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = tta ]; then
         if [ -n "$sps" ]; then cap=$(awk -v s="$sps" -v b="$TTA_BUDGET_S" -v mb=$MB 'BEGIN { printf "%d", s * b / mb + 1 }')
         else cap=$max_mb; fi
         [ "$cap" -le "$max_mb" ] || cap=$max_mb
+        for c in $TTA_CAPS; do [ "${c%=*}" != "$k" ] || cap=${c##*=}; done
         cap=$(( (cap + EVAL_EVERY - 1) / EVAL_EVERY * EVAL_EVERY ))
         id="tta-$r-${s}${variant:+-$variant}"; [ "$seed" = 1 ] || id="$id-seed$seed"
         extra=(--eval-every "$EVAL_EVERY" --target-accuracy "$TARGET" --metrics "$RAW/$id.jsonl" --timeout 600

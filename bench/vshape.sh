@@ -11,8 +11,8 @@
 #     stage per worker), V (`plan --v-shape`: 8 stages, worker i holds stages i and 7-i, for
 #     zb-v, v-half, v-min, dualpipe-v) and chosen (`plan --choose-schedule --memory-limit L
 #     --kinds KINDS --microbatches 2`, i.e. 8, which records the kind it chose). L is the
-#     simulated worst worker's peak memory of 1f1b-flush on the straight plan (MEMORY_LIMIT=BYTES
-#     to give it). Prints the plans, the choice as plan printed it, and the simulator's time
+#     simulated worst worker's peak memory of zb-v on the V plan (MEMORY_LIMIT=BYTES to give it):
+#     zb-v fits, the kinds that hold more (dualpipe-v) do not. Prints the plans, the choice as plan printed it, and the simulator's time
 #     per unit and worst worker's peak memory for each kind.
 #  2. RUNS rounds; in each round every kind of KINDS and "chosen" (the chosen plan under its
 #     recorded kind) train STEPS minibatches once, the order rotated by one each round (taking
@@ -180,9 +180,9 @@ for model in $MODELS; do
         -o "$D/prof.json" >"$D/prof.txt" 2>&1
     "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --straight -o "$D/straight.json" >"$D/straight.txt"
     "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --straight --v-shape -o "$D/v.json" >"$D/v.txt"
-    "$PD" simulate "$D/straight.json" --profile "$D/prof.json" --schedule 1f1b-flush --microbatches $MICRO \
-        --minibatches "$MSTEPS" --json >"$D/sim-flush-limit.json"
-    limit=${MEMORY_LIMIT:-$(jval "$D/sim-flush-limit.json" 'max(w["peak_memory_bytes"] for w in d["per_worker"])')}
+    "$PD" simulate "$D/v.json" --profile "$D/prof.json" --schedule zb-v --microbatches $MICRO \
+        --minibatches "$MSTEPS" --json >"$D/sim-limit.json"
+    limit=${MEMORY_LIMIT:-$(jval "$D/sim-limit.json" 'max(w["peak_memory_bytes"] for w in d["per_worker"])')}
     echo "$limit" >"$D/limit"
     "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --choose-schedule --memory-limit "$limit" \
         --kinds "$(echo "$KINDS" | tr ' ' ',')" --microbatches $((MICRO / WORKERS)) -o "$D/chosen.json" >"$D/chosen.txt"
@@ -198,7 +198,7 @@ for name in ("straight", "v", "chosen"):
 print(f"- minibatch {mb}, {steps} steps per run")
 PY
     echo "- memory limit for --choose-schedule: $limit bytes ($(awk -v b="$limit" 'BEGIN { printf "%.2f", b / 1e6 }') MB;" \
-        "$([ -n "${MEMORY_LIMIT:-}" ] && echo "MEMORY_LIMIT" || echo "the simulated worst worker's peak of 1f1b-flush on the straight plan"))"
+        "$([ -n "${MEMORY_LIMIT:-}" ] && echo "MEMORY_LIMIT" || echo "the simulated worst worker's peak of zb-v on the V plan"))"
     echo "- plan --choose-schedule said:"
     grep -E '^(schedule search|choice|runner-up|gave up)' "$D/chosen.txt" | sed 's/^/    /'
     read -r ck cm cr < <(read_chosen "$D/chosen.json")
