@@ -221,7 +221,9 @@ shape() {   # shape I: (re)apply the qdiscs of host I
 
 # --cpu: each host's processes in a cgroup of their own with a CPU quota (cgroup v1's cpu
 # controller, or v2's cpu.max). The rsh agent and `exec` put what they start into the host's
-# group; its children stay there.
+# group; its children stay there. The quota is granted per 10 ms period (100 ms below 0.1 cores:
+# the kernel's smallest quota is 1 ms): over the default 100 ms a host that idles through a
+# pipeline bubble would then compute at a whole core for up to C x 100 ms, not at C.
 CG_V1=/sys/fs/cgroup/cpu
 cg_root() {
     if [ -w "$CG_V1/cpu.cfs_quota_us" ] || [ -e "$CG_V1/cpu.cfs_quota_us" ]; then echo "$CG_V1/$TAG-$NAME"
@@ -236,13 +238,16 @@ cpu_caps() {   # cpu_caps N: (re)make host 0..N-1's groups with CPU's quota; non
     mkdir -p "$root" 2>/dev/null || cannot "create a cgroup ($root) for --cpu $CAPS"
     [ "$root" = "$CG_V1/$TAG-$NAME" ] || echo +cpu >"$root/../cgroup.subtree_control" 2>/dev/null || true
     [ "$root" = "$CG_V1/$TAG-$NAME" ] || echo +cpu >"$root/cgroup.subtree_control" 2>/dev/null || true
-    q=$(awk -v c="$CPU" 'BEGIN { printf "%d", c * 100000 }')
+    local period=10000
+    awk -v c="$CPU" 'BEGIN { exit !(c < 0.1) }' && period=100000
+    q=$(awk -v c="$CPU" -v p=$period 'BEGIN { printf "%d", c * p }')
     for ((i = 0; i < n; i++)); do
         mkdir -p "$root/h$i"
-        if [ -e "$root/h$i/cpu.cfs_quota_us" ]; then
-            echo 100000 >"$root/h$i/cpu.cfs_period_us" && echo "$q" >"$root/h$i/cpu.cfs_quota_us"
+        if [ -e "$root/h$i/cpu.cfs_quota_us" ]; then   # quota first when the period shrinks (-1: none yet)
+            echo -1 >"$root/h$i/cpu.cfs_quota_us" && echo $period >"$root/h$i/cpu.cfs_period_us" &&
+                echo "$q" >"$root/h$i/cpu.cfs_quota_us"
         else
-            echo "$q 100000" >"$root/h$i/cpu.max"
+            echo "$q $period" >"$root/h$i/cpu.max"
         fi || cannot "set a CPU quota in $root/h$i"
     done
 }
