@@ -6,7 +6,9 @@
 # 4 hosts of tools/cluster.sh at RATE (1gbit), each capped at HOST_CPU (0.5) cores, one rank per
 # host, 1 kernel thread per rank, 8 micro-batches per minibatch. For each model of MODELS:
 #  1. profile at the micro-batch size (the median of 5 rounds); the cluster as a pipedream-cluster
-#     file (tools/cluster.sh cluster-file: the links' payload rate, each host's speed HOST_CPU);
+#     file (tools/cluster.sh cluster-file: the links' payload rate; each host's speed HOST_CPU x E,
+#     E each core's speed while both compute, bench/core_efficiency.sh; the network stack's CPU
+#     per byte, tools/cluster.sh net-cpu, which a capped host pays from its share);
 #     three plans on it: straight (4 stages, for 1f1b-flush, zb-h1 and the other kinds of one
 #     stage per worker), V (`plan --v-shape`: 8 stages, worker i holds stages i and 7-i, for
 #     zb-v, v-half, v-min, dualpipe-v) and chosen (`plan --choose-schedule --memory-limit L
@@ -97,6 +99,10 @@ CLUSTER_UP=1
 tools/cluster.sh up $WORKERS --rate "$RATE" --cpu "$HOST_CPU" --name "$NAME" >"$OUT/cluster-up.txt" 2>&1 ||
     { cat "$OUT/cluster-up.txt" >&2; exit 1; }
 PDC_NAME=$NAME tools/cluster.sh cluster-file >"$OUT/cluster.json"
+# The CPU the network stack spends per byte (a 2.5 s TCP stream between two hosts): a capped
+# host pays it from its own share, so the simulator needs it.
+NET_CPU=$(tools/cluster.sh net-cpu --name "$NAME" --mb 300 | tee "$OUT/net-cpu.txt" | tail -1)
+log "network CPU $NET_CPU s per byte"
 
 # --- the models: file, minibatch, steps, data -----------------------------------------------
 # model_setup NAME: sets MODEL_FILE, MB (minibatch), MSTEPS, DATA_ARGS (and makes the data once)
@@ -178,13 +184,24 @@ for model in $MODELS; do
     log "$model: profile at $((MB / MICRO)) samples (the median of 5 rounds)"
     "$PD" profile "$MODEL_FILE" --minibatch $((MB / MICRO)) --threads 1 --iterations 20 --rounds 5 \
         -o "$D/prof.json" >"$D/prof.txt" 2>&1
-    "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --straight -o "$D/straight.json" >"$D/straight.txt"
-    "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --straight --v-shape -o "$D/v.json" >"$D/v.txt"
+    # each core's speed while both compute (the 4 capped ranks keep both busy), for this model at
+    # the unit's size: a host's speed is then HOST_CPU x E
+    E=$(bench/core_efficiency.sh --pd "$PD" --model "$MODEL_FILE" --minibatch $((MB / MICRO)) --pairs 3 | tail -1)
+    python3 - "$OUT/cluster.json" "$HOST_CPU" "$E" "$NET_CPU" "$D/cluster.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for h in c["hosts"]: h["speed"] = float(sys.argv[2]) * float(sys.argv[3])
+c["net_cpu_per_byte"] = float(sys.argv[4])
+json.dump(c, open(sys.argv[5], "w"))
+PY
+    echo "- the simulator's cluster: each host's speed $HOST_CPU x $E (bench/core_efficiency.sh), the network's CPU $NET_CPU s per byte (tools/cluster.sh net-cpu)"
+    "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight -o "$D/straight.json" >"$D/straight.txt"
+    "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight --v-shape -o "$D/v.json" >"$D/v.txt"
     "$PD" simulate "$D/v.json" --profile "$D/prof.json" --schedule zb-v --microbatches $MICRO \
         --minibatches "$MSTEPS" --json >"$D/sim-limit.json"
     limit=${MEMORY_LIMIT:-$(jval "$D/sim-limit.json" 'max(w["peak_memory_bytes"] for w in d["per_worker"])')}
     echo "$limit" >"$D/limit"
-    "$PD" plan "$D/prof.json" --cluster "$OUT/cluster.json" --choose-schedule --memory-limit "$limit" \
+    "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --choose-schedule --memory-limit "$limit" \
         --kinds "$(echo "$KINDS" | tr ' ' ',')" --microbatches $((MICRO / WORKERS)) -o "$D/chosen.json" >"$D/chosen.txt"
     python3 - "$D" "$MB" "$MSTEPS" <<'PY'
 import json, sys
