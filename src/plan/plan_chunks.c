@@ -56,8 +56,9 @@ static int v_before(const PStates *s, int k, int j) { return k < 0 ? j >= 0 : ps
 /* The V's DP, outside in. After workers 0..w-1 the state is (a, b): the cut after worker w-1's
  * first stage and the cut before its second; its value the slowest of those workers' sums.
  * Worker w takes (a, a'] and (b', b]; the innermost one meets itself at the turn (a' = b').
- * O(P n^4): plan_dp_v_fits says when that is affordable (else the bottleneck-stage DP). */
-static int plan_dp_v_fits(int n, int P) { return (double)n * n * n * n * P < 2e9; }
+ * O(P n^4) at most: plan_dp_v_fits says when that is affordable (84 cut states on 4 workers: 0.3 s;
+ * beyond, the bottleneck-stage DP). */
+static int plan_dp_v_fits(int n, int P) { return (double)n * n * n * n * P < 2e8; }
 
 static int plan_dp_v_d(const PStates *s, const Cluster *cl, const PlanOpts *o, int d, PSolution *out, Err *err) {
     const int n = s->n, P = cluster_total_workers(cl) / d, NS = 2 * P;
