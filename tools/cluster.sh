@@ -667,7 +667,7 @@ cmd_cluster_file() {
     [ -z "$CPU" ] || speed=$(awk -v c="$CPU" 'BEGIN { if (c < 1) printf "%g", c }')
     for ((i = 0; i < N; i++)); do
         h=${speed:+\"speed\": $speed}
-        [ "$(rate_of "$i")" = "$RATE" ] || h="\"bandwidth\": $(payload_of "$(rate_of "$i")")"
+        [ "$(rate_of "$i")" = "$RATE" ] || h="$h${h:+, }\"bandwidth\": $(payload_of "$(rate_of "$i")")"
         [ "$(delay_of "$i")" = "$DELAY" ] || h="$h${h:+, }\"latency\": $(secs_of "$(delay_of "$i")")"
         [ -z "$h" ] || any=1
         hosts="$hosts${hosts:+, }{$h}"

@@ -244,7 +244,7 @@ echo "ok: 1f1b lenet5 on 2 hosts over TCP = on this host over shared memory ($a;
 
 # --- --cpu: a host's processes capped at a quarter of a core ---
 # (where the machine has no cgroup cpu controller, `up` exits 3: the check is skipped)
-bash "$CL" up 2 --rate 200mbit --cpu 0.25 --name "$NAME" >"$tmp/up" 2>&1
+bash "$CL" up 2 --rate 200mbit --host-rate 1=100mbit --cpu 0.25 --name "$NAME" >"$tmp/up" 2>&1
 case $? in
     0) share=$(bash "$CL" exec --name "$NAME" 0 python3 -c 'import time
 t = time.time(); c = time.process_time()
@@ -253,7 +253,7 @@ print(round((time.process_time() - c) / (time.time() - t), 3))') || fail "--cpu:
        python3 -c "import sys; sys.exit(0 if 0.05 < $share < 0.35 else 1)" ||
            fail "--cpu 0.25: a busy loop in host 0 got $share of a core"
        bash "$CL" status --name "$NAME" | grep -q "0.25 cores each" || fail "--cpu: status: $(bash "$CL" status --name "$NAME")"
-       bash "$CL" cluster-file --name "$NAME" | grep -q '"hosts": \[{"speed": 0.25}, {"speed": 0.25}\]' ||
+       bash "$CL" cluster-file --name "$NAME" | grep -q '"hosts": \[{"speed": 0.25}, {"speed": 0.25, "bandwidth": [0-9.]*}\]' ||
            fail "cluster-file with --cpu 0.25: $(bash "$CL" cluster-file --name "$NAME")"
        bash "$CL" up 2 --rate 200mbit --name "$NAME" >/dev/null 2>&1 || fail "up again without --cpu"
        ls -d /sys/fs/cgroup/cpu/pipedream-cluster-"$NAME" /sys/fs/cgroup/pipedream-cluster-"$NAME" 2>/dev/null &&
