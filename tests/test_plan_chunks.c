@@ -126,6 +126,15 @@ static void random_case(Rng *rng, int dag, Profile *prof, Cluster *cl, PlanOpts 
     }
 }
 
+/* The cut states the DPs work on (the graph is not needed after). */
+static void cut_states(const Profile *prof, int trial, PStates *st) {
+    PGraph g;
+    Err err = {0};
+    memset(st, 0, sizeof *st);
+    if (pgraph_build(prof, &g, &err) || pstates_build(&g, 4000000, st, &err)) fail_msg("trial %d: %s", trial, err.msg);
+    pgraph_release(&g);
+}
+
 static void test_exhaustive(void **state) {
     (void)state;
     Rng rng;
@@ -139,11 +148,9 @@ static void test_exhaustive(void **state) {
         random_case(&rng, trial % 2, &prof, &cl, &o, &b);
         const int n = b.n;
         /* each d: the DP's bottleneck against the brute force's, and the plan's minibatch time */
-        PGraph g;
         PStates st;
-        memset(&st, 0, sizeof st);
+        cut_states(&prof, trial, &st);
         Err err = {0};
-        if (pgraph_build(&prof, &g, &err) || pstates_build(&g, 4000000, &st, &err)) fail_msg("trial %d: %s", trial, err.msg);
         double pipe[5] = {NAN, NAN, NAN, NAN, NAN};
         int best_d = 0;
         for (b.d = 1; b.d <= b.W / 2; b.d++) {
@@ -169,7 +176,6 @@ static void test_exhaustive(void **state) {
             psolution_release(&sol);
         }
         pstates_release(&st);
-        pgraph_release(&g);
         /* the planner: without --straight the d of the shortest minibatch, with it d = 1 */
         for (int straight = 0; straight < 2; straight++) {
             o.straight = straight;
@@ -254,11 +260,9 @@ static void test_v_exhaustive(void **state) {
         Brute b;
         random_case(&rng, trial % 2, &prof, &cl, &o, &b);
         o.chunks = 2, o.v_shape = 1;
-        PGraph g;
         PStates st;
-        memset(&st, 0, sizeof st);
+        cut_states(&prof, trial, &st);
         Err err = {0};
-        if (pgraph_build(&prof, &g, &err) || pstates_build(&g, 4000000, &st, &err)) fail_msg("trial %d: %s", trial, err.msg);
         for (b.d = 1; b.d <= b.W / 2; b.d++) {
             if (b.W % b.d) continue;
             b.NS = 2 * (b.W / b.d);
@@ -279,7 +283,6 @@ static void test_v_exhaustive(void **state) {
             psolution_release(&sol);
         }
         pstates_release(&st);
-        pgraph_release(&g);
         profile_release(&prof);
     }
     print_message("%d V-placed plans: the DP's slowest worker equal to the exhaustive search's (%d on DAGs)\n", checked,
