@@ -7,7 +7,7 @@
 # host, 1 kernel thread per rank, 8 micro-batches per minibatch. For each model of MODELS:
 #  1. profile at the micro-batch size (the median of 5 rounds); the cluster as a pipedream-cluster
 #     file (tools/cluster.sh cluster-file: the links' payload rate; each host's speed HOST_CPU x E,
-#     E each core's speed while both compute, bench/core_efficiency.sh; the network stack's CPU
+#     E a capped host's speed while all compute, bench/core_efficiency.sh --cluster; the network stack's CPU
 #     per byte, tools/cluster.sh net-cpu, which a capped host pays from its share);
 #     three plans on it: straight (4 stages, for 1f1b-flush, zb-h1 and the other kinds of one
 #     stage per worker), V (`plan --v-shape`: 8 stages, worker i holds stages i and 7-i, for
@@ -184,9 +184,12 @@ for model in $MODELS; do
     log "$model: profile at $((MB / MICRO)) samples (the median of 5 rounds)"
     "$PD" profile "$MODEL_FILE" --minibatch $((MB / MICRO)) --threads 1 --iterations 20 --rounds 5 \
         -o "$D/prof.json" >"$D/prof.txt" 2>&1
-    # each core's speed while both compute (the 4 capped ranks keep both busy), for this model at
-    # the unit's size: a host's speed is then HOST_CPU x E
-    E=$(bench/core_efficiency.sh --pd "$PD" --model "$MODEL_FILE" --minibatch $((MB / MICRO)) --pairs 3 | tail -1)
+    # a capped host's speed while every host computes, for this model at the unit's size, against
+    # one uncapped core alone: HOST_CPU x E (E measured in the cluster's hosts, under their quotas)
+    # (uncapped hosts: each core's speed while both compute)
+    CAPPED=(--cluster "$NAME"); awk -v c="$HOST_CPU" 'BEGIN { exit !(c >= 1) }' && CAPPED=()
+    E=$(bench/core_efficiency.sh --pd "$PD" --model "$MODEL_FILE" --minibatch $((MB / MICRO)) --pairs 3 \
+        "${CAPPED[@]}" 2>"$D/core-efficiency.txt" | tail -1)
     python3 - "$OUT/cluster.json" "$HOST_CPU" "$E" "$NET_CPU" "$D/cluster.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
@@ -194,7 +197,7 @@ for h in c["hosts"]: h["speed"] = float(sys.argv[2]) * float(sys.argv[3])
 c["net_cpu_per_byte"] = float(sys.argv[4])
 json.dump(c, open(sys.argv[5], "w"))
 PY
-    echo "- the simulator's cluster: each host's speed $HOST_CPU x $E (bench/core_efficiency.sh), the network's CPU $NET_CPU s per byte (tools/cluster.sh net-cpu)"
+    echo "- the simulator's cluster: each host's speed $HOST_CPU x $E (bench/core_efficiency.sh --cluster: in the capped hosts), the network's CPU $NET_CPU s per byte (tools/cluster.sh net-cpu)"
     "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight -o "$D/straight.json" >"$D/straight.txt"
     "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight --v-shape -o "$D/v.json" >"$D/v.txt"
     "$PD" simulate "$D/v.json" --profile "$D/prof.json" --schedule zb-v --microbatches $MICRO \
