@@ -38,13 +38,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 HOSTS=0 Q=1
 if [ -n "$CLUSTER" ]; then   # the cluster's hosts and their quota, from its cluster file
-    read -r HOSTS Q < <(PDC_NAME=$CLUSTER tools/cluster.sh cluster-file | python3 -c '
+    cf=$(PDC_NAME=$CLUSTER tools/cluster.sh cluster-file 2>/dev/null) ||
+        { echo "core_efficiency.sh: no cluster $CLUSTER (tools/cluster.sh up N --cpu Q --name $CLUSTER first)" >&2; exit 2; }
+    read -r HOSTS Q < <(python3 -c '
 import json, sys
-c = json.load(sys.stdin)
-hs = c.get("hosts") or []
-n = sum(l["workers"] for l in c["levels"][:1]) if not hs else len(hs)
-print(n, hs[0].get("speed", 1) if hs else 1)') || { echo "core_efficiency.sh: no cluster $CLUSTER (tools/cluster.sh up N --cpu Q --name $CLUSTER first)" >&2; exit 2; }
-    python3 -c "import sys; sys.exit(0 if float('$Q') < 1 else 1)" ||
+hs = json.loads(sys.argv[1]).get("hosts") or [{}]
+print(len(hs), hs[0].get("speed", 1))' "$cf")
+    awk -v q="$Q" 'BEGIN { exit !(q < 1) }' ||
         { echo "core_efficiency.sh: cluster $CLUSTER's hosts are not capped (tools/cluster.sh up N --cpu Q)" >&2; exit 2; }
 fi
 # n copies at once (in the cluster's hosts 0..n-1 with in_hosts=1); prints their samples/s summed
