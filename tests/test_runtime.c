@@ -15,15 +15,19 @@
  *  - The zero-bubble kinds (zb-h1, zb-h2: backward split into BI and BW) equal sequential SGD
  *    as above, and their final weights equal 1f1b-flush's BITWISE (same units, same flush
  *    points, same order of every gradient addition); threads equal the emulation bitwise.
- * And the profiler's output for a small MLP, and the simulator's gradient buckets against the
- * runtime's. The MPI transport is checked by tests/cli/runtime_mpi.sh. */
+ * And the profiler's output for a small MLP, the simulator's gradient buckets against the
+ * runtime's, and how a stopping rank tells a lost peer (rt_fail_pid_gone: a live process is
+ * not gone, a zombie not yet reaped is, a reaped one is). The MPI transport is checked by
+ * tests/cli/runtime_mpi.sh. */
 #include "rt_fixture.h"
 #include "testutil.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernels.h"
@@ -570,6 +574,27 @@ static void test_buckets_agree(void **state) {
     model_free(m);
 }
 
+/* A killed rank whose parent has not reaped it is a zombie: kill(pid, 0) still succeeds, but
+ * the rank is gone; a rank that lives is not. */
+static void test_fail_pid_gone(void **state) {
+    (void)state;
+    pid_t live = fork();
+    assert_true(live >= 0);
+    if (live == 0) {
+        for (;;) pause();
+    }
+    assert_int_equal(rt_fail_pid_gone(live), 0);
+    assert_int_equal(rt_fail_pid_gone(getpid()), 0);
+    assert_int_equal(kill(live, SIGKILL), 0);
+    siginfo_t si;
+    memset(&si, 0, sizeof si);   /* wait for its death without reaping it: a zombie */
+    assert_int_equal(waitid(P_PID, (id_t)live, &si, WEXITED | WNOWAIT), 0);
+    assert_int_equal(kill(live, 0), 0);
+    assert_int_equal(rt_fail_pid_gone(live), 1);
+    assert_int_equal(waitpid(live, NULL, 0), live);
+    assert_int_equal(rt_fail_pid_gone(live), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_equals_emulation),
@@ -581,6 +606,7 @@ int main(void) {
         cmocka_unit_test(test_bad_launch),
         cmocka_unit_test(test_profiler),
         cmocka_unit_test(test_buckets_agree),
+        cmocka_unit_test(test_fail_pid_gone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

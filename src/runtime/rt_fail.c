@@ -1,18 +1,24 @@
 /* rt_fail.c: naming a lost rank under MPI. When a rank dies, mpirun sends SIGTERM to the
  * others. Each rank's handler then says who it is, which ranks are gone (probing the pids
- * every rank shared at start-up: kill(pid, 0), meaningful on this host) with their stages,
- * and the newest agreed checkpoint to resume from; then it exits 1. Everything the handler
- * prints is prepared beforehand (async-signal-safe: write, kill, _exit). Under the threads
- * transport (one process) nothing is installed. */
+ * every rank shared at start-up, meaningful on this host: no such process, or a zombie that
+ * its killed parent has not reaped) with their stages, and the newest agreed checkpoint to
+ * resume from; then it waits LINGER_NS and exits 1. The wait keeps a rank that is only
+ * stopping visible to the others' probes, whose SIGTERM may come later (a loaded machine),
+ * so that they do not name it lost with the one that died; mpirun's SIGKILL comes after 1 s.
+ * Everything the handler prints is prepared beforehand (async-signal-safe: write, kill, open,
+ * read, nanosleep, _exit). Under the threads transport (one process) nothing is installed. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rt_impl.h"
 
 #define FAIL_MAX_RANKS 1024
+#define LINGER_NS 300000000L
 static volatile sig_atomic_t g_n;
 static pid_t g_pid[FAIL_MAX_RANKS];
 static int g_stage[FAIL_MAX_RANKS];
@@ -34,6 +40,26 @@ static size_t put_str(char *b, const char *s) {
     return k;
 }
 
+/* Is process pid gone: none such, or a zombie (state Z or X in /proc/PID/stat)? Async-signal-
+ * safe. */
+int rt_fail_pid_gone(pid_t pid) {
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[40], b[512];
+    size_t k = put_str(path, "/proc/");
+    k += put_int(path + k, (long)pid);
+    k += put_str(path + k, "/stat");
+    path[k] = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return errno == ENOENT;
+    ssize_t n = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    const char *st = NULL;   /* "PID (COMM) S ...": the state follows the last ')' */
+    for (ssize_t i = 0; i < n; i++)
+        if (b[i] == ')') st = b + i;
+    return st && st + 2 < b + n && (st[2] == 'Z' || st[2] == 'X');
+}
+
 static void on_term(int sig) {
     char b[6000];
     size_t k = 0;
@@ -46,7 +72,7 @@ static void on_term(int sig) {
     int lost = 0;
     for (int r = 0; r < g_n && k < sizeof b - 4400; r++) {
         if (g_pid[r] <= 0 || r == g_rank) continue;
-        if (kill(g_pid[r], 0) != 0 && errno == ESRCH) {
+        if (rt_fail_pid_gone(g_pid[r])) {
             k += put_str(b + k, lost++ ? ", " : ": lost ");
             k += put_str(b + k, "rank ");
             k += put_int(b + k, r);
@@ -61,6 +87,8 @@ static void on_term(int sig) {
     b[k++] = '\n';
     ssize_t wr = write(2, b, k);
     (void)wr;
+    struct timespec linger = {0, LINGER_NS};
+    nanosleep(&linger, NULL);
     _exit(1);
 }
 

@@ -5,6 +5,8 @@
 #ifndef PD_RT_IMPL_H
 #define PD_RT_IMPL_H
 
+#include <sys/types.h>
+
 #include "kernels.h"
 #include "runtime.h"
 
@@ -257,5 +259,6 @@ int  rt_asp_exec(Worker *w, RtAspLog *log, Err *err);
  * SIGTERM/SIGINT handler names the lost ranks and the last checkpoint before exiting 1. */
 int  rt_fail_setup(Comm *c, const Schedule *s, double timeout_s, Err *err);
 void rt_fail_set_checkpoint(const char *path);   /* "" or "none": none yet */
+int  rt_fail_pid_gone(pid_t pid);   /* no such process, or a zombie (async-signal-safe) */
 
 #endif
