@@ -2,8 +2,8 @@
 """v_splits.py: how fast a V-shaped kind can be on a model, over the splits of its layers, by the
 simulator: is the planner's V split the reason a V kind loses to a straight one, or the model?
 
-From a `plan --v-shape` plan (2P stages, worker i holding stages i and 2P-1-i), it simulates KIND
-on the planner's split, then hill-climbs over the cut positions (each cut moved by 1 or 2 layers,
+From a `plan --v-shape` plan of a chain of layers (2P stages, worker i holding stages i and
+2P-1-i), it simulates KIND (20 minibatches of M micro-batches) on the planner's split, then hill-climbs over the cut positions (each cut moved by 1 or 2 layers,
 the best move taken until none helps) from the planner's split and from RESTARTS random ones
 (seeded). Beside it: AGAINST on the straight plan, and the two splits' compute bounds by
 exhaustive search (each worker's compute summed over its stages, the slowest worker: the least

@@ -197,7 +197,7 @@ for h in c["hosts"]: h["speed"] = float(sys.argv[2]) * float(sys.argv[3])
 c["net_cpu_per_byte"] = float(sys.argv[4])
 json.dump(c, open(sys.argv[5], "w"))
 PY
-    echo "- the simulator's cluster: each host's speed $HOST_CPU x $E (bench/core_efficiency.sh --cluster: in the capped hosts), the network's CPU $NET_CPU s per byte (tools/cluster.sh net-cpu)"
+    echo "- the simulator's cluster: each host's speed $HOST_CPU x $E (bench/core_efficiency.sh${CAPPED[*]:+ --cluster: in the capped hosts}), the network's CPU $NET_CPU s per byte (tools/cluster.sh net-cpu)"
     "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight -o "$D/straight.json" >"$D/straight.txt"
     "$PD" plan "$D/prof.json" --cluster "$D/cluster.json" --straight --v-shape -o "$D/v.json" >"$D/v.txt"
     "$PD" simulate "$D/v.json" --profile "$D/prof.json" --schedule zb-v --microbatches $MICRO \
